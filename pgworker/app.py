@@ -1,0 +1,364 @@
+"""App: settings, the task registry, and the public operations on jobs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from datetime import datetime, timedelta
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import psycopg
+
+from . import db
+from .config import Settings
+from .errors import ConfigError, DatabaseUnavailable, LeaseLost
+from .jobs import ClaimedJob, FailRequest, Lease, ReapResult
+from .migrate import MigrationReport, migrate
+from .names import check_queue_name, dsn_password, redact, redact_dsn
+from .producer import JobSpec, enqueue_batch, enqueue_one, prepare, specs_from
+from .retry import Classifier, RetryPolicy, classify
+from .store import BackoffParams, Store
+from .tasks import Task
+
+POOL_MAX_SIZE = 4
+# A pooled connection idle for longer than this is checked before use, so a server
+# restart costs a reconnect rather than a failed enqueue.
+POOL_CHECK_IDLE_SECONDS = 1.0
+PRUNE_BATCH = 10_000
+
+
+class App:
+    """A pgworker application: where jobs live (DSN, schema) and which tasks exist.
+
+    ``App(dsn)`` or ``App(settings=Settings.from_env())``. Settings not given are read
+    from ``PGWORKER_*`` environment variables (see :class:`pgworker.Settings`).
+    ``classify_error(exc)`` may return True (permanent), False (retry), a
+    :class:`pgworker.retry.FailureClass`, or None (default rules).
+    Raises :class:`ConfigError` for invalid settings (a malformed DSN included).
+    """
+
+    def __init__(self, dsn: str | None = None, *, schema: str | None = None,
+                 settings: Settings | None = None, classify_error: Classifier | None = None,
+                 name: str = "pgworker") -> None:
+        if settings is None:
+            settings = Settings.from_env(dsn=dsn, schema=schema)
+        elif dsn is not None or schema is not None:
+            settings = settings.replace(**{k: v for k, v in (("dsn", dsn), ("schema", schema)) if v is not None})
+        if settings.dsn is not None:
+            db.check_dsn(settings.dsn)
+        self.settings = settings
+        self.name = name
+        self.store = Store(settings.schema, error_history_entries=settings.error_history_entries)
+        self.tasks: dict[str, Task] = {}
+        self.classify_error = classify_error
+        self._pool: Any = None
+        self._metrics: Any = None
+
+    def configure(self, settings: Settings) -> None:
+        """Replace the settings (the CLI's flags win over what the app module set)."""
+        if settings.dsn is not None:
+            db.check_dsn(settings.dsn)
+        self.close()
+        self.settings = settings
+        self.store = Store(settings.schema, error_history_entries=settings.error_history_entries)
+
+    def __repr__(self) -> str:
+        return f"App(dsn={redact_dsn(self.settings.dsn)!r}, schema={self.settings.schema!r}, tasks={sorted(self.tasks)})"
+
+    # -- tasks ----------------------------------------------------------------------
+
+    def task(self, func: Callable[..., Any] | None = None, *, name: str | None = None,
+             queue: str | None = None, max_attempts: int | None = None,
+             retry: RetryPolicy | None = None, timeout: float | None = None,
+             max_runtime: float | None = None, renew: str | None = None, priority: int = 0,
+             permanent_errors: Sequence[type[BaseException]] = (),
+             payload_type: Callable[..., Any] | None = None) -> Any:
+        """Register a handler: ``@app.task`` or ``@app.task(name=..., queue=...)``.
+
+        The handler is ``def f(payload)`` or ``def f(payload, ctx)`` (``async def`` too);
+        ``ctx`` is a :class:`pgworker.JobContext`. ``timeout`` and ``max_runtime`` are in
+        seconds. Returns the :class:`pgworker.Task`, which can still be called directly.
+        Raises :class:`ConfigError` for a duplicate name or invalid option.
+        """
+
+        def register(fn: Callable[..., Any]) -> Task:
+            task_name = name or f"{fn.__module__}.{fn.__qualname__}".removeprefix("__main__.")
+            if task_name in self.tasks:
+                raise ConfigError(f"task {task_name!r} is registered twice; give one of them another name=")
+            kwargs: dict[str, Any] = {}
+            if max_attempts is not None:
+                kwargs["max_attempts"] = max_attempts
+            if retry is not None:
+                kwargs["retry"] = retry
+            if renew is not None:
+                kwargs["renew"] = renew
+            task = Task(name=task_name, func=fn, queue=queue or "default", timeout_seconds=timeout,
+                        max_runtime_seconds=max_runtime, priority=priority,
+                        permanent_errors=tuple(permanent_errors), payload_type=payload_type,
+                        app=self, **kwargs)
+            self.tasks[task_name] = task
+            return task
+
+        return register(func) if func is not None else register
+
+    def queues(self) -> tuple[str, ...]:
+        """The queues a worker of this app claims from: the configured ones, else those
+        of the registered tasks (and 'default')."""
+        if self.settings.queues:
+            return self.settings.queues
+        return tuple(sorted({"default", *(t.queue for t in self.tasks.values())}))
+
+    # -- connections ----------------------------------------------------------------
+
+    def connect(self, *, application_name: str = "pgworker", autocommit: bool = True) -> psycopg.Connection:
+        """A new connection to the app's database (caller closes it)."""
+        return db.connect(self.settings.dsn, application_name=application_name, autocommit=autocommit,
+                          prepare=self.settings.prepared_statements)
+
+    def _get_pool(self) -> Any:
+        if self._pool is None:
+            from psycopg_pool import ConnectionPool
+
+            s = self.settings
+            db.check_dsn(s.dsn)
+
+            def configure(conn: psycopg.Connection) -> None:
+                if not s.prepared_statements:
+                    conn.prepare_threshold = None
+
+            def check(conn: psycopg.Connection) -> None:
+                last = getattr(conn, "_pgworker_returned_at", 0.0)
+                if time.monotonic() - last > POOL_CHECK_IDLE_SECONDS:
+                    ConnectionPool.check_connection(conn)
+
+            def reset(conn: psycopg.Connection) -> None:
+                conn._pgworker_returned_at = time.monotonic()  # type: ignore[attr-defined]
+
+            pool = ConnectionPool(
+                conninfo=s.dsn or "", min_size=1, max_size=POOL_MAX_SIZE, open=False,
+                name=f"pgworker-{os.getpid()}", configure=configure, check=check, reset=reset,
+                kwargs={"autocommit": True, "application_name": f"{self.name}:client",
+                        "connect_timeout": db.CONNECT_TIMEOUT_SECONDS, **db.KEEPALIVE_KWARGS})
+            try:
+                pool.open(wait=True, timeout=db.CONNECT_TIMEOUT_SECONDS + 5)
+            except Exception as exc:
+                pool.close()
+                raise DatabaseUnavailable(
+                    f"cannot connect to PostgreSQL at {redact_dsn(s.dsn)!r}: "
+                    f"{redact(str(exc), dsn_password(s.dsn), s.dsn)}; check PGWORKER_DSN and that "
+                    "the server is running") from None
+            self._pool = pool
+        return self._pool
+
+    @contextlib.contextmanager
+    def connection(self, conn: psycopg.Connection | None = None) -> Iterator[psycopg.Connection]:
+        """``conn`` if given (the caller's transaction), else a pooled autocommit connection."""
+        if conn is not None:
+            yield conn
+            return
+        try:
+            with self._get_pool().connection() as pooled:
+                yield pooled
+        except psycopg.OperationalError as exc:
+            raise DatabaseUnavailable(
+                f"database error: {redact(str(exc), dsn_password(self.settings.dsn), self.settings.dsn)}; "
+                "the job state is unknown only if the failure came after the statement was sent") from None
+
+    def close(self) -> None:
+        """Close the connection pool (safe to call twice)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __enter__(self) -> "App":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def metrics(self) -> Any:
+        if self._metrics is None:
+            from .metrics import process_metrics
+
+            self._metrics = process_metrics(task_label=self.settings.metrics_task_label)
+        return self._metrics
+
+    # -- schema ---------------------------------------------------------------------
+
+    def migrate(self) -> MigrationReport:
+        """Apply pending migrations (see :func:`pgworker.migrate.migrate`)."""
+        with contextlib.closing(self.connect(application_name=f"{self.name}:migrate")) as conn:
+            return migrate(conn, self.settings.schema)
+
+    def check_schema(self) -> int:
+        """Raise :class:`SchemaNotMigrated` / :class:`SchemaTooNew` unless the database is
+        on this pgworker's schema version; returns the version."""
+        with self.connection() as conn:
+            return self.store.check_schema_version(conn)
+
+    # -- producing ------------------------------------------------------------------
+
+    def enqueue(self, task: "str | Task", payload: Any = None, *, queue: str | None = None,
+                priority: int | None = None, run_at: datetime | None = None,
+                delay: "float | timedelta | None" = None, max_attempts: int | None = None,
+                dedupe_key: str | None = None, ordering_key: str | None = None,
+                conn: psycopg.Connection | None = None) -> int:
+        """Enqueue one job and return its id.
+
+        ``task``: a registered :class:`Task` or any task name (the handler need not be
+        importable here). ``payload``: JSON-serialisable, at most ``max_payload_bytes``
+        (default 1 MiB). ``run_at`` (timezone-aware) or ``delay`` (seconds, or a
+        timedelta) defers it. ``priority``: higher runs first. ``dedupe_key``: while a
+        job with this key is pending or running, enqueueing another returns that job's
+        id instead. ``ordering_key``: jobs sharing it run one at a time in enqueue order.
+        ``conn``: run inside the caller's transaction (a rollback leaves no job and no
+        wake-up); otherwise a pooled connection commits at once.
+
+        Raises :class:`InvalidName`, :class:`PayloadError` or :class:`InvalidJob`
+        (all ``ValueError``) before touching the database, and
+        :class:`DatabaseUnavailable` when PostgreSQL cannot be reached.
+        """
+        job = prepare(JobSpec(task, payload, queue, priority, run_at, delay, max_attempts,
+                              dedupe_key, ordering_key), self.tasks, self.settings.max_payload_bytes)
+        with self.connection(conn) as c:
+            return enqueue_one(self.store, c, job, self.metrics)
+
+    def enqueue_many(self, jobs: Iterable["JobSpec | dict[str, Any] | tuple[Any, Any]"], *,
+                     conn: psycopg.Connection | None = None) -> list[int]:
+        """Enqueue many jobs in one transaction and return their ids in input order.
+
+        Items are :class:`JobSpec`, dicts of its fields, or ``(task, payload)`` tuples.
+        Jobs without dedupe or ordering keys go in through COPY; one NOTIFY per queue.
+        Every job is validated before anything is written: one bad item raises and
+        inserts nothing.
+        """
+        prepared = [prepare(s, self.tasks, self.settings.max_payload_bytes) for s in specs_from(jobs)]
+        with self.connection(conn) as c:
+            return enqueue_batch(self.store, c, prepared, self.metrics)
+
+    # -- the lifecycle, for custom consumers and tests --------------------------------
+
+    def worker_id(self, suffix: str = "") -> str:
+        base = self.settings.worker_id or f"{socket.gethostname()}:{os.getpid()}"
+        return f"{base}{':' + suffix if suffix else ''}"
+
+    def claim(self, queue: str = "default", *, limit: int = 1, lease_seconds: float | None = None,
+              owner: str | None = None, conn: psycopg.Connection | None = None) -> list[ClaimedJob]:
+        """Claim up to ``limit`` due jobs of ``queue`` under a lease (seconds; default the
+        setting). The claim commits at once; settle each job with :meth:`complete`,
+        :meth:`fail` or :meth:`release` before the lease expires, or renew it."""
+        check_queue_name(queue)
+        with self.connection(conn) as c:
+            return self.store.claim(c, queue=queue, limit=limit, owner=owner or self.worker_id(),
+                                    lease_seconds=lease_seconds or self.settings.lease_seconds)
+
+    @staticmethod
+    def _lease(job: "ClaimedJob | Lease") -> Lease:
+        return job.lease if isinstance(job, ClaimedJob) else job
+
+    def complete(self, job: "ClaimedJob | Lease", *, conn: psycopg.Connection | None = None) -> None:
+        """Mark a claimed job succeeded. Raises :class:`LeaseLost` when the fence refuses
+        the write (the token moved on or the lease expired): the job is not yours."""
+        lease = self._lease(job)
+        key = job.ordering_key if isinstance(job, ClaimedJob) else None
+        with self.connection(conn) as c:
+            report = self.store.complete(c, [lease], [key])
+        if not report.ok:
+            raise LeaseLost(job_id=lease.job_id, lease_token=lease.token, operation="complete")
+
+    def fail(self, job: "ClaimedJob | Lease", error: BaseException, *, attempt: int | None = None,
+             retry: RetryPolicy | None = None, conn: psycopg.Connection | None = None) -> str:
+        """Record a failed attempt; returns the job's new state, 'pending' (retry after the
+        policy's backoff) or 'dead'. Raises :class:`LeaseLost` when fenced out."""
+        lease = self._lease(job)
+        s = self.settings
+        failure = classify(error, classifier=self.classify_error, max_chars=s.error_message_max_chars,
+                           secrets=(dsn_password(s.dsn),))
+        attempt = attempt or (job.attempt if isinstance(job, ClaimedJob) else 1)
+        delay = failure.retry_after if failure.retry_after is not None else (retry or RetryPolicy()).delay(attempt)
+        with self.connection(conn) as c:
+            report = self.store.fail(c, [FailRequest(lease, failure.code, failure.message, delay, failure.permanent)])
+        if not report.ok:
+            raise LeaseLost(job_id=lease.job_id, lease_token=lease.token, operation="fail")
+        return report.details[lease.job_id]
+
+    def renew(self, job: "ClaimedJob | Lease", *, lease_seconds: float | None = None,
+              conn: psycopg.Connection | None = None) -> bool:
+        """Extend the lease from now; returns True when a cancellation was requested.
+        Raises :class:`LeaseLost` when fenced out."""
+        lease = self._lease(job)
+        with self.connection(conn) as c:
+            report = self.store.renew(c, [lease], lease_seconds=lease_seconds or self.settings.lease_seconds)
+        if not report.ok:
+            raise LeaseLost(job_id=lease.job_id, lease_token=lease.token, operation="renew")
+        return bool(report.details[lease.job_id])
+
+    def release(self, job: "ClaimedJob | Lease", *, conn: psycopg.Connection | None = None) -> None:
+        """Hand a claimed job back without spending an attempt. Raises :class:`LeaseLost`."""
+        lease = self._lease(job)
+        with self.connection(conn) as c:
+            report = self.store.release(c, [lease])
+        if not report.ok:
+            raise LeaseLost(job_id=lease.job_id, lease_token=lease.token, operation="release")
+
+    def reap(self, *, limit: int = 1000, backoff: BackoffParams | None = None) -> ReapResult:
+        """Recover up to ``limit`` expired leases (pending with backoff, or dead)."""
+        with self.connection() as c:
+            return self.store.reap(c, limit=limit, backoff=backoff or BackoffParams())
+
+    # -- operator actions -----------------------------------------------------------
+
+    def cancel(self, job_id: int, *, actor: str | None = None,
+               conn: psycopg.Connection | None = None) -> str | None:
+        """Cancel a job: pending or dead jobs become cancelled at once ('cancelled' is
+        returned); a running job gets a cancellation request its worker sees at the next
+        lease renewal ('running' is returned). None when the job is finished or unknown."""
+        with self.connection(conn) as c:
+            return self.store.cancel(c, job_id, actor=actor or _actor())
+
+    def replay(self, job_ids: Sequence[int] = (), *, queue: str | None = None, limit: int = 1000,
+               actor: str | None = None) -> list[int]:
+        """Put dead jobs back to pending (same ids, history kept, audited); by id, or up to
+        ``limit`` dead jobs of ``queue``. Returns the replayed ids."""
+        if queue is not None:
+            check_queue_name(queue)
+        with self.connection() as c:
+            return self.store.replay(c, ids=list(job_ids), queue=queue, limit=limit, actor=actor or _actor())
+
+    def prune(self, older_than: "float | timedelta", *, batch: int = PRUNE_BATCH) -> int:
+        """Delete succeeded and cancelled jobs finished more than ``older_than`` (seconds
+        or timedelta) ago, in batches of ``batch``; returns how many were deleted."""
+        seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else float(older_than)
+        if seconds < 0:
+            raise ConfigError("older_than must be >= 0")
+        total = 0
+        with self.connection() as c:
+            while True:
+                n = self.store.prune(c, older_than_seconds=seconds, limit=batch)
+                total += n
+                if n < batch:
+                    return total
+
+    def get_job(self, job_id: int) -> dict[str, Any] | None:
+        """The job's row (payload, error history, audit events), or None."""
+        with self.connection() as c:
+            return self.store.get_job(c, job_id)
+
+    def list_jobs(self, *, queue: str | None = None, state: str | None = None,
+                  limit: int = 50) -> list[dict[str, Any]]:
+        with self.connection() as c:
+            return self.store.list_jobs(c, queue=queue, state=state, limit=limit)
+
+
+def _actor() -> str:
+    """Who performed an operator action: $PGWORKER_ACTOR, else user@host."""
+    import getpass
+
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = "unknown"
+    return os.environ.get("PGWORKER_ACTOR") or f"{user}@{socket.gethostname()}"

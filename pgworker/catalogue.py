@@ -1,0 +1,175 @@
+"""The one catalogue of pgworker's metrics and spans.
+
+Every metric and span name is defined here once; ``metrics.py`` and ``tracing.py``
+build from it, and ``docs/observability.md`` is generated from it
+(``python -m pgworker.catalogue > docs/observability.md``; a test checks they agree).
+Names follow Prometheus conventions (``pgworker_`` prefix, base units, ``_total`` for
+counters) and the OpenTelemetry messaging semantic conventions (v1.44).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Bounded label values.
+OUTCOMES = ("succeeded", "retried", "dead", "cancelled", "released", "snoozed", "lost")
+CLAIM_RESULTS = ("claimed", "empty", "error")
+RENEW_RESULTS = ("renewed", "lost", "error")
+EXPIRATION_ACTIONS = ("requeued", "dead", "cancelled")
+FENCED_OPERATIONS = ("renew", "complete", "fail", "release", "snooze", "cancel")
+WAKEUP_REASONS = ("notify", "poll", "reconnect", "sweep")
+STATS_STATES = ("pending", "blocked", "running", "dead")
+ERROR_CLASS_TOP_N = 20
+OTHER = "other"
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+RUN_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    name: str
+    kind: str  # counter | gauge | histogram
+    labels: tuple[str, ...]
+    help: str
+    source: str  # "worker" (multiprocess, every process) | "database" (scrape-time query) | "drain"
+    multiprocess_mode: str | None = None
+    buckets: tuple[float, ...] | None = None
+
+
+METRICS: tuple[MetricDef, ...] = (
+    # read from PostgreSQL at scrape time, in the exporting process only
+    MetricDef("pgworker_queue_jobs", "gauge", ("queue", "state"),
+              "Jobs by queue and state (pending, blocked, running, dead), from the database.", "database"),
+    MetricDef("pgworker_queue_oldest_job_age_seconds", "gauge", ("queue",),
+              "Age of the oldest due, claimable job (database clock); 0 when none.", "database"),
+    MetricDef("pgworker_queue_oldest_dead_job_age_seconds", "gauge", ("queue",),
+              "Age of the oldest unresolved dead job; 0 when none.", "database"),
+    MetricDef("pgworker_queue_expired_leases", "gauge", ("queue",),
+              "Running jobs whose lease expired and that were not reaped yet.", "database"),
+    MetricDef("pgworker_queue_stats_up", "gauge", (),
+              "1 when the last queue statistics query succeeded, else 0.", "database"),
+    MetricDef("pgworker_queue_stats_duration_seconds", "gauge", (),
+              "Time the last queue statistics query took.", "database"),
+    # counted in every worker process (prometheus_client multiprocess mode)
+    MetricDef("pgworker_claims_total", "counter", ("queue", "result"),
+              "Claim statements by result (claimed, empty, error).", "worker"),
+    MetricDef("pgworker_claimed_jobs_total", "counter", ("queue",),
+              "Jobs handed out by claims.", "worker"),
+    MetricDef("pgworker_claim_duration_seconds", "histogram", ("queue",),
+              "Latency of the claim statement.", "worker", buckets=LATENCY_BUCKETS),
+    MetricDef("pgworker_job_wait_duration_seconds", "histogram", ("queue",),
+              "From due (enqueue time, run_at or retry time) to claim, database clock.", "worker",
+              buckets=WAIT_BUCKETS),
+    MetricDef("pgworker_job_run_duration_seconds", "histogram", ("queue", "task", "outcome"),
+              "Handler run time by outcome.", "worker", buckets=RUN_BUCKETS),
+    MetricDef("pgworker_jobs_finished_total", "counter", ("queue", "task", "outcome"),
+              "Attempts by outcome (succeeded, retried, dead, cancelled, released, snoozed, lost).", "worker"),
+    MetricDef("pgworker_job_retries_total", "counter", ("queue", "error_class"),
+              "Failed attempts scheduled for a retry, by error class.", "worker"),
+    MetricDef("pgworker_jobs_dead_total", "counter", ("queue", "error_class"),
+              "Jobs moved to dead by a worker or the reaper, by error class.", "worker"),
+    MetricDef("pgworker_lease_renewals_total", "counter", ("queue", "result"),
+              "Lease renewals by result (renewed, lost, error).", "worker"),
+    MetricDef("pgworker_lease_expirations_total", "counter", ("queue", "action"),
+              "Expired leases recovered by the reaper, by action (requeued, dead, cancelled).", "worker"),
+    MetricDef("pgworker_fenced_writes_total", "counter", ("queue", "operation"),
+              "Writes refused by the fence because the lease was lost, by operation.", "worker"),
+    MetricDef("pgworker_jobs_in_flight", "gauge", ("queue",),
+              "Jobs held by live claimers of this pod (running or about to run).", "worker",
+              multiprocess_mode="livesum"),
+    MetricDef("pgworker_claimer_heartbeat_timestamp_seconds", "gauge", (),
+              "Oldest claimer loop heartbeat among live claimers (Unix time).", "worker",
+              multiprocess_mode="livemin"),
+    MetricDef("pgworker_dispatcher_wakeups_total", "counter", ("reason",),
+              "Claimer wake-ups sent by the dispatcher, by reason (notify, poll, reconnect, sweep).", "worker"),
+    MetricDef("pgworker_listener_reconnects_total", "counter", (),
+              "LISTEN connection re-established after a loss.", "worker"),
+    MetricDef("pgworker_enqueued_jobs_total", "counter", ("queue",),
+              "Jobs enqueued by this process (duplicates refused by a dedupe key excluded).", "worker"),
+    MetricDef("pgworker_build_info", "gauge", ("version",),
+              "Always 1; the version label is pgworker's.", "worker", multiprocess_mode="max"),
+    # reported once at the end of a --drain run (pushed to a Pushgateway when configured)
+    MetricDef("pgworker_drain_last_run_timestamp_seconds", "gauge", ("result",),
+              "When the last drain run ended (Unix time), by result (succeeded, deadline, failed).", "drain"),
+    MetricDef("pgworker_drain_duration_seconds", "gauge", (),
+              "How long the last drain run took.", "drain"),
+    MetricDef("pgworker_drain_jobs_processed", "gauge", ("outcome",),
+              "Attempts settled by the last drain run, by outcome.", "drain"),
+    MetricDef("pgworker_drain_jobs_left", "gauge", (),
+              "Due jobs left when the last drain run ended (non-zero after a deadline).", "drain"),
+)
+
+METRICS_BY_NAME = {m.name: m for m in METRICS}
+
+
+def exposed_names(metric: MetricDef) -> tuple[str, ...]:
+    """The series names a metric exposes (histograms add _bucket, _sum, _count)."""
+    if metric.kind == "histogram":
+        return tuple(f"{metric.name}{s}" for s in ("_bucket", "_sum", "_count"))
+    return (metric.name,)
+
+
+def all_series_names() -> set[str]:
+    return {n for m in METRICS for n in exposed_names(m)}
+
+
+# ---- spans ----------------------------------------------------------------------------
+
+MESSAGING_SYSTEM = "pgworker"
+
+
+@dataclass(frozen=True)
+class SpanDef:
+    operation: str
+    name: str  # with {queue}
+    kind: str
+    operation_type: str
+    operation_names: tuple[str, ...]
+    help: str
+
+
+SPANS: tuple[SpanDef, ...] = (
+    SpanDef("enqueue", "send {queue}", "PRODUCER", "send", ("send",),
+            "One job enqueued; its W3C trace context is stored in the job row."),
+    SpanDef("enqueue_many", "send {queue}", "CLIENT", "send", ("send",),
+            "A bulk enqueue (messaging.batch.message_count jobs); each job carries this span's context."),
+    SpanDef("claim", "receive {queue}", "CLIENT", "receive", ("claim",),
+            "One claim statement, with the number of jobs it returned."),
+    SpanDef("process", "process {queue}", "CONSUMER", "process", ("process",),
+            "One attempt of a job, parented to the enqueuing span and linked to it."),
+    SpanDef("settle", "settle {queue}", "CLIENT", "settle", ("complete", "fail", "retry", "release", "snooze", "cancel"),
+            "The fenced write of an attempt's outcome, with pgworker.fence.result."),
+    SpanDef("renew", "renew {queue}", "CLIENT", "renew", ("renew",),
+            "A batched lease renewal of the pod's live jobs of one queue."),
+    SpanDef("reap", "reap {queue}", "INTERNAL", "reap", ("reap",),
+            "Expired leases recovered by the reaper, with counts by action."),
+)
+
+SPAN_ATTRIBUTES = {
+    "messaging.system": f"always {MESSAGING_SYSTEM!r}",
+    "messaging.operation.type": "send, receive, process, settle (renew and reap are pgworker's own)",
+    "messaging.operation.name": "send, claim, process, complete, fail, retry, release, snooze, cancel, renew, reap",
+    "messaging.destination.name": "the queue",
+    "messaging.message.id": "the job id (single-job spans)",
+    "messaging.batch.message_count": "jobs in a batch (claim, bulk enqueue, renew, reap)",
+    "messaging.client.id": "the worker id (host:pid:claimer)",
+    "error.type": "exception class of a failed attempt, or pgworker.LeaseLost for a fenced-out write",
+    "pgworker.task": "the task name",
+    "pgworker.job.attempt": "the attempt number (1-based)",
+    "pgworker.lease.token": "the fencing token of the attempt",
+    "pgworker.fence.result": "accepted, or refused when the lease was lost",
+    "pgworker.outcome": "how the attempt ended (succeeded, retried, dead, ...)",
+}
+
+
+def render_markdown() -> str:
+    """docs/observability.md, generated from this catalogue."""
+    from .metrics_docs import render
+
+    return render()
+
+
+if __name__ == "__main__":  # python -m pgworker.catalogue > docs/observability.md
+    print(render_markdown(), end="")

@@ -1,0 +1,557 @@
+"""The claimer process: claim a bounded batch, run each job, write the outcomes fenced.
+
+Loop: wait for a wake-up from the dispatcher (a NOTIFY, the fallback poll, or a sweep
+after a reconnect) -> for each queue in turn, claim up to the free capacity -> run the
+jobs one at a time -> write their outcomes in one fenced statement per kind -> claim
+again while claims return rows. Wake-ups are hints: the table is always asked.
+
+The claimer never renews leases itself: the dispatcher does, from the slot table in
+shared memory (see ``lease.py``), so a handler hogging the GIL cannot lose its lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import psycopg
+
+from . import lease as slots_mod
+from . import tracing
+from .config import Settings
+from .context import JobContext
+from .db import connect
+from .errors import (DatabaseUnavailable, InvalidPayload, JobCancelled, LeaseLost, Permanent, Retry,
+                     Snooze)
+from .jobs import ClaimedJob, FailRequest, Lease
+from .names import dsn_password
+from .retry import classify
+from .tasks import RENEW_ON_PROGRESS, Task
+
+log = logging.getLogger("pgworker.claimer")
+
+# Auto batch sizing: claim about this much work at a time (seconds of handler time),
+# so one claimer never hoards work that idle peers could run, and never more than half
+# a lease's worth.
+BATCH_TARGET_SECONDS = 1.0
+INITIAL_BATCH = 10
+WAIT_CHECK_SECONDS = 1.0
+RECONNECT_MAX_SECONDS = 30.0
+UNKNOWN_TASK = "UNKNOWN_TASK"
+WORKER_DIED = "WORKER_DIED"
+TIMEOUT = "TIMEOUT"
+EXIT_RECYCLE = 0
+
+
+@dataclass
+class PendingOutcome:
+    """An attempt's outcome waiting for the batched, fenced write."""
+
+    job: ClaimedJob
+    slot: int
+    kind: str  # complete | fail | snooze | cancel | release
+    outcome: str  # metric outcome before the write decides (retried vs dead for fail)
+    run_seconds: float | None
+    code: str | None = None
+    message: str = ""
+    delay: float = 0.0
+    permanent: bool = False
+    span: Any = None
+    decided_at: float = field(default_factory=time.monotonic)
+
+
+class Claimer:
+    """One claimer process. Built and run by :func:`claimer_main` in the child."""
+
+    def __init__(self, app: Any, settings: Settings, index: int, table: slots_mod.SlotTable,
+                 queues: Sequence[str], *, drain: bool, stop_event: Any) -> None:
+        self.app = app
+        self.settings = settings
+        self.index = index
+        self.table = table
+        self.queues = list(queues)
+        self.queue_index = {q: i for i, q in enumerate(self.queues)}
+        self.task_index = {t: i for i, t in enumerate(sorted(app.tasks))}
+        self.drain = drain
+        self.stop_event = stop_event
+        self.worker_id = app.worker_id(f"c{index}")
+        self.store = app.store
+        self.conn: psycopg.Connection | None = None
+        self.pending: list[PendingOutcome] = []
+        self.avg_run_seconds: float | None = None
+        self.rotation = 0
+        self.jobs_done = 0
+        self.stopping = False
+        self.batch: dict[int, tuple[ClaimedJob, int]] = {}  # job id -> (job, slot) of the current claim
+        self.parent_pid = os.getppid()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.metrics: Any = None
+        self.secrets = (dsn_password(settings.dsn),)
+        self._reconnect_delay = 0.5
+        self._db_down_logged = False
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def setup(self) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the dispatcher decides
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        from .metrics import process_metrics
+
+        self.metrics = process_metrics(task_label=self.settings.metrics_task_label)
+        tasks_by_queue: dict[str, list[str]] = {}
+        for t in self.app.tasks.values():
+            tasks_by_queue.setdefault(t.queue, []).append(t.name)
+        self.metrics.init_queues(self.queues, tasks_by_queue)
+        for q in self.queues:
+            self.metrics.set_in_flight(q, 0)
+        self.table.header.pid = os.getpid()
+        self.table.beat(idle=False)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self.stopping = True
+
+    def should_stop(self) -> bool:
+        if self.stopping or self.stop_event.is_set() or self.table.header.stopping:
+            self.stopping = True
+        elif os.getppid() != self.parent_pid:  # the dispatcher died: stop, leases will expire
+            log.error("dispatcher is gone; claimer %s stops", self.index)
+            self.stopping = True
+        return self.stopping
+
+    def run(self) -> int:
+        self.setup()
+        try:
+            while not self.should_stop():
+                self.table.beat()
+                self.metrics.loop_heartbeat()
+                if not self.ensure_connection():
+                    continue
+                found = self.claim_round()
+                if self.should_stop():
+                    break
+                if found:
+                    if self.recycle_due():
+                        break
+                    continue
+                self.flush()
+                if self.drain:
+                    self.table.header.drained = 1
+                self.wait_for_wakeup()
+        finally:
+            self.shutdown()
+        return 0
+
+    def recycle_due(self) -> bool:
+        s = self.settings
+        if s.max_jobs_per_child and self.jobs_done >= s.max_jobs_per_child:
+            log.info("claimer %s ran %s jobs (max %s per child): recycling", self.index,
+                     self.jobs_done, s.max_jobs_per_child)
+            return True
+        if s.max_memory_per_child_bytes and resident_bytes() > s.max_memory_per_child_bytes:
+            log.info("claimer %s uses %s bytes (max %s per child): recycling", self.index,
+                     resident_bytes(), s.max_memory_per_child_bytes)
+            return True
+        return False
+
+    def wait_for_wakeup(self) -> None:
+        self.table.beat(idle=True)
+        try:
+            while not self.should_stop():
+                if self.table.wake.wait(WAIT_CHECK_SECONDS):
+                    break
+                self.table.beat()
+                self.metrics.loop_heartbeat()
+        finally:
+            self.table.wake.clear()
+            self.table.beat(idle=False)
+            self.table.header.drained = 0
+
+    def shutdown(self) -> None:
+        """Release what never started, write what finished, close."""
+        queued = {p.job.id for p in self.pending}
+        for v in self.table.held():
+            entry = self.batch.get(v.job_id)
+            if v.state == slots_mod.CLAIMED and entry is not None and v.job_id not in queued:
+                self.pending.append(PendingOutcome(entry[0], v.index, "release", "released", None))
+        for _ in range(3):
+            if not self.pending:
+                break
+            if self.ensure_connection(block=False):
+                self.flush()
+        if self.loop is not None:
+            self.loop.close()
+        if self.conn is not None:
+            self.conn.close()
+
+    # -- database -------------------------------------------------------------------
+
+    def ensure_connection(self, block: bool = True) -> bool:
+        if self.conn is not None and not self.conn.closed and not self.conn.broken:
+            return True
+        try:
+            self.conn = connect(self.settings.dsn, application_name=f"pgworker:claimer:{self.index}",
+                                prepare=self.settings.prepared_statements)
+            if self.settings.synchronous_commit:
+                self.conn.execute("SELECT set_config('synchronous_commit', %s, false)",
+                                  [self.settings.synchronous_commit])
+            if self._db_down_logged:
+                log.warning("claimer %s reconnected to PostgreSQL", self.index)
+            self._db_down_logged = False
+            self._reconnect_delay = 0.5
+            return True
+        except DatabaseUnavailable as exc:
+            if not self._db_down_logged:
+                log.error("claimer %s: %s; retrying with backoff", self.index, exc)
+                self._db_down_logged = True
+            if block:
+                self._sleep(self._reconnect_delay)
+                self._reconnect_delay = min(RECONNECT_MAX_SECONDS, self._reconnect_delay * 2)
+            return False
+
+    def _sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and not self.should_stop():
+            time.sleep(min(0.2, end - time.monotonic()))
+
+    def _connection_failed(self, exc: BaseException, action: str) -> None:
+        read_only = isinstance(exc, psycopg.errors.ReadOnlySqlTransaction)
+        if read_only:
+            log.error("claimer %s: %s failed: the server is read-only (a standby after a failover?); "
+                      "waiting for a writable primary", self.index, action)
+        else:
+            log.warning("claimer %s: %s failed (%s); reconnecting", self.index, action, type(exc).__name__)
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:
+                pass
+        self.conn = None
+        self._sleep(self._reconnect_delay)
+        self._reconnect_delay = min(RECONNECT_MAX_SECONDS, self._reconnect_delay * 2)
+
+    # -- claiming -------------------------------------------------------------------
+
+    def batch_size(self) -> int:
+        s = self.settings
+        free = self.table.free_count()
+        if s.batch_size is not None:
+            n = s.batch_size
+        elif self.avg_run_seconds is None:
+            n = INITIAL_BATCH
+        else:
+            budget = min(BATCH_TARGET_SECONDS, s.lease_seconds / 2)
+            n = int(budget / max(self.avg_run_seconds, 1e-6))
+        return max(0, min(n, s.max_batch_size, free))
+
+    def claim_round(self) -> bool:
+        """Claim from each queue in turn until one returns jobs; run them. True if any ran."""
+        for _ in range(len(self.queues)):
+            queue = self.queues[self.rotation % len(self.queues)]
+            self.rotation += 1
+            limit = self.batch_size()
+            if limit <= 0:
+                self.flush()
+                limit = self.batch_size()
+                if limit <= 0:
+                    return True
+            jobs = self.claim(queue, limit)
+            if jobs is None:
+                return False
+            if jobs:
+                self.run_batch(jobs)
+                return True
+        return False
+
+    def claim(self, queue: str, limit: int) -> list[ClaimedJob] | None:
+        t0 = time.perf_counter()
+        try:
+            with tracing.claim_span(queue, self.worker_id) as span:
+                # Outcomes still waiting are written first, in the same round trip.
+                self.flush()
+                jobs = self.store.claim(self.conn, queue=queue, limit=limit, owner=self.worker_id,
+                                        lease_seconds=self.settings.lease_seconds)
+                if span.is_recording():
+                    span.set_attribute("messaging.batch.message_count", len(jobs))
+        except (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.ReadOnlySqlTransaction) as exc:
+            self.metrics.claim_error(queue)
+            self._connection_failed(exc, "claim")
+            return None
+        except psycopg.Error as exc:
+            self.metrics.claim_error(queue)
+            log.error("claimer %s: claim on queue %r failed: %s", self.index, queue, type(exc).__name__)
+            self._sleep(self._reconnect_delay)
+            return None
+        self.metrics.claimed(queue, len(jobs), time.perf_counter() - t0, (j.wait_seconds for j in jobs))
+        qi = self.queue_index.get(queue, 0)
+        self.batch = {}
+        for job in jobs:
+            task = self.app.tasks.get(job.task)
+            hard = _hard_limit(task, self.settings)
+            policy = slots_mod.RENEW_PROGRESS if task and task.renew == RENEW_ON_PROGRESS else slots_mod.RENEW_ALIVE
+            slot = self.table.put(job.id, job.lease_token, qi, job.attempt, hard, policy,
+                                  self.task_index.get(job.task, -1))
+            self.batch[job.id] = (job, slot)
+        if jobs:
+            self.metrics.in_flight(queue, len(jobs))
+        return jobs
+
+    # -- running --------------------------------------------------------------------
+
+    def run_batch(self, jobs: list[ClaimedJob]) -> None:
+        for job in jobs:
+            _, slot = self.batch[job.id]
+            if self.should_stop():
+                self.pending.append(PendingOutcome(job, slot, "release", "released", None))
+                continue
+            if not self.table.start(slot, job.id):
+                # Its lease was found lost before it started (or the dispatcher took the
+                # slot back): never run it; the reaper or the dispatcher recovers it.
+                self.metrics.in_flight(job.queue, -1)
+                if self.table.flags(slot, job.id)[0]:
+                    self.metrics.finished(job.queue, job.task, "lost", None)
+                    self.table.count("lost")
+                    self.table.clear(slot, job.id)
+                continue
+            if self.pending and self._should_flush_before_next():
+                self.flush()
+            self.pending.append(self.run_one(job, slot))
+            self.table.set_state(slot, job.id, slots_mod.DONE)
+            self.jobs_done += 1
+            self.table.header.jobs_done = self.jobs_done
+        self.flush()
+
+    def _should_flush_before_next(self) -> bool:
+        oldest = self.pending[0].decided_at
+        expected = self.avg_run_seconds or 0.0
+        limit = self.settings.completion_flush_seconds
+        return time.monotonic() - oldest > limit or expected > limit
+
+    def run_one(self, job: ClaimedJob, slot: int) -> PendingOutcome:
+        task: Task | None = self.app.tasks.get(job.task)
+        span = tracing.start_process_span(job, self.worker_id)
+        if task is None:
+            known = ", ".join(sorted(self.app.tasks)) or "none"
+            out = PendingOutcome(
+                job, slot, "fail", "dead", 0.0, code=UNKNOWN_TASK, permanent=True,
+                message=(f"no handler for task {job.task!r} in this worker (registered: {known[:300]}); "
+                         f"deploy a worker that has it, then `pgworker dead replay {job.id}`"))
+            tracing.record_outcome(span, "dead", LookupError(job.task), UNKNOWN_TASK)
+            out.span = span
+            span.end()
+            return out
+        ctx = JobContext(job, self.table, slot)
+        t0 = time.perf_counter()
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            payload = task.decode(job.payload)
+            args = (payload, ctx) if task.takes_context else (payload,)
+            if task.is_async:
+                result = self._run_async(task, args)
+            else:
+                result = task.func(*args)
+        except BaseException as exc:  # noqa: BLE001 - every handler failure is recorded, even SystemExit
+            error = exc
+        elapsed = time.perf_counter() - t0
+        self.avg_run_seconds = elapsed if self.avg_run_seconds is None else 0.8 * self.avg_run_seconds + 0.2 * elapsed
+        out = self.decide(job, task, slot, ctx, result, error, elapsed)
+        out.span = span
+        tracing.record_outcome(span, out.outcome, error, out.code if error is not None else None)
+        span.end()
+        return out
+
+    def _run_async(self, task: Task, args: tuple[Any, ...]) -> Any:
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+        coro = task.func(*args)
+        timeout = task.timeout_seconds
+        if timeout is not None:
+            coro = asyncio.wait_for(coro, timeout)
+        try:
+            return self.loop.run_until_complete(coro)
+        except asyncio.TimeoutError:
+            raise HandlerTimeout(f"handler exceeded its timeout of {timeout} s") from None
+
+    def decide(self, job: ClaimedJob, task: Task, slot: int, ctx: JobContext, result: Any,
+               error: BaseException | None, elapsed: float) -> PendingOutcome:
+        """Turn a handler's return value or exception into the outcome to write."""
+        lost, cancel = self.table.flags(slot, job.id)
+        if isinstance(result, (Retry, Snooze)):
+            error, result = result, None
+        if lost or isinstance(error, LeaseLost):
+            # the completion is skipped: another worker may own the job now
+            log.warning("lease lost on job %s (attempt %s, token %s); its outcome is not written",
+                        job.id, job.attempt, job.lease_token,
+                        extra={"action": "lease_lost", "job_id": job.id, "queue": job.queue})
+            return PendingOutcome(job, slot, "lost", "lost", elapsed)
+        if error is None:
+            return PendingOutcome(job, slot, "complete", "succeeded", elapsed)
+        if isinstance(error, Snooze):
+            return PendingOutcome(job, slot, "snooze", "snoozed", elapsed, delay=error.seconds)
+        if cancel or isinstance(error, JobCancelled):
+            return PendingOutcome(job, slot, "cancel", "cancelled", elapsed, code="CANCELLED")
+        s = self.settings
+        failure = classify(error, permanent_types=task.permanent_errors, classifier=self.app.classify_error,
+                           max_chars=s.error_message_max_chars, secrets=self.secrets)
+        if isinstance(error, HandlerTimeout):
+            failure = type(failure)(TIMEOUT, failure.message, False)
+        if isinstance(error, InvalidPayload):
+            failure = type(failure)("PAYLOAD_INVALID", failure.message, True)
+        delay = failure.retry_after if failure.retry_after is not None else task.retry.delay(job.attempt)
+        dead = failure.permanent or job.attempt >= job.max_attempts
+        if not isinstance(error, (Permanent, Retry)):
+            log.warning("job %s (%s) attempt %s/%s failed: %s: %s", job.id, job.task, job.attempt,
+                        job.max_attempts, failure.code, failure.message[:200],
+                        extra={"action": "job_failed", "job_id": job.id, "queue": job.queue})
+        return PendingOutcome(job, slot, "fail", "dead" if dead else "retried", elapsed,
+                              code=failure.code, message=failure.message, delay=delay,
+                              permanent=failure.permanent)
+
+    # -- writing outcomes -----------------------------------------------------------
+
+    def flush(self) -> None:
+        """Write pending outcomes: one fenced statement per kind. On a connection error the
+        outcomes stay pending and are written after the reconnect (their fences decide)."""
+        if not self.pending or self.conn is None:
+            return
+        batch, self.pending = self.pending, []
+        for p in batch:
+            self.table.set_state(p.slot, p.job.id, slots_mod.FLUSHING)
+        started = time.time_ns()
+        groups: dict[str, list[PendingOutcome]] = {}
+        for p in batch:
+            groups.setdefault(p.kind, []).append(p)
+        try:
+            results = self._write(groups)
+        except (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.ReadOnlySqlTransaction) as exc:
+            for p in batch:
+                self.table.set_state(p.slot, p.job.id, slots_mod.DONE)
+            self.pending = batch + self.pending
+            self._connection_failed(exc, "writing outcomes")
+            return
+        for kind, items in groups.items():
+            report = results.get(kind)
+            for p in items:
+                accepted = report is not None and p.job.id in report.accepted
+                self._account(p, accepted, report, started)
+                self.table.clear(p.slot, p.job.id)
+                self.metrics.in_flight(p.job.queue, -1)
+
+    def _write(self, groups: dict[str, list[PendingOutcome]]) -> dict[str, Any]:
+        store, conn = self.store, self.conn
+        out: dict[str, Any] = {}
+        for kind, items in groups.items():
+            leases = [p.job.lease for p in items]
+            if kind == "complete":
+                out[kind] = store.complete(conn, leases, [p.job.ordering_key for p in items])
+            elif kind == "fail":
+                out[kind] = store.fail(conn, [FailRequest(p.job.lease, p.code or "ERROR", p.message,
+                                                          p.delay, p.permanent) for p in items])
+            elif kind == "snooze":
+                out[kind] = store.snooze(conn, leases, [p.delay for p in items])
+            elif kind == "cancel":
+                out[kind] = store.finish_cancelled(conn, leases, [p.job.ordering_key for p in items])
+            elif kind == "release":
+                out[kind] = store.release(conn, leases)
+            # "lost": nothing is written
+        return out
+
+    def _account(self, p: PendingOutcome, accepted: bool, report: Any, started_ns: int) -> None:
+        job = p.job
+        outcome = p.outcome
+        if p.kind == "lost":
+            outcome = "lost"
+        elif not accepted:
+            self.metrics.fenced(job.queue, _FENCE_OPERATION[p.kind])
+            log.warning("fenced out: %s of job %s (token %s) was refused, the lease was lost",
+                        p.kind, job.id, job.lease_token,
+                        extra={"action": "fenced", "job_id": job.id, "queue": job.queue})
+            outcome = "lost"
+        elif p.kind == "fail":
+            outcome = "dead" if report.details.get(job.id) == "dead" else "retried"
+        self.metrics.finished(job.queue, job.task, outcome, p.run_seconds, p.code)
+        self.table.count(outcome)
+        if p.kind != "lost":
+            op = {"complete": "complete", "fail": "retry" if outcome == "retried" else "fail"}.get(p.kind, p.kind)
+            tracing.settle_span(job, op, accepted, parent=p.span, worker_id=self.worker_id,
+                                start_time=started_ns)
+
+
+_FENCE_OPERATION = {"complete": "complete", "fail": "fail", "snooze": "snooze", "cancel": "cancel",
+                    "release": "release"}
+
+
+class HandlerTimeout(Exception):
+    """An async handler ran past its task's timeout."""
+
+    code = TIMEOUT
+
+
+def _hard_limit(task: Task | None, settings: Settings) -> float:
+    """Seconds after start at which the dispatcher stops the attempt: the task's timeout
+    or its max runtime, whichever is first (0 = the worker's max runtime)."""
+    limits = [settings.max_runtime_seconds]
+    if task is not None:
+        if task.max_runtime_seconds is not None:
+            limits = [task.max_runtime_seconds]
+        if task.timeout_seconds is not None:
+            limits.append(task.timeout_seconds)
+    return min(limits)
+
+
+def resident_bytes() -> int:
+    """Resident set size of this process (Linux /proc/self/statm), 0 if unknown."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+@dataclass(frozen=True)
+class ClaimerSpec:
+    """Everything a claimer process needs, picklable for ``spawn``."""
+
+    app_ref: str
+    settings: Settings
+    index: int
+    table: slots_mod.SlotTable
+    queues: tuple[str, ...]
+    drain: bool
+    stop_event: Any
+    log_level: int
+    log_format: str
+
+
+def claimer_main(spec: ClaimerSpec) -> None:
+    """Entry point of a claimer process (multiprocessing, spawn)."""
+    from .loader import load_app
+    from .logs import setup_logging
+
+    setup_logging(spec.log_level, spec.log_format)
+    provider = tracing.configure_from_env()
+    if spec.settings.trace_sql:
+        tracing.instrument_psycopg()
+    if not spec.settings.tracing:
+        tracing.set_tracer_provider(_noop_provider())
+    app = load_app(spec.app_ref)
+    app.configure(spec.settings)
+    claimer = Claimer(app, spec.settings, spec.index, spec.table, spec.queues,
+                      drain=spec.drain, stop_event=spec.stop_event)
+    try:
+        code = claimer.run()
+    finally:
+        tracing.flush(provider)
+    if code:
+        raise SystemExit(code)
+
+
+def _noop_provider() -> Any:
+    from opentelemetry.trace import NoOpTracerProvider
+
+    return NoOpTracerProvider()

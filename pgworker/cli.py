@@ -1,0 +1,381 @@
+"""The ``pgworker`` command line.
+
+Settings come from flags, else ``PGWORKER_*`` environment variables, else the App's
+own. Output is a readable table on a terminal and JSON with ``--json``. Exit codes: 0
+success, 1 error, 2 bad usage, 75 a drain run hit its deadline with due work left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from datetime import datetime, timedelta
+from typing import Any, Sequence
+
+from .errors import ConfigError, PgworkerError
+
+EXIT_USAGE = 2
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1, None: 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '15m', '12h', '7d', '2w', '250ms' -> seconds."""
+    m = _DURATION.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration; use forms like 30s, 15m, 12h, 7d")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("connection")
+    g.add_argument("--dsn", help="PostgreSQL DSN (env PGWORKER_DSN)")
+    g.add_argument("--schema", help="pgworker's schema (env PGWORKER_SCHEMA, default pgworker)")
+    g.add_argument("--app", default=os.environ.get("PGWORKER_APP"),
+                   help="your App: 'package.module:app' or 'path/file.py:app' (env PGWORKER_APP)")
+    g.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pgworker", description="PostgreSQL-backed job queue and worker.")
+    parser.add_argument("--version", action="version", version=f"pgworker {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("migrate", help="create or upgrade pgworker's schema")
+    _common(p)
+
+    p = sub.add_parser("run", help="run the worker: a dispatcher and a pool of claimer processes")
+    _common(p)
+    p.add_argument("--queues", help="comma-separated queues (default: the queues of the app's tasks)")
+    p.add_argument("--concurrency", type=int, help="claimer processes (default: CPU count)")
+    p.add_argument("--drain", action="store_true",
+                   help="claim until nothing is due and nothing runs, then exit (no LISTEN, no polling)")
+    p.add_argument("--max-duration", type=parse_duration,
+                   help="drain mode: stop at this deadline; exit 75 if due work is left")
+    p.add_argument("--listen-dsn", help="direct connection for LISTEN (not a transaction pooler)")
+    p.add_argument("--no-listen", action="store_true", help="no LISTEN: rely on the fallback poll")
+    p.add_argument("--poll-interval", type=parse_duration, help="fallback poll interval (default 2s)")
+    p.add_argument("--lease", type=parse_duration, help="lease length (default 60s)")
+    p.add_argument("--max-runtime", type=parse_duration, help="stop attempts running longer (default 1h)")
+    p.add_argument("--reap-interval", type=parse_duration, help="reaper interval (default 15s)")
+    p.add_argument("--shutdown-grace", type=parse_duration, help="time running jobs get at shutdown (default 30s)")
+    p.add_argument("--batch-size", type=int, help="jobs per claim (default: sized from run times)")
+    p.add_argument("--metrics-port", type=int, help="port of /metrics, /healthz, /readyz; 0 = off (default 9186)")
+    p.add_argument("--metrics-host", help="address to bind the metrics server to (default 0.0.0.0)")
+    p.add_argument("--metrics-dir", help="prometheus multiprocess directory (default: a fresh temporary one)")
+    p.add_argument("--no-stats", action="store_true", help="no queue statistics queries at scrape time")
+    p.add_argument("--no-tracing", action="store_true", help="turn OpenTelemetry spans off")
+    p.add_argument("--trace-sql", action="store_true", help="SQL child spans (opentelemetry-instrumentation-psycopg)")
+    p.add_argument("--pushgateway-url", help="drain mode: push the run's summary to this Pushgateway")
+    p.add_argument("--max-jobs-per-child", type=int, help="recycle a claimer after this many jobs")
+    p.add_argument("--max-memory-per-child", type=int, help="recycle a claimer above this RSS (bytes)")
+    p.add_argument("--no-prepared-statements", action="store_true",
+                   help="behind pgbouncer < 1.21 in transaction mode")
+    p.add_argument("--log-format", choices=("text", "json"), default=os.environ.get("PGWORKER_LOG_FORMAT", "text"))
+    p.add_argument("--log-level", default=os.environ.get("PGWORKER_LOG_LEVEL", "INFO"))
+
+    p = sub.add_parser("enqueue", help="enqueue one job by task name")
+    _common(p)
+    p.add_argument("task")
+    p.add_argument("--payload", default="null", help="JSON payload (default null)")
+    p.add_argument("--queue")
+    p.add_argument("--priority", type=int)
+    p.add_argument("--delay", type=parse_duration)
+    p.add_argument("--max-attempts", type=int)
+    p.add_argument("--dedupe-key")
+    p.add_argument("--ordering-key")
+
+    p = sub.add_parser("jobs", help="list jobs, or show one with its error history")
+    _common(p)
+    jsub = p.add_subparsers(dest="jobs_command", metavar="list|show")
+    jl = jsub.add_parser("list", help="list jobs (default)")
+    _common(jl)
+    for q in (p, jl):
+        q.add_argument("--queue")
+        q.add_argument("--state", choices=("pending", "running", "succeeded", "dead", "cancelled"))
+        q.add_argument("--limit", type=int, default=50)
+    js = jsub.add_parser("show", help="one job in full")
+    _common(js)
+    js.add_argument("id", type=int)
+
+    p = sub.add_parser("dead", help="dead jobs: list or replay")
+    _common(p)
+    dsub = p.add_subparsers(dest="dead_command", metavar="list|replay")
+    dl = dsub.add_parser("list")
+    _common(dl)
+    dl.add_argument("--queue")
+    dl.add_argument("--limit", type=int, default=50)
+    dr = dsub.add_parser("replay", help="replay dead jobs by id, or --queue Q --all")
+    _common(dr)
+    dr.add_argument("ids", nargs="*", type=int)
+    dr.add_argument("--queue")
+    dr.add_argument("--all", action="store_true", help="every dead job of --queue")
+    dr.add_argument("--limit", type=int, default=10_000)
+
+    p = sub.add_parser("cancel", help="cancel a job (a running one is asked to stop)")
+    _common(p)
+    p.add_argument("id", type=int)
+
+    p = sub.add_parser("prune", help="delete succeeded and cancelled jobs older than a retention")
+    _common(p)
+    p.add_argument("--older-than", type=parse_duration, required=True, help="e.g. 7d")
+    p.add_argument("--batch", type=int, default=10_000)
+
+    p = sub.add_parser("status", help="jobs by queue and state, oldest due job's age, running leases")
+    _common(p)
+
+    p = sub.add_parser("demo", help="run a realistic workload end to end (embedded PostgreSQL without --dsn)")
+    _common(p)
+    p.add_argument("--jobs", type=int, default=400)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--keep", action="store_true", help="keep the demo schema afterwards")
+    return parser
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def _settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    get = lambda name: getattr(args, name, None)  # noqa: E731
+    o: dict[str, Any] = {
+        "dsn": get("dsn"), "schema": get("schema"), "concurrency": get("concurrency"),
+        "listen_dsn": get("listen_dsn"), "poll_interval_seconds": get("poll_interval"),
+        "lease_seconds": get("lease"), "max_runtime_seconds": get("max_runtime"),
+        "reap_interval_seconds": get("reap_interval"), "shutdown_grace_seconds": get("shutdown_grace"),
+        "batch_size": get("batch_size"), "metrics_port": get("metrics_port"), "metrics_host": get("metrics_host"),
+        "max_jobs_per_child": get("max_jobs_per_child"), "max_memory_per_child_bytes": get("max_memory_per_child"),
+    }
+    if get("queues"):
+        o["queues"] = tuple(q.strip() for q in args.queues.split(",") if q.strip())
+    if get("no_listen"):
+        o["listen"] = False
+    if get("no_stats"):
+        o["stats"] = False
+    if get("no_tracing"):
+        o["tracing"] = False
+    if get("trace_sql"):
+        o["trace_sql"] = True
+    if get("no_prepared_statements"):
+        o["prepared_statements"] = False
+    return {k: v for k, v in o.items() if v is not None}
+
+
+def _make_app(args: argparse.Namespace, *, need_app: bool = False) -> Any:
+    from .app import App
+    from .config import Settings
+    from .loader import load_app
+
+    if args.app:
+        app = load_app(args.app)
+        app.configure(app.settings.replace(**_settings_overrides(args)))
+        return app
+    if need_app:
+        raise ConfigError("pgworker run needs your App: --app package.module:app (or PGWORKER_APP); "
+                          "try `pgworker demo` for a self-contained example")
+    return App(settings=Settings.from_env(**_settings_overrides(args)))
+
+
+def _prepare_metrics_dir(args: argparse.Namespace) -> str | None:
+    """Give this run a fresh prometheus multiprocess directory, before any import of
+    prometheus_client (the library reads the variable at import time)."""
+    path = args.metrics_dir or os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if path:
+        os.makedirs(path, exist_ok=True)
+        for name in os.listdir(path):
+            if name.endswith(".db"):
+                os.unlink(os.path.join(path, name))
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+        return None
+    path = tempfile.mkdtemp(prefix="pgworker-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    return path
+
+
+# -- output -------------------------------------------------------------------------
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, datetime):
+        return v.isoformat()
+    if isinstance(v, timedelta):
+        return v.total_seconds()
+    return v
+
+
+def emit(args: argparse.Namespace, rows: Any, columns: Sequence[str] | None = None) -> None:
+    if getattr(args, "json", False):
+        print(json.dumps(rows, default=_jsonable, indent=None if isinstance(rows, list) else 2))
+        return
+    if isinstance(rows, dict):
+        width = max((len(k) for k in rows), default=0)
+        for k, v in rows.items():
+            if isinstance(v, (list, dict)):
+                v = json.dumps(v, default=_jsonable, indent=2)
+            print(f"{k.rjust(width)}  {_fmt(v)}")
+        return
+    if not rows:
+        print("(none)")
+        return
+    columns = list(columns or rows[0].keys())
+    cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip())
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, datetime):
+        return v.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(v, float):
+        return f"{v:.1f}"
+    return str(v)
+
+
+# -- commands -----------------------------------------------------------------------
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    app = _make_app(args)
+    report = app.migrate()
+    if args.json:
+        emit(args, {"schema": report.schema, "version_before": report.version_before,
+                    "version_after": report.version_after, "applied": list(report.applied)})
+    elif report.applied:
+        print(f"schema {report.schema!r}: applied {', '.join(report.applied)} "
+              f"(version {report.version_before} -> {report.version_after})")
+    else:
+        print(f"schema {report.schema!r} is up to date (version {report.version_after})")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    created = _prepare_metrics_dir(args)
+    try:
+        from .dispatcher import Dispatcher
+        from .logs import setup_logging
+
+        setup_logging(args.log_level, args.log_format)
+        if args.max_duration is not None and not args.drain:
+            raise ConfigError("--max-duration applies to --drain runs")
+        app = _make_app(args, need_app=True)
+        return Dispatcher(app, args.app, drain=args.drain, max_duration=args.max_duration,
+                          pushgateway_url=args.pushgateway_url, log_level=args.log_level.upper(),
+                          log_format=args.log_format).run()
+    finally:
+        if created:
+            shutil.rmtree(created, ignore_errors=True)
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    try:
+        payload = json.loads(args.payload)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--payload is not valid JSON: {exc}; example: --payload '{{\"user_id\": 42}}'") from None
+    app = _make_app(args)
+    job_id = app.enqueue(args.task, payload, queue=args.queue, priority=args.priority, delay=args.delay,
+                         max_attempts=args.max_attempts, dedupe_key=args.dedupe_key,
+                         ordering_key=args.ordering_key)
+    emit(args, {"id": job_id}) if args.json else print(job_id)
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    app = _make_app(args)
+    if getattr(args, "jobs_command", None) == "show":
+        job = app.get_job(args.id)
+        if job is None:
+            print(f"error: no job {args.id}", file=sys.stderr)
+            return 1
+        emit(args, job)
+        return 0
+    rows = app.list_jobs(queue=args.queue, state=args.state, limit=args.limit)
+    emit(args, rows, ["id", "queue", "task", "state", "priority", "attempts", "max_attempts",
+                      "run_at", "last_error_code"])
+    return 0
+
+
+def cmd_dead(args: argparse.Namespace) -> int:
+    app = _make_app(args)
+    if getattr(args, "dead_command", None) == "replay":
+        if not args.ids and not (args.queue and args.all):
+            raise ConfigError("give job ids, or --queue QUEUE --all")
+        ids = app.replay(args.ids, queue=args.queue if args.all else None, limit=args.limit)
+        if args.json:
+            emit(args, {"replayed": ids})
+        else:
+            print(f"replayed {len(ids)} job(s)" + (f": {', '.join(map(str, ids[:50]))}" if ids else ""))
+        missing = sorted(set(args.ids) - set(ids))
+        if missing:
+            print(f"not dead (or unknown), left as they were: {', '.join(map(str, missing))}", file=sys.stderr)
+            return 1
+        return 0
+    rows = app.list_jobs(queue=args.queue, state="dead", limit=args.limit)
+    emit(args, rows, ["id", "queue", "task", "attempts", "last_error_code", "finished_at"])
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    app = _make_app(args)
+    state = app.cancel(args.id)
+    if state is None:
+        print(f"error: job {args.id} is unknown or already finished", file=sys.stderr)
+        return 1
+    msg = "cancelled" if state == "cancelled" else "cancellation requested (the job is running)"
+    emit(args, {"id": args.id, "state": state}) if args.json else print(f"job {args.id}: {msg}")
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    app = _make_app(args)
+    n = app.prune(args.older_than, batch=args.batch)
+    emit(args, {"deleted": n}) if args.json else print(f"deleted {n} finished job(s)")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    app = _make_app(args)
+    with app.connection() as conn:
+        rows = app.store.queue_status(conn)
+    emit(args, rows, ["queue", "state", "jobs", "oldest_due_age_seconds", "expired_leases"])
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import main as demo_main
+
+    return demo_main(args)
+
+
+COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "enqueue": cmd_enqueue, "jobs": cmd_jobs,
+            "dead": cmd_dead, "cancel": cmd_cancel, "prune": cmd_prune, "status": cmd_status,
+            "demo": cmd_demo}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return COMMANDS[args.command](args)
+    except PgworkerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

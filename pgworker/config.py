@@ -1,0 +1,191 @@
+"""Settings from arguments and ``PGWORKER_*`` environment variables.
+
+Every setting has a default (a constant with its unit in the name), an environment
+variable, and a validation step run at construction, so a bad value is reported at
+start-up with the name of the setting to fix rather than as a failure at 3 a.m.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .errors import ConfigError
+from .names import check_queue_name, check_schema_name, redact_dsn
+
+DEFAULT_SCHEMA = "pgworker"
+DEFAULT_QUEUE = "default"
+LEASE_SECONDS = 60.0
+POLL_INTERVAL_SECONDS = 2.0
+REAP_INTERVAL_SECONDS = 15.0
+MAX_RUNTIME_SECONDS = 3600.0
+SHUTDOWN_GRACE_SECONDS = 30.0
+MAX_BATCH_SIZE = 100
+MAX_PAYLOAD_BYTES = 1024 * 1024
+ERROR_HISTORY_ENTRIES = 10
+ERROR_MESSAGE_MAX_CHARS = 1000
+METRICS_PORT = 9186
+STATS_CACHE_SECONDS = 5.0
+STATS_TIMEOUT_SECONDS = 2.0
+COMPLETION_FLUSH_SECONDS = 0.05
+
+
+def _bool(v: str) -> bool:
+    s = v.strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected true/false, got {v!r}")
+
+
+def _queues(v: str) -> tuple[str, ...]:
+    return tuple(q.strip() for q in v.split(",") if q.strip())
+
+
+def _opt_int(v: str) -> int | None:
+    return None if v.strip().lower() in ("", "auto") else int(v)
+
+
+def _opt_float(v: str) -> float | None:
+    return None if v.strip().lower() in ("", "none", "off") else float(v)
+
+
+def _env(name: str, parse: Any = str) -> dict[str, Any]:
+    return {"env": name, "parse": parse}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Worker and client settings. Durations are in seconds, sizes in bytes.
+
+    Build with :meth:`from_env` to read ``PGWORKER_*`` variables; keyword overrides win
+    over the environment. Raises :class:`ConfigError` naming the setting to fix.
+    """
+
+    dsn: str | None = field(default=None, metadata=_env("PGWORKER_DSN"))
+    """libpq connection string or URL for enqueue, claims and outcomes (may be a pooler)."""
+    listen_dsn: str | None = field(default=None, metadata=_env("PGWORKER_LISTEN_DSN"))
+    """Direct (non-pooled) connection for LISTEN; defaults to ``dsn``."""
+    schema: str = field(default=DEFAULT_SCHEMA, metadata=_env("PGWORKER_SCHEMA"))
+    queues: tuple[str, ...] = field(default=(), metadata=_env("PGWORKER_QUEUES", _queues))
+    """Queues this worker claims from; empty means the queues of the registered tasks."""
+    concurrency: int = field(default_factory=lambda: os.cpu_count() or 1,
+                             metadata=_env("PGWORKER_CONCURRENCY", int))
+    lease_seconds: float = field(default=LEASE_SECONDS, metadata=_env("PGWORKER_LEASE_SECONDS", float))
+    renew_interval_seconds: float | None = field(default=None, metadata=_env("PGWORKER_RENEW_INTERVAL_SECONDS", _opt_float))
+    """How often live leases are renewed; default a third of the lease."""
+    max_runtime_seconds: float = field(default=MAX_RUNTIME_SECONDS, metadata=_env("PGWORKER_MAX_RUNTIME_SECONDS", float))
+    poll_interval_seconds: float = field(default=POLL_INTERVAL_SECONDS, metadata=_env("PGWORKER_POLL_INTERVAL_SECONDS", float))
+    listen: bool = field(default=True, metadata=_env("PGWORKER_LISTEN", _bool))
+    reap_interval_seconds: float = field(default=REAP_INTERVAL_SECONDS, metadata=_env("PGWORKER_REAP_INTERVAL_SECONDS", float))
+    shutdown_grace_seconds: float = field(default=SHUTDOWN_GRACE_SECONDS, metadata=_env("PGWORKER_SHUTDOWN_GRACE_SECONDS", float))
+    batch_size: int | None = field(default=None, metadata=_env("PGWORKER_BATCH_SIZE", _opt_int))
+    """Jobs per claim; None sizes batches automatically from measured run times."""
+    max_batch_size: int = field(default=MAX_BATCH_SIZE, metadata=_env("PGWORKER_MAX_BATCH_SIZE", int))
+    max_payload_bytes: int = field(default=MAX_PAYLOAD_BYTES, metadata=_env("PGWORKER_MAX_PAYLOAD_BYTES", int))
+    error_history_entries: int = field(default=ERROR_HISTORY_ENTRIES, metadata=_env("PGWORKER_ERROR_HISTORY_ENTRIES", int))
+    error_message_max_chars: int = field(default=ERROR_MESSAGE_MAX_CHARS, metadata=_env("PGWORKER_ERROR_MESSAGE_MAX_CHARS", int))
+    metrics_port: int = field(default=METRICS_PORT, metadata=_env("PGWORKER_METRICS_PORT", int))
+    """Port of /metrics, /healthz and /readyz; 0 turns the HTTP server off."""
+    metrics_host: str = field(default="0.0.0.0", metadata=_env("PGWORKER_METRICS_HOST"))
+    stats: bool = field(default=True, metadata=_env("PGWORKER_STATS", _bool))
+    """Query queue statistics from PostgreSQL at scrape time (keeps a suspending compute awake)."""
+    stats_cache_seconds: float = field(default=STATS_CACHE_SECONDS, metadata=_env("PGWORKER_STATS_CACHE_SECONDS", float))
+    stats_timeout_seconds: float = field(default=STATS_TIMEOUT_SECONDS, metadata=_env("PGWORKER_STATS_TIMEOUT_SECONDS", float))
+    metrics_task_label: bool = field(default=True, metadata=_env("PGWORKER_METRICS_TASK_LABEL", _bool))
+    tracing: bool = field(default=True, metadata=_env("PGWORKER_TRACING", _bool))
+    trace_sql: bool = field(default=False, metadata=_env("PGWORKER_TRACE_SQL", _bool))
+    """Instrument psycopg for SQL child spans (opentelemetry-instrumentation-psycopg)."""
+    prepared_statements: bool = field(default=True, metadata=_env("PGWORKER_PREPARED_STATEMENTS", _bool))
+    """Server-side prepared statements; turn off behind pgbouncer older than 1.21 in transaction mode."""
+    synchronous_commit: str | None = field(default=None, metadata=_env("PGWORKER_SYNCHRONOUS_COMMIT"))
+    """Opt-in ``synchronous_commit`` for claims and outcomes (e.g. 'off'); None keeps the server's."""
+    completion_flush_seconds: float = field(default=COMPLETION_FLUSH_SECONDS, metadata=_env("PGWORKER_COMPLETION_FLUSH_SECONDS", float))
+    max_jobs_per_child: int | None = field(default=None, metadata=_env("PGWORKER_MAX_JOBS_PER_CHILD", _opt_int))
+    max_memory_per_child_bytes: int | None = field(default=None, metadata=_env("PGWORKER_MAX_MEMORY_PER_CHILD_BYTES", _opt_int))
+    worker_id: str | None = field(default=None, metadata=_env("PGWORKER_WORKER_ID"))
+
+    def __post_init__(self) -> None:
+        check_schema_name(self.schema)
+        for q in self.queues:
+            check_queue_name(q)
+        if self.concurrency < 1:
+            raise ConfigError(f"concurrency must be >= 1, got {self.concurrency}; set --concurrency or PGWORKER_CONCURRENCY")
+        if self.lease_seconds < 1:
+            raise ConfigError(f"lease_seconds must be >= 1, got {self.lease_seconds}; set PGWORKER_LEASE_SECONDS")
+        renew = self.effective_renew_interval
+        if renew <= 0 or self.lease_seconds < 2 * renew:
+            raise ConfigError(
+                f"the lease ({self.lease_seconds} s) must be at least two renewal intervals ({renew} s): "
+                "a single late renewal would otherwise lose the lease; lower PGWORKER_RENEW_INTERVAL_SECONDS")
+        if self.max_runtime_seconds <= 0:
+            raise ConfigError("max_runtime_seconds must be > 0; set PGWORKER_MAX_RUNTIME_SECONDS")
+        for name in ("poll_interval_seconds", "reap_interval_seconds", "stats_cache_seconds",
+                     "stats_timeout_seconds", "completion_flush_seconds"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.shutdown_grace_seconds < 0:
+            raise ConfigError("shutdown_grace_seconds must be >= 0")
+        if not 1 <= self.max_batch_size <= 10_000:
+            raise ConfigError(f"max_batch_size must be between 1 and 10000, got {self.max_batch_size}")
+        if self.batch_size is not None and not 1 <= self.batch_size <= self.max_batch_size:
+            raise ConfigError(f"batch_size must be between 1 and max_batch_size ({self.max_batch_size}), got {self.batch_size}")
+        if self.max_payload_bytes < 2:
+            raise ConfigError("max_payload_bytes must be at least 2")
+        if not 1 <= self.error_history_entries <= 1000:
+            raise ConfigError("error_history_entries must be between 1 and 1000")
+        if not 20 <= self.error_message_max_chars <= 100_000:
+            raise ConfigError("error_message_max_chars must be between 20 and 100000")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port must be 0-65535, got {self.metrics_port}")
+        if self.synchronous_commit is not None and self.synchronous_commit not in (
+                "on", "off", "local", "remote_write", "remote_apply"):
+            raise ConfigError("synchronous_commit must be one of on, off, local, remote_write, remote_apply")
+
+    @property
+    def effective_renew_interval(self) -> float:
+        """Seconds between lease renewals (a third of the lease unless set)."""
+        return self.renew_interval_seconds or self.lease_seconds / 3.0
+
+    @property
+    def effective_listen_dsn(self) -> str | None:
+        return self.listen_dsn or self.dsn
+
+    def replace(self, **changes: Any) -> "Settings":
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> dict[str, Any]:
+        """The settings as a dict safe to print (passwords redacted)."""
+        out = dataclasses.asdict(self)
+        out["dsn"] = redact_dsn(self.dsn)
+        out["listen_dsn"] = redact_dsn(self.listen_dsn)
+        return out
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
+        """Settings from ``PGWORKER_*`` variables, with ``overrides`` (not None) winning.
+
+        Raises :class:`ConfigError` when a variable does not parse, naming it.
+        """
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            env = f.metadata.get("env")
+            if env and env in environ and environ[env] != "":
+                try:
+                    values[f.name] = f.metadata["parse"](environ[env])
+                except ValueError as exc:
+                    raise ConfigError(f"{env}={environ[env]!r} is invalid: {exc}") from None
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ConfigError(f"unknown settings: {', '.join(sorted(unknown))}")
+        return cls(**values)
+
+
+def env_var_names() -> dict[str, str]:
+    """Map of setting name to its environment variable (for docs and --help)."""
+    return {f.name: f.metadata["env"] for f in dataclasses.fields(Settings) if f.metadata.get("env")}

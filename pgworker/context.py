@@ -1,0 +1,82 @@
+"""JobContext: what a handler sees of its job and its lease."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from .errors import JobCancelled, LeaseLost
+
+if TYPE_CHECKING:
+    from .jobs import ClaimedJob
+    from .lease import SlotTable
+
+log = logging.getLogger("pgworker.job")
+
+
+class JobContext:
+    """Passed to handlers that take two arguments: ``def handler(payload, ctx)``.
+
+    Attributes: ``job_id``, ``attempt`` (1-based), ``max_attempts``, ``queue``, ``task``,
+    ``lease_token``, and ``idempotency_key``, which is the same for every attempt of the
+    job: pass it to external systems so that a re-run after a crash is recognised.
+
+    ``heartbeat()`` (alias ``progress()``) reports progress; it writes to shared memory
+    and costs no query. ``lease_lost`` becomes True when the dispatcher could not renew
+    the lease (another worker may now run the job: stop, your outcome will be refused);
+    ``cancel_requested`` when an operator cancelled the job. ``check()`` raises
+    :class:`LeaseLost` or :class:`JobCancelled` in those cases.
+    """
+
+    __slots__ = ("job", "_table", "_slot", "progress_value", "logger")
+
+    def __init__(self, job: "ClaimedJob", table: "SlotTable | None" = None, slot: int = -1) -> None:
+        self.job = job
+        self._table = table
+        self._slot = slot
+        self.progress_value: Any = None
+        self.logger = logging.LoggerAdapter(log, {"job_id": job.id, "attempt": job.attempt,
+                                                  "queue": job.queue, "task": job.task})
+
+    job_id = property(lambda self: self.job.id)
+    attempt = property(lambda self: self.job.attempt)
+    max_attempts = property(lambda self: self.job.max_attempts)
+    queue = property(lambda self: self.job.queue)
+    task = property(lambda self: self.job.task)
+    lease_token = property(lambda self: self.job.lease_token)
+    idempotency_key = property(lambda self: self.job.idempotency_key)
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.job.attempt >= self.job.max_attempts
+
+    def heartbeat(self, progress: Any = None) -> None:
+        """Report progress (for ``renew='progress'`` tasks this keeps the lease alive)."""
+        if progress is not None:
+            self.progress_value = progress
+        if self._table is not None:
+            self._table.progress(self._slot, self.job.id)
+
+    progress = heartbeat
+
+    @property
+    def lease_lost(self) -> bool:
+        return self._table is not None and self._table.flags(self._slot, self.job.id)[0]
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self._table is not None and self._table.flags(self._slot, self.job.id)[1]
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` if the lease is gone, :class:`JobCancelled` if the job
+        was cancelled; call it between units of work."""
+        if self._table is None:
+            return
+        lost, cancel = self._table.flags(self._slot, self.job.id)
+        if lost:
+            raise LeaseLost(job_id=self.job.id, lease_token=self.job.lease_token, operation="heartbeat")
+        if cancel:
+            raise JobCancelled(f"job {self.job.id} was cancelled")
+
+    def __repr__(self) -> str:
+        return f"<JobContext job={self.job.id} task={self.job.task!r} attempt={self.job.attempt}>"

@@ -1,0 +1,262 @@
+"""``pgworker demo``: the main job on real input, end to end.
+
+Starts an embedded throwaway PostgreSQL (the ``pgserver`` package) when no DSN is
+configured, migrates, enqueues a mixed workload (tile rendering to files, webhook
+deliveries to a local HTTP endpoint, text reports; some failing transiently, some
+permanently, some enqueued twice), runs ``pgworker run`` with a pool of claimers while
+showing progress, and ends with a summary table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Iterator
+
+from .app import App
+from .config import Settings
+from .errors import ConfigError
+from .names import redact_dsn
+from .producer import JobSpec
+
+DEMO_SCHEMA = "pgworker_demo"
+DEMO_TIMEOUT_SECONDS = 300.0
+
+
+class WebhookEndpoint:
+    """A local HTTP endpoint that records deliveries by Idempotency-Key.
+
+    Events whose id is a multiple of 6 fail with 503 on their first attempt (transient);
+    multiples of 23 are refused with 422 (permanent).
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requests = 0
+        self.delivered: dict[str, dict[str, Any]] = {}
+        self.duplicates = 0
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                key = self.headers.get("Idempotency-Key", "")
+                attempt = int(self.headers.get("X-Attempt", "1"))
+                event = int(body.get("event_id", 0))
+                with endpoint.lock:
+                    endpoint.requests += 1
+                    if event % 23 == 0:
+                        code = 422
+                    elif event % 6 == 0 and attempt == 1:
+                        code = 503
+                    elif key in endpoint.delivered:
+                        endpoint.duplicates += 1
+                        code = 200
+                    else:
+                        endpoint.delivered[key] = body
+                        code = 200
+                self.send_response(code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, fmt: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/events"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+@contextlib.contextmanager
+def embedded_postgres() -> Iterator[str]:
+    """A throwaway PostgreSQL from the ``pgserver`` package; yields its DSN."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import pgserver
+    except ImportError:
+        raise ConfigError("no PGWORKER_DSN is set and the embedded PostgreSQL is not installed: "
+                          "pip install 'pgworker[demo]', or set PGWORKER_DSN to your server") from None
+    datadir = tempfile.mkdtemp(prefix="pgworker-demo-pg-")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        server = pgserver.get_server(datadir, cleanup_mode="delete")
+    try:
+        yield server.get_uri()
+    finally:
+        with contextlib.suppress(Exception):
+            server.cleanup()
+        shutil.rmtree(datadir, ignore_errors=True)
+
+
+def build_workload(n: int, rng: random.Random) -> tuple[list[JobSpec], int]:
+    """The mixed workload: (specs, how many of them are duplicate enqueues)."""
+    specs: list[JobSpec] = []
+    duplicates = 0
+    for i in range(1, n + 1):
+        kind = i % 5
+        if kind in (0, 1):
+            specs.append(JobSpec("render_tile", {"x": rng.uniform(-2.0, 0.5), "y": rng.uniform(-1.2, 1.2),
+                                                 "zoom": rng.choice([1, 2, 4]), "size": 40},
+                                 priority=rng.choice([0, 0, 1])))
+        elif kind in (2, 3):
+            event = {"event_id": i, "type": "order.paid", "amount_cents": rng.randint(100, 99_000)}
+            spec = JobSpec("deliver_webhook", event, dedupe_key=f"event-{i}")
+            specs.append(spec)
+            if i % 10 == 2:  # the producer retried its request: the dedupe key refuses the copy
+                specs.append(spec)
+                duplicates += 1
+        else:
+            payload: Any = {"doc": f"doc-{i}", "words": rng.randint(200, 3000)}
+            if i % 15 == 4:
+                payload = {"document": f"doc-{i}"}  # wrong shape: dead with PAYLOAD_INVALID
+            specs.append(JobSpec("summarize_text", payload))
+    return specs, duplicates
+
+
+def _counts(app: App) -> dict[str, int]:
+    with app.connection() as conn:
+        rows = app.store.queue_status(conn)
+    out: dict[str, int] = {}
+    for r in rows:
+        out[r["state"]] = out.get(r["state"], 0) + r["jobs"]
+    return out
+
+
+def _progress(counts: dict[str, int], total: int, elapsed: float, tty: bool) -> None:
+    done = counts.get("succeeded", 0) + counts.get("dead", 0) + counts.get("cancelled", 0)
+    width = 30
+    filled = int(width * done / max(total, 1))
+    line = (f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} finished  "
+            f"running {counts.get('running', 0):3d}  pending {counts.get('pending', 0):4d}  "
+            f"dead {counts.get('dead', 0):3d}  {elapsed:5.1f}s")
+    if tty:
+        print("\r" + line, end="", flush=True)
+    else:
+        print(line, flush=True)
+
+
+def main(args: argparse.Namespace) -> int:
+    dsn = args.dsn or os.environ.get("PGWORKER_DSN")
+    with contextlib.ExitStack() as stack:
+        if not dsn:
+            print("No PGWORKER_DSN set: starting an embedded PostgreSQL (pgserver)...", flush=True)
+            dsn = stack.enter_context(embedded_postgres())
+            schema = args.schema or "pgworker"
+        else:
+            schema = args.schema or DEMO_SCHEMA
+        print(f"database: {redact_dsn(dsn)}  schema: {schema}", flush=True)
+        app = App(settings=Settings.from_env(dsn=dsn, schema=schema))
+        stack.callback(app.close)
+        if schema == DEMO_SCHEMA:
+            from .migrate import drop_schema
+
+            with contextlib.closing(app.connect()) as conn:
+                drop_schema(conn, schema)  # the demo's own schema: start clean
+        report = app.migrate()
+        print(f"migrated to schema version {report.version_after}", flush=True)
+
+        out_dir = tempfile.mkdtemp(prefix="pgworker-demo-out-")
+        endpoint = WebhookEndpoint()
+        stack.callback(endpoint.close)
+        specs, duplicates = build_workload(args.jobs, random.Random(7))
+        t0 = time.time()
+        ids = app.enqueue_many(specs[: len(specs) // 2])
+        ids += [app.enqueue(s.task, s.payload, priority=s.priority, dedupe_key=s.dedupe_key)
+                for s in specs[len(specs) // 2:]]
+        distinct = len(set(ids))
+        print(f"enqueued {len(specs)} requests in {time.time() - t0:.2f}s: {distinct} jobs, "
+              f"{len(specs) - distinct} duplicates refused by their dedupe key", flush=True)
+
+        env = dict(os.environ, PGWORKER_DSN=dsn, PGWORKER_SCHEMA=schema, PGWORKER_DEMO_DIR=out_dir,
+                   PGWORKER_DEMO_URL=endpoint.url, PGWORKER_LOG_LEVEL=os.environ.get("PGWORKER_LOG_LEVEL", "ERROR"))
+        cmd = [sys.executable, "-m", "pgworker.cli", "run", "--app", "pgworker.demo_app:app",
+               "--concurrency", str(args.concurrency), "--metrics-port", "0", "--poll-interval", "0.5",
+               "--shutdown-grace", "10"]
+        print(f"starting `pgworker run` with {args.concurrency} claimers...", flush=True)
+        started = time.time()
+        worker = subprocess.Popen(cmd, env=env)
+        tty = sys.stdout.isatty()
+        last_print = 0.0
+        try:
+            while True:
+                time.sleep(0.25)
+                counts = _counts(app)
+                finished = counts.get("succeeded", 0) + counts.get("dead", 0) + counts.get("cancelled", 0)
+                now = time.time()
+                if tty or now - last_print >= 2.0 or finished >= distinct:
+                    _progress(counts, distinct, now - started, tty)
+                    last_print = now
+                if finished >= distinct:
+                    break
+                if worker.poll() is not None:
+                    print(f"\nerror: the worker exited early with code {worker.returncode}", file=sys.stderr)
+                    return 1
+                if now - started > DEMO_TIMEOUT_SECONDS:
+                    print("\nerror: the demo did not finish in time", file=sys.stderr)
+                    return 1
+        finally:
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGTERM)
+                try:
+                    worker.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    worker.kill()
+        elapsed = time.time() - started
+        if tty:
+            print()
+        summary = _summary(app, distinct, len(specs) - distinct, elapsed, out_dir, endpoint)
+        _print_summary(summary)
+        if not args.keep:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        else:
+            print(f"outputs kept in {out_dir}")
+        ok = summary["lost"] == 0 and summary["stuck"] == 0
+        return 0 if ok else 1
+    return 0
+
+
+def _summary(app: App, jobs: int, duplicates: int, elapsed: float, out_dir: str,
+             endpoint: WebhookEndpoint) -> dict[str, Any]:
+    with app.connection() as conn:
+        row = conn.execute(app.store.queries["demo_summary"]).fetchone()
+        dead_codes = conn.execute(app.store.queries["demo_dead_codes"]).fetchall()
+    succeeded, dead, stuck, failed_attempts = row
+    tiles = len(os.listdir(os.path.join(out_dir, "tiles"))) if os.path.isdir(os.path.join(out_dir, "tiles")) else 0
+    reports = len(os.listdir(os.path.join(out_dir, "reports"))) if os.path.isdir(os.path.join(out_dir, "reports")) else 0
+    return {
+        "jobs": jobs, "duplicates prevented": duplicates, "succeeded": succeeded,
+        "retried attempts": failed_attempts - dead, "dead": dead,
+        "dead by code": ", ".join(f"{c} {n}" for c, n in dead_codes) or "-",
+        "lost": jobs - succeeded - dead - stuck, "stuck": stuck,
+        "throughput (jobs/s)": round(jobs / elapsed, 1) if elapsed else 0.0,
+        "tiles written": tiles, "reports written": reports,
+        "webhooks delivered": len(endpoint.delivered),
+        "webhook requests (incl. retries)": endpoint.requests,
+        "duplicate deliveries": endpoint.duplicates,
+        "wall time (s)": round(elapsed, 2),
+    }
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    width = max(len(k) for k in summary)
+    print("\nsummary")
+    print("-" * (width + 12))
+    for k, v in summary.items():
+        print(f"{k.ljust(width)}  {v}")
+    print("-" * (width + 12))

@@ -1,0 +1,93 @@
+"""The tasks of ``pgworker demo``: real work with real side effects.
+
+* ``render_tile``: renders a Mandelbrot tile (CPU work) and writes it as a PGM image,
+  atomically, named after the job's idempotency key, so a re-run after a crash
+  overwrites the same file instead of adding one.
+* ``deliver_webhook``: POSTs an event to a local HTTP endpoint with an
+  ``Idempotency-Key`` header. The endpoint answers 503 now and then (a transient
+  failure: retried with backoff) and 422 for events it cannot accept (permanent: dead).
+* ``summarize_text``: counts words in a generated document and writes a JSON report.
+  Its payload is decoded into a dataclass; a payload that does not fit ends dead with
+  PAYLOAD_INVALID instead of being retried.
+
+Settings come from the environment because claimers are separate processes:
+``PGWORKER_DEMO_DIR`` (output folder) and ``PGWORKER_DEMO_URL`` (the endpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass
+
+import pgworker
+
+app = pgworker.App(name="pgworker-demo")
+FAST_RETRY = pgworker.RetryPolicy(base_seconds=0.2, factor=2.0, max_seconds=2.0, jitter=0.5)
+
+
+def _out(*parts: str) -> str:
+    path = os.path.join(os.environ.get("PGWORKER_DEMO_DIR", "."), *parts)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return path
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+@app.task(name="render_tile", queue="images", max_attempts=3, retry=FAST_RETRY)
+def render_tile(payload: dict, ctx: pgworker.JobContext) -> None:
+    size = int(payload.get("size", 48))
+    cx, cy, zoom = float(payload["x"]), float(payload["y"]), float(payload.get("zoom", 1.0))
+    rows = []
+    for py in range(size):
+        row = bytearray()
+        for px in range(size):
+            c = complex(cx + (px - size / 2) / (size * zoom), cy + (py - size / 2) / (size * zoom))
+            z, n = 0j, 0
+            while abs(z) <= 2 and n < 60:
+                z, n = z * z + c, n + 1
+            row.append(255 - n * 4)
+        rows.append(bytes(row))
+        if py % 16 == 0:
+            ctx.heartbeat(py / size)
+    image = f"P5 {size} {size} 255\n".encode() + b"".join(rows)
+    _write_atomic(_out("tiles", f"{ctx.idempotency_key}.pgm"), image)
+
+
+@app.task(name="deliver_webhook", queue="webhooks", max_attempts=4, retry=FAST_RETRY, timeout=10)
+def deliver_webhook(payload: dict, ctx: pgworker.JobContext) -> None:
+    req = urllib.request.Request(
+        os.environ["PGWORKER_DEMO_URL"], data=json.dumps(payload).encode(), method="POST",
+        headers={"Content-Type": "application/json", "Idempotency-Key": ctx.idempotency_key,
+                 "X-Attempt": str(ctx.attempt)})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            resp.read()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 422:
+            raise pgworker.Permanent(f"endpoint refused event {payload.get('event_id')}: 422",
+                                     code="WEBHOOK_REJECTED") from None
+        raise  # 5xx: transient, retried with backoff
+
+
+@dataclass(frozen=True)
+class TextJob:
+    doc: str
+    words: int
+
+
+@app.task(name="summarize_text", queue="default", max_attempts=3, retry=FAST_RETRY, payload_type=TextJob)
+def summarize_text(job: TextJob, ctx: pgworker.JobContext) -> None:
+    vocabulary = ["lease", "token", "claim", "fence", "queue", "retry", "backoff", "jitter", "reaper", "worker"]
+    words = [vocabulary[(i * 7 + len(job.doc)) % len(vocabulary)] for i in range(job.words)]
+    counts = Counter(words)
+    report = {"doc": job.doc, "words": job.words, "top": counts.most_common(3)}
+    _write_atomic(_out("reports", f"{ctx.idempotency_key}.json"), json.dumps(report).encode())

@@ -1,0 +1,126 @@
+"""One exception hierarchy for pgworker.
+
+Every error pgworker raises on purpose is a :class:`PgworkerError`. The docstring of
+each class is its default message; the message given at raise time names the fix.
+"""
+
+from __future__ import annotations
+
+
+class PgworkerError(Exception):
+    """A pgworker operation failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigError(PgworkerError, ValueError):
+    """A setting is invalid; the message names the setting and how to fix it."""
+
+
+class InvalidName(ConfigError):
+    """A queue, task or schema name is invalid."""
+
+
+class PayloadError(PgworkerError, ValueError):
+    """A job payload cannot be stored: not JSON-serialisable, or too large."""
+
+
+class InvalidJob(PgworkerError, ValueError):
+    """A job option is invalid (max_attempts, priority, run_at, delay)."""
+
+
+class DatabaseUnavailable(PgworkerError):
+    """PostgreSQL cannot be reached; check the DSN (PGWORKER_DSN) and that the server is up."""
+
+
+class SchemaVersionError(PgworkerError):
+    """The database schema does not match this version of pgworker."""
+
+
+class SchemaNotMigrated(SchemaVersionError):
+    """The pgworker schema is missing or behind; run `pgworker migrate`."""
+
+
+class SchemaTooNew(SchemaVersionError):
+    """The database schema is newer than this pgworker knows; upgrade pgworker."""
+
+
+class LeaseLost(PgworkerError):
+    """The lease on this job is gone: its fencing token moved on or the lease expired.
+
+    A fenced write (renew, complete, fail, release) updated zero rows. The caller is no
+    longer the owner and must not act as one; another worker may be running the job.
+    """
+
+    def __init__(self, message: str | None = None, *, job_id: int | None = None,
+                 lease_token: int | None = None, operation: str | None = None) -> None:
+        self.job_id = job_id
+        self.lease_token = lease_token
+        self.operation = operation
+        if message is None and job_id is not None:
+            message = (f"lease lost on job {job_id} (lease token {lease_token}) during {operation}: "
+                       "the job was reaped or claimed again; this worker must not act as its owner")
+        super().__init__(message)
+
+
+class JobNotFound(PgworkerError, LookupError):
+    """No job has this id."""
+
+
+class DedupeConflict(PgworkerError):
+    """Another active job holds this dedupe key."""
+
+
+# --- control flow for handlers -------------------------------------------------------
+# Handlers raise these (or return Retry/Snooze instances) to steer what happens next.
+
+
+class Permanent(PgworkerError):
+    """A permanent failure: the job goes to dead at once, without retries.
+
+    ``raise Permanent("customer 42 does not exist")``. Use for failures that another
+    attempt cannot fix (invalid input, a resource that is gone).
+    """
+
+    code = "PERMANENT"
+
+    def __init__(self, reason: str = "permanent failure", *, code: str | None = None) -> None:
+        super().__init__(reason)
+        if code:
+            self.code = code
+
+
+class InvalidPayload(Permanent):
+    """The payload cannot be decoded by the handler; the job goes to dead with PAYLOAD_INVALID."""
+
+    code = "PAYLOAD_INVALID"
+
+
+class Retry(PgworkerError):
+    """Ask for another attempt after ``after`` seconds instead of the policy's backoff.
+
+    The attempt counts; when attempts are spent the job goes to dead as usual.
+    """
+
+    code = "RETRY"
+
+    def __init__(self, after: float | None = None, reason: str = "retry requested") -> None:
+        if after is not None and after < 0:
+            raise ValueError("Retry(after=...) must be >= 0 seconds")
+        self.after = after
+        super().__init__(reason)
+
+
+class Snooze(PgworkerError):
+    """Run the job again after ``seconds`` without spending an attempt."""
+
+    def __init__(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("Snooze(seconds) must be >= 0")
+        self.seconds = float(seconds)
+        super().__init__(f"snoozed for {seconds} s")
+
+
+class JobCancelled(PgworkerError):
+    """The job was cancelled while running; raise it from a handler to stop early."""

@@ -1,0 +1,122 @@
+"""What a job is, as the database and a handler see it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Sequence
+
+
+class JobState(str, enum.Enum):
+    """The job states (the ``job_state`` enum in the schema).
+
+    pending -> running -> succeeded | pending (retry) | dead; pending | dead -> cancelled;
+    dead -> pending (replay).
+    """
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+
+class Outcome(str, enum.Enum):
+    """How one attempt ended, as counted in ``pgworker_jobs_finished_total``."""
+
+    SUCCEEDED = "succeeded"
+    RETRIED = "retried"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+    RELEASED = "released"
+    SNOOZED = "snoozed"
+    LOST = "lost"
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The right to settle one attempt of a job: its id and the claim's fencing token."""
+
+    job_id: int
+    token: int
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    """A job returned by a claim, leased to the claimer until ``lease_expires_at``."""
+
+    id: int
+    queue: str
+    task: str
+    payload: Any
+    priority: int
+    attempt: int
+    max_attempts: int
+    lease_token: int
+    lease_expires_at: datetime
+    run_at: datetime
+    created_at: datetime
+    trace_context: dict[str, str] | None
+    ordering_key: str | None
+    dedupe_key: str | None
+    wait_seconds: float
+
+    @property
+    def lease(self) -> Lease:
+        return Lease(self.id, self.lease_token)
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable across every attempt (and replay) of this job: use it for side effects."""
+        return f"pgw-{self.id}-{int(self.created_at.timestamp() * 1_000_000)}"
+
+
+@dataclass(frozen=True)
+class FenceReport:
+    """Result of a batched fenced write: which leases took effect, which were refused.
+
+    A refused lease updated zero rows: its fencing token moved on or (for renew and
+    complete) its lease expired. The caller must not act as owner of a refused job.
+    """
+
+    operation: str
+    accepted: tuple[int, ...] = ()
+    refused: tuple[int, ...] = ()
+    details: dict[int, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.refused
+
+    @classmethod
+    def build(cls, operation: str, leases: Sequence[Lease], accepted_rows: dict[int, Any]) -> "FenceReport":
+        accepted = tuple(le.job_id for le in leases if le.job_id in accepted_rows)
+        refused = tuple(le.job_id for le in leases if le.job_id not in accepted_rows)
+        return cls(operation, accepted, refused, dict(accepted_rows))
+
+
+@dataclass(frozen=True)
+class FailRequest:
+    """One failed attempt to record: retry after ``delay_seconds`` unless permanent."""
+
+    lease: Lease
+    code: str
+    message: str
+    delay_seconds: float
+    permanent: bool = False
+
+
+@dataclass(frozen=True)
+class ReapResult:
+    """Expired leases recovered by one reap batch, by the state each job went to."""
+
+    requeued: tuple[int, ...] = ()
+    dead: tuple[int, ...] = ()
+    cancelled: tuple[int, ...] = ()
+    by_queue: dict[tuple[str, str], int] = field(default_factory=dict)
+    """Counts keyed by (queue, new state)."""
+
+    @property
+    def total(self) -> int:
+        return len(self.requeued) + len(self.dead) + len(self.cancelled)

@@ -1,0 +1,43 @@
+"""Structured logs with stable keys: action, queue, job_id, attempt, lease_token.
+
+``PGWORKER_LOG_FORMAT=json`` prints one JSON object per line (for log pipelines);
+the default is readable text. Payloads are never logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+
+STABLE_KEYS = ("action", "queue", "job_id", "attempt", "lease_token", "task", "worker")
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+               + f".{int(record.msecs):03d}Z",
+               "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage(),
+               "pid": record.process}
+        for key in STABLE_KEYS:
+            if hasattr(record, key):
+                out[key] = getattr(record, key)
+        if record.exc_info and record.exc_info[0] is not None:
+            out["error"] = record.exc_info[0].__name__
+        return json.dumps(out, default=str)
+
+
+def setup_logging(level: int | str | None = None, fmt: str | None = None) -> None:
+    """Configure the root logger once for a pgworker process (stderr)."""
+    level = level or os.environ.get("PGWORKER_LOG_LEVEL", "INFO")
+    fmt = fmt or os.environ.get("PGWORKER_LOG_FORMAT", "text")
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level if isinstance(level, int) else str(level).upper())

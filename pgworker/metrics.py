@@ -1,0 +1,319 @@
+"""Prometheus metrics: worker counters, the queue-statistics collector, the HTTP endpoint.
+
+Under ``pgworker run`` every process writes its counters to ``PROMETHEUS_MULTIPROC_DIR``
+(prometheus_client multiprocess mode; the dispatcher sets the directory and wipes it
+before the library is imported) and the dispatcher serves the merged view. Counters of
+a claimer killed with ``kill -9`` survive in its files; its ``livesum``/``livemin``
+gauges go once the dispatcher calls ``mark_process_dead``. Outside ``pgworker run`` (a
+web process that enqueues) the same metrics live in the default registry.
+
+Labels are bounded: queue, task (switchable off), outcome, result, operation, action,
+reason, and error_class folded to 'other' past the first 20 classes a process sees.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Iterable, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from . import __version__
+from . import catalogue as cat
+
+log = logging.getLogger("pgworker.metrics")
+
+
+def multiprocess_enabled() -> bool:
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir"))
+
+
+class WorkerMetrics:
+    """The counters, histograms and gauges every pgworker process records.
+
+    Methods are named after the events of the job lifecycle; each updates the
+    catalogue's metrics for it. ``registry=None`` uses the default registry.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None, *, task_label: bool = True) -> None:
+        self.task_label = task_label
+        self._error_classes: set[str] = set()
+        self._lock = threading.Lock()
+        kw: dict[str, Any] = {} if registry is None else {"registry": registry}
+        m: dict[str, Any] = {}
+        for d in cat.METRICS:
+            if d.source != "worker":
+                continue
+            if d.kind == "counter":
+                # prometheus_client appends _total itself
+                m[d.name] = Counter(d.name.removesuffix("_total"), d.help, d.labels, **kw)
+            elif d.kind == "histogram":
+                m[d.name] = Histogram(d.name, d.help, d.labels, buckets=d.buckets, **kw)
+            else:
+                m[d.name] = Gauge(d.name, d.help, d.labels,
+                                  multiprocess_mode=d.multiprocess_mode or "all", **kw)
+        self.m = m
+        m["pgworker_build_info"].labels(__version__).set(1)
+
+    # -- known label sets start at 0 -------------------------------------------------
+
+    def init_queues(self, queues: Iterable[str], tasks_by_queue: dict[str, Sequence[str]] | None = None) -> None:
+        """Create the series of known label sets at 0, so rates work from the start."""
+        m = self.m
+        for q in queues:
+            for r in cat.CLAIM_RESULTS:
+                m["pgworker_claims_total"].labels(q, r)
+            m["pgworker_claimed_jobs_total"].labels(q)
+            m["pgworker_claim_duration_seconds"].labels(q)
+            m["pgworker_job_wait_duration_seconds"].labels(q)
+            m["pgworker_enqueued_jobs_total"].labels(q)
+            for r in cat.RENEW_RESULTS:
+                m["pgworker_lease_renewals_total"].labels(q, r)
+            for a in cat.EXPIRATION_ACTIONS:
+                m["pgworker_lease_expirations_total"].labels(q, a)
+            for op in cat.FENCED_OPERATIONS:
+                m["pgworker_fenced_writes_total"].labels(q, op)
+            tasks = (tasks_by_queue or {}).get(q, ()) if self.task_label else ("",)
+            for t in tasks:
+                for o in cat.OUTCOMES:
+                    m["pgworker_jobs_finished_total"].labels(q, t, o)
+        for r in cat.WAKEUP_REASONS:
+            m["pgworker_dispatcher_wakeups_total"].labels(r)
+
+    def _task(self, task: str) -> str:
+        return task if self.task_label else ""
+
+    def error_class(self, code: str) -> str:
+        """Fold error classes past the top-N seen by this process into 'other'."""
+        with self._lock:
+            if code in self._error_classes:
+                return code
+            if len(self._error_classes) < cat.ERROR_CLASS_TOP_N:
+                self._error_classes.add(code)
+                return code
+        return cat.OTHER
+
+    # -- events ---------------------------------------------------------------------
+
+    def enqueued(self, queue: str, count: int) -> None:
+        self.m["pgworker_enqueued_jobs_total"].labels(queue).inc(count)
+
+    def claimed(self, queue: str, count: int, seconds: float, waits: Iterable[float]) -> None:
+        m = self.m
+        m["pgworker_claims_total"].labels(queue, "claimed" if count else "empty").inc()
+        m["pgworker_claim_duration_seconds"].labels(queue).observe(seconds)
+        if count:
+            m["pgworker_claimed_jobs_total"].labels(queue).inc(count)
+            h = m["pgworker_job_wait_duration_seconds"].labels(queue)
+            for w in waits:
+                h.observe(max(0.0, w))
+
+    def claim_error(self, queue: str) -> None:
+        self.m["pgworker_claims_total"].labels(queue, "error").inc()
+
+    def finished(self, queue: str, task: str, outcome: str, run_seconds: float | None,
+                 error_code: str | None = None) -> None:
+        m = self.m
+        t = self._task(task)
+        m["pgworker_jobs_finished_total"].labels(queue, t, outcome).inc()
+        if run_seconds is not None:
+            m["pgworker_job_run_duration_seconds"].labels(queue, t, outcome).observe(run_seconds)
+        if outcome == "retried":
+            m["pgworker_job_retries_total"].labels(queue, self.error_class(error_code or "unknown")).inc()
+        elif outcome == "dead":
+            m["pgworker_jobs_dead_total"].labels(queue, self.error_class(error_code or "unknown")).inc()
+
+    def fenced(self, queue: str, operation: str, count: int = 1) -> None:
+        self.m["pgworker_fenced_writes_total"].labels(queue, operation).inc(count)
+
+    def renewals(self, queue: str, result: str, count: int) -> None:
+        if count:
+            self.m["pgworker_lease_renewals_total"].labels(queue, result).inc(count)
+
+    def expirations(self, queue: str, action: str, count: int, ) -> None:
+        if count:
+            self.m["pgworker_lease_expirations_total"].labels(queue, action).inc(count)
+            if action == "dead":
+                self.m["pgworker_jobs_dead_total"].labels(queue, "LEASE_EXPIRED").inc(count)
+
+    def in_flight(self, queue: str, delta: int) -> None:
+        g = self.m["pgworker_jobs_in_flight"].labels(queue)
+        g.inc(delta) if delta >= 0 else g.dec(-delta)
+
+    def set_in_flight(self, queue: str, value: int) -> None:
+        self.m["pgworker_jobs_in_flight"].labels(queue).set(value)
+
+    def loop_heartbeat(self) -> None:
+        self.m["pgworker_claimer_heartbeat_timestamp_seconds"].set(time.time())
+
+    def wakeup(self, reason: str, count: int = 1) -> None:
+        if count:
+            self.m["pgworker_dispatcher_wakeups_total"].labels(reason).inc(count)
+
+    def listener_reconnected(self) -> None:
+        self.m["pgworker_listener_reconnects_total"].inc()
+
+
+_process_metrics: WorkerMetrics | None = None
+_process_metrics_pid = 0
+_process_metrics_lock = threading.Lock()
+
+
+def process_metrics(*, task_label: bool = True) -> WorkerMetrics:
+    """This process's :class:`WorkerMetrics` (created once per process)."""
+    global _process_metrics, _process_metrics_pid
+    with _process_metrics_lock:
+        if _process_metrics is None or _process_metrics_pid != os.getpid():
+            _process_metrics = WorkerMetrics(task_label=task_label)
+            _process_metrics_pid = os.getpid()
+        return _process_metrics
+
+
+class QueueStatsCollector:
+    """Collects ``pgworker_queue_*`` gauges with one query, cached for a few seconds.
+
+    Register it in the exporting process only. ``fetch(queues)`` runs the statistics
+    statement (under a statement timeout) and returns rows; a failure sets
+    ``pgworker_queue_stats_up`` to 0 and keeps the last good values out of the output.
+    """
+
+    def __init__(self, fetch: Callable[[Sequence[str]], list[dict[str, Any]]],
+                 queues: Callable[[], Sequence[str]], cache_seconds: float) -> None:
+        self._fetch = fetch
+        self._queues = queues
+        self._cache_seconds = cache_seconds
+        self._lock = threading.Lock()
+        self._at = 0.0
+        self._rows: list[dict[str, Any]] = []
+        self._up = 0
+        self._duration = 0.0
+
+    def refresh(self, force: bool = False) -> None:
+        with self._lock:
+            if not force and time.monotonic() - self._at < self._cache_seconds:
+                return
+            t0 = time.perf_counter()
+            try:
+                self._rows = self._fetch(list(self._queues()))
+                self._up = 1
+            except Exception as exc:  # reported as stats_up 0; never breaks /metrics
+                log.warning("queue statistics query failed: %s", type(exc).__name__)
+                self._rows = []
+                self._up = 0
+            self._duration = time.perf_counter() - t0
+            self._at = time.monotonic()
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterable[Any]:
+        self.refresh()
+        d = cat.METRICS_BY_NAME
+        jobs = GaugeMetricFamily("pgworker_queue_jobs", d["pgworker_queue_jobs"].help, labels=["queue", "state"])
+        age = GaugeMetricFamily("pgworker_queue_oldest_job_age_seconds",
+                                d["pgworker_queue_oldest_job_age_seconds"].help, labels=["queue"])
+        dead_age = GaugeMetricFamily("pgworker_queue_oldest_dead_job_age_seconds",
+                                     d["pgworker_queue_oldest_dead_job_age_seconds"].help, labels=["queue"])
+        expired = GaugeMetricFamily("pgworker_queue_expired_leases",
+                                    d["pgworker_queue_expired_leases"].help, labels=["queue"])
+        for row in self._rows:
+            q = row["queue"]
+            for state in cat.STATS_STATES:
+                jobs.add_metric([q, state], float(row[state]))
+            age.add_metric([q], float(row["oldest_due_age_seconds"]))
+            dead_age.add_metric([q], float(row["oldest_dead_age_seconds"]))
+            expired.add_metric([q], float(row["expired_leases"]))
+        yield from (jobs, age, dead_age, expired)
+        yield GaugeMetricFamily("pgworker_queue_stats_up", d["pgworker_queue_stats_up"].help, value=self._up)
+        yield GaugeMetricFamily("pgworker_queue_stats_duration_seconds",
+                                d["pgworker_queue_stats_duration_seconds"].help, value=self._duration)
+
+
+def exposition_registry(extra: Iterable[Any] = ()) -> CollectorRegistry:
+    """The registry ``/metrics`` serves: the merged multiprocess files (or the default
+    registry outside multiprocess mode) plus ``extra`` collectors."""
+    if multiprocess_enabled():
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+    else:
+        from prometheus_client import REGISTRY
+
+        registry = CollectorRegistry()
+        registry.register(_Delegate(REGISTRY))
+    for c in extra:
+        registry.register(c)
+    return registry
+
+
+class _Delegate:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterable[Any]:
+        return self.registry.collect()
+
+
+class HealthState:
+    """What /healthz and /readyz report. /healthz never touches the database."""
+
+    def __init__(self) -> None:
+        self.alive = True
+        self.connected = False
+        self.listening = False
+        self.schema_ok = False
+        self.reason = "starting"
+        self.listen_required = True
+
+    @property
+    def ready(self) -> bool:
+        return self.alive and self.connected and self.schema_ok and (self.listening or not self.listen_required)
+
+
+def serve_http(host: str, port: int, registry: CollectorRegistry, health: HealthState) -> ThreadingHTTPServer:
+    """Serve /metrics, /healthz and /readyz on ``host:port`` in a daemon thread."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server API)
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                try:
+                    body = generate_latest(registry)
+                    self._send(200, body, CONTENT_TYPE_LATEST)
+                except Exception as exc:
+                    log.exception("rendering /metrics failed")
+                    self._send(500, f"metrics failed: {type(exc).__name__}\n".encode(), "text/plain")
+            elif path == "/healthz":
+                ok = health.alive
+                self._send(200 if ok else 503, b"ok\n" if ok else b"shutting down\n", "text/plain")
+            elif path == "/readyz":
+                ok = health.ready
+                msg = "ready\n" if ok else f"not ready: {health.reason}\n"
+                self._send(200 if ok else 503, msg.encode(), "text/plain")
+            else:
+                self._send(404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain")
+
+        def _send(self, code: int, body: bytes, ctype: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, fmt: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="pgworker-http", daemon=True).start()
+    return server

@@ -1,0 +1,133 @@
+"""Validation of names and keys, and redaction of secrets from text.
+
+Queue and task names, dedupe and ordering keys are stored as values (always query
+parameters), so any printable text is safe; the limits below keep them readable in
+tables, metric labels and NOTIFY payloads. The schema name is an SQL identifier: it is
+always quoted with ``psycopg.sql.Identifier`` and limited to PostgreSQL's identifier
+length (NAMEDATALEN - 1 = 63 bytes, PostgreSQL docs, "Identifiers and Key Words").
+"""
+
+from __future__ import annotations
+
+import re
+
+from .errors import InvalidName
+
+QUEUE_NAME_MAX_CHARS = 128
+TASK_NAME_MAX_CHARS = 255
+KEY_MAX_CHARS = 1024
+SCHEMA_NAME_MAX_BYTES = 63
+
+
+def _check_text(kind: str, value: object, max_chars: int, fix: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidName(f"{kind} must be a string, got {type(value).__name__}; {fix}")
+    if not value:
+        raise InvalidName(f"{kind} is empty; {fix}")
+    if len(value) > max_chars:
+        raise InvalidName(f"{kind} is {len(value)} characters long, the limit is {max_chars}; {fix}")
+    if not value.isprintable():
+        raise InvalidName(f"{kind} {value!r} contains control or non-printable characters; {fix}")
+    if value != value.strip():
+        raise InvalidName(f"{kind} {value!r} has leading or trailing whitespace; {fix}")
+    return value
+
+
+def check_queue_name(name: object) -> str:
+    """Return ``name`` if it is a valid queue name, else raise :class:`InvalidName`.
+
+    A queue name is 1 to 128 printable characters without leading or trailing spaces.
+    """
+    return _check_text("queue name", name, QUEUE_NAME_MAX_CHARS,
+                       "use 1-128 printable characters, such as 'default' or 'emails'")
+
+
+def check_task_name(name: object) -> str:
+    """Return ``name`` if it is a valid task name (1-255 printable characters)."""
+    return _check_text("task name", name, TASK_NAME_MAX_CHARS,
+                       "use 1-255 printable characters, such as 'send_email'")
+
+
+def check_key(kind: str, key: object) -> str | None:
+    """Validate a dedupe or ordering key (None, or 1-1024 printable characters)."""
+    if key is None:
+        return None
+    return _check_text(kind, key, KEY_MAX_CHARS, f"use 1-{KEY_MAX_CHARS} printable characters")
+
+
+def check_schema_name(name: object) -> str:
+    """Return ``name`` if PostgreSQL accepts it as a schema name when quoted.
+
+    Raises :class:`InvalidName` for an empty name, one longer than 63 bytes in UTF-8
+    (PostgreSQL would silently truncate it), one with NUL or control characters, or one
+    starting with ``pg_`` (reserved for system schemas, PostgreSQL docs 5.9.5).
+    """
+    fix = "set PGWORKER_SCHEMA (or --schema) to a name like 'pgworker'"
+    if not isinstance(name, str) or not name:
+        raise InvalidName(f"schema name must be a non-empty string; {fix}")
+    if len(name.encode("utf-8")) > SCHEMA_NAME_MAX_BYTES:
+        raise InvalidName(f"schema name {name!r} is longer than {SCHEMA_NAME_MAX_BYTES} bytes; {fix}")
+    if not name.isprintable():
+        raise InvalidName(f"schema name {name!r} contains control characters; {fix}")
+    if name.lower().startswith("pg_"):
+        raise InvalidName(f"schema name {name!r} starts with 'pg_', which PostgreSQL reserves; {fix}")
+    return name
+
+
+# --- secrets -------------------------------------------------------------------------
+
+_URL_PASSWORD = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*):(?P<pw>[^@\s]+)@")
+_KW_PASSWORD = re.compile(r"(?P<key>\bpassword\s*=\s*)(?P<pw>'(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+REDACTED = "********"
+
+
+def dsn_password(dsn: str | None) -> str | None:
+    """The password inside a libpq DSN (URL or key=value form), or None."""
+    if not dsn:
+        return None
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        pw = conninfo_to_dict(dsn).get("password")
+        if pw:
+            return str(pw)
+    except Exception:  # malformed DSN: fall back to the patterns below
+        pass
+    m = _URL_PASSWORD.search(dsn) or _KW_PASSWORD.search(dsn)
+    if m:
+        return m.group("pw").strip("'") or None
+    return None
+
+
+def redact(text: str, *secrets: str | None) -> str:
+    """Return ``text`` with DSN passwords and the given secrets replaced by asterisks."""
+    if not text:
+        return text
+    for s in secrets:
+        if s:
+            text = text.replace(s, REDACTED)
+    text = _URL_PASSWORD.sub(lambda m: f"{m.group('scheme')}:{REDACTED}@", text)
+    text = _KW_PASSWORD.sub(lambda m: f"{m.group('key')}{REDACTED}", text)
+    return text
+
+
+def redact_dsn(dsn: str | None) -> str:
+    """A DSN safe to print: the password replaced by asterisks."""
+    if not dsn:
+        return ""
+    return redact(dsn, dsn_password(dsn))
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
+
+
+def bounded_text(text: str, max_chars: int) -> str:
+    """Printable, NUL-free text of at most ``max_chars`` characters (suffix '…' when cut).
+
+    PostgreSQL ``text`` cannot hold NUL bytes, and lone surrogates cannot be encoded as
+    UTF-8; both are replaced with U+FFFD.
+    """
+    text = _CONTROL.sub("\ufffd", text)
+    if len(text) > max_chars:
+        text = text[: max_chars - 1] + "…"
+    return text

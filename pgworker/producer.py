@@ -1,0 +1,235 @@
+"""Enqueueing: validation, serialisation, and the insert with its wake-up.
+
+With a caller's connection the insert and its NOTIFY run in the caller's transaction:
+a rollback leaves neither a job nor a wake-up (NOTIFY is delivered only at commit,
+PostgreSQL docs, NOTIFY). Without one, a pooled connection in autocommit mode is used.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+import psycopg
+
+from . import tracing
+from .errors import InvalidJob, PayloadError
+from .names import check_key, check_queue_name, check_task_name
+from .store import Store
+from .tasks import DEFAULT_MAX_ATTEMPTS, Task, check_max_attempts, check_priority
+
+if TYPE_CHECKING:
+    from .metrics import WorkerMetrics
+
+# An escaped NUL (an odd number of backslashes before u0000): PostgreSQL's jsonb
+# rejects it ("unsupported Unicode escape sequence").
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+_MAX_DELAY_SECONDS = 100 * 365 * 86400.0
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job for :meth:`pgworker.App.enqueue_many` (same options as ``enqueue``)."""
+
+    task: "str | Task"
+    payload: Any = None
+    queue: str | None = None
+    priority: int | None = None
+    run_at: datetime | None = None
+    delay: "float | timedelta | None" = None
+    max_attempts: int | None = None
+    dedupe_key: str | None = None
+    ordering_key: str | None = None
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    queue: str
+    task: str
+    payload_json: str
+    priority: int
+    run_at: datetime | None
+    delay_seconds: float
+    max_attempts: int
+    dedupe_key: str | None
+    ordering_key: str | None
+
+
+def serialize_payload(payload: Any, max_bytes: int) -> str:
+    """The payload as compact JSON text; raises :class:`PayloadError` naming the fix.
+
+    Refused: values JSON cannot carry (sets, bytes, objects), NaN and infinities (not
+    JSON, RFC 8259 section 6), NUL characters and lone surrogates (PostgreSQL ``jsonb``
+    cannot store them), nesting deeper than Python's recursion limit, and payloads
+    larger than ``max_bytes`` in UTF-8.
+    """
+    try:
+        text = json.dumps(payload, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except TypeError as exc:
+        raise PayloadError(f"payload is not JSON-serialisable: {exc}; pass dicts, lists, str, "
+                           "int, float, bool or None (convert sets to lists, bytes to base64 text)") from None
+    except ValueError as exc:
+        raise PayloadError(f"payload is not valid JSON: {exc}; replace NaN and infinities "
+                           "with null or a string") from None
+    except RecursionError:
+        raise PayloadError("payload is nested too deeply to serialise; flatten it") from None
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise PayloadError("payload contains a lone surrogate character, which is not valid "
+                           "UTF-8; fix the string's encoding") from None
+    if size > max_bytes:
+        raise PayloadError(f"payload is {size} bytes of JSON, over the limit of {max_bytes}; "
+                           "store large data elsewhere and enqueue a reference to it "
+                           "(or raise PGWORKER_MAX_PAYLOAD_BYTES)")
+    if "\\u0000" in text and _JSON_NUL.search(text):
+        raise PayloadError("payload contains a NUL character (\\u0000), which PostgreSQL jsonb "
+                           "cannot store; remove it or encode the data as base64")
+    return text
+
+
+def _delay_seconds(delay: "float | timedelta | None") -> float:
+    if delay is None:
+        return 0.0
+    if isinstance(delay, timedelta):
+        seconds = delay.total_seconds()
+    elif isinstance(delay, (int, float)) and not isinstance(delay, bool):
+        seconds = float(delay)
+    else:
+        raise InvalidJob(f"delay must be seconds (a number) or a timedelta, got {type(delay).__name__}")
+    if not math.isfinite(seconds) or seconds < 0 or seconds > _MAX_DELAY_SECONDS:
+        raise InvalidJob(f"delay must be between 0 and 100 years in seconds, got {delay!r}")
+    return seconds
+
+
+def prepare(spec: JobSpec, tasks: dict[str, Task], max_payload_bytes: int) -> PreparedJob:
+    """Validate one job and resolve its defaults from the task, if registered here.
+
+    A task name this process did not register is fine (enqueue by name): the job then
+    takes the queue 'default' unless one is given, and 5 attempts.
+    """
+    task = spec.task
+    registered: Task | None = task if isinstance(task, Task) else tasks.get(task)  # type: ignore[arg-type]
+    name = check_task_name(task.name if isinstance(task, Task) else task)
+    queue = check_queue_name(spec.queue if spec.queue is not None
+                             else (registered.queue if registered else "default"))
+    priority = check_priority(spec.priority if spec.priority is not None
+                              else (registered.priority if registered else 0))
+    max_attempts = check_max_attempts(spec.max_attempts if spec.max_attempts is not None
+                                      else (registered.max_attempts if registered else DEFAULT_MAX_ATTEMPTS))
+    if spec.run_at is not None and spec.delay is not None:
+        raise InvalidJob("give run_at or delay, not both")
+    run_at = spec.run_at
+    if run_at is not None:
+        if not isinstance(run_at, datetime):
+            raise InvalidJob(f"run_at must be a datetime, got {type(run_at).__name__}")
+        if run_at.tzinfo is None or run_at.utcoffset() is None:
+            raise InvalidJob("run_at has no time zone; pass an aware datetime such as "
+                             "datetime.now(timezone.utc) + timedelta(minutes=5), or use delay=seconds")
+    return PreparedJob(
+        queue=queue, task=name, payload_json=serialize_payload(spec.payload, max_payload_bytes),
+        priority=priority, run_at=run_at, delay_seconds=_delay_seconds(spec.delay),
+        max_attempts=max_attempts, dedupe_key=check_key("dedupe_key", spec.dedupe_key),
+        ordering_key=check_key("ordering_key", spec.ordering_key))
+
+
+def enqueue_one(store: Store, conn: psycopg.Connection, job: PreparedJob,
+                metrics: "WorkerMetrics | None" = None) -> int:
+    """Insert one prepared job; returns its id (the existing job's on a dedupe conflict)."""
+    with tracing.send_span(job.queue, task=job.task) as span:
+        ctx = tracing.carrier(span)
+        ctx_json = json.dumps(ctx) if ctx else None
+        for _ in range(10):
+            job_id = store.insert_job(
+                conn, queue=job.queue, task=job.task, payload_json=job.payload_json,
+                priority=job.priority, run_at=job.run_at, delay_seconds=job.delay_seconds,
+                max_attempts=job.max_attempts, dedupe_key=job.dedupe_key,
+                ordering_key=job.ordering_key, trace_context=ctx_json)
+            if job_id is not None:
+                if metrics:
+                    metrics.enqueued(job.queue, 1)
+                break
+            # The key is held by an active job: return its id. It can finish between the
+            # insert and this lookup; then the insert is tried again.
+            holder = store.jobs_by_dedupe_key(conn, [job.dedupe_key]).get(job.dedupe_key)  # type: ignore[list-item]
+            if holder is not None:
+                job_id = holder
+                if span.is_recording():
+                    span.set_attribute("pgworker.dedupe.duplicate", True)
+                break
+        else:  # pragma: no cover - needs a job finishing and reappearing 10 times in a row
+            raise InvalidJob(f"dedupe key {job.dedupe_key!r} kept changing hands; try again")
+        if span.is_recording():
+            span.set_attribute("messaging.message.id", str(job_id))
+        return job_id
+
+
+def enqueue_batch(store: Store, conn: psycopg.Connection, jobs: Sequence[PreparedJob],
+                  metrics: "WorkerMetrics | None" = None) -> list[int]:
+    """Insert many prepared jobs in one round trip for the rows (COPY when no job has a
+    dedupe or ordering key, else a multi-row insert) and one NOTIFY per queue.
+
+    Returns ids in input order; a job refused by its dedupe key gets the id of the job
+    holding the key. Runs in one transaction (a savepoint in the caller's, if any).
+    """
+    if not jobs:
+        return []
+    queues = sorted({j.queue for j in jobs})
+    with tracing.send_span(queues[0] if len(queues) == 1 else "multiple", batch=len(jobs)) as span:
+        ctx = tracing.carrier(span)
+        ctx_json = json.dumps(ctx) if ctx else None
+        with conn.transaction():
+            ids, db_now = store.allocate_ids(conn, len(jobs))
+            # run_at from the database clock, as single enqueues do
+            run_ats = [j.run_at or db_now + timedelta(seconds=j.delay_seconds) for j in jobs]
+            if not any(j.dedupe_key is not None or j.ordering_key is not None for j in jobs):
+                store.copy_jobs(conn, ((i, j.queue, j.task, j.payload_json, j.priority, r,
+                                        j.max_attempts, ctx_json)
+                                       for i, j, r in zip(ids, jobs, run_ats)))
+                inserted = {i: r <= db_now for i, r in zip(ids, run_ats)}
+            else:
+                inserted = store.insert_jobs_many(conn, {
+                    "ids": ids, "queues": [j.queue for j in jobs], "tasks": [j.task for j in jobs],
+                    "payloads": [j.payload_json for j in jobs],
+                    "priorities": [j.priority for j in jobs], "run_ats": run_ats,
+                    "max_attempts": [j.max_attempts for j in jobs],
+                    "dedupe_keys": [j.dedupe_key for j in jobs],
+                    "ordering_keys": [j.ordering_key for j in jobs],
+                    "trace_contexts": [ctx_json] * len(jobs)})
+            store.notify_queues(conn, {j.queue for i, j in zip(ids, jobs) if inserted.get(i)})
+            out = list(ids)
+            refused = [pos for pos, i in enumerate(ids) if i not in inserted]
+            if refused:
+                holders = store.jobs_by_dedupe_key(conn, sorted({jobs[p].dedupe_key for p in refused}))
+                for pos in refused:
+                    holder = holders.get(jobs[pos].dedupe_key)  # type: ignore[arg-type]
+                    # the holder finished in between: enqueue this one on its own
+                    out[pos] = holder if holder is not None else enqueue_one(store, conn, jobs[pos])
+        if metrics:
+            counts: dict[str, int] = defaultdict(int)
+            for i, j in zip(ids, jobs):
+                if i in inserted:
+                    counts[j.queue] += 1
+            for q, n in counts.items():
+                metrics.enqueued(q, n)
+        return out
+
+
+def specs_from(items: Iterable[Any]) -> list[JobSpec]:
+    """Accept JobSpec objects, dicts of JobSpec fields, or (task, payload) tuples."""
+    out = []
+    for item in items:
+        if isinstance(item, JobSpec):
+            out.append(item)
+        elif isinstance(item, dict):
+            out.append(JobSpec(**item))
+        elif isinstance(item, tuple) and len(item) == 2:
+            out.append(JobSpec(item[0], item[1]))
+        else:
+            raise InvalidJob(f"enqueue_many takes JobSpec, dict or (task, payload) items, got {type(item).__name__}")
+    return out

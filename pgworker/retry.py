@@ -1,0 +1,124 @@
+"""Retry policy (exponential backoff with jitter and a cap) and failure classification.
+
+The backoff follows "Exponential Backoff And Jitter" (Marc Brooker, AWS Architecture
+Blog, 2015): the n-th retry waits ``min(max_seconds, base_seconds * factor**(n-1))``,
+of which a random fraction up to ``jitter`` is taken off so that jobs failing together
+do not retry together. ``jitter=0.5`` is "equal jitter", ``jitter=1.0`` "full jitter".
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from .errors import InvalidPayload, JobCancelled, LeaseLost, Permanent, Retry
+from .names import bounded_text, redact
+
+RETRY_BASE_SECONDS = 1.0
+RETRY_FACTOR = 2.0
+RETRY_MAX_SECONDS = 3600.0
+RETRY_JITTER = 0.5
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long to wait before each retry (seconds).
+
+    Raises ``ValueError`` at construction for negative or inconsistent values.
+    """
+
+    base_seconds: float = RETRY_BASE_SECONDS
+    factor: float = RETRY_FACTOR
+    max_seconds: float = RETRY_MAX_SECONDS
+    jitter: float = RETRY_JITTER
+
+    def __post_init__(self) -> None:
+        if self.base_seconds < 0 or self.max_seconds < 0:
+            raise ValueError("RetryPolicy: base_seconds and max_seconds must be >= 0")
+        if self.factor < 1:
+            raise ValueError("RetryPolicy: factor must be >= 1")
+        if not 0 <= self.jitter <= 1:
+            raise ValueError("RetryPolicy: jitter must be between 0 and 1")
+
+    def delay(self, attempt: int, rng: Callable[[], float] = random.random) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+        exponent = max(attempt - 1, 0)
+        try:
+            raw = self.base_seconds * (self.factor ** exponent)
+        except OverflowError:
+            raw = self.max_seconds
+        capped = min(self.max_seconds, raw)
+        return capped * (1.0 - self.jitter * rng())
+
+
+@dataclass(frozen=True)
+class FailureClass:
+    """A classified failure: its code (stored, and the metric's error_class), a bounded
+    message, whether it is permanent, and an explicit retry delay if one was asked for."""
+
+    code: str
+    message: str
+    permanent: bool
+    retry_after: float | None = None
+
+
+Classifier = Callable[[BaseException], "FailureClass | bool | None"]
+
+
+def error_code(exc: BaseException) -> str:
+    """The stored code of an exception: its ``code`` attribute if it is a short string,
+    else its class name (qualified outside builtins)."""
+    code = getattr(exc, "code", None)
+    if isinstance(code, str) and 0 < len(code) <= 64 and code.isprintable():
+        return code
+    cls = type(exc)
+    if cls.__module__ in ("builtins", "__main__"):
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"[:128]
+
+
+def safe_message(exc: BaseException, max_chars: int, secrets: Iterable[str | None] = ()) -> str:
+    """A bounded, printable, secret-free one-line message for an exception.
+
+    Never includes a traceback or local variables; DSN passwords are redacted.
+    """
+    try:
+        text = str(exc)
+    except Exception:  # an exception whose __str__ raises
+        text = f"<unprintable {type(exc).__name__}>"
+    if not text:
+        text = type(exc).__name__
+    # bound before the regex work so a huge message costs little
+    text = text[: max_chars * 4]
+    return bounded_text(redact(text, *secrets), max_chars)
+
+
+def classify(exc: BaseException, *, permanent_types: tuple[type[BaseException], ...] = (),
+             classifier: Classifier | None = None, max_chars: int = 1000,
+             secrets: Iterable[str | None] = ()) -> FailureClass:
+    """Decide how a handler's exception is recorded.
+
+    Order: pgworker's own control exceptions (``Permanent`` and ``InvalidPayload`` are
+    permanent, ``Retry`` carries a delay); then ``classifier(exc)``, which may return a
+    :class:`FailureClass`, True (permanent), False (transient) or None (no opinion); then
+    ``permanent_types``. Anything else is transient, including ``BaseException``
+    subclasses such as ``SystemExit`` and ``KeyboardInterrupt`` raised by handler code.
+    """
+    message = safe_message(exc, max_chars, secrets)
+    code = error_code(exc)
+    if isinstance(exc, (Permanent, InvalidPayload)):
+        return FailureClass(code, message, True)
+    if isinstance(exc, Retry):
+        return FailureClass(code, message, False, exc.after)
+    if isinstance(exc, (LeaseLost, JobCancelled)):
+        return FailureClass(code, message, False)
+    if classifier is not None:
+        verdict = classifier(exc)
+        if isinstance(verdict, FailureClass):
+            return verdict
+        if verdict is True or verdict is False:
+            return FailureClass(code, message, verdict)
+    if permanent_types and isinstance(exc, permanent_types):
+        return FailureClass(code, message, True)
+    return FailureClass(code, message, False)

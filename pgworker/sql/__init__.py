@@ -1,0 +1,69 @@
+"""Loading the named SQL blocks and the migrations shipped in this package.
+
+``queries.sql`` holds every statement as a block that starts with ``-- name: NAME``
+followed by comment lines describing it. ``{schema}`` in the text is replaced by the
+quoted schema identifier (``psycopg.sql.Identifier``); values are always parameters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+from psycopg import sql
+
+_NAME = re.compile(r"^-- name: (?P<name>[a-z_]+)\s*$", re.MULTILINE)
+_MIGRATION_FILE = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    template: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.template.encode()).hexdigest()
+
+
+def _read(name: str) -> str:
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+
+
+@lru_cache(maxsize=None)
+def query_templates() -> dict[str, str]:
+    """Every named block of queries.sql, unrendered (``{schema}`` still in place)."""
+    text = _read("queries.sql")
+    out: dict[str, str] = {}
+    matches = list(_NAME.finditer(text))
+    for i, m in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
+        body = text[m.end():end].strip()
+        out[m.group("name")] = body.rstrip(";").strip()
+    return out
+
+
+@lru_cache(maxsize=None)
+def migrations() -> tuple[Migration, ...]:
+    """The shipped migrations in version order."""
+    folder = resources.files(__package__).joinpath("migrations")
+    found = []
+    for entry in folder.iterdir():
+        m = _MIGRATION_FILE.match(entry.name)
+        if m:
+            found.append(Migration(int(m.group("version")), m.group("name"),
+                                   entry.read_text(encoding="utf-8")))
+    found.sort(key=lambda mig: mig.version)
+    versions = [mig.version for mig in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise RuntimeError(f"migrations must be numbered 1..n without gaps, found {versions}")
+    return tuple(found)
+
+
+def render(template: str, schema: str) -> str:
+    """The template with ``{schema}`` replaced by the quoted identifier."""
+    return sql.SQL(template).format(schema=sql.Identifier(schema)).as_string(None)

@@ -1,0 +1,113 @@
+"""Tasks: named handlers registered with ``@app.task``."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from .config import DEFAULT_QUEUE
+from .errors import ConfigError, InvalidJob, InvalidPayload
+from .names import check_queue_name, check_task_name
+from .retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from .app import App
+
+RENEW_WHILE_ALIVE = "alive"
+RENEW_ON_PROGRESS = "progress"
+DEFAULT_MAX_ATTEMPTS = 5
+PRIORITY_MIN, PRIORITY_MAX = -32768, 32767
+
+
+@dataclass(frozen=True)
+class Task:
+    """A registered handler and how its jobs run.
+
+    ``timeout_seconds``: an attempt running longer fails with code TIMEOUT (async
+    handlers are cancelled; a sync handler's claimer process is replaced).
+    ``max_runtime_seconds``: the lease is not renewed past this age (None: the worker's
+    setting). ``renew``: 'alive' renews the lease while the claimer process lives (up to
+    the max runtime); 'progress' only while the handler reported progress within the last
+    lease (``ctx.heartbeat()``). ``permanent_errors``: exception types that skip retries.
+    ``payload_type``: a callable (a dataclass, say) that decodes the payload; a failure
+    to decode ends the job dead with code PAYLOAD_INVALID.
+    """
+
+    name: str
+    func: Callable[..., Any]
+    queue: str = DEFAULT_QUEUE
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    timeout_seconds: float | None = None
+    max_runtime_seconds: float | None = None
+    renew: str = RENEW_WHILE_ALIVE
+    priority: int = 0
+    permanent_errors: tuple[type[BaseException], ...] = ()
+    payload_type: Callable[..., Any] | None = None
+    app: "App | None" = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        check_task_name(self.name)
+        check_queue_name(self.queue)
+        check_max_attempts(self.max_attempts)
+        check_priority(self.priority)
+        if self.timeout_seconds is not None and self.timeout_seconds <= 0:
+            raise ConfigError(f"task {self.name!r}: timeout must be > 0 seconds")
+        if self.max_runtime_seconds is not None and self.max_runtime_seconds <= 0:
+            raise ConfigError(f"task {self.name!r}: max_runtime must be > 0 seconds")
+        if self.renew not in (RENEW_WHILE_ALIVE, RENEW_ON_PROGRESS):
+            raise ConfigError(f"task {self.name!r}: renew must be 'alive' or 'progress'")
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.func)
+
+    @property
+    def takes_context(self) -> bool:
+        """Whether the handler takes a second argument (the :class:`JobContext`)."""
+        try:
+            params = [p for p in inspect.signature(self.func).parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        except (TypeError, ValueError):
+            return True
+        return len(params) >= 2
+
+    def decode(self, payload: Any) -> Any:
+        """The payload as the handler wants it; raises :class:`InvalidPayload`."""
+        if self.payload_type is None:
+            return payload
+        try:
+            if isinstance(payload, dict) and dataclasses.is_dataclass(self.payload_type):
+                return self.payload_type(**payload)
+            return self.payload_type(payload)
+        except Exception as exc:
+            raise InvalidPayload(
+                f"task {self.name!r} cannot decode its payload as "
+                f"{getattr(self.payload_type, '__name__', self.payload_type)}: {type(exc).__name__}: {exc}") from exc
+
+    def enqueue(self, payload: Any = None, **options: Any) -> int:
+        """Enqueue a job of this task; see :meth:`pgworker.App.enqueue`."""
+        if self.app is None:
+            raise ConfigError(f"task {self.name!r} is not bound to an App")
+        return self.app.enqueue(self, payload, **options)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the handler directly (tests, local use)."""
+        return self.func(*args, **kwargs)
+
+
+def check_max_attempts(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidJob(f"max_attempts must be an integer >= 1, got {value!r}")
+    if value > 1_000_000:
+        raise InvalidJob(f"max_attempts must be <= 1000000, got {value!r}")
+    return value
+
+
+def check_priority(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise InvalidJob(f"priority must be an integer between {PRIORITY_MIN} and {PRIORITY_MAX} "
+                          f"(higher runs first), got {value!r}")
+    return value
