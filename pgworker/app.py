@@ -136,6 +136,9 @@ class App:
             def reset(conn: psycopg.Connection) -> None:
                 conn._pgworker_returned_at = time.monotonic()  # type: ignore[attr-defined]
 
+            # Fail fast with a clear message when the server is unreachable (the pool
+            # itself would keep retrying until its timeout).
+            db.connect(s.dsn, application_name=f"{self.name}:client").close()
             pool = ConnectionPool(
                 conninfo=s.dsn or "", min_size=1, max_size=POOL_MAX_SIZE, open=False,
                 name=f"pgworker-{os.getpid()}", configure=configure, check=check, reset=reset,

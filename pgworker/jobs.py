@@ -78,6 +78,8 @@ class FenceReport:
 
     A refused lease updated zero rows: its fencing token moved on or (for renew and
     complete) its lease expired. The caller must not act as owner of a refused job.
+    ``accepted`` and ``refused`` list job ids; ``details`` maps an accepted job id to
+    what the statement reported for it (the new state, or a cancellation flag).
     """
 
     operation: str
@@ -90,10 +92,13 @@ class FenceReport:
         return not self.refused
 
     @classmethod
-    def build(cls, operation: str, leases: Sequence[Lease], accepted_rows: dict[int, Any]) -> "FenceReport":
-        accepted = tuple(le.job_id for le in leases if le.job_id in accepted_rows)
-        refused = tuple(le.job_id for le in leases if le.job_id not in accepted_rows)
-        return cls(operation, accepted, refused, dict(accepted_rows))
+    def build(cls, operation: str, leases: Sequence[Lease],
+              rows: Sequence[Sequence[Any]], detail_column: int | None = None) -> "FenceReport":
+        """From the statement's rows, each starting (job id, lease token, ...)."""
+        took = {(r[0], r[1]): (r[detail_column] if detail_column is not None else None) for r in rows}
+        accepted = tuple(le.job_id for le in leases if (le.job_id, le.token) in took)
+        refused = tuple(le.job_id for le in leases if (le.job_id, le.token) not in took)
+        return cls(operation, accepted, refused, {k[0]: v for k, v in took.items()})
 
 
 @dataclass(frozen=True)

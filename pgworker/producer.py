@@ -20,7 +20,7 @@ import psycopg
 from . import tracing
 from .errors import InvalidJob, PayloadError
 from .names import check_key, check_queue_name, check_task_name
-from .store import Store
+from .store import Store, atomic
 from .tasks import DEFAULT_MAX_ATTEMPTS, Task, check_max_attempts, check_priority
 
 if TYPE_CHECKING:
@@ -183,7 +183,7 @@ def enqueue_batch(store: Store, conn: psycopg.Connection, jobs: Sequence[Prepare
     with tracing.send_span(queues[0] if len(queues) == 1 else "multiple", batch=len(jobs)) as span:
         ctx = tracing.carrier(span)
         ctx_json = json.dumps(ctx) if ctx else None
-        with conn.transaction():
+        with atomic(conn):
             ids, db_now = store.allocate_ids(conn, len(jobs))
             # run_at from the database clock, as single enqueues do
             run_ats = [j.run_at or db_now + timedelta(seconds=j.delay_seconds) for j in jobs]

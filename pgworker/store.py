@@ -2,12 +2,14 @@
 
 Nothing else in pgworker touches a cursor. Methods take an open psycopg connection and
 leave transaction control to the caller, except where a transition needs more than one
-statement to stay correct (ordering-key promotion), which they wrap in
-``conn.transaction()`` (a savepoint inside the caller's transaction, if any).
+statement to stay correct (ordering-key promotion, a cancel and its audit entry): those
+run in :func:`atomic`, a transaction of their own on an autocommit connection, or simply
+inside the caller's transaction otherwise (never committing it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from dataclasses import dataclass
@@ -23,6 +25,17 @@ from .jobs import ClaimedJob, FailRequest, FenceReport, Lease, ReapResult
 from .names import check_schema_name
 
 EMPTY_BIGINTS: list[int] = []
+
+
+def atomic(conn: psycopg.Connection) -> contextlib.AbstractContextManager[Any]:
+    """Group statements atomically without touching the caller's transaction.
+
+    On an autocommit connection (pgworker's own) this is a transaction. On a connection
+    the caller manages, the statements join the caller's transaction (psycopg opens one
+    implicitly), which commits or rolls back as the caller decides; ``conn.transaction()``
+    would instead commit at once when no transaction was open yet.
+    """
+    return conn.transaction() if conn.autocommit else contextlib.nullcontext()
 
 
 def notify_channel(schema: str) -> str:
@@ -67,7 +80,7 @@ class Store:
     def schema_version(self, conn: psycopg.Connection) -> int | None:
         """The applied schema version, or None when pgworker's schema is absent."""
         try:
-            with conn.transaction():
+            with conn.transaction():  # a savepoint or a transaction: a missing table must not abort the caller's
                 row = self._exec(conn, "schema_version_get").fetchone()
         except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
             return None
@@ -106,7 +119,7 @@ class Store:
             "trace_context": trace_context, "channel": self.channel, "notify_payload": queue,
         }
         if ordering_key is not None:
-            with conn.transaction():
+            with atomic(conn):
                 self.lock_ordering_keys(conn, [ordering_key])
                 row = self._exec(conn, "job_insert", params).fetchone()
         else:
@@ -157,7 +170,7 @@ class Store:
         keys = sorted(set(keys))
         if not keys:
             return []
-        with conn.transaction():
+        with atomic(conn):
             self.lock_ordering_keys(conn, keys)
             cur = self._exec(conn, "ordering_keys_promote", {"keys": keys, "channel": self.channel})
             return [r[0] for r in cur.fetchall()]
@@ -167,7 +180,7 @@ class Store:
         keys = {k for k in promote_keys if k is not None}
         if not keys:
             return self._exec(conn, name, params).fetchall()
-        with conn.transaction():
+        with atomic(conn):
             rows = self._exec(conn, name, params).fetchall()
             done_keys = [r[-1] for r in rows if r[-1] is not None]
             if done_keys:
@@ -191,7 +204,7 @@ class Store:
         cur = self._exec(conn, "job_renew", {"ids": [le.job_id for le in leases],
                                              "tokens": [le.token for le in leases],
                                              "lease_seconds": lease_seconds})
-        return FenceReport.build("renew", leases, {r[0]: r[1] for r in cur.fetchall()})
+        return FenceReport.build("renew", leases, cur.fetchall(), detail_column=2)
 
     def complete(self, conn: psycopg.Connection, leases: Sequence[Lease],
                  ordering_keys: Iterable[str | None] = ()) -> FenceReport:
@@ -201,7 +214,7 @@ class Store:
         rows = self._settle(conn, "job_complete", {"ids": [le.job_id for le in leases],
                                                    "tokens": [le.token for le in leases]},
                             leases, ordering_keys)
-        return FenceReport.build("complete", leases, {r[0]: "succeeded" for r in rows})
+        return FenceReport.build("complete", leases, rows)
 
     def fail(self, conn: psycopg.Connection, requests: Sequence[FailRequest]) -> FenceReport:
         """Record failures (fenced); ``details[id]`` is the new state, 'pending' or 'dead'."""
@@ -214,7 +227,9 @@ class Store:
             "permanent": [bool(r.permanent) for r in requests],
             "codes": [r.code for r in requests], "messages": [r.message for r in requests],
             "keep": self.error_history_entries})
-        return FenceReport.build("fail", leases, {r[0]: r[1] for r in cur.fetchall()})
+        # A job that dies keeps its ordering key blocked until it is replayed or
+        # discarded (cancelled), so nothing is promoted here.
+        return FenceReport.build("fail", leases, cur.fetchall(), detail_column=2)
 
     def release(self, conn: psycopg.Connection, leases: Sequence[Lease]) -> FenceReport:
         """Return running jobs to pending without spending an attempt (fenced)."""
@@ -222,7 +237,7 @@ class Store:
             return FenceReport("release")
         cur = self._exec(conn, "job_release", {"ids": [le.job_id for le in leases],
                                                "tokens": [le.token for le in leases]})
-        return FenceReport.build("release", leases, {r[0]: "pending" for r in cur.fetchall()})
+        return FenceReport.build("release", leases, cur.fetchall())
 
     def snooze(self, conn: psycopg.Connection, leases: Sequence[Lease],
                delays_seconds: Sequence[float]) -> FenceReport:
@@ -232,7 +247,7 @@ class Store:
         cur = self._exec(conn, "job_snooze", {"ids": [le.job_id for le in leases],
                                               "tokens": [le.token for le in leases],
                                               "delays": [max(0.0, float(d)) for d in delays_seconds]})
-        return FenceReport.build("snooze", leases, {r[0]: "pending" for r in cur.fetchall()})
+        return FenceReport.build("snooze", leases, cur.fetchall())
 
     def finish_cancelled(self, conn: psycopg.Connection, leases: Sequence[Lease],
                          ordering_keys: Iterable[str | None] = ()) -> FenceReport:
@@ -242,11 +257,11 @@ class Store:
         rows = self._settle(conn, "job_cancel_finish", {"ids": [le.job_id for le in leases],
                                                         "tokens": [le.token for le in leases]},
                             leases, ordering_keys)
-        return FenceReport.build("cancel", leases, {r[0]: "cancelled" for r in rows})
+        return FenceReport.build("cancel", leases, rows)
 
     def reap(self, conn: psycopg.Connection, *, limit: int, backoff: BackoffParams) -> ReapResult:
         """Recover up to ``limit`` expired leases (one short transaction)."""
-        with conn.transaction():
+        with atomic(conn):
             rows = self._exec(conn, "jobs_reap", {
                 "limit": limit, "backoff_base_seconds": backoff.base_seconds,
                 "backoff_max_seconds": backoff.max_seconds, "backoff_jitter": backoff.jitter,
@@ -268,7 +283,7 @@ class Store:
     def cancel(self, conn: psycopg.Connection, job_id: int, *, actor: str | None) -> str | None:
         """Cancel a job; returns the resulting state ('cancelled', or 'running' when a
         cancellation was requested from its worker), or None when nothing was cancellable."""
-        with conn.transaction():
+        with atomic(conn):
             row = self._exec(conn, "job_cancel", {"id": job_id}).fetchone()
             if row is None:
                 return None

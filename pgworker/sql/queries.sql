@@ -136,7 +136,7 @@ SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s::float8),
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS f(id, token)
 WHERE j.id = f.id AND j.state = 'running' AND j.lease_token = f.token
   AND j.lease_expires_at > now()
-RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel_requested;
+RETURNING j.id, j.lease_token, j.cancel_requested_at IS NOT NULL AS cancel_requested;
 
 -- name: job_complete
 -- Record successes. Fenced by id + state + token + unexpired lease; rows not returned
@@ -149,7 +149,7 @@ SET state = 'succeeded',
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS f(id, token)
 WHERE j.id = f.id AND j.state = 'running' AND j.lease_token = f.token
   AND j.lease_expires_at > now()
-RETURNING j.id, j.ordering_key;
+RETURNING j.id, j.lease_token, j.ordering_key;
 
 -- name: job_fail
 -- Record failed attempts. Each goes back to pending at now() + its delay (the retry
@@ -172,7 +172,7 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(delays)s::float8[],
             %(permanent)s::boolean[], %(codes)s::text[], %(messages)s::text[])
      AS f(id, token, delay, permanent, code, message)
 WHERE j.id = f.id AND j.state = 'running' AND j.lease_token = f.token
-RETURNING j.id, j.state::text AS state, j.ordering_key;
+RETURNING j.id, j.lease_token, j.state::text AS state, j.ordering_key;
 
 -- name: job_release
 -- Hand running jobs back to pending without spending an attempt (shutdown, a claimer
@@ -184,7 +184,7 @@ SET state = 'pending',
     lease_expires_at = NULL
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS f(id, token)
 WHERE j.id = f.id AND j.state = 'running' AND j.lease_token = f.token
-RETURNING j.id;
+RETURNING j.id, j.lease_token;
 
 -- name: job_snooze
 -- Run jobs again after a delay without spending an attempt. Fenced by id + state + token.
@@ -196,7 +196,7 @@ SET state = 'pending',
     lease_expires_at = NULL
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(delays)s::float8[]) AS f(id, token, delay)
 WHERE j.id = f.id AND j.state = 'running' AND j.lease_token = f.token
-RETURNING j.id;
+RETURNING j.id, j.lease_token;
 
 -- name: job_cancel_finish
 -- A running job whose cancellation was requested ended: record it cancelled.
@@ -209,7 +209,7 @@ SET state = 'cancelled',
     last_error_code = 'CANCELLED'
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS f(id, token)
 WHERE j.id = f.id AND j.state = 'running' AND j.lease_token = f.token
-RETURNING j.id, j.ordering_key;
+RETURNING j.id, j.lease_token, j.ordering_key;
 
 -- name: jobs_reap
 -- Recover up to %(limit)s expired leases: back to pending after a backoff with jitter,

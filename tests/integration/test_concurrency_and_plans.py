@@ -1,0 +1,117 @@
+"""Concurrent claimers, and the plans the claim and the statistics rely on."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgworker import App
+from pgworker.jobs import Lease
+
+pytestmark = pytest.mark.integration
+
+
+def test_eight_claimers_claim_each_of_10000_jobs_exactly_once(app, pg_dsn):
+    n, claimers = 10_000, 8
+    app.enqueue_many([("t", i) for i in range(n)])
+    seen: list[list[tuple[int, int]]] = [[] for _ in range(claimers)]
+    start = threading.Barrier(claimers)
+
+    def claimer(i: int) -> None:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            start.wait()
+            while True:
+                jobs = app.store.claim(conn, queue="default", limit=7, owner=f"c{i}", lease_seconds=60)
+                if not jobs:
+                    return
+                seen[i].extend((j.id, j.lease_token) for j in jobs)
+                report = app.store.complete(conn, [j.lease for j in jobs])
+                assert report.ok
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(claimers)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    pairs = [p for s in seen for p in s]
+    assert len(pairs) == n
+    assert len(set(pairs)) == n  # no (job, lease token) pair handed out twice
+    assert len({job for job, _ in pairs}) == n  # every job claimed once
+    assert sum(1 for s in seen if s) > 1  # the work really was shared
+    with psycopg.connect(pg_dsn) as conn:
+        states = dict(conn.execute(sql.SQL("SELECT state::text, count(*) FROM {}.jobs GROUP BY 1")
+                                   .format(sql.Identifier(app.settings.schema))).fetchall())
+    assert states == {"succeeded": n}
+
+
+def _plan(conn, app, name, params):
+    rows = conn.execute("EXPLAIN (FORMAT JSON) " + app.store.queries[name], params).fetchone()[0]
+    return json.dumps(rows)
+
+
+def test_claim_uses_the_partial_index_with_many_finished_rows(app, conn):
+    schema = app.settings.schema
+    ident = sql.Identifier(schema)
+    conn.execute(sql.SQL(
+        "INSERT INTO {}.jobs (queue, task, payload, state, finished_at) "
+        "SELECT 'default', 't', '{{}}', 'succeeded', now() FROM generate_series(1, 100000)").format(ident))
+    app.enqueue_many([("t", i) for i in range(200)])
+    conn.execute(sql.SQL("ANALYZE {}.jobs").format(ident))
+    plan = _plan(conn, app, "job_claim", {"queue": "default", "limit": 10, "owner": "x", "lease_seconds": 60})
+    assert '"Index Name": "jobs_claim_idx"' in plan
+    assert "Seq Scan" not in plan
+    stats = _plan(conn, app, "queue_stats", {"queues": ["default"]})
+    assert "Seq Scan" not in stats
+    reap = _plan(conn, app, "jobs_reap", {"limit": 10, "backoff_base_seconds": 1, "backoff_max_seconds": 1,
+                                          "backoff_jitter": 0, "keep": 10})
+    assert "jobs_lease_expiry_idx" in reap
+
+
+def test_one_long_held_job_does_not_block_the_others(app, pg_dsn):
+    """Seed test 7: a row locked for a long time is skipped, everything else flows."""
+    schema = app.settings.schema
+    app.enqueue_many([("t", i) for i in range(50)])
+    with psycopg.connect(pg_dsn) as holder:  # a transaction that keeps one row locked
+        held = holder.execute(sql.SQL("SELECT id FROM {}.jobs ORDER BY priority DESC, run_at, id LIMIT 1 FOR UPDATE")
+                              .format(sql.Identifier(schema))).fetchone()[0]
+        jobs = app.claim(limit=100)
+        assert len(jobs) == 49 and held not in {j.id for j in jobs}
+        holder.rollback()
+    assert [j.id for j in app.claim(limit=100)] == [held]
+
+
+def test_priority_then_due_time_then_id(app):
+    low = app.enqueue("t", "low")
+    high = app.enqueue("t", "high", priority=10)
+    later = app.enqueue("t", "later", priority=10, delay=3600)
+    assert [j.id for j in app.claim(limit=10)] == [high, low]
+    assert later not in {j.id for j in app.claim(limit=10)}
+
+
+def test_claim_is_per_queue(app):
+    a = app.enqueue("t", queue="a")
+    b = app.enqueue("t", queue="b")
+    assert [j.id for j in app.claim("b", limit=5)] == [b]
+    assert [j.id for j in app.claim("a", limit=5)] == [a]
+
+
+def test_fenced_batch_with_unknown_ids(app, conn):
+    report = app.store.complete(conn, [Lease(424242, 1)])
+    assert report.refused == (424242,)
+
+
+def test_enqueue_with_a_schema_that_needs_quoting(pg_dsn):
+    schema = 'Weird "schema"; DROP TABLE x; --'
+    app = App(settings=App(pg_dsn).settings.replace(schema=schema, metrics_port=0))
+    try:
+        app.migrate()
+        job_id = app.enqueue("t", {"a": 1})
+        [job] = app.claim()
+        assert job.id == job_id
+        app.complete(job)
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+        app.close()

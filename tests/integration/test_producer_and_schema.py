@@ -1,0 +1,196 @@
+"""Enqueueing (transactional, bulk, deduplicated), migrations, and bad input."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgworker import (App, ConfigError, DatabaseUnavailable, InvalidName, JobSpec, PayloadError,
+                      SchemaNotMigrated, SchemaTooNew)
+from pgworker.migrate import latest_version, migrate
+
+pytestmark = pytest.mark.integration
+
+
+def listen(pg_dsn, app):
+    conn = psycopg.connect(pg_dsn, autocommit=True)
+    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(app.store.channel)))
+    return conn
+
+
+def notes(conn, wait=0.3, expect=None):
+    return [n.payload for n in conn.notifies(timeout=wait, stop_after=expect)]
+
+
+def count(conn, app):
+    return conn.execute(sql.SQL("SELECT count(*) FROM {}.jobs").format(sql.Identifier(app.settings.schema))).fetchone()[0]
+
+
+def test_enqueue_in_the_callers_transaction(app, pg_dsn, conn):
+    listener = listen(pg_dsn, app)
+    with psycopg.connect(pg_dsn) as tx:
+        app.enqueue("t", {"order": 1}, conn=tx)
+        assert count(conn, app) == 0  # not visible before commit
+        assert notes(listener) == []
+        tx.rollback()
+    assert count(conn, app) == 0 and notes(listener) == []  # rollback: no job, no wake-up
+    with psycopg.connect(pg_dsn) as tx:
+        job_id = app.enqueue("t", {"order": 2}, conn=tx)
+        assert notes(listener) == []  # NOTIFY waits for the commit
+        tx.commit()
+    assert notes(listener, 5, expect=1) == ["default"]
+    assert app.get_job(job_id)["payload"] == {"order": 2}
+    listener.close()
+
+
+def test_delayed_jobs_do_not_wake_anyone(app, pg_dsn):
+    listener = listen(pg_dsn, app)
+    app.enqueue("t", delay=60)
+    app.enqueue("t", run_at=datetime.now(timezone.utc) + timedelta(minutes=5))
+    assert notes(listener) == []
+    assert app.claim() == []
+    listener.close()
+
+
+def test_enqueue_many_notifies_once_per_queue(app, pg_dsn):
+    listener = listen(pg_dsn, app)
+    ids = app.enqueue_many([JobSpec("t", i, queue="a" if i % 2 else "b") for i in range(3000)])
+    assert len(ids) == 3000 and len(set(ids)) == 3000
+    assert sorted(notes(listener, 5, expect=2)) == ["a", "b"]
+    assert notes(listener) == []  # and no more
+    assert len(app.claim("a", limit=5000)) == 1500
+    listener.close()
+
+
+def test_enqueue_many_rolls_back_with_the_caller(app, pg_dsn, conn):
+    with psycopg.connect(pg_dsn) as tx:
+        app.enqueue_many([("t", i) for i in range(100)], conn=tx)
+        tx.rollback()
+    assert count(conn, app) == 0
+
+
+def test_enqueue_many_is_all_or_nothing_on_bad_input(app, conn):
+    with pytest.raises(PayloadError):
+        app.enqueue_many([("t", 1), ("t", {1, 2}), ("t", 3)])
+    assert count(conn, app) == 0
+
+
+def test_dedupe_returns_the_existing_job_and_keeps_the_transaction(app, pg_dsn):
+    first = app.enqueue("t", 1, dedupe_key="invoice-7")
+    with psycopg.connect(pg_dsn) as tx:
+        assert app.enqueue("t", 2, dedupe_key="invoice-7", conn=tx) == first
+        tx.execute("SELECT 1")  # the transaction is still usable
+        tx.commit()
+    ids = app.enqueue_many([JobSpec("t", i, dedupe_key=f"k{i % 3}") for i in range(9)] +
+                           [JobSpec("t", "x", dedupe_key="invoice-7")])
+    assert len(set(ids[:9])) == 3 and ids[9] == first
+    [job] = [j for j in app.claim(limit=10) if j.id == first]
+    app.complete(job)
+    assert app.enqueue("t", 3, dedupe_key="invoice-7") != first  # a finished job frees its key
+
+
+def test_concurrent_producers_racing_on_one_dedupe_key(app, pg_dsn):
+    results: list[int] = []
+    barrier = threading.Barrier(8)
+
+    def producer():
+        with psycopg.connect(pg_dsn) as tx:
+            barrier.wait()
+            results.append(app.enqueue("t", None, dedupe_key="race", conn=tx))
+            tx.commit()
+
+    threads = [threading.Thread(target=producer) for _ in range(8)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert len(set(results)) == 1
+    assert len(app.claim(limit=10)) == 1
+
+
+def test_task_by_name_without_the_handler(app):
+    job_id = app.enqueue("billing.charge_customer", {"customer": 9}, queue="billing")
+    [job] = app.claim("billing")
+    assert (job.id, job.task, job.max_attempts) == (job_id, "billing.charge_customer", 5)
+
+
+def test_registered_task_defaults(app):
+    @app.task(name="emails.send", queue="emails", max_attempts=9, priority=3)
+    def send(payload):
+        return None
+
+    send.enqueue({"to": "a@example.com"})
+    [job] = app.claim("emails")
+    assert (job.max_attempts, job.priority) == (9, 3)
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    ({"queue": ""}, InvalidName), ({"queue": "x" * 200}, InvalidName), ({"queue": "a\x01"}, InvalidName),
+    ({"payload": {1, 2}}, PayloadError), ({"payload": b"\x00"}, PayloadError),
+    ({"payload": float("nan")}, PayloadError), ({"payload": "x" * (1 << 20)}, PayloadError),
+    ({"max_attempts": 0}, ValueError), ({"run_at": datetime(2030, 1, 1)}, ValueError),
+])
+def test_bad_input_is_refused_and_nothing_is_written(app, conn, kwargs, error):
+    existing = app.enqueue("t", "keep me")
+    kwargs = dict(kwargs)
+    payload = kwargs.pop("payload", None)
+    with pytest.raises(error):
+        app.enqueue("t", payload, **kwargs)
+    assert count(conn, app) == 1 and app.get_job(existing)["payload"] == "keep me"
+
+
+def test_migrate_is_idempotent_and_records_the_version(pg_dsn, schema):
+    with App(settings=App(pg_dsn).settings.replace(schema=schema)) as app:
+        _check_migrate(app)
+
+
+def _check_migrate(app):
+    first = app.migrate()
+    assert first.version_before == 0 and first.version_after == latest_version() and first.applied
+    again = app.migrate()
+    assert not again.applied and again.version_after == latest_version()
+    assert app.check_schema() == latest_version()
+
+
+def test_concurrent_migrations_apply_once(pg_dsn, schema):
+    reports = []
+
+    def run():
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            reports.append(migrate(c, schema))
+
+    threads = [threading.Thread(target=run) for _ in range(5)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert sum(1 for r in reports if r.applied) == 1
+
+
+def test_schema_version_checks(pg_dsn, schema, conn):
+    with App(settings=App(pg_dsn).settings.replace(schema=schema)) as app:
+        _check_versions(app, schema, conn)
+
+
+def _check_versions(app, schema, conn):
+    with pytest.raises(SchemaNotMigrated, match="pgworker migrate"):
+        app.check_schema()
+    app.migrate()
+    conn.execute(sql.SQL("INSERT INTO {}.migrations (version, name, checksum) VALUES (%s, 'future', 'x')")
+                 .format(sql.Identifier(schema)), [latest_version() + 1])
+    with pytest.raises(SchemaTooNew, match="upgrade pgworker"):
+        app.check_schema()
+    with pytest.raises(SchemaTooNew):
+        app.migrate()
+
+
+def test_broken_and_unreachable_dsns_never_show_the_password():
+    with pytest.raises(ConfigError) as info:
+        App("postgresql://app:hunter2@localhost:5432/db?sslmode=nonsense&bogus_option=1").enqueue("t")
+    assert "hunter2" not in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        App("host=localhost password=hunter2 port")  # malformed key=value
+    assert "hunter2" not in str(info.value)
+    with pytest.raises(DatabaseUnavailable) as info:
+        App("postgresql://app:hunter2@127.0.0.1:1/db").enqueue("t")
+    assert "hunter2" not in str(info.value) and "PGWORKER_DSN" in str(info.value)

@@ -1,0 +1,132 @@
+"""Unit tier: no database."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+
+import pytest
+
+from pgworker import InvalidJob, InvalidName, PayloadError, Permanent, Retry, RetryPolicy, Settings
+from pgworker.config import ConfigError
+from pgworker.names import check_queue_name, check_schema_name, redact, redact_dsn
+from pgworker.producer import JobSpec, prepare, serialize_payload
+from pgworker.retry import classify
+from pgworker.store import notify_channel
+
+pytestmark = pytest.mark.unit
+
+
+def test_backoff_grows_is_capped_and_jittered():
+    p = RetryPolicy(base_seconds=1, factor=2, max_seconds=10, jitter=0.5)
+    assert p.delay(1, rng=lambda: 0.0) == 1
+    assert p.delay(3, rng=lambda: 0.0) == 4
+    assert p.delay(30, rng=lambda: 0.0) == 10  # capped
+    assert p.delay(30, rng=lambda: 1.0) == 5  # at most half taken off with jitter 0.5
+    assert p.delay(10_000, rng=lambda: 0.0) == 10  # no overflow
+    with pytest.raises(ValueError):
+        RetryPolicy(jitter=2)
+
+
+def test_classification_order():
+    assert classify(Permanent("nope")).permanent
+    assert classify(Retry(after=3)).retry_after == 3
+    assert not classify(ValueError("x")).permanent
+    assert classify(ValueError("x"), permanent_types=(ValueError,)).permanent
+    assert classify(KeyError("x"), classifier=lambda e: True).permanent
+    assert classify(SystemExit(3)).code == "SystemExit"
+    assert classify(KeyboardInterrupt()).permanent is False
+
+
+def test_error_message_is_bounded_printable_and_secret_free():
+    exc = RuntimeError("connect to postgresql://app:hunter2@db/x failed " + "\x00\x07" + "y" * 5000)
+    f = classify(exc, max_chars=200, secrets=["hunter2"])
+    assert len(f.message) <= 200
+    assert "hunter2" not in f.message and "\x00" not in f.message
+
+    class Unprintable(Exception):
+        def __str__(self):
+            raise RuntimeError("no")
+
+    assert "Unprintable" in classify(Unprintable()).message
+
+
+def test_redaction_covers_url_and_keyword_forms():
+    assert "s3cret" not in redact_dsn("postgresql://u:s3cret@h:5432/db")
+    assert "s3cret" not in redact_dsn("host=h password=s3cret dbname=x")
+    assert "s3cret" not in redact("password='s3cret' host=h")
+    assert redact_dsn("postgresql://u@h/db") == "postgresql://u@h/db"
+
+
+@pytest.mark.parametrize("bad", ["", " q", "q ", "a\nb", "x" * 129, "tab\there", 42, None])
+def test_invalid_queue_names_are_refused(bad):
+    with pytest.raises(InvalidName):
+        check_queue_name(bad)
+
+
+@pytest.mark.parametrize("good", ["default", "emails.high", "q'; DROP TABLE jobs; --", "очередь", "x" * 128])
+def test_queue_names_that_are_values_are_fine(good):
+    assert check_queue_name(good) == good
+
+
+@pytest.mark.parametrize("bad", ["", "x" * 64, "pg_jobs", "a\x00b"])
+def test_invalid_schema_names(bad):
+    with pytest.raises(InvalidName):
+        check_schema_name(bad)
+
+
+def test_notify_channel_fits_an_identifier():
+    assert len(notify_channel("é" * 31).encode()) <= 63
+    assert notify_channel("pgworker") == "pgworker.pgworker"
+
+
+@pytest.mark.parametrize("payload, fragment", [
+    ({1, 2}, "not JSON-serialisable"), (b"x", "not JSON-serialisable"), (math.nan, "NaN"),
+    ({"a": float("inf")}, "NaN"), ("nul\x00", "NUL"), ("\ud800", "surrogate"),
+])
+def test_unstorable_payloads_name_the_fix(payload, fragment):
+    with pytest.raises(PayloadError, match=fragment):
+        serialize_payload(payload, 1 << 20)
+
+
+def test_payload_size_limit_is_exact():
+    at_limit = "x" * (100 - 2)  # two quotes
+    assert serialize_payload(at_limit, 100)
+    with pytest.raises(PayloadError, match="over the limit of 100"):
+        serialize_payload(at_limit + "x", 100)
+
+
+def test_escaped_backslash_u0000_text_is_not_a_nul():
+    assert serialize_payload("\\u0000", 100)
+
+
+def test_deep_nesting_is_refused_cleanly():
+    deep: object = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(PayloadError, match="nested too deeply"):
+        serialize_payload(deep, 1 << 30)
+
+
+def test_job_options_are_checked_before_the_database():
+    with pytest.raises(InvalidJob, match="max_attempts"):
+        prepare(JobSpec("t", max_attempts=0), {}, 1024)
+    with pytest.raises(InvalidJob, match="no time zone"):
+        prepare(JobSpec("t", run_at=datetime.now()), {}, 1024)
+    with pytest.raises(InvalidJob, match="not both"):
+        prepare(JobSpec("t", run_at=datetime.now().astimezone(), delay=1), {}, 1024)
+    with pytest.raises(InvalidJob, match="delay"):
+        prepare(JobSpec("t", delay=-1), {}, 1024)
+    with pytest.raises(InvalidJob, match="priority"):
+        prepare(JobSpec("t", priority=10**6), {}, 1024)
+    assert prepare(JobSpec("t", delay=timedelta(minutes=1)), {}, 1024).delay_seconds == 60
+
+
+def test_settings_validate_and_read_the_environment():
+    s = Settings.from_env(environ={"PGWORKER_QUEUES": "a, b", "PGWORKER_LEASE_SECONDS": "30"})
+    assert s.queues == ("a", "b") and s.effective_renew_interval == 10
+    with pytest.raises(ConfigError, match="PGWORKER_CONCURRENCY"):
+        Settings.from_env(environ={"PGWORKER_CONCURRENCY": "many"})
+    with pytest.raises(ConfigError, match="two renewal intervals"):
+        Settings.from_env(environ={}, lease_seconds=10, renew_interval_seconds=6)
+    assert "hunter2" not in str(Settings(dsn="postgresql://u:hunter2@h/d").describe())
