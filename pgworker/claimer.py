@@ -15,6 +15,7 @@ import asyncio
 import logging
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -63,6 +64,7 @@ class PendingOutcome:
     permanent: bool = False
     span: Any = None
     decided_at: float = field(default_factory=time.monotonic)
+    retries: int = 0  # writes attempted before (a connection failed: the outcome is unknown)
 
 
 class Claimer:
@@ -83,6 +85,11 @@ class Claimer:
         self.store = app.store
         self.conn: psycopg.Connection | None = None
         self.pending: list[PendingOutcome] = []
+        # The connection is shared by the main thread (claims) and the flusher thread
+        # (outcomes of finished jobs while the next one runs): one statement sequence at a time.
+        self.db_lock = threading.RLock()
+        self.pending_lock = threading.Lock()
+        self.flusher_stop = threading.Event()
         self.avg_run_seconds: float | None = None
         self.rotation = 0
         self.jobs_done = 0
@@ -111,6 +118,20 @@ class Claimer:
             self.metrics.set_in_flight(q, 0)
         self.table.header.pid = os.getpid()
         self.table.beat(idle=False)
+        threading.Thread(target=self._flusher, name="pgworker-flusher", daemon=True).start()
+
+    def _flusher(self) -> None:
+        """Write outcomes that waited longer than the flush interval, so a finished job is
+        recorded promptly even while the next job of the batch runs for minutes."""
+        interval = self.settings.completion_flush_seconds
+        while not self.flusher_stop.wait(interval):
+            with self.pending_lock:
+                due = bool(self.pending) and time.monotonic() - self.pending[0].decided_at >= interval
+            if due:
+                try:
+                    self.flush()
+                except Exception:
+                    log.exception("claimer %s: writing outcomes failed", self.index)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self.stopping = True
@@ -173,11 +194,12 @@ class Claimer:
 
     def shutdown(self) -> None:
         """Release what never started, write what finished, close."""
+        self.flusher_stop.set()
         queued = {p.job.id for p in self.pending}
         for v in self.table.held():
             entry = self.batch.get(v.job_id)
             if v.state == slots_mod.CLAIMED and entry is not None and v.job_id not in queued:
-                self.pending.append(PendingOutcome(entry[0], v.index, "release", "released", None))
+                self._add(PendingOutcome(entry[0], v.index, "release", "released", None))
         for _ in range(3):
             if not self.pending:
                 break
@@ -185,14 +207,19 @@ class Claimer:
                 self.flush()
         if self.loop is not None:
             self.loop.close()
-        if self.conn is not None:
-            self.conn.close()
+        with self.db_lock:
+            if self.conn is not None:
+                self.conn.close()
 
     # -- database -------------------------------------------------------------------
 
     def ensure_connection(self, block: bool = True) -> bool:
-        if self.conn is not None and not self.conn.closed and not self.conn.broken:
-            return True
+        with self.db_lock:
+            if self.conn is not None and not self.conn.closed and not self.conn.broken:
+                return True
+            return self._connect(block)
+
+    def _connect(self, block: bool) -> bool:
         try:
             self.conn = connect(self.settings.dsn, application_name=f"pgworker:claimer:{self.index}",
                                 prepare=self.settings.prepared_statements)
@@ -225,12 +252,13 @@ class Claimer:
                       "waiting for a writable primary", self.index, action)
         else:
             log.warning("claimer %s: %s failed (%s); reconnecting", self.index, action, type(exc).__name__)
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            except Exception:
-                pass
-        self.conn = None
+        with self.db_lock:
+            if self.conn is not None:
+                try:
+                    self.conn.close()
+                except Exception:
+                    pass
+            self.conn = None
         self._sleep(self._reconnect_delay)
         self._reconnect_delay = min(RECONNECT_MAX_SECONDS, self._reconnect_delay * 2)
 
@@ -270,9 +298,10 @@ class Claimer:
     def claim(self, queue: str, limit: int) -> list[ClaimedJob] | None:
         t0 = time.perf_counter()
         try:
-            with tracing.claim_span(queue, self.worker_id) as span:
-                # Outcomes still waiting are written first, in the same round trip.
-                self.flush()
+            self.flush()  # outcomes still waiting are written first
+            with self.db_lock, tracing.claim_span(queue, self.worker_id) as span:
+                if self.conn is None:
+                    return None
                 jobs = self.store.claim(self.conn, queue=queue, limit=limit, owner=self.worker_id,
                                         lease_seconds=self.settings.lease_seconds)
                 if span.is_recording():
@@ -306,7 +335,7 @@ class Claimer:
         for job in jobs:
             _, slot = self.batch[job.id]
             if self.should_stop():
-                self.pending.append(PendingOutcome(job, slot, "release", "released", None))
+                self._add(PendingOutcome(job, slot, "release", "released", None))
                 continue
             if not self.table.start(slot, job.id):
                 # Its lease was found lost before it started (or the dispatcher took the
@@ -317,19 +346,16 @@ class Claimer:
                     self.table.count("lost")
                     self.table.clear(slot, job.id)
                 continue
-            if self.pending and self._should_flush_before_next():
-                self.flush()
-            self.pending.append(self.run_one(job, slot))
+            outcome = self.run_one(job, slot)
             self.table.set_state(slot, job.id, slots_mod.DONE)
+            self._add(outcome)
             self.jobs_done += 1
             self.table.header.jobs_done = self.jobs_done
         self.flush()
 
-    def _should_flush_before_next(self) -> bool:
-        oldest = self.pending[0].decided_at
-        expected = self.avg_run_seconds or 0.0
-        limit = self.settings.completion_flush_seconds
-        return time.monotonic() - oldest > limit or expected > limit
+    def _add(self, outcome: PendingOutcome) -> None:
+        with self.pending_lock:
+            self.pending.append(outcome)
 
     def run_one(self, job: ClaimedJob, slot: int) -> PendingOutcome:
         task: Task | None = self.app.tasks.get(job.task)
@@ -417,30 +443,59 @@ class Claimer:
     def flush(self) -> None:
         """Write pending outcomes: one fenced statement per kind. On a connection error the
         outcomes stay pending and are written after the reconnect (their fences decide)."""
-        if not self.pending or self.conn is None:
-            return
-        batch, self.pending = self.pending, []
-        for p in batch:
-            self.table.set_state(p.slot, p.job.id, slots_mod.FLUSHING)
-        started = time.time_ns()
-        groups: dict[str, list[PendingOutcome]] = {}
-        for p in batch:
-            groups.setdefault(p.kind, []).append(p)
-        try:
-            results = self._write(groups)
-        except (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.ReadOnlySqlTransaction) as exc:
+        with self.db_lock:
+            with self.pending_lock:
+                batch, self.pending = self.pending, []
+            if not batch:
+                return
+            if self.conn is None:
+                with self.pending_lock:
+                    self.pending[:0] = batch
+                return
             for p in batch:
-                self.table.set_state(p.slot, p.job.id, slots_mod.DONE)
-            self.pending = batch + self.pending
-            self._connection_failed(exc, "writing outcomes")
-            return
+                self.table.set_state(p.slot, p.job.id, slots_mod.FLUSHING)
+            started = time.time_ns()
+            groups: dict[str, list[PendingOutcome]] = {}
+            for p in batch:
+                groups.setdefault(p.kind, []).append(p)
+            try:
+                results = self._write(groups)
+                unsure = [p for p in batch if p.retries and p.kind != "lost"
+                          and p.job.id not in results[p.kind].accepted]
+                confirmed = self._confirm(unsure) if unsure else set()
+            except (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.ReadOnlySqlTransaction) as exc:
+                for p in batch:
+                    p.retries += 1
+                    self.table.set_state(p.slot, p.job.id, slots_mod.DONE)
+                with self.pending_lock:
+                    self.pending[:0] = batch
+                self._connection_failed(exc, "writing outcomes")
+                return
         for kind, items in groups.items():
             report = results.get(kind)
             for p in items:
-                accepted = report is not None and p.job.id in report.accepted
+                accepted = report is not None and (p.job.id in report.accepted or p.job.id in confirmed)
                 self._account(p, accepted, report, started)
                 self.table.clear(p.slot, p.job.id)
                 self.metrics.in_flight(p.job.queue, -1)
+
+    def _confirm(self, unsure: list[PendingOutcome]) -> set[int]:
+        """After a connection failed mid-write, a refused row may be our own earlier write
+        that committed before the reply was lost: the same token with the state (and error
+        code) this outcome writes proves it. The reaper never writes these codes."""
+        rows = {r[0]: r for r in self.store.lease_states(self.conn, [p.job.id for p in unsure])}
+        ok = set()
+        for p in unsure:
+            r = rows.get(p.job.id)
+            if r is None or r[2] != p.job.lease_token:
+                continue
+            state, code = r[1], r[3]
+            if (p.kind == "complete" and state == "succeeded") or \
+                    (p.kind == "fail" and state in ("pending", "dead") and code == p.code) or \
+                    (p.kind == "cancel" and state == "cancelled") or \
+                    (p.kind in ("release", "snooze") and state == "pending" and code != "LEASE_EXPIRED"):
+                ok.add(p.job.id)
+        return ok
 
     def _write(self, groups: dict[str, list[PendingOutcome]]) -> dict[str, Any]:
         store, conn = self.store, self.conn
@@ -489,7 +544,7 @@ _FENCE_OPERATION = {"complete": "complete", "fail": "fail", "snooze": "snooze", 
 class HandlerTimeout(Exception):
     """An async handler ran past its task's timeout."""
 
-    code = TIMEOUT
+    pgworker_code = TIMEOUT
 
 
 def _hard_limit(task: Task | None, settings: Settings) -> float:

@@ -42,6 +42,7 @@ from .errors import DatabaseUnavailable, SchemaVersionError
 from .jobs import FailRequest, Lease
 from .reaper import ReaperConfig, reap_pass
 from .retry import RetryPolicy
+from .store import BackoffParams
 
 log = logging.getLogger("pgworker.dispatcher")
 
@@ -293,11 +294,12 @@ class Dispatcher:
         return self._finish()
 
     def _drain_reap(self) -> None:
-        """Drain mode has no reaper timer: recover expired leases once, before claiming."""
+        """Drain mode has no reaper timer: recover expired leases once, before claiming.
+        The requeued jobs are due at once: the gap between scheduled runs is their backoff."""
         try:
             with connect(self.settings.dsn, application_name="pgworker:reaper",
                          prepare=self.settings.prepared_statements) as conn:
-                n = reap_pass(self.store, conn, ReaperConfig(), self.metrics)
+                n = reap_pass(self.store, conn, ReaperConfig(backoff=BackoffParams(0.0, 0.0, 0.0)), self.metrics)
             if n:
                 log.info("drain: reaped %s expired lease(s) before claiming", n)
         except DatabaseUnavailable as exc:

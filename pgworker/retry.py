@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from .errors import InvalidPayload, JobCancelled, LeaseLost, Permanent, Retry
+from .errors import InvalidPayload, JobCancelled, LeaseLost, Permanent, PgworkerError, Retry
 from .names import bounded_text, redact
 
 RETRY_BASE_SECONDS = 1.0
@@ -67,9 +67,12 @@ Classifier = Callable[[BaseException], "FailureClass | bool | None"]
 
 
 def error_code(exc: BaseException) -> str:
-    """The stored code of an exception: its ``code`` attribute if it is a short string,
-    else its class name (qualified outside builtins)."""
-    code = getattr(exc, "code", None)
+    """The stored code of an exception: a short ``pgworker_code`` attribute (any
+    exception may carry one), the ``code`` of pgworker's own exceptions, else the class
+    name (qualified outside builtins). ``SystemExit.code`` is an exit status, not a code."""
+    code = getattr(exc, "pgworker_code", None)
+    if code is None and isinstance(exc, PgworkerError):
+        code = getattr(exc, "code", None)
     if isinstance(code, str) and 0 < len(code) <= 64 and code.isprintable():
         return code
     cls = type(exc)

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Sequence
 
 import psycopg
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from . import sql as sqlfiles
 from .errors import SchemaNotMigrated, SchemaTooNew
@@ -146,8 +147,11 @@ class Store:
         with conn.cursor() as cur:
             with cur.copy(stmt) as copy:
                 copy.set_types(["int8", "text", "text", "jsonb", "int2", "timestamptz", "int4", "jsonb"])
-                for row in rows:
-                    copy.write_row(row)
+                for r in rows:
+                    # payload and trace context arrive as JSON text: wrap them so the
+                    # jsonb dumper does not encode them a second time (as JSON strings)
+                    copy.write_row((r[0], r[1], r[2], Jsonb(r[3], dumps=_as_is), r[4], r[5], r[6],
+                                    None if r[7] is None else Jsonb(r[7], dumps=_as_is)))
 
     def jobs_by_dedupe_key(self, conn: psycopg.Connection, keys: Sequence[str]) -> dict[str, int]:
         cur = self._exec(conn, "jobs_by_dedupe_key", {"keys": list(keys)})
@@ -278,6 +282,10 @@ class Store:
             cancelled=tuple(r[0] for r in rows if r[3] == "cancelled"),
             by_queue=by_queue)
 
+    def lease_states(self, conn: psycopg.Connection, ids: Sequence[int]) -> list[tuple[Any, ...]]:
+        """(id, state, lease_token, last_error_code) of jobs, to settle an unknown write."""
+        return self._exec(conn, "job_lease_states", {"ids": list(ids)}).fetchall()
+
     # -- operator actions -----------------------------------------------------------
 
     def cancel(self, conn: psycopg.Connection, job_id: int, *, actor: str | None) -> str | None:
@@ -332,6 +340,10 @@ class Store:
 
     def due_count(self, conn: psycopg.Connection, queues: Sequence[str]) -> int:
         return self._exec(conn, "jobs_due_count", {"queues": list(queues)}).fetchone()[0]
+
+
+def _as_is(text: str) -> str:
+    return text
 
 
 def json_or_none(value: Any) -> str | None:

@@ -121,5 +121,5 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05, message
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+            raise AssertionError(f"timed out after {timeout}s waiting for {message() if callable(message) else message}")
         time.sleep(interval)

@@ -109,22 +109,26 @@ WITH candidate AS (
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE {schema}.jobs AS j
+    SET state = 'running',
+        attempts = j.attempts + 1,
+        lease_token = j.lease_token + 1,
+        lease_owner = %(owner)s,
+        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s::float8),
+        started_at = now(),
+        heartbeat_at = now(),
+        cancel_requested_at = NULL
+    FROM candidate
+    WHERE j.id = candidate.id
+    RETURNING j.id, j.queue, j.task, j.payload, j.priority, j.attempts, j.max_attempts,
+              j.lease_token, j.lease_expires_at, j.run_at, j.created_at, j.trace_context,
+              j.ordering_key, j.dedupe_key,
+              extract(epoch FROM now() - j.run_at)::float8 AS wait_seconds
 )
-UPDATE {schema}.jobs AS j
-SET state = 'running',
-    attempts = j.attempts + 1,
-    lease_token = j.lease_token + 1,
-    lease_owner = %(owner)s,
-    lease_expires_at = now() + make_interval(secs => %(lease_seconds)s::float8),
-    started_at = now(),
-    heartbeat_at = now(),
-    cancel_requested_at = NULL
-FROM candidate
-WHERE j.id = candidate.id
-RETURNING j.id, j.queue, j.task, j.payload, j.priority, j.attempts, j.max_attempts,
-          j.lease_token, j.lease_expires_at, j.run_at, j.created_at, j.trace_context,
-          j.ordering_key, j.dedupe_key,
-          extract(epoch FROM now() - j.run_at)::float8 AS wait_seconds;
+-- UPDATE ... RETURNING follows the join's order, not the CTE's: sort again so the
+-- batch runs in claim order.
+SELECT * FROM claimed ORDER BY priority DESC, run_at, id;
 
 -- name: job_renew
 -- Extend live leases by %(lease_seconds)s from now. Fenced: only rows still running
@@ -248,6 +252,11 @@ SET state = d.next_state,
 FROM decided AS d
 WHERE j.id = d.id
 RETURNING j.id, j.queue, j.task, j.state::text AS state, j.ordering_key, j.lease_token;
+
+-- name: job_lease_states
+-- Where these jobs stand now: after a connection failed mid-write, tells a worker
+-- whether its write committed before the reply was lost.
+SELECT id, state::text, lease_token, last_error_code FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[]);
 
 -- name: job_cancel
 -- Operator cancel: a pending or dead job becomes cancelled at once; a running one gets

@@ -66,6 +66,15 @@ def test_enqueue_many_notifies_once_per_queue(app, pg_dsn):
     listener.close()
 
 
+@pytest.mark.parametrize("keyed", [False, True], ids=["copy", "insert"])
+def test_enqueue_many_payloads_round_trip(app, keyed):
+    payloads = [{"n": 1, "nested": {"list": [1, "two", None]}}, "text", 3.5, None, [True, False], {"q": "it's"}]
+    specs = [JobSpec("t", p, dedupe_key=f"k{i}" if keyed else None) for i, p in enumerate(payloads)]
+    ids = app.enqueue_many(specs)
+    got = {j.id: j.payload for j in app.claim(limit=10)}
+    assert [got[i] for i in ids] == payloads
+
+
 def test_enqueue_many_rolls_back_with_the_caller(app, pg_dsn, conn):
     with psycopg.connect(pg_dsn) as tx:
         app.enqueue_many([("t", i) for i in range(100)], conn=tx)

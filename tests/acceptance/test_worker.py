@@ -1,0 +1,312 @@
+"""The definition of reliable (the seeds' crash list), with real `pgworker run` processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from pg import wait_until
+from worker import ACCEPTANCE_APP, Worker, create_ledger, q
+
+pytestmark = pytest.mark.acceptance
+
+
+@pytest.fixture
+def env(app, pg_dsn):
+    """The test's App, knowing the acceptance app's tasks (so enqueue uses their defaults)."""
+    from pgworker.loader import load_app
+
+    create_ledger(pg_dsn, app.settings.schema)
+    app.tasks.update(load_app(ACCEPTANCE_APP).tasks)
+    return app
+
+
+def states(conn, schema):
+    return dict(q(conn, schema, "SELECT state::text, count(*) FROM {s}.jobs GROUP BY 1"))
+
+
+def all_finished(conn, schema, n):
+    s = states(conn, schema)
+    return s.get("succeeded", 0) + s.get("dead", 0) + s.get("cancelled", 0) == n and s
+
+
+def test_pool_drains_and_every_lease_is_unique(env, pg_dsn, conn):
+    schema = env.settings.schema
+    n = 600
+    env.enqueue_many([("record", i) for i in range(n)])
+    with Worker(pg_dsn, schema, "--concurrency", "4") as w:
+        wait_until(lambda: all_finished(conn, schema, n), 60, message="all jobs finished")
+        assert w.stop() == 0
+    assert states(conn, schema) == {"succeeded": n}
+    runs = q(conn, schema, "SELECT job_id, lease_token, pid FROM {s}.ledger")
+    assert len(runs) == n and len({(j, t) for j, t, _ in runs}) == n
+    assert len({pid for _, _, pid in runs}) > 1  # several claimers took part
+
+
+def test_kill_9_of_a_claimer_mid_job_recovers_the_job_once(env, pg_dsn, conn):
+    schema = env.settings.schema
+    slow = env.enqueue("sleep", {"seconds": 30})
+    waiting = env.enqueue_many([("record", i) for i in range(3)])
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--batch-size", "4") as w:
+        wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", slow), 30,
+                   message="the slow job started")
+        [claimer] = w.claimer_pids()
+        os.kill(claimer, signal.SIGKILL)  # the other three sit claimed in its batch
+        wait_until(lambda: all(r[0] == "succeeded" for r in
+                               q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = ANY(%s)", waiting)),
+                   30, message=lambda: f"the batch's other jobs to run: {q(conn, schema, 'SELECT id, state::text, attempts, run_at, lease_owner FROM {s}.jobs')} {w.logs()}")
+        row = q(conn, schema, "SELECT state::text, attempts, last_error_code FROM {s}.jobs WHERE id = %s", slow)[0]
+        # the dispatcher knew the token: the running job failed with WORKER_DIED at once (attempt spent)
+        assert row[2] == "WORKER_DIED" and row[0] in ("pending", "running")
+        assert w.claimer_pids() and w.claimer_pids() != [claimer]
+        w.kill()
+    # the waiting jobs were released without spending an attempt
+    assert {r[0] for r in q(conn, schema, "SELECT attempts FROM {s}.jobs WHERE id = ANY(%s)", waiting)} == {1}
+    assert len(q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = ANY(%s)", waiting)) == 3
+
+
+def test_crash_after_the_side_effect_reruns_with_the_same_idempotency_key(env, pg_dsn, conn):
+    schema = env.settings.schema
+    job_id = env.enqueue("crash_after_effect")
+    with Worker(pg_dsn, schema, "--concurrency", "1"):
+        wait_until(lambda: all_finished(conn, schema, 1), 30, message="job finished")
+    keys = q(conn, schema, "SELECT DISTINCT idempotency_key FROM {s}.ledger WHERE job_id = %s", job_id)
+    assert len(keys) == 1  # every attempt saw the same key
+    assert q(conn, schema, "SELECT times FROM {s}.effects") == [(2,)]  # the effect ran twice...
+    assert q(conn, schema, "SELECT count(*) FROM {s}.effects") == [(1,)]  # ...and was recorded once
+    assert q(conn, schema, "SELECT state::text, attempts FROM {s}.jobs WHERE id = %s", job_id) == [("succeeded", 2)]
+
+
+def test_sigstop_past_the_lease_then_sigcont_is_fenced_out(env, pg_dsn, conn):
+    schema = env.settings.schema
+    job_id = env.enqueue("sleep", {"seconds": 4})
+    fast = ["--lease", "2", "--reap-interval", "0.5", "--poll-interval", "0.3"]
+    with Worker(pg_dsn, schema, "--concurrency", "1", *fast, name="a") as a:
+        wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE event = 'start'"), 30,
+                   message="worker A started the job")
+        a.signal_group(signal.SIGSTOP)  # the whole pod pauses: no renewals, no completion
+        with Worker(pg_dsn, schema, "--concurrency", "1", *fast, name="b") as b:
+            wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.jobs WHERE state = 'succeeded'"), 30,
+                       message="worker B reclaimed and finished the job")
+            b.stop()
+        a.signal_group(signal.SIGCONT)
+        wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE event = 'end' GROUP BY job_id "
+                                          "HAVING count(*) = 2"), 30, message="worker A finished its stale run")
+        time.sleep(0.5)  # let A attempt its (refused) completion
+        assert a.stop() == 0
+        assert "fenced out" in a.logs() or "lease lost" in a.logs()
+    rows = q(conn, schema, "SELECT state::text, lease_token, attempts FROM {s}.jobs WHERE id = %s", job_id)
+    assert rows == [("succeeded", 2, 2)]  # succeeded once, by the second lease
+
+
+def test_cooperative_handler_stops_within_one_lease_when_heartbeats_are_lost(env, pg_dsn, conn):
+    """Heartbeats lost during active work: the dispatcher is frozen (no renewals reach the
+    database); a second worker reclaims after the lease; the stale handler, told its lease
+    is lost, stops. The duplicate-execution window is measured."""
+    schema = env.settings.schema
+    lease = 2.0
+    job_id = env.enqueue("sleep", {"seconds": 20, "cooperative": True})
+    args = ["--lease", str(lease), "--reap-interval", "0.5", "--poll-interval", "0.3"]
+    with Worker(pg_dsn, schema, "--concurrency", "1", *args, name="a") as a:
+        wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE event = 'start'"), 30)
+        with Worker(pg_dsn, schema, "--concurrency", "1", *args, name="b") as b:
+            # freeze A's renewer by stopping the dispatcher only; its claimer keeps running
+            a.signal(signal.SIGSTOP)
+            wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE event = 'start' AND lease_token = 2"),
+                       30, message="B reclaimed the job")
+            a.signal(signal.SIGCONT)  # A's dispatcher finds the lease gone and tells the handler
+            wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE event = 'noticed_lost'"), 30,
+                       message="A's handler noticed the lost lease")
+            b.kill()
+        a.kill()
+    (a_start,), (b_start,), (a_stop,) = (
+        q(conn, schema, "SELECT at FROM {s}.ledger WHERE event = 'start' AND lease_token = 1"),
+        q(conn, schema, "SELECT at FROM {s}.ledger WHERE event = 'start' AND lease_token = 2"),
+        q(conn, schema, "SELECT at FROM {s}.ledger WHERE event = 'noticed_lost'"))
+    overlap = (a_stop[0] - b_start[0]).total_seconds()
+    print(f"duplicate-execution window: {overlap:.2f}s (lease {lease}s)")
+    assert a_start[0] < b_start[0]
+    assert overlap <= lease + 1.0  # within one lease (+ the renewal tick and scheduling slack)
+
+
+def test_retries_exhausted_leave_a_visible_dead_job(env, pg_dsn, conn):
+    schema = env.settings.schema
+    job_id = env.enqueue("always_fails")
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--poll-interval", "0.2"):
+        wait_until(lambda: all_finished(conn, schema, 1), 30)
+    record = env.get_job(job_id)
+    assert record["state"] == "dead" and record["attempts"] == 3
+    assert [e["message"] for e in record["errors"]] == [f"failure number {i}" for i in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("kind", ["SystemExit", "KeyboardInterrupt", "GeneratorExit", "MemoryError"])
+def test_base_exceptions_from_handlers_never_leave_a_job_running(env, pg_dsn, conn, kind):
+    schema = env.settings.schema
+    job_id = env.enqueue("raises", kind)
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--poll-interval", "0.2") as w:
+        wait_until(lambda: all_finished(conn, schema, 1), 30)
+        assert w.stop() == 0
+    record = env.get_job(job_id)
+    assert record["state"] == "dead" and record["last_error_code"] == kind and record["attempts"] == 2
+
+
+def test_sigterm_during_a_long_job_releases_it_and_exits_0(env, pg_dsn, conn):
+    schema = env.settings.schema
+    job_id = env.enqueue("sleep", {"seconds": 60})
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--shutdown-grace", "1") as w:
+        wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE event = 'start'"), 30)
+        assert w.stop(timeout=30) == 0
+    assert q(conn, schema, "SELECT state::text, attempts, lease_owner FROM {s}.jobs WHERE id = %s", job_id) == \
+        [("pending", 0, None)]
+
+
+def test_sigterm_lets_a_short_job_finish_within_the_grace(env, pg_dsn, conn):
+    schema = env.settings.schema
+    env.enqueue("sleep", {"seconds": 1})
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--shutdown-grace", "20") as w:
+        wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE event = 'start'"), 30)
+        assert w.stop(timeout=30) == 0
+    assert states(conn, schema) == {"succeeded": 1}
+
+
+def test_second_signal_exits_at_once_and_the_reaper_recovers(env, pg_dsn, conn):
+    schema = env.settings.schema
+    job_id = env.enqueue("sleep", {"seconds": 60})
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--shutdown-grace", "60", "--lease", "2") as w:
+        wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE event = 'start'"), 30)
+        w.signal(signal.SIGTERM)
+        time.sleep(0.3)
+        w.signal(signal.SIGTERM)
+        assert w.wait(10) == 128 + signal.SIGTERM
+    assert q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", job_id) == [("running",)]
+    time.sleep(2.2)
+    assert env.reap().total == 1
+
+
+def test_drain_exits_0_on_an_empty_queue_and_reports(env, pg_dsn):
+    with Worker(pg_dsn, env.settings.schema, "--drain", "--concurrency", "2") as w:
+        assert w.wait(60) == 0
+        summary = json.loads(w.stdout().strip().splitlines()[-1])
+    assert summary["event"] == "drain_summary" and summary["processed"] == 0 and summary["left"] == 0
+
+
+def test_drain_processes_due_work_and_leaves_later_work(env, pg_dsn, conn):
+    schema = env.settings.schema
+    env.enqueue_many([("record", i) for i in range(50)])
+    later = env.enqueue("record", delay=3600)
+    with Worker(pg_dsn, schema, "--drain", "--concurrency", "2") as w:
+        assert w.wait(60) == 0
+        summary = json.loads(w.stdout().strip().splitlines()[-1])
+    assert summary["succeeded"] == 50 and summary["result"] == "succeeded"
+    assert q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", later) == [("pending",)]
+
+
+def test_drain_deadline_with_due_work_left_exits_75(env, pg_dsn, conn):
+    schema = env.settings.schema
+    env.enqueue_many([("sleep", {"seconds": 30})] + [("record", i) for i in range(5)])
+    with Worker(pg_dsn, schema, "--drain", "--concurrency", "1", "--batch-size", "1",
+                "--max-duration", "2", "--shutdown-grace", "1") as w:
+        assert w.wait(60) == 75
+        summary = json.loads(w.stdout().strip().splitlines()[-1])
+    assert summary["result"] == "deadline" and summary["left"] >= 1
+    assert not q(conn, schema, "SELECT 1 FROM {s}.jobs WHERE state = 'running'")  # released, not stranded
+
+
+def test_drain_reaps_expired_leases_first(env, pg_dsn, conn):
+    schema = env.settings.schema
+    env.enqueue("record")
+    [job] = env.claim()
+    q(conn, schema, "UPDATE {s}.jobs SET lease_expires_at = now() - interval '1s' RETURNING id")
+    with Worker(pg_dsn, schema, "--drain", "--concurrency", "1") as w:
+        assert w.wait(60) == 0
+    assert q(conn, schema, "SELECT state::text, lease_token FROM {s}.jobs") == [("succeeded", 2)]
+
+
+def test_unknown_task_and_undecodable_payload_end_dead_with_a_code(env, pg_dsn, conn):
+    schema = env.settings.schema
+    unknown = env.enqueue("no.such.task")
+    bad = env.enqueue("needs_point", {"x": 1})  # no "y"
+    good = env.enqueue("needs_point", {"x": 1, "y": 2})
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--poll-interval", "0.2"):
+        wait_until(lambda: all_finished(conn, schema, 3), 30)
+    assert env.get_job(unknown)["last_error_code"] == "UNKNOWN_TASK"
+    assert env.get_job(unknown)["attempts"] == 1
+    assert (env.get_job(bad)["state"], env.get_job(bad)["last_error_code"], env.get_job(bad)["attempts"]) == \
+        ("dead", "PAYLOAD_INVALID", 1)
+    assert env.get_job(good)["state"] == "succeeded"
+
+
+def test_async_handlers_and_their_timeout(env, pg_dsn, conn):
+    schema = env.settings.schema
+    ok = env.enqueue("async_echo")
+    slow = env.enqueue("async_slow")
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--poll-interval", "0.2"):
+        wait_until(lambda: all_finished(conn, schema, 2), 30)
+    assert env.get_job(ok)["state"] == "succeeded"
+    assert (env.get_job(slow)["state"], env.get_job(slow)["last_error_code"]) == ("dead", "TIMEOUT")
+
+
+def test_sync_timeout_stops_the_claimer_and_the_pool_goes_on(env, pg_dsn, conn):
+    schema = env.settings.schema
+    slow = env.enqueue("sync_slow")
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--poll-interval", "0.2") as w:
+        wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE event = 'start'"), 30)
+        wait_until(lambda: all_finished(conn, schema, 1), 30, message="the timed-out job settled")
+        after = env.enqueue("record")
+        wait_until(lambda: all_finished(conn, schema, 2), 30, message="the restarted claimer works")
+        assert w.stop() == 0
+    assert (env.get_job(slow)["state"], env.get_job(slow)["last_error_code"]) == ("dead", "TIMEOUT")
+    assert env.get_job(after)["state"] == "succeeded"
+
+
+def test_a_handler_holding_the_gil_past_its_lease_keeps_the_lease(env, pg_dsn, conn):
+    """Renewal runs in the dispatcher, so a C call that never releases the GIL cannot
+    starve it: the job runs for 3 leases and still completes on its first attempt."""
+    schema = env.settings.schema
+    job_id = env.enqueue("gil_hog", 6)
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--lease", "2", "--reap-interval", "0.5") as w:
+        wait_until(lambda: all_finished(conn, schema, 1), 60)
+        assert w.stop() == 0
+    assert q(conn, schema, "SELECT state::text, attempts FROM {s}.jobs WHERE id = %s", job_id) == [("succeeded", 1)]
+
+
+def test_snooze_runs_again_later_without_spending_an_attempt(env, pg_dsn, conn):
+    schema = env.settings.schema
+    job_id = env.enqueue("snoozer")
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--poll-interval", "0.2"):
+        wait_until(lambda: all_finished(conn, schema, 1), 30)
+    assert q(conn, schema, "SELECT state::text, attempts FROM {s}.jobs WHERE id = %s", job_id) == [("succeeded", 1)]
+    assert len(q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", job_id)) == 2
+
+
+def test_listener_killed_polling_still_drains_and_listen_comes_back(env, pg_dsn, conn):
+    schema = env.settings.schema
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--poll-interval", "1") as w:
+        listener = lambda: q(conn, schema, "SELECT pid FROM pg_stat_activity WHERE application_name = "  # noqa: E731
+                                           "'pgworker:listener' AND query ILIKE 'LISTEN%%'")
+        first = wait_until(listener, 30, message="the dispatcher is listening")
+        for (pid,) in first:
+            conn.execute("SELECT pg_terminate_backend(%s)", [pid])
+        env.enqueue("record")  # the wake-up for this job is lost: the poll finds it
+        wait_until(lambda: all_finished(conn, schema, 1), 30, message="polling drained the job")
+        again = wait_until(lambda: [r for r in listener() if r not in first], 30, message="LISTEN re-established")
+        assert again
+        assert w.stop() == 0
+    assert "LISTEN connection lost" in w.logs()
+
+
+def test_one_job_locked_for_long_does_not_hold_back_the_others(env, pg_dsn, conn):
+    import psycopg
+
+    schema = env.settings.schema
+    ids = env.enqueue_many([("record", i) for i in range(20)])
+    with psycopg.connect(pg_dsn) as holder:
+        q(holder, schema, "SELECT id FROM {s}.jobs WHERE id = %s FOR UPDATE", ids[0])
+        with Worker(pg_dsn, schema, "--concurrency", "2", "--poll-interval", "0.2"):
+            wait_until(lambda: states(conn, schema).get("succeeded") == 19, 30)
+        holder.rollback()
+    assert q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", ids[0]) == [("pending",)]

@@ -1,0 +1,136 @@
+"""Tasks for the acceptance tests. Each records what it did in a ledger table (in the
+test's schema) keyed by the job's idempotency key, so tests can count side effects.
+
+Environment: PGWORKER_DSN, PGWORKER_SCHEMA (set by the test), and LEDGER_DSN (a direct
+connection for the ledger, so a proxy cut between worker and database does not hide it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import psycopg
+from psycopg import sql
+
+import pgworker
+
+app = pgworker.App()
+FAST = pgworker.RetryPolicy(base_seconds=0.05, factor=2, max_seconds=0.2, jitter=0.0)
+
+
+def ledger(ctx, event, note=None):
+    schema = sql.Identifier(os.environ["PGWORKER_SCHEMA"])
+    with psycopg.connect(os.environ.get("LEDGER_DSN") or os.environ["PGWORKER_DSN"], autocommit=True) as c:
+        c.execute(sql.SQL("INSERT INTO {}.ledger (idempotency_key, job_id, attempt, lease_token, event, pid, note) "
+                          "VALUES (%s, %s, %s, %s, %s, %s, %s)").format(schema),
+                  [ctx.idempotency_key, ctx.job_id, ctx.attempt, ctx.lease_token, event, os.getpid(), note])
+
+
+def side_effect_once(ctx):
+    """An external side effect made idempotent by the key (counts duplicates prevented)."""
+    schema = sql.Identifier(os.environ["PGWORKER_SCHEMA"])
+    with psycopg.connect(os.environ.get("LEDGER_DSN") or os.environ["PGWORKER_DSN"], autocommit=True) as c:
+        c.execute(sql.SQL("INSERT INTO {}.effects (idempotency_key, job_id) VALUES (%s, %s) "
+                          "ON CONFLICT (idempotency_key) DO UPDATE SET times = effects.times + 1")
+                  .format(schema), [ctx.idempotency_key, ctx.job_id])
+
+
+@app.task(name="noop")
+def noop(payload):
+    return None
+
+
+@app.task(name="record", max_attempts=3, retry=FAST)
+def record(payload, ctx):
+    ledger(ctx, "run")
+
+
+@app.task(name="sleep", max_attempts=3, retry=FAST)
+def sleep(payload, ctx):
+    """Sleep payload['seconds'] (heartbeating), recording start and end."""
+    ledger(ctx, "start")
+    end = time.monotonic() + payload["seconds"]
+    while time.monotonic() < end:
+        if payload.get("cooperative") and ctx.lease_lost:
+            ledger(ctx, "noticed_lost")
+            return None
+        ctx.heartbeat()
+        time.sleep(0.05)
+    ledger(ctx, "end")
+
+
+@app.task(name="crash_after_effect", max_attempts=3, retry=FAST)
+def crash_after_effect(payload, ctx):
+    side_effect_once(ctx)
+    ledger(ctx, "effect")
+    if ctx.attempt == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # dies after the effect, before the completion
+
+
+@app.task(name="always_fails", max_attempts=3, retry=FAST)
+def always_fails(payload, ctx):
+    raise RuntimeError(f"failure number {ctx.attempt}")
+
+
+@app.task(name="raises", max_attempts=2, retry=FAST)
+def raises(payload, ctx):
+    kind = {"SystemExit": SystemExit, "KeyboardInterrupt": KeyboardInterrupt,
+            "GeneratorExit": GeneratorExit, "MemoryError": MemoryError}[payload]
+    raise kind("from the handler")
+
+
+@app.task(name="async_echo", max_attempts=2, retry=FAST)
+async def async_echo(payload, ctx):
+    await asyncio.sleep(0.01)
+    ledger(ctx, "async")
+
+
+@app.task(name="async_slow", max_attempts=1, timeout=0.5)
+async def async_slow(payload, ctx):
+    await asyncio.sleep(30)
+
+
+@app.task(name="sync_slow", max_attempts=1, timeout=1)
+def sync_slow(payload, ctx):
+    ledger(ctx, "start")
+    time.sleep(30)
+
+
+@app.task(name="gil_hog", max_attempts=1)
+def gil_hog(payload, ctx):
+    """Holds the GIL inside one C call for payload seconds (no heartbeats, no renewals
+    possible from this process)."""
+    ledger(ctx, "start")
+    end = time.monotonic() + payload
+    while time.monotonic() < end:
+        sum(range(30_000_000))  # one long C call: the GIL is never released inside it
+    ledger(ctx, "end")
+
+
+@app.task(name="typed", max_attempts=5, payload_type=dict)
+def typed(payload, ctx):
+    return None
+
+
+def _make_point(payload):
+    return (payload["x"], payload["y"])
+
+
+@app.task(name="needs_point", max_attempts=5, payload_type=_make_point)
+def needs_point(point, ctx):
+    ledger(ctx, "point")
+
+
+@app.task(name="snoozer", max_attempts=1)
+def snoozer(payload, ctx):
+    """Snoozes on its first run (no attempt spent), succeeds on the second."""
+    ledger(ctx, "run")
+    schema = sql.Identifier(os.environ["PGWORKER_SCHEMA"])
+    with psycopg.connect(os.environ["PGWORKER_DSN"]) as c:
+        runs = c.execute(sql.SQL("SELECT count(*) FROM {}.ledger WHERE job_id = %s").format(schema),
+                         [ctx.job_id]).fetchone()[0]
+    if runs == 1:
+        raise pgworker.Snooze(0.2)

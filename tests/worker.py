@@ -1,0 +1,118 @@
+"""Running real `pgworker run` processes from tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ACCEPTANCE_APP = os.path.join(HERE, "apps", "acceptance_app.py") + ":app"
+
+LEDGER_DDL = """
+CREATE TABLE IF NOT EXISTS {schema}.ledger (
+    id bigserial PRIMARY KEY, idempotency_key text, job_id bigint, attempt int, lease_token bigint,
+    event text, pid int, note text, at timestamptz DEFAULT clock_timestamp());
+CREATE TABLE IF NOT EXISTS {schema}.effects (
+    idempotency_key text PRIMARY KEY, job_id bigint, times int NOT NULL DEFAULT 1);
+"""
+
+
+def create_ledger(dsn: str, schema: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(sql.SQL(LEDGER_DDL).format(schema=sql.Identifier(schema)))
+
+
+class Worker:
+    """A `pgworker run` subprocess in its own process group."""
+
+    def __init__(self, dsn: str, schema: str, *args: str, app: str = ACCEPTANCE_APP,
+                 env: dict[str, str] | None = None, log_dir: str | None = None, name: str = "worker") -> None:
+        self.env = dict(os.environ, PGWORKER_DSN=dsn, PGWORKER_SCHEMA=schema, PGWORKER_LOG_LEVEL="INFO",
+                        PYTHONUNBUFFERED="1", **(env or {}))
+        self.env.setdefault("LEDGER_DSN", dsn)
+        self.env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        self.cmd = [sys.executable, "-m", "pgworker.cli", "run", "--app", app, *args]
+        if "--metrics-port" not in args:
+            self.cmd += ["--metrics-port", "0"]
+        self.log_path = os.path.join(log_dir or "/tmp", f"pgworker-{name}-{os.getpid()}-{time.monotonic_ns()}.log")
+        self.log = open(self.log_path, "w+")
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=subprocess.PIPE, stderr=self.log,
+                                     start_new_session=True, text=True)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def claimer_pids(self) -> list[int]:
+        """Live claimer processes (children running multiprocessing's spawn_main)."""
+        out = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+                ppid = int(stat[stat.rfind(")") + 2:].split()[1])
+                if ppid != self.pid:
+                    continue
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read()
+                if b"spawn_main" in cmd and b"resource_tracker" not in cmd and stat[stat.rfind(")") + 2] not in "Z":
+                    out.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+        return sorted(out)
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+    def signal_group(self, sig: int) -> None:
+        os.killpg(self.pid, sig)
+
+    def wait(self, timeout: float = 60) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"worker did not exit within {timeout}s; log:\n{self.logs()[-4000:]}")
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.signal(signal.SIGTERM)
+        return self.wait(timeout)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def stdout(self) -> str:
+        return self.proc.stdout.read() if self.proc.stdout else ""
+
+    def logs(self) -> str:
+        if not self.log.closed:
+            self.log.flush()
+        with open(self.log_path) as f:
+            return f.read()
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.proc.poll() is None:
+            self.kill()
+        self.log.close()
+
+
+def q(conn: psycopg.Connection, schema: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Run a query with {s} standing for the quoted schema."""
+    return conn.execute(sql.SQL(query).format(s=sql.Identifier(schema)), params).fetchall()
