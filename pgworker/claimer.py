@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import signal
 import threading
 import time
@@ -29,6 +30,7 @@ from .context import JobContext
 from .db import connect
 from .errors import (DatabaseUnavailable, InvalidPayload, JobCancelled, LeaseLost, Permanent, Retry,
                      Snooze)
+from .podlimits import PodQueueLimits
 from .jobs import ClaimedJob, FailRequest, Lease
 from .names import dsn_password
 from .retry import classify
@@ -42,6 +44,9 @@ log = logging.getLogger("pgworker.claimer")
 BATCH_TARGET_SECONDS = 1.0
 INITIAL_BATCH = 10
 WAIT_CHECK_SECONDS = 1.0
+# An async handler's task is cancelled within this long of a cancellation request
+# reaching its slot (the request itself arrives with the next lease renewal).
+CANCEL_POLL_SECONDS = 0.1
 RECONNECT_MAX_SECONDS = 30.0
 UNKNOWN_TASK = "UNKNOWN_TASK"
 WORKER_DIED = "WORKER_DIED"
@@ -71,7 +76,8 @@ class Claimer:
     """One claimer process. Built and run by :func:`claimer_main` in the child."""
 
     def __init__(self, app: Any, settings: Settings, index: int, table: slots_mod.SlotTable,
-                 queues: Sequence[str], *, drain: bool, stop_event: Any) -> None:
+                 queues: Sequence[str], *, drain: bool, stop_event: Any,
+                 pod_limits: PodQueueLimits | None = None) -> None:
         self.app = app
         self.settings = settings
         self.index = index
@@ -101,6 +107,12 @@ class Claimer:
         self.secrets = (dsn_password(settings.dsn),)
         self._reconnect_delay = 0.5
         self._db_down_logged = False
+        # Queue policies (docs/scheduling.md): queues known to have a global limit (their
+        # claims lock the queue row first), when a rate-limited queue's next token is due
+        # (monotonic time), and this pod's shared per-queue counts.
+        self.limited_queues: set[str] = set()
+        self.retry_at: dict[str, float] = {}
+        self.pod_limits = pod_limits
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -160,7 +172,7 @@ class Claimer:
                         break
                     continue
                 self.flush()
-                if self.drain:
+                if self.drain and not self.retry_at:  # a rate-limited queue still owes a claim
                     self.table.header.drained = 1
                 self.wait_for_wakeup()
         finally:
@@ -183,7 +195,7 @@ class Claimer:
         self.table.beat(idle=True)
         try:
             while not self.should_stop():
-                if self.table.wake.wait(WAIT_CHECK_SECONDS):
+                if self.table.wake.wait(self._wait_seconds()) or self._retry_due():
                     break
                 self.table.beat()
                 self.metrics.loop_heartbeat()
@@ -191,6 +203,22 @@ class Claimer:
             self.table.wake.clear()
             self.table.beat(idle=False)
             self.table.header.drained = 0
+
+    def _wait_seconds(self) -> float:
+        """Until the next wake-up check: at most WAIT_CHECK_SECONDS, less when a
+        rate-limited queue gets its next token sooner."""
+        if not self.retry_at:
+            return WAIT_CHECK_SECONDS
+        return max(0.0, min(WAIT_CHECK_SECONDS, min(self.retry_at.values()) - time.monotonic()))
+
+    def _retry_due(self) -> bool:
+        now = time.monotonic()
+        return any(t <= now for t in self.retry_at.values())
+
+    def _held(self, queue: str) -> int:
+        """Jobs of ``queue`` this claimer holds (its non-empty slots)."""
+        qi = self.queue_index.get(queue, -1)
+        return sum(1 for v in self.table.held() if v.queue_index == qi)
 
     def shutdown(self) -> None:
         """Release what never started, write what finished, close."""
@@ -281,13 +309,24 @@ class Claimer:
         for _ in range(len(self.queues)):
             queue = self.queues[self.rotation % len(self.queues)]
             self.rotation += 1
+            if self.retry_at.get(queue, 0.0) > time.monotonic():
+                continue  # rate limited: its next token is not due yet
             limit = self.batch_size()
             if limit <= 0:
                 self.flush()
                 limit = self.batch_size()
                 if limit <= 0:
                     return True
-            jobs = self.claim(queue, limit)
+            granted = limit
+            if self.pod_limits is not None and self.pod_limits.limits(queue):
+                granted = self.pod_limits.reserve(self.index, queue, limit, self._held)
+                if granted <= 0:
+                    continue  # this pod already holds its share of the queue
+            try:
+                jobs = self.claim(queue, granted)
+            finally:
+                if self.pod_limits is not None:
+                    self.pod_limits.claimed(self.index, queue, granted, self._held)
             if jobs is None:
                 return False
             if jobs:
@@ -302,8 +341,12 @@ class Claimer:
             with self.db_lock, tracing.claim_span(queue, self.worker_id) as span:
                 if self.conn is None:
                     return None
-                jobs = self.store.claim(self.conn, queue=queue, limit=limit, owner=self.worker_id,
-                                        lease_seconds=self.settings.lease_seconds)
+                result = self.store.claim_batch(
+                    self.conn, queue=queue, limit=limit, owner=self.worker_id,
+                    lease_seconds=self.settings.lease_seconds,
+                    aging_seconds=self.settings.priority_aging_seconds,
+                    limited=queue in self.limited_queues)
+                jobs = result.jobs
                 if span.is_recording():
                     span.set_attribute("messaging.batch.message_count", len(jobs))
         except (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.ReadOnlySqlTransaction) as exc:
@@ -315,6 +358,14 @@ class Claimer:
             log.error("claimer %s: claim on queue %r failed: %s", self.index, queue, type(exc).__name__)
             self._sleep(self._reconnect_delay)
             return None
+        # Next time, a queue with a global limit goes straight to the locked claim.
+        (self.limited_queues.add if result.limited else self.limited_queues.discard)(queue)
+        if result.retry_after_seconds is not None and len(jobs) < limit:
+            # The bucket ran dry: claim this queue again when its next token is due, with
+            # a little jitter so the pod's claimers do not all ask at the same instant.
+            self.retry_at[queue] = time.monotonic() + result.retry_after_seconds * (1.0 + 0.2 * random.random())
+        else:
+            self.retry_at.pop(queue, None)
         self.metrics.claimed(queue, len(jobs), time.perf_counter() - t0, (j.wait_seconds for j in jobs))
         qi = self.queue_index.get(queue, 0)
         self.batch = {}
@@ -346,7 +397,11 @@ class Claimer:
                     self.table.count("lost")
                     self.table.clear(slot, job.id)
                 continue
-            outcome = self.run_one(job, slot)
+            if self.table.flags(slot, job.id)[1]:
+                # cancelled while it waited in the batch: never started, recorded cancelled
+                outcome = PendingOutcome(job, slot, "cancel", "cancelled", 0.0, code="CANCELLED")
+            else:
+                outcome = self.run_one(job, slot)
             self.table.set_state(slot, job.id, slots_mod.DONE)
             self._add(outcome)
             self.jobs_done += 1
@@ -378,7 +433,7 @@ class Claimer:
             payload = task.decode(job.payload)
             args = (payload, ctx) if task.takes_context else (payload,)
             if task.is_async:
-                result = self._run_async(task, args)
+                result = self._run_async(task, args, ctx)
             else:
                 result = task.func(*args)
         except BaseException as exc:  # noqa: BLE001 - every handler failure is recorded, even SystemExit
@@ -391,7 +446,7 @@ class Claimer:
         span.end()
         return out
 
-    def _run_async(self, task: Task, args: tuple[Any, ...]) -> Any:
+    def _run_async(self, task: Task, args: tuple[Any, ...], ctx: JobContext) -> Any:
         if self.loop is None:
             self.loop = asyncio.new_event_loop()
         coro = task.func(*args)
@@ -399,7 +454,7 @@ class Claimer:
         if timeout is not None:
             coro = asyncio.wait_for(coro, timeout)
         try:
-            return self.loop.run_until_complete(coro)
+            return self.loop.run_until_complete(_cancellable(coro, ctx))
         except asyncio.TimeoutError:
             raise HandlerTimeout(f"handler exceeded its timeout of {timeout} s") from None
 
@@ -478,6 +533,8 @@ class Claimer:
                 self._account(p, accepted, report, started)
                 self.table.clear(p.slot, p.job.id)
                 self.metrics.in_flight(p.job.queue, -1)
+        if self.pod_limits is not None:
+            self.pod_limits.refresh(self.index, self._held)
 
     def _confirm(self, unsure: list[PendingOutcome]) -> set[int]:
         """After a connection failed mid-write, a refused row may be our own earlier write
@@ -506,7 +563,8 @@ class Claimer:
                 out[kind] = store.complete(conn, leases, [p.job.ordering_key for p in items])
             elif kind == "fail":
                 out[kind] = store.fail(conn, [FailRequest(p.job.lease, p.code or "ERROR", p.message,
-                                                          p.delay, p.permanent) for p in items])
+                                                          p.delay, p.permanent) for p in items],
+                                       [p.job.ordering_key for p in items])
             elif kind == "snooze":
                 out[kind] = store.snooze(conn, leases, [p.delay for p in items])
             elif kind == "cancel":
@@ -539,6 +597,24 @@ class Claimer:
 
 _FENCE_OPERATION = {"complete": "complete", "fail": "fail", "snooze": "snooze", "cancel": "cancel",
                     "release": "release"}
+
+
+async def _cancellable(coro: Any, ctx: JobContext) -> Any:
+    """Run an async handler as a task and cancel it when its job's cancellation is
+    requested (``ctx.cancel_requested``, set by the lease renewal). The handler sees
+    ``asyncio.CancelledError`` at its current await; if it lets it propagate, the job
+    ends cancelled (it may catch it to clean up, and then raise or return)."""
+    task = asyncio.ensure_future(coro)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=CANCEL_POLL_SECONDS)
+        if done:
+            return task.result()
+        if ctx.cancel_requested:
+            task.cancel()
+            try:
+                return await task
+            except asyncio.CancelledError:
+                raise JobCancelled(f"job {ctx.job_id} was cancelled; its task was cancelled") from None
 
 
 class HandlerTimeout(Exception):
@@ -581,6 +657,7 @@ class ClaimerSpec:
     stop_event: Any
     log_level: int
     log_format: str
+    pod_limits: PodQueueLimits | None = None
 
 
 def claimer_main(spec: ClaimerSpec) -> None:
@@ -597,7 +674,7 @@ def claimer_main(spec: ClaimerSpec) -> None:
     app = load_app(spec.app_ref)
     app.configure(spec.settings)
     claimer = Claimer(app, spec.settings, spec.index, spec.table, spec.queues,
-                      drain=spec.drain, stop_event=spec.stop_event)
+                      drain=spec.drain, stop_event=spec.stop_event, pod_limits=spec.pod_limits)
     try:
         code = claimer.run()
     finally:

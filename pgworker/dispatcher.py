@@ -40,7 +40,9 @@ from .config import Settings
 from .db import connect
 from .errors import DatabaseUnavailable, SchemaVersionError
 from .jobs import FailRequest, Lease
+from .podlimits import PodQueueLimits
 from .reaper import ReaperConfig, reap_pass
+from .schedules import Scheduler
 from .retry import RetryPolicy
 from .store import BackoffParams
 
@@ -135,6 +137,7 @@ class Dispatcher:
         self._threads: list[threading.Thread] = []
         self._stats_conn: psycopg.Connection | None = None
         self._stats_lock = threading.Lock()
+        self.pod_limits: PodQueueLimits | None = None
 
     # -- set-up ---------------------------------------------------------------------
 
@@ -167,6 +170,8 @@ class Dispatcher:
                 self.http.shutdown()
             if self._stats_conn is not None:
                 self._stats_conn.close()
+            if self.pod_limits is not None:
+                self.pod_limits.close()
             tracing.flush(self.tracer_provider)
         return code
 
@@ -258,6 +263,10 @@ class Dispatcher:
             return EXIT_ERROR
         if self.drain:
             self._drain_reap()
+            self._drain_schedules()
+        limits = {q: n for q, n in self.settings.queue_concurrency if q in self.queues}
+        if limits:
+            self.pod_limits = PodQueueLimits(limits, self.settings.concurrency, self.mp)
         self._start_threads()
         for i in range(self.settings.concurrency):
             handle = ClaimerHandle(i, slots_mod.SlotTable(self.settings.max_batch_size, self.mp))
@@ -305,11 +314,37 @@ class Dispatcher:
         except DatabaseUnavailable as exc:
             log.error("drain: reaping failed: %s", exc)
 
+    def _schedules_enabled(self) -> bool:
+        return bool(self.settings.schedules and getattr(self.app, "schedules", None))
+
+    def _drain_schedules(self) -> None:
+        """Drain mode has no scheduler thread: fire each schedule's due slot once, before
+        claiming (the missed-slot policy applies; the run then drains those jobs too)."""
+        if not self._schedules_enabled():
+            return
+        try:
+            with connect(self.settings.dsn, application_name="pgworker:scheduler",
+                         prepare=self.settings.prepared_statements) as conn:
+                scheduler = Scheduler(self.store, list(self.app.schedules.values()))
+                scheduler.register(conn)
+                scheduler.tick(conn)
+            if scheduler.fired:
+                log.info("drain: enqueued %s periodic job(s) before claiming", scheduler.fired)
+        except Exception as exc:
+            log.error("drain: firing schedules failed: %s", type(exc).__name__)
+
+    def _scheduler_loop(self) -> None:
+        Scheduler(self.store, list(self.app.schedules.values())).run(
+            self.threads_stop, lambda: connect(self.settings.dsn, application_name="pgworker:scheduler",
+                                               prepare=self.settings.prepared_statements))
+
     def _start_threads(self) -> None:
         targets: list[tuple[str, Callable[[], None]]] = [("pgworker-renewer", self._renewer_loop),
                                                           ("pgworker-maintenance", self._maintenance_loop)]
         if self.settings.listen and not self.drain:
             targets.append(("pgworker-listener", self._listener_loop))
+        if self._schedules_enabled() and not self.drain:
+            targets.append(("pgworker-scheduler", self._scheduler_loop))
         for name, target in targets:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
@@ -317,7 +352,7 @@ class Dispatcher:
 
     def _spawn(self, h: ClaimerHandle) -> None:
         spec = ClaimerSpec(self.app_ref, self.settings, h.index, h.table, tuple(self.queues), self.drain,
-                           self.stop_event, self.log_level, self.log_format)
+                           self.stop_event, self.log_level, self.log_format, self.pod_limits)
         h.process = self.mp.Process(target=claimer_main, args=(spec,), name=f"pgworker-claimer-{h.index}")
         h.process.start()
         h.started_at = time.monotonic()
@@ -360,6 +395,8 @@ class Dispatcher:
         stopping = self.phase != "running"
         if held:
             self._settle_abandoned(held, kill_reasons, release_running=stopping)
+        if self.pod_limits is not None:
+            self.pod_limits.clear(h.index)  # its jobs are being settled: no longer the pod's
         self.summary.add(h.table.reset())
         if stopping:
             return

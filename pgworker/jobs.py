@@ -73,6 +73,24 @@ class ClaimedJob:
 
 
 @dataclass(frozen=True)
+class ClaimResult:
+    """What one claim returned: the jobs, and the queue's policy verdict.
+
+    ``paused``: the queue is paused (no jobs). ``limited``: it has a global concurrency or
+    rate limit (claims lock its row). ``allowance``: how many jobs the policies allowed
+    this claim (the batch size when unlimited). ``retry_after_seconds``: for a rate-limited
+    queue whose bucket holds less than one token after this claim, when the next token
+    arrives (None otherwise).
+    """
+
+    jobs: list[ClaimedJob]
+    paused: bool = False
+    limited: bool = False
+    allowance: int = 0
+    retry_after_seconds: float | None = None
+
+
+@dataclass(frozen=True)
 class FenceReport:
     """Result of a batched fenced write: which leases took effect, which were refused.
 
@@ -121,6 +139,8 @@ class ReapResult:
     cancelled: tuple[int, ...] = ()
     by_queue: dict[tuple[str, str], int] = field(default_factory=dict)
     """Counts keyed by (queue, new state)."""
+    candidates: int = 0
+    """Expired leases found (some may have been settled or reaped by another reaper meanwhile)."""
 
     @property
     def total(self) -> int:
