@@ -48,6 +48,11 @@ METRICS: tuple[MetricDef, ...] = (
               "Age of the oldest unresolved dead job; 0 when none.", "database"),
     MetricDef("pgworker_queue_expired_leases", "gauge", ("queue",),
               "Running jobs whose lease expired and that were not reaped yet.", "database"),
+    MetricDef("pgworker_queue_dead_blocked_ordering_keys", "gauge", ("queue",),
+              "Ordering keys held by a dead job (dead-head policy 'block'): their later jobs wait "
+              "until it is replayed or discarded.", "database"),
+    MetricDef("pgworker_queue_paused", "gauge", ("queue",),
+              "1 while the queue is paused (nothing is claimed from it), else 0.", "database"),
     MetricDef("pgworker_queue_stats_up", "gauge", (),
               "1 when the last queue statistics query succeeded, else 0.", "database"),
     MetricDef("pgworker_queue_stats_duration_seconds", "gauge", (),

@@ -222,6 +222,9 @@ class QueueStatsCollector:
                                      d["pgworker_queue_oldest_dead_job_age_seconds"].help, labels=["queue"])
         expired = GaugeMetricFamily("pgworker_queue_expired_leases",
                                     d["pgworker_queue_expired_leases"].help, labels=["queue"])
+        dead_keys = GaugeMetricFamily("pgworker_queue_dead_blocked_ordering_keys",
+                                      d["pgworker_queue_dead_blocked_ordering_keys"].help, labels=["queue"])
+        paused = GaugeMetricFamily("pgworker_queue_paused", d["pgworker_queue_paused"].help, labels=["queue"])
         for row in self._rows:
             q = row["queue"]
             for state in cat.STATS_STATES:
@@ -229,7 +232,9 @@ class QueueStatsCollector:
             age.add_metric([q], float(row["oldest_due_age_seconds"]))
             dead_age.add_metric([q], float(row["oldest_dead_age_seconds"]))
             expired.add_metric([q], float(row["expired_leases"]))
-        yield from (jobs, age, dead_age, expired)
+            dead_keys.add_metric([q], float(row["dead_blocked_keys"]))
+            paused.add_metric([q], 1.0 if row["paused"] else 0.0)
+        yield from (jobs, age, dead_age, expired, dead_keys, paused)
         yield GaugeMetricFamily("pgworker_queue_stats_up", d["pgworker_queue_stats_up"].help, value=self._up)
         yield GaugeMetricFamily("pgworker_queue_stats_duration_seconds",
                                 d["pgworker_queue_stats_duration_seconds"].help, value=self._duration)

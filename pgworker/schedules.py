@@ -109,9 +109,19 @@ class Periodic:
         return croniter(self.cron, t.astimezone(self.zone)).get_next(datetime).astimezone(timezone.utc)
 
     def latest_at_or_before(self, t: datetime) -> datetime:
-        """The last slot at or before ``t`` (aware, in UTC)."""
+        """The last slot at or before ``t`` (aware, in UTC).
+
+        croniter's backward search can return the slot before the right one inside a
+        repeated DST hour (at 02:30 CET on the fall-back night it returns 02:00 CEST, an
+        hour too early), so its answer is only a starting point, refined forward with
+        get_next, which walks the repeated hour correctly.
+        """
         start = t.astimezone(self.zone) + timedelta(microseconds=1)
-        return croniter(self.cron, start).get_prev(datetime).astimezone(timezone.utc)
+        latest = croniter(self.cron, start).get_prev(datetime).astimezone(timezone.utc)
+        it = croniter(self.cron, latest.astimezone(self.zone))
+        while (nxt := it.get_next(datetime).astimezone(timezone.utc)) <= t:
+            latest = nxt
+        return latest
 
     def count_between(self, after: datetime, until: datetime) -> int:
         """Slots in (after, until], counted up to MAX_SLOTS_COUNTED."""

@@ -64,6 +64,11 @@ def migrations() -> tuple[Migration, ...]:
     return tuple(found)
 
 
+def schema_template() -> str:
+    """schema.sql: the whole current schema in one file (tested equal to the migrations)."""
+    return _read("schema.sql")
+
+
 def render(template: str, schema: str) -> str:
     """The template with ``{schema}`` replaced by the quoted identifier."""
     return sql.SQL(template).format(schema=sql.Identifier(schema)).as_string(None)

@@ -630,12 +630,12 @@ SELECT name, paused_at, paused_by FROM upsert;
 
 -- name: queue_resume
 -- Resume a paused queue and wake the listeners, so idle claimers take its backlog at
--- once (NOTIFY is delivered at commit). Audited in queue_events. No row: not paused.
+-- once (NOTIFY is delivered at commit). Audited in queue_events. No row: it was not paused.
 WITH resumed AS (
     UPDATE {schema}.queues AS q
     SET paused_at = NULL, paused_by = NULL, updated_at = now()
-    WHERE q.name = %(queue)s
-    RETURNING q.name, q.paused_at IS NULL AS resumed
+    WHERE q.name = %(queue)s AND q.paused_at IS NOT NULL
+    RETURNING q.name
 ), audit AS (
     INSERT INTO {schema}.queue_events (queue, kind, actor)
     SELECT r.name, 'resumed', %(actor)s FROM resumed AS r

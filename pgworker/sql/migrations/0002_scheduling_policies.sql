@@ -98,7 +98,6 @@ CREATE TABLE {schema}.schedules (
     missed        text NOT NULL DEFAULT 'latest',
     last_slot     timestamptz,
     next_slot     timestamptz,
-    last_job_id   bigint,
     skipped_slots bigint NOT NULL DEFAULT 0,
     updated_at    timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT schedules_missed_policy CHECK (missed IN ('latest', 'skip'))
