@@ -145,10 +145,18 @@ def keyed(payload, ctx):
     no two jobs of a key overlap, and their order); fails its first attempt if asked."""
     ledger(ctx, "start", payload.get("key"))
     time.sleep(payload.get("seconds", 0.01))
-    if payload.get("fail_first") and ctx.attempt == 1:
+    if payload.get("fail_first") and not _failed_before(ctx):
         ledger(ctx, "fail", payload.get("key"))
-        raise RuntimeError("first attempt fails")
+        raise RuntimeError("the first run fails")
     ledger(ctx, "end", payload.get("key"))
+
+
+def _failed_before(ctx):
+    """Whether an earlier run of this job failed (across retries and replays)."""
+    schema = sql.Identifier(os.environ["PGWORKER_SCHEMA"])
+    with psycopg.connect(os.environ.get("LEDGER_DSN") or os.environ["PGWORKER_DSN"]) as c:
+        return c.execute(sql.SQL("SELECT count(*) FROM {}.ledger WHERE job_id = %s AND event = 'fail'").format(schema),
+                         [ctx.job_id]).fetchone()[0] > 0
 
 
 @app.task(name="limited", queue="limited", max_attempts=3, retry=FAST)

@@ -58,6 +58,11 @@ def test_claim_uses_the_partial_index_with_many_finished_rows(app, conn):
         "INSERT INTO {}.jobs (queue, task, payload, state, finished_at) "
         "SELECT 'default', 't', '{{}}', 'succeeded', now() FROM generate_series(1, 100000)").format(ident))
     app.enqueue_many([("t", i) for i in range(200)])
+    # and some running leases, as in production (the reaper's index then has something to order)
+    conn.execute(sql.SQL(
+        "INSERT INTO {}.jobs (queue, task, payload, state, lease_owner, lease_expires_at) "
+        "SELECT 'default', 't', '{{}}', 'running', 'w', now() + (i % 60) * interval '1 second' "
+        "FROM generate_series(1, 2000) AS i").format(ident))
     conn.execute(sql.SQL("ANALYZE {}.jobs").format(ident))
     plan = _plan(conn, app, "job_claim", {"queue": "default", "limit": 10, "owner": "x", "lease_seconds": 60,
                                           "aging_seconds": None, "locked": False})
