@@ -9,10 +9,11 @@
 -- Insert one job. A duplicate dedupe_key inserts nothing (the caller then looks up the
 -- job holding it, dedupe_holders); ON CONFLICT DO NOTHING never raises, so the caller's
 -- transaction survives. With an ordering key the caller took ordering_keys_lock in an
--- earlier statement, so the EXISTS below (this statement's snapshot is newer than that
+-- earlier statement, so the probe below (this statement's snapshot is newer than that
 -- lock) sees every job of the key committed by writers that held the lock before us: the
 -- job is blocked while any earlier job of its key is unfinished (a dead job counts while
--- it blocks its key). A job that is due now and unblocked wakes listeners: NOTIFY is
+-- it blocks its key). The probe is the first entry of jobs_ordering_key_idx at or after
+-- (key, 0), as in ordering_keys_promote (which says why it is written so). A job that is due now and unblocked wakes listeners: NOTIFY is
 -- delivered at commit, never on rollback.
 WITH ins AS (
     INSERT INTO {schema}.jobs (queue, task, payload, priority, run_at, max_attempts,
@@ -22,10 +23,13 @@ WITH ins AS (
             coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
             %(max_attempts)s, %(dedupe_key)s, make_interval(secs => %(dedupe_window)s::float8),
             %(ordering_key)s::text, %(dead_blocks_key)s::boolean,
-            %(ordering_key)s::text IS NOT NULL AND EXISTS (
-                SELECT 1 FROM {schema}.jobs o
-                WHERE o.ordering_key = %(ordering_key)s::text
-                  AND (o.state IN ('pending', 'running') OR (o.state = 'dead' AND o.dead_blocks_key))),
+            %(ordering_key)s::text IS NOT NULL AND coalesce((
+                SELECT o.ordering_key = %(ordering_key)s::text FROM {schema}.jobs o
+                WHERE o.ordering_key IS NOT NULL
+                  AND (o.state IN ('pending', 'running') OR (o.state = 'dead' AND o.dead_blocks_key))
+                  AND (o.ordering_key, o.id) >= (%(ordering_key)s::text, 0)
+                ORDER BY o.ordering_key, o.id
+                LIMIT 1), false),
             %(trace_context)s::jsonb)
     ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL
       AND (state IN ('pending', 'running') OR (state = 'succeeded' AND dedupe_until IS NOT NULL))
@@ -45,8 +49,8 @@ SELECT nextval(%(sequence)s::regclass), now() FROM generate_series(1, %(count)s)
 -- name: jobs_insert_many
 -- Bulk insert with dedupe and ordering keys (the COPY path takes the rest). Ids were
 -- reserved by job_ids_allocate; the ordering keys were locked by ordering_keys_lock in
--- an earlier statement (see job_insert). Within the batch, later jobs of a key wait
--- behind the first (row_number). ON CONFLICT DO NOTHING also absorbs duplicates inside
+-- an earlier statement (see job_insert, and its probe of jobs_ordering_key_idx). Within
+-- the batch, later jobs of a key wait behind the first (row_number). ON CONFLICT DO NOTHING also absorbs duplicates inside
 -- the batch: the first row with a dedupe key wins.
 INSERT INTO {schema}.jobs (id, queue, task, payload, priority, run_at, max_attempts,
                            dedupe_key, dedupe_window, ordering_key, dead_blocks_key, blocked,
@@ -55,9 +59,12 @@ SELECT b.id, b.queue, b.task, b.payload, b.priority, b.run_at, b.max_attempts,
        b.dedupe_key, make_interval(secs => b.dedupe_window), b.ordering_key, b.dead_blocks_key,
        b.ordering_key IS NOT NULL AND (
            row_number() OVER (PARTITION BY b.ordering_key ORDER BY b.id) > 1
-           OR EXISTS (SELECT 1 FROM {schema}.jobs o
-                      WHERE o.ordering_key = b.ordering_key
-                        AND (o.state IN ('pending', 'running') OR (o.state = 'dead' AND o.dead_blocks_key)))),
+           OR coalesce((SELECT o.ordering_key = b.ordering_key FROM {schema}.jobs o
+                        WHERE o.ordering_key IS NOT NULL
+                          AND (o.state IN ('pending', 'running') OR (o.state = 'dead' AND o.dead_blocks_key))
+                          AND (o.ordering_key, o.id) >= (b.ordering_key, 0)
+                        ORDER BY o.ordering_key, o.id
+                        LIMIT 1), false)),
        b.trace_context
 FROM unnest(%(ids)s::bigint[], %(queues)s::text[], %(tasks)s::text[], %(payloads)s::jsonb[],
             %(priorities)s::smallint[], %(run_ats)s::timestamptz[], %(max_attempts)s::int[],
@@ -115,20 +122,24 @@ FROM (SELECT DISTINCT hashtext(key) AS h FROM unnest(%(keys)s::text[]) AS key OR
 -- so its snapshot includes every job committed by writers that held the lock before us.
 -- The "no active job" test keeps a replayed old job from running beside a newer job of
 -- its key that is already active: it waits its turn, and is promoted when that one ends.
--- LATERAL ... LIMIT 1 reads one entry of jobs_ordering_key_idx per key however many jobs
--- wait behind it (DISTINCT ON would read them all); the activity probe reads
--- jobs_ordering_active_idx, which holds at most one entry per key.
+-- The head is found with one descent of jobs_ordering_key_idx per key, however many jobs
+-- wait behind it: the first index entry at or after (key, 0), kept if it is of this key.
+-- Written as a row comparison in the index's order because only that index can answer
+-- it; with "ordering_key = key ORDER BY id LIMIT 1" the planner may walk the primary key
+-- instead, expecting an early match, and read every finished job of the table (it did,
+-- in the benchmark). The activity probe reads jobs_ordering_active_idx (one entry per key).
 WITH heads AS (
     SELECT h.id
     FROM unnest(%(keys)s::text[]) AS k(key)
     CROSS JOIN LATERAL (
-        SELECT o.id, o.state, o.blocked
+        SELECT o.id, o.ordering_key, o.state, o.blocked
         FROM {schema}.jobs o
-        WHERE o.ordering_key = k.key
+        WHERE o.ordering_key IS NOT NULL
           AND (o.state IN ('pending', 'running') OR (o.state = 'dead' AND o.dead_blocks_key))
-        ORDER BY o.id
+          AND (o.ordering_key, o.id) >= (k.key, 0)
+        ORDER BY o.ordering_key, o.id
         LIMIT 1) AS h
-    WHERE h.state = 'pending' AND h.blocked
+    WHERE h.ordering_key = k.key AND h.state = 'pending' AND h.blocked
       AND NOT EXISTS (
           SELECT 1 FROM {schema}.jobs a
           WHERE a.ordering_key = k.key
@@ -229,11 +240,11 @@ WITH gate AS (
     ORDER BY priority DESC, run_at, id
     LIMIT (SELECT n FROM allowance) - (SELECT count(*) FROM aged)
     FOR UPDATE SKIP LOCKED
-), candidate AS (
-    SELECT id, true AS aged FROM aged
-    UNION ALL
-    SELECT id, false AS aged FROM ranked
 ), claimed AS (
+    -- The rows are matched through "id = ANY(ARRAY(...))", not by joining the CTEs: the
+    -- arms' LIMIT is an expression, so the planner guesses they return a tenth of the
+    -- table, and a join on that guess becomes a hash join over a sequential scan of jobs.
+    -- An array parameter is estimated at a handful of elements: primary-key probes.
     UPDATE {schema}.jobs AS j
     SET state = 'running',
         attempts = j.attempts + 1,
@@ -243,13 +254,12 @@ WITH gate AS (
         started_at = statement_timestamp(),
         heartbeat_at = statement_timestamp(),
         cancel_requested_at = NULL
-    FROM candidate
-    WHERE j.id = candidate.id
+    WHERE j.id = ANY (ARRAY(SELECT id FROM aged UNION ALL SELECT id FROM ranked))
     RETURNING j.id, j.queue, j.task, j.payload, j.priority, j.attempts, j.max_attempts,
               j.lease_token, j.lease_expires_at, j.run_at, j.created_at, j.trace_context,
               j.ordering_key, j.dedupe_key,
               extract(epoch FROM statement_timestamp() - j.run_at)::float8 AS wait_seconds,
-              candidate.aged
+              j.id = ANY (ARRAY(SELECT id FROM aged)) AS aged
 ), bucket AS (
     UPDATE {schema}.queues AS q
     SET tokens = a.tokens - (SELECT count(*) FROM claimed),

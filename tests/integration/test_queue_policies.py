@@ -208,6 +208,42 @@ def test_every_form_of_the_claim_uses_its_indexes(big, conn, form):
                                    aging_seconds=5 if form == "aging" else None)) == 10
 
 
+@pytest.mark.parametrize("aging", [None, 5])
+def test_the_claim_updates_by_primary_key_on_a_small_table_too(app, conn, aging):
+    """On 10,000 pending rows the planner, guessing a tenth of the table from the arms'
+    computed LIMIT, once chose a hash join over a sequential scan of jobs for the UPDATE:
+    12 ms a claim instead of 0.3. The UPDATE must probe the primary key."""
+    schema = app.settings.schema
+    app.enqueue_many([("t", i) for i in range(10_000)])
+    conn.execute(sql.SQL("ANALYZE {}.jobs").format(sql.Identifier(schema)))
+    plan = _plan(conn, app.store.queries["job_claim"], dict(CLAIM, aging_seconds=aging, locked=False))
+    assert "Seq Scan" not in plan
+    assert '"Index Name": "jobs_pkey"' in plan
+
+
+def test_head_probes_descend_the_ordering_index_past_finished_jobs_of_few_keys(app, conn):
+    """Few keys, most of their jobs finished (lower ids): "ordering_key = k ORDER BY id
+    LIMIT 1" made the planner walk the primary key through every finished job (a claim
+    rate that fell with the history). The probes must descend jobs_ordering_key_idx."""
+    schema = app.settings.schema
+    ident = sql.Identifier(schema)
+    app.enqueue_many([{"task": "t", "payload": i, "ordering_key": f"k{i % 8}"} for i in range(20_000)])
+    conn.execute(sql.SQL("ANALYZE {}.jobs").format(ident))  # statistics from when all were pending
+    conn.execute(sql.SQL("UPDATE {}.jobs SET state = 'succeeded', blocked = false, finished_at = now() "
+                         "WHERE id <= (SELECT max(id) - 800 FROM {}.jobs)").format(ident, ident))
+    conn.execute(sql.SQL("UPDATE {}.jobs SET blocked = false WHERE id IN (SELECT min(id) FROM {}.jobs "
+                         "WHERE state = 'pending' GROUP BY ordering_key)").format(ident, ident))
+    promote = _plan(conn, app.store.queries["ordering_keys_promote"], {"keys": ["k1", "k2"], "channel": "c"})
+    insert = _plan(conn, app.store.queries["job_insert"], {
+        "queue": "default", "task": "t", "payload": "{}", "priority": 0, "run_at": None, "delay": 0,
+        "max_attempts": 5, "dedupe_key": None, "dedupe_window": None, "ordering_key": "k1",
+        "dead_blocks_key": True, "trace_context": None, "channel": "c", "notify_payload": "default"})
+    for plan in (promote, insert):
+        assert '"Index Name": "jobs_ordering_key_idx"' in plan
+        assert "Seq Scan" not in plan
+    assert '"Filter": "((ordering_key' not in promote  # no scan that filters rows by key
+
+
 def test_ordering_and_dedupe_statements_use_their_indexes(big, conn):
     app = big
     promote = _plan(conn, app.store.queries["ordering_keys_promote"], {"keys": ["key10", "key20"], "channel": "c"})
