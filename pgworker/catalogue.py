@@ -20,6 +20,9 @@ FENCED_OPERATIONS = ("renew", "complete", "fail", "release", "snooze", "cancel")
 WAKEUP_REASONS = ("notify", "poll", "reconnect", "sweep")
 STATS_STATES = ("pending", "blocked", "running", "dead")
 ERROR_CLASS_TOP_N = 20
+# Codes pgworker itself writes: their series exist from the start (and never count
+# against the top-N of handler exception classes).
+KNOWN_ERROR_CODES = ("LEASE_EXPIRED", "WORKER_DIED", "TIMEOUT", "UNKNOWN_TASK", "PAYLOAD_INVALID", "PERMANENT")
 OTHER = "other"
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -92,7 +95,7 @@ METRICS: tuple[MetricDef, ...] = (
               "Always 1; the version label is pgworker's.", "worker", multiprocess_mode="max"),
     # reported once at the end of a --drain run (pushed to a Pushgateway when configured)
     MetricDef("pgworker_drain_last_run_timestamp_seconds", "gauge", ("result",),
-              "When the last drain run ended (Unix time), by result (succeeded, deadline, failed).", "drain"),
+              "When the last drain run ended (Unix time), by result (succeeded, deadline, interrupted, failed).", "drain"),
     MetricDef("pgworker_drain_duration_seconds", "gauge", (),
               "How long the last drain run took.", "drain"),
     MetricDef("pgworker_drain_jobs_processed", "gauge", ("outcome",),

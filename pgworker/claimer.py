@@ -71,7 +71,7 @@ class Claimer:
     """One claimer process. Built and run by :func:`claimer_main` in the child."""
 
     def __init__(self, app: Any, settings: Settings, index: int, table: slots_mod.SlotTable,
-                 queues: Sequence[str], *, drain: bool, stop_event: Any) -> None:
+                 queues: Sequence[str], *, drain: bool) -> None:
         self.app = app
         self.settings = settings
         self.index = index
@@ -80,7 +80,6 @@ class Claimer:
         self.queue_index = {q: i for i, q in enumerate(self.queues)}
         self.task_index = {t: i for i, t in enumerate(sorted(app.tasks))}
         self.drain = drain
-        self.stop_event = stop_event
         self.worker_id = app.worker_id(f"c{index}")
         self.store = app.store
         self.conn: psycopg.Connection | None = None
@@ -137,7 +136,7 @@ class Claimer:
         self.stopping = True
 
     def should_stop(self) -> bool:
-        if self.stopping or self.stop_event.is_set() or self.table.header.stopping:
+        if self.stopping or self.table.header.stopping:
             self.stopping = True
         elif os.getppid() != self.parent_pid:  # the dispatcher died: stop, leases will expire
             log.error("dispatcher is gone; claimer %s stops", self.index)
@@ -183,12 +182,11 @@ class Claimer:
         self.table.beat(idle=True)
         try:
             while not self.should_stop():
-                if self.table.wake.wait(WAIT_CHECK_SECONDS):
+                if self.table.wait_wake(WAIT_CHECK_SECONDS):
                     break
                 self.table.beat()
                 self.metrics.loop_heartbeat()
         finally:
-            self.table.wake.clear()
             self.table.beat(idle=False)
             self.table.header.drained = 0
 
@@ -578,7 +576,6 @@ class ClaimerSpec:
     table: slots_mod.SlotTable
     queues: tuple[str, ...]
     drain: bool
-    stop_event: Any
     log_level: int
     log_format: str
 
@@ -596,8 +593,7 @@ def claimer_main(spec: ClaimerSpec) -> None:
         tracing.set_tracer_provider(_noop_provider())
     app = load_app(spec.app_ref)
     app.configure(spec.settings)
-    claimer = Claimer(app, spec.settings, spec.index, spec.table, spec.queues,
-                      drain=spec.drain, stop_event=spec.stop_event)
+    claimer = Claimer(app, spec.settings, spec.index, spec.table, spec.queues, drain=spec.drain)
     try:
         code = claimer.run()
     finally:

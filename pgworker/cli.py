@@ -368,6 +368,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return EXIT_USAGE
+    if args.command != "run":
+        # Only `pgworker run` aggregates metrics across processes; a one-shot command
+        # (say, in a container whose image sets the variable) keeps them in memory.
+        os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
     try:
         return COMMANDS[args.command](args)
     except PgworkerError as exc:

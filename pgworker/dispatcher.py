@@ -118,11 +118,11 @@ class Dispatcher:
         self.store = app.store
         self.queues = app.queues()
         self.mp = multiprocessing.get_context("spawn")
-        self.stop_event = self.mp.Event()
         self.threads_stop = threading.Event()
         self.claimers: list[ClaimerHandle] = []
         self.summary = RunSummary()
         self.phase = "starting"
+        self.run_started = time.monotonic()  # the drain deadline counts from here
         self.signals: list[int] = []
         self.stop_deadline = 0.0
         self.deadline_hit = False
@@ -238,6 +238,7 @@ class Dispatcher:
     def _sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
         while time.monotonic() < end and not self.signals:
+            self.health.tick()  # waiting for the database is not being stuck
             time.sleep(min(0.1, max(0.0, end - time.monotonic())))
 
     # -- the run --------------------------------------------------------------------
@@ -264,10 +265,11 @@ class Dispatcher:
             self.claimers.append(handle)
             self._spawn(handle)
         self.phase = "running"
-        started = time.monotonic()
-        next_poll = started + self.settings.poll_interval_seconds
+        started = self.run_started
+        next_poll = time.monotonic() + self.settings.poll_interval_seconds
         while True:
             now = time.monotonic()
+            self.health.tick()
             if self.phase == "running":
                 if self.signals:
                     self._begin_stop(f"signal {signal.Signals(self.signals[0]).name}")
@@ -317,7 +319,7 @@ class Dispatcher:
 
     def _spawn(self, h: ClaimerHandle) -> None:
         spec = ClaimerSpec(self.app_ref, self.settings, h.index, h.table, tuple(self.queues), self.drain,
-                           self.stop_event, self.log_level, self.log_format)
+                           self.log_level, self.log_format)
         h.process = self.mp.Process(target=claimer_main, args=(spec,), name=f"pgworker-claimer-{h.index}")
         h.process.start()
         h.started_at = time.monotonic()
@@ -327,7 +329,7 @@ class Dispatcher:
         woke = 0
         for h in self.claimers:
             if h.process is not None:
-                h.table.wake.set()
+                h.table.wake()
                 woke += 1
         if woke:
             self.metrics.wakeup(reason)
@@ -439,13 +441,12 @@ class Dispatcher:
         log.info("stopping (%s): no new claims; running jobs have %.0f s to finish", reason,
                  self.settings.shutdown_grace_seconds)
         self.phase = "stopping"
-        self.health.reason = "shutting down"
+        self.health.reason = "shutting down"  # not ready; still alive until the exit
         self.health.schema_ok = False
         self.stop_deadline = time.monotonic() + self.settings.shutdown_grace_seconds
-        self.stop_event.set()
         for h in self.claimers:
             h.table.header.stopping = 1
-            h.table.wake.set()
+            h.table.wake()
             if h.process is not None and h.process.is_alive():
                 try:
                     os.kill(h.process.pid, signal.SIGTERM)

@@ -43,7 +43,7 @@ class WorkerMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None, *, task_label: bool = True) -> None:
         self.task_label = task_label
-        self._error_classes: set[str] = set()
+        self._error_classes: set[str] = set(cat.KNOWN_ERROR_CODES)
         self._lock = threading.Lock()
         kw: dict[str, Any] = {} if registry is None else {"registry": registry}
         m: dict[str, Any] = {}
@@ -83,6 +83,8 @@ class WorkerMetrics:
             for t in tasks:
                 for o in cat.OUTCOMES:
                     m["pgworker_jobs_finished_total"].labels(q, t, o)
+            for code in cat.KNOWN_ERROR_CODES:
+                m["pgworker_jobs_dead_total"].labels(q, code)
         for r in cat.WAKEUP_REASONS:
             m["pgworker_dispatcher_wakeups_total"].labels(r)
 
@@ -264,16 +266,28 @@ class _Delegate:
         return self.registry.collect()
 
 
+SUPERVISION_STALL_SECONDS = 30.0
+
+
 class HealthState:
-    """What /healthz and /readyz report. /healthz never touches the database."""
+    """What /healthz and /readyz report. /healthz never touches the database: it fails
+    when the dispatcher's supervision loop stopped ticking (a stuck dispatcher)."""
 
     def __init__(self) -> None:
-        self.alive = True
+        self.last_tick = time.monotonic()
+        self.stopped = False
         self.connected = False
         self.listening = False
         self.schema_ok = False
         self.reason = "starting"
         self.listen_required = True
+
+    def tick(self) -> None:
+        self.last_tick = time.monotonic()
+
+    @property
+    def alive(self) -> bool:
+        return not self.stopped and time.monotonic() - self.last_tick < SUPERVISION_STALL_SECONDS
 
     @property
     def ready(self) -> bool:
@@ -295,7 +309,7 @@ def serve_http(host: str, port: int, registry: CollectorRegistry, health: Health
                     self._send(500, f"metrics failed: {type(exc).__name__}\n".encode(), "text/plain")
             elif path == "/healthz":
                 ok = health.alive
-                self._send(200 if ok else 503, b"ok\n" if ok else b"shutting down\n", "text/plain")
+                self._send(200 if ok else 503, b"ok\n" if ok else b"dispatcher loop stalled\n", "text/plain")
             elif path == "/readyz":
                 ok = health.ready
                 msg = "ready\n" if ok else f"not ready: {health.reason}\n"
