@@ -466,3 +466,9 @@ def test_prometheusrule_without_keda_has_the_workers_group():
 def test_notes_render(scenario):
     notes = render_scenario(scenario)["pgworker/templates/NOTES.txt"]
     assert "docs/deploy.md" in notes
+
+
+def test_probes_can_be_turned_off():
+    values = merge(REQUIRED, {"deployment": {"livenessProbe": None, "readinessProbe": None}})
+    c = one(documents(render(values)), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "livenessProbe" not in c and "readinessProbe" not in c
