@@ -377,6 +377,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PgworkerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except Exception as exc:  # a database error we did not anticipate: no traceback, no secrets
+        import psycopg
+
+        from .names import redact
+
+        if not isinstance(exc, psycopg.Error):
+            raise
+        dsn = getattr(args, "dsn", None) or os.environ.get("PGWORKER_DSN")
+        code = f" ({exc.sqlstate})" if getattr(exc, "sqlstate", None) else ""
+        print(f"error: database error{code}: {redact(str(exc).strip(), dsn)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 
