@@ -42,6 +42,7 @@ log = logging.getLogger("pgworker.claimer")
 BATCH_TARGET_SECONDS = 1.0
 INITIAL_BATCH = 10
 WAIT_CHECK_SECONDS = 1.0
+HANDLER_BEAT_SECONDS = 1.0
 RECONNECT_MAX_SECONDS = 30.0
 UNKNOWN_TASK = "UNKNOWN_TASK"
 WORKER_DIED = "WORKER_DIED"
@@ -93,6 +94,7 @@ class Claimer:
         self.rotation = 0
         self.jobs_done = 0
         self.stopping = False
+        self.running_job = False  # a handler runs (the flusher thread then beats for the loop)
         self.batch: dict[int, tuple[ClaimedJob, int]] = {}  # job id -> (job, slot) of the current claim
         self.parent_pid = os.getppid()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -104,8 +106,9 @@ class Claimer:
     # -- lifecycle ------------------------------------------------------------------
 
     def setup(self) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the dispatcher decides
-        signal.signal(signal.SIGTERM, self._on_sigterm)
+        if threading.current_thread() is threading.main_thread():  # a claimer run in a thread (tests) has none
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the dispatcher decides
+            signal.signal(signal.SIGTERM, self._on_sigterm)
         from .metrics import process_metrics
 
         self.metrics = process_metrics(task_label=self.settings.metrics_task_label)
@@ -123,7 +126,13 @@ class Claimer:
         """Write outcomes that waited longer than the flush interval, so a finished job is
         recorded promptly even while the next job of the batch runs for minutes."""
         interval = self.settings.completion_flush_seconds
+        next_beat = 0.0
         while not self.flusher_stop.wait(interval):
+            if self.running_job and time.monotonic() >= next_beat:
+                # A long handler holds the main loop: beat for it while this process still
+                # gets the GIL (a handler holding it in a C call stops the beats, as it should).
+                self.metrics.loop_heartbeat()
+                next_beat = time.monotonic() + HANDLER_BEAT_SECONDS
             with self.pending_lock:
                 due = bool(self.pending) and time.monotonic() - self.pending[0].decided_at >= interval
             if due:
@@ -294,14 +303,15 @@ class Claimer:
         return False
 
     def claim(self, queue: str, limit: int) -> list[ClaimedJob] | None:
-        t0 = time.perf_counter()
         try:
             self.flush()  # outcomes still waiting are written first
             with self.db_lock, tracing.claim_span(queue, self.worker_id) as span:
                 if self.conn is None:
                     return None
+                t0 = time.perf_counter()  # the claim statement only (its metric's meaning)
                 jobs = self.store.claim(self.conn, queue=queue, limit=limit, owner=self.worker_id,
                                         lease_seconds=self.settings.lease_seconds)
+                claim_seconds = time.perf_counter() - t0
                 if span.is_recording():
                     span.set_attribute("messaging.batch.message_count", len(jobs))
         except (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.ReadOnlySqlTransaction) as exc:
@@ -313,7 +323,7 @@ class Claimer:
             log.error("claimer %s: claim on queue %r failed: %s", self.index, queue, type(exc).__name__)
             self._sleep(self._reconnect_delay)
             return None
-        self.metrics.claimed(queue, len(jobs), time.perf_counter() - t0, (j.wait_seconds for j in jobs))
+        self.metrics.claimed(queue, len(jobs), claim_seconds, (j.wait_seconds for j in jobs))
         qi = self.queue_index.get(queue, 0)
         self.batch = {}
         for job in jobs:
@@ -369,6 +379,8 @@ class Claimer:
             span.end()
             return out
         ctx = JobContext(job, self.table, slot)
+        token = tracing.attach(span)  # the handler's own spans (and SQL spans) become children
+        self.running_job = True
         t0 = time.perf_counter()
         result: Any = None
         error: BaseException | None = None
@@ -382,6 +394,8 @@ class Claimer:
         except BaseException as exc:  # noqa: BLE001 - every handler failure is recorded, even SystemExit
             error = exc
         elapsed = time.perf_counter() - t0
+        self.running_job = False
+        tracing.detach(token)
         self.avg_run_seconds = elapsed if self.avg_run_seconds is None else 0.8 * self.avg_run_seconds + 0.2 * elapsed
         out = self.decide(job, task, slot, ctx, result, error, elapsed)
         out.span = span
@@ -469,13 +483,16 @@ class Claimer:
                     self.pending[:0] = batch
                 self._connection_failed(exc, "writing outcomes")
                 return
+        settled: dict[str, int] = {}
         for kind, items in groups.items():
             report = results.get(kind)
             for p in items:
                 accepted = report is not None and (p.job.id in report.accepted or p.job.id in confirmed)
                 self._account(p, accepted, report, started)
                 self.table.clear(p.slot, p.job.id)
-                self.metrics.in_flight(p.job.queue, -1)
+                settled[p.job.queue] = settled.get(p.job.queue, 0) + 1
+        for queue, n in settled.items():  # one gauge update per queue, not per job
+            self.metrics.in_flight(queue, -n)
 
     def _confirm(self, unsure: list[PendingOutcome]) -> set[int]:
         """After a connection failed mid-write, a refused row may be our own earlier write
@@ -586,11 +603,8 @@ def claimer_main(spec: ClaimerSpec) -> None:
     from .logs import setup_logging
 
     setup_logging(spec.log_level, spec.log_format)
-    provider = tracing.configure_from_env()
-    if spec.settings.trace_sql:
-        tracing.instrument_psycopg()
-    if not spec.settings.tracing:
-        tracing.set_tracer_provider(_noop_provider())
+    # Each claimer sets up its own SDK (spawned processes share no exporter threads).
+    provider = tracing.setup_process(spec.settings.tracing, trace_sql=spec.settings.trace_sql)
     app = load_app(spec.app_ref)
     app.configure(spec.settings)
     claimer = Claimer(app, spec.settings, spec.index, spec.table, spec.queues, drain=spec.drain)
@@ -601,8 +615,3 @@ def claimer_main(spec: ClaimerSpec) -> None:
     if code:
         raise SystemExit(code)
 
-
-def _noop_provider() -> Any:
-    from opentelemetry.trace import NoOpTracerProvider
-
-    return NoOpTracerProvider()

@@ -148,11 +148,7 @@ class Dispatcher:
         self.metrics.init_queues(self.queues, tasks_by_queue)
         self.health = HealthState()
         self.health.listen_required = self.settings.listen and not self.drain
-        self.tracer_provider = tracing.configure_from_env()
-        if not self.settings.tracing:
-            from opentelemetry.trace import NoOpTracerProvider
-
-            tracing.set_tracer_provider(NoOpTracerProvider())
+        self.tracer_provider = tracing.setup_process(self.settings.tracing, trace_sql=False)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         try:
@@ -196,8 +192,11 @@ class Dispatcher:
         with self._stats_lock:
             try:
                 if self._stats_conn is None or self._stats_conn.closed or self._stats_conn.broken:
+                    # the scrape waits for this: an unreachable server must fail it fast,
+                    # not stall /metrics past Prometheus' scrape timeout
                     self._stats_conn = connect(self.settings.dsn, application_name="pgworker:stats",
-                                               prepare=self.settings.prepared_statements)
+                                               prepare=self.settings.prepared_statements,
+                                               connect_timeout=self.settings.stats_timeout_seconds)
                 conn = self._stats_conn
                 with conn.transaction():
                     conn.execute("SELECT set_config('statement_timeout', %s, true)",
@@ -256,6 +255,9 @@ class Dispatcher:
                 return EXIT_OK
         except SchemaVersionError as exc:
             log.error("%s", exc)
+            if self.drain:
+                self.summary.result = "failed"
+                self._report_drain()
             return EXIT_ERROR
         if self.drain:
             self._drain_reap()
@@ -400,6 +402,8 @@ class Dispatcher:
             if release:
                 report = self.store.release(conn, release)
                 self.summary.add({"released": len(report.accepted)})
+                for job_id in report.accepted:
+                    self.metrics.finished(queue_of[job_id], task_of[job_id], "released", None)
                 for job_id in report.refused:
                     self.metrics.fenced(queue_of[job_id], "release")
             if fail:
