@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import catalogue as cat
+from . import config
+from .metrics import SUPERVISION_STALL_SECONDS
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ QUESTIONS: tuple[tuple[str, tuple[Query, ...]], ...] = (
               "0 when the last statistics query failed (timed out, or the database is unreachable); "
               "the pgworker_queue_* gauges are then absent, not stale."),
         Query("max by (instance) (pgworker_queue_stats_duration_seconds)",
-              "Time the statistics query took; close to `PGWORKER_STATS_TIMEOUT_SECONDS` (2 s) "
+              "Time the statistics query took; close to `PGWORKER_STATS_TIMEOUT_SECONDS` "
               "means it is about to time out (a huge backlog, or a missing index)."),
     )),
     ("Did the last drain run work? (Pushgateway)", (
@@ -139,7 +141,7 @@ def render() -> str:
         "     `python -m pgworker.catalogue > docs/observability.md`; do not edit by hand. -->",
         "",
         "pgworker exposes Prometheus metrics at `/metrics` (the dispatcher of `pgworker run`,",
-        f"port `--metrics-port`, default {_default_port()}) and emits OpenTelemetry traces. Every",
+        f"port `--metrics-port`, default {config.METRICS_PORT}) and emits OpenTelemetry traces. Every",
         "name below is defined once, in `pgworker/catalogue.py`; the tests check that a running",
         "worker exposes each metric, that promtool accepts the exposition, and that the PromQL",
         "of the last section runs on a real Prometheus.",
@@ -155,8 +157,8 @@ def render() -> str:
         "",
         "Read by one query (`queue_stats` in `pgworker/sql/queries.sql`) when `/metrics` is",
         "scraped, in the dispatcher only, under a statement timeout",
-        "(`PGWORKER_STATS_TIMEOUT_SECONDS`, 2 s) and cached for",
-        "`PGWORKER_STATS_CACHE_SECONDS` (5 s), so that several scrapers or replicas do not load",
+        f"(`PGWORKER_STATS_TIMEOUT_SECONDS`, {_g(config.STATS_TIMEOUT_SECONDS)} s) and cached for",
+        f"`PGWORKER_STATS_CACHE_SECONDS` ({_g(config.STATS_CACHE_SECONDS)} s), so that several scrapers or replicas do not load",
         "the database. Each figure comes from the partial index that covers it. `--no-stats`",
         "(`PGWORKER_STATS=false`) turns the query off, and these gauges with it: on a serverless",
         "compute that should suspend when idle, every periodic query keeps it awake. Every pod",
@@ -252,7 +254,7 @@ def render() -> str:
         "",
         "| path | 200 when | never |",
         "|---|---|---|",
-        "| `/healthz` | the dispatcher's supervision loop ticked within the last 30 s | touches the database: a database outage must not get the pod restarted |",
+        f"| `/healthz` | the dispatcher's supervision loop ticked within the last {_g(SUPERVISION_STALL_SECONDS)} s | touches the database: a database outage must not get the pod restarted |",
         "| `/readyz` | connected to PostgreSQL, the schema is at this pgworker's version, and the LISTEN connection is up (unless `--no-listen`); 503 with the reason otherwise, and from the start of a shutdown | runs a query: it reads flags the dispatcher's threads keep |",
         "",
         "## Traces",
@@ -318,7 +320,5 @@ def render() -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def _default_port() -> int:
-    from .config import METRICS_PORT
-
-    return METRICS_PORT
+def _g(seconds: float) -> str:
+    return f"{seconds:g}"

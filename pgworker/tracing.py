@@ -176,8 +176,10 @@ def settle_span(job: Any, operation: str, accepted: bool, *, parent: trace.Span 
     """Emit the ``settle {queue}`` span of one attempt's fenced write (after the fact:
     outcomes are written in batches), as a child of the attempt's process span. That span
     has ended by now, so it no longer reports ``is_recording()``: its context decides."""
+    if parent is None or not parent.get_span_context().is_valid:
+        return  # the attempt was not traced (tracing off): the cheap check first
     t = _active_tracer()
-    if t is None or parent is None or not parent.get_span_context().is_valid:
+    if t is None:
         return
     attrs = _base(job.queue, "settle", operation)
     attrs.update({"messaging.message.id": str(job.id), "messaging.client.id": worker_id,
@@ -282,7 +284,13 @@ def setup_process(enabled: bool, *, trace_sql: bool = False,
 
 
 def flush(provider: trace.TracerProvider | None, timeout_millis: int = 5000) -> None:
-    if provider is not None and hasattr(provider, "force_flush"):
+    """Export what ``provider`` (default: the one pgworker's spans go to, e.g. one the
+    user's app module installed) still buffers, waiting at most ``timeout_millis``.
+    Claimers and the dispatcher call it before they exit rather than rely on the SDK's
+    atexit hook, which does not run when a process ends through ``os._exit``."""
+    if provider is None:
+        provider = _tracer_provider if _tracer_provider is not None else trace.get_tracer_provider()
+    if hasattr(provider, "force_flush"):
         try:
             provider.force_flush(timeout_millis)
         except Exception:

@@ -399,3 +399,60 @@ def test_healthz_and_readyz_follow_the_database(tmp_path):
             cluster.start()
             wait_ready(port, 90)
             assert w.stop() == 0
+
+
+# -- traces across processes ---------------------------------------------------------------
+
+
+def _json_objects(text: str) -> list[dict]:
+    """Every JSON object in a stream of them (the console exporter pretty-prints spans)."""
+    decoder, out, i = json.JSONDecoder(), [], 0
+    while True:
+        i = text.find("{", i)
+        if i < 0:
+            return out
+        try:
+            obj, i = decoder.raw_decode(text, i)
+            out.append(obj)
+        except json.JSONDecodeError:
+            i += 1
+
+
+def test_claimers_set_up_tracing_from_otel_env_and_flush_before_exit(env, pg_dsn):
+    """The trace context travels in the job row from this process to the claimer
+    processes; each claimer builds its SDK from OTEL_* variables (here the console
+    exporter, which prints to the worker's stdout) and flushes it before exiting: a
+    drain run is shorter than the batch processor's 5 s export delay."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from pgworker import tracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.set_tracer_provider(provider)
+    try:
+        env.enqueue("flaky")
+    finally:
+        tracing.set_tracer_provider(None)
+    [send] = exporter.get_finished_spans()
+    otel = {"OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "pgworker-under-test"}
+    with worker(pg_dsn, env.settings.schema, "--drain", "--concurrency", "2", env=otel) as w:
+        assert w.wait(60) == 0
+        spans = [o for o in _json_objects(w.stdout()) if "name" in o and "context" in o]
+    process = [s for s in spans if s["name"] == "process default"]
+    settle = [s for s in spans if s["name"] == "settle default"]
+    assert len(process) == 2 and len(settle) == 2, [s["name"] for s in spans]
+    send_trace, send_span = f"0x{send.context.trace_id:032x}", f"0x{send.context.span_id:016x}"
+    assert {s["context"]["trace_id"] for s in process + settle} == {send_trace}
+    assert {s["parent_id"] for s in process} == {send_span}
+    assert {s["parent_id"] for s in settle} == {s["context"]["span_id"] for s in process}
+    assert sorted(s["attributes"]["pgworker.job.attempt"] for s in process) == [1, 2]
+    assert {s["resource"]["attributes"]["service.name"] for s in spans} == {"pgworker-under-test"}
+
+    env.enqueue("ok")
+    with worker(pg_dsn, env.settings.schema, "--drain", "--concurrency", "1", "--no-tracing", env=otel) as w:
+        assert w.wait(60) == 0
+        assert not [o for o in _json_objects(w.stdout()) if "context" in o]

@@ -220,3 +220,20 @@ def test_no_sdk_no_spans_and_no_work():
                 assert s is tracing.INVALID_SPAN
         finally:
             tracing.set_tracer_provider(None)
+
+
+def test_the_reaper_records_a_reap_span_with_its_counts(traced_app, exporter, conn, schema):
+    from pgworker.reaper import ReaperConfig, reap_pass
+
+    app = traced_app
+    ids = app.enqueue_many([("t", i) for i in range(3)])
+    app.claim(limit=3)
+    q(conn, schema, "UPDATE {s}.jobs SET lease_expires_at = now() - interval '1s', "
+                    "max_attempts = CASE WHEN id = %s THEN 1 ELSE 5 END RETURNING id", ids[0])
+    with app.connect() as c:
+        assert reap_pass(app.store, c, ReaperConfig()) == 3
+    [reap] = by_name(exporter.get_finished_spans(), "reap default")
+    assert reap.kind == SpanKind.INTERNAL and reap.parent is None
+    assert reap.attributes["messaging.operation.name"] == "reap"
+    assert reap.attributes["messaging.batch.message_count"] == 3
+    assert (reap.attributes["pgworker.requeued"], reap.attributes["pgworker.dead"]) == (2, 1)
