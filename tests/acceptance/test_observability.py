@@ -62,12 +62,15 @@ def test_counter_totals_across_claimers_survive_kill_9(env, pg_dsn, conn):
     counters of three claimers say exactly that; killing claimers (one idle that did work,
     one holding a job) loses no count, and the killed holder's in-flight gauge goes."""
     schema = env.settings.schema
-    env.enqueue_many([("ok", i) for i in range(30)] + [("flaky", i) for i in range(10)]
-                     + [("doomed", i) for i in range(5)])
     port = free_port()
     expected = {"succeeded": 40, "retried": 15, "dead": 5}
     with worker(pg_dsn, schema, "--concurrency", "3", "--batch-size", "2", "--poll-interval", "0.3",
                 port=port) as w:
+        wait_ready(port)
+        wait_until(lambda: len(w.claimer_pids()) == 3, 30, message="three claimers")
+        # enqueued once every claimer runs, so that the NOTIFY puts all three to work
+        env.enqueue_many([("ok", i) for i in range(30)] + [("flaky", i) for i in range(10)]
+                         + [("doomed", i) for i in range(5)])
         text = wait_for_metrics(port, lambda t: all(outcome(t, k) >= v for k, v in expected.items()), 90,
                                 "the workload's outcomes")
         assert finished(conn, schema, 45)
@@ -119,8 +122,8 @@ def test_claimer_heartbeat_stays_fresh_while_a_long_job_runs(env, pg_dsn):
     job keeps the only claimer's loop busy, and the dispatcher never drags it to 0."""
     schema = env.settings.schema
     port = free_port()
-    env.enqueue("hold", 6)
-    with worker(pg_dsn, schema, "--concurrency", "1", port=port) as w:
+    env.enqueue("hold", 20)
+    with worker(pg_dsn, schema, "--concurrency", "1", "--shutdown-grace", "0", "--lease", "2", port=port) as w:
         text = wait_for_metrics(port, lambda t: in_flight(t) == 1, 30, "the long job running")
         first = total(text, "pgworker_claimer_heartbeat_timestamp_seconds")
         assert first > 0
@@ -128,6 +131,9 @@ def test_claimer_heartbeat_stays_fresh_while_a_long_job_runs(env, pg_dsn):
             port, lambda t: total(t, "pgworker_claimer_heartbeat_timestamp_seconds") >= first + 2.5, 30,
             "the heartbeat to move on while the job runs")
         assert in_flight(later) == 1  # still the same job
+        # the dispatcher renewed its lease meanwhile (every lease/3), all accepted
+        assert total(later, "pgworker_lease_renewals_total", result="renewed") >= 2
+        assert total(later, "pgworker_lease_renewals_total", result="lost") == 0
         w.stop()
 
 
@@ -439,7 +445,7 @@ def test_claimers_set_up_tracing_from_otel_env_and_flush_before_exit(env, pg_dsn
         tracing.set_tracer_provider(None)
     [send] = exporter.get_finished_spans()
     otel = {"OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "pgworker-under-test"}
-    with worker(pg_dsn, env.settings.schema, "--drain", "--concurrency", "2", env=otel) as w:
+    with worker(pg_dsn, env.settings.schema, "--drain", "--concurrency", "2", "--trace-sql", env=otel) as w:
         assert w.wait(60) == 0
         spans = [o for o in _json_objects(w.stdout()) if "name" in o and "context" in o]
     process = [s for s in spans if s["name"] == "process default"]
@@ -451,8 +457,36 @@ def test_claimers_set_up_tracing_from_otel_env_and_flush_before_exit(env, pg_dsn
     assert {s["parent_id"] for s in settle} == {s["context"]["span_id"] for s in process}
     assert sorted(s["attributes"]["pgworker.job.attempt"] for s in process) == [1, 2]
     assert {s["resource"]["attributes"]["service.name"] for s in spans} == {"pgworker-under-test"}
+    # --trace-sql: the claim statement is a child of its receive span, the handler's
+    # ledger insert a child of its process span
+    receives = {s["context"]["span_id"] for s in spans if s["name"] == "receive default"}
+    assert [s for s in spans if s["name"] == "WITH" and s["parent_id"] in receives]
+    processes = {s["context"]["span_id"] for s in process}
+    assert [s for s in spans if s["name"] == "INSERT" and s["parent_id"] in processes]
 
     env.enqueue("ok")
     with worker(pg_dsn, env.settings.schema, "--drain", "--concurrency", "1", "--no-tracing", env=otel) as w:
         assert w.wait(60) == 0
         assert not [o for o in _json_objects(w.stdout()) if "context" in o]
+
+
+def test_wakeups_by_reason_and_listener_reconnects(env, pg_dsn, conn):
+    schema = env.settings.schema
+    port = free_port()
+    with worker(pg_dsn, schema, "--concurrency", "1", "--poll-interval", "0.5", port=port) as w:
+        wait_ready(port)
+        env.enqueue("ok")
+        text = wait_for_metrics(port, lambda t: outcome(t, "succeeded") == 1
+                                and total(t, "pgworker_dispatcher_wakeups_total", reason="notify") >= 1
+                                and total(t, "pgworker_dispatcher_wakeups_total", reason="poll") >= 1, 30,
+                                "wake-ups by NOTIFY and by the fallback poll")
+        assert total(text, "pgworker_listener_reconnects_total") == 0
+        listener = q(conn, schema, "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgworker:listener' "
+                                   "AND client_port = ANY(%s)", sorted(tcp_client_ports(w.pid)))
+        assert len(listener) == 1
+        conn.execute("SELECT pg_terminate_backend(%s)", listener[0])
+        text = wait_for_metrics(port, lambda t: total(t, "pgworker_listener_reconnects_total") == 1
+                                and total(t, "pgworker_dispatcher_wakeups_total", reason="reconnect") == 1, 30,
+                                "the listener to reconnect")
+        wait_ready(port)
+        assert w.stop() == 0
