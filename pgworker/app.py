@@ -13,7 +13,7 @@ import psycopg
 
 from . import db
 from .config import Settings
-from .errors import ConfigError, DatabaseUnavailable, LeaseLost
+from .errors import ConfigError, DatabaseUnavailable, LeaseLost, SchemaNotMigrated
 from .jobs import ClaimedJob, FailRequest, Lease, ReapResult
 from .migrate import MigrationReport, migrate
 from .names import check_queue_name, dsn_password, redact, redact_dsn
@@ -203,12 +203,17 @@ class App:
     @contextlib.contextmanager
     def connection(self, conn: psycopg.Connection | None = None) -> Iterator[psycopg.Connection]:
         """``conn`` if given (the caller's transaction), else a pooled autocommit connection."""
-        if conn is not None:
-            yield conn
-            return
         try:
+            if conn is not None:
+                yield conn
+                return
             with self._get_pool().connection() as pooled:
                 yield pooled
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName,
+                psycopg.errors.UndefinedObject, psycopg.errors.UndefinedFunction) as exc:
+            raise SchemaNotMigrated(
+                f"pgworker's schema {self.settings.schema!r} is missing or incomplete ({exc.diag.message_primary}): "
+                "run `pgworker migrate` (or App.migrate()) with the same DSN and schema") from None
         except psycopg.OperationalError as exc:
             raise DatabaseUnavailable(
                 f"database error: {redact(str(exc), dsn_password(self.settings.dsn), self.settings.dsn)}; "

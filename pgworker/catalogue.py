@@ -20,6 +20,9 @@ FENCED_OPERATIONS = ("renew", "complete", "fail", "release", "snooze", "cancel")
 WAKEUP_REASONS = ("notify", "poll", "reconnect", "sweep")
 STATS_STATES = ("pending", "blocked", "running", "dead")
 ERROR_CLASS_TOP_N = 20
+# Codes pgworker itself writes: their series exist from the start (and never count
+# against the top-N of handler exception classes).
+KNOWN_ERROR_CODES = ("LEASE_EXPIRED", "WORKER_DIED", "TIMEOUT", "UNKNOWN_TASK", "PAYLOAD_INVALID", "PERMANENT")
 OTHER = "other"
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -36,74 +39,95 @@ class MetricDef:
     source: str  # "worker" (multiprocess, every process) | "database" (scrape-time query) | "drain"
     multiprocess_mode: str | None = None
     buckets: tuple[float, ...] | None = None
+    recorded_by: str = ""  # which processes record it (the docs' "source" column)
 
+
+_STATS = "the dispatcher, at scrape time (one cached query)"
+_CLAIMERS = "claimers"
+_DRAIN = "a `--drain` run, at exit"
 
 METRICS: tuple[MetricDef, ...] = (
     # read from PostgreSQL at scrape time, in the exporting process only
     MetricDef("pgworker_queue_jobs", "gauge", ("queue", "state"),
-              "Jobs by queue and state (pending, blocked, running, dead), from the database.", "database"),
+              "Jobs by queue and state (pending, blocked, running, dead), from the database.", "database",
+              recorded_by=_STATS),
     MetricDef("pgworker_queue_oldest_job_age_seconds", "gauge", ("queue",),
-              "Age of the oldest due, claimable job (database clock); 0 when none.", "database"),
+              "Age of the oldest due, claimable job (database clock); 0 when none.", "database",
+              recorded_by=_STATS),
     MetricDef("pgworker_queue_oldest_dead_job_age_seconds", "gauge", ("queue",),
-              "Age of the oldest unresolved dead job; 0 when none.", "database"),
+              "Age of the oldest unresolved dead job; 0 when none.", "database", recorded_by=_STATS),
     MetricDef("pgworker_queue_expired_leases", "gauge", ("queue",),
-              "Running jobs whose lease expired and that were not reaped yet.", "database"),
+              "Running jobs whose lease expired and that were not reaped yet.", "database", recorded_by=_STATS),
     MetricDef("pgworker_queue_dead_blocked_ordering_keys", "gauge", ("queue",),
               "Ordering keys held by a dead job (dead-head policy 'block'): their later jobs wait "
-              "until it is replayed or discarded.", "database"),
+              "until it is replayed or discarded.", "database", recorded_by=_STATS),
     MetricDef("pgworker_queue_paused", "gauge", ("queue",),
-              "1 while the queue is paused (nothing is claimed from it), else 0.", "database"),
+              "1 while the queue is paused (nothing is claimed from it), else 0.", "database",
+              recorded_by=_STATS),
     MetricDef("pgworker_queue_stats_up", "gauge", (),
-              "1 when the last queue statistics query succeeded, else 0.", "database"),
+              "1 when the last queue statistics query succeeded, else 0.", "database", recorded_by=_STATS),
     MetricDef("pgworker_queue_stats_duration_seconds", "gauge", (),
-              "Time the last queue statistics query took.", "database"),
+              "Time the last queue statistics query took.", "database", recorded_by=_STATS),
     # counted in every worker process (prometheus_client multiprocess mode)
     MetricDef("pgworker_claims_total", "counter", ("queue", "result"),
-              "Claim statements by result (claimed, empty, error).", "worker"),
+              "Claim statements by result (claimed, empty, error).", "worker", recorded_by=_CLAIMERS),
     MetricDef("pgworker_claimed_jobs_total", "counter", ("queue",),
-              "Jobs handed out by claims.", "worker"),
+              "Jobs handed out by claims.", "worker", recorded_by=_CLAIMERS),
     MetricDef("pgworker_claim_duration_seconds", "histogram", ("queue",),
-              "Latency of the claim statement.", "worker", buckets=LATENCY_BUCKETS),
+              "Latency of the claim statement.", "worker", buckets=LATENCY_BUCKETS, recorded_by=_CLAIMERS),
     MetricDef("pgworker_job_wait_duration_seconds", "histogram", ("queue",),
               "From due (enqueue time, run_at or retry time) to claim, database clock.", "worker",
-              buckets=WAIT_BUCKETS),
+              buckets=WAIT_BUCKETS, recorded_by=_CLAIMERS),
     MetricDef("pgworker_job_run_duration_seconds", "histogram", ("queue", "task", "outcome"),
-              "Handler run time by outcome.", "worker", buckets=RUN_BUCKETS),
+              "Handler run time by outcome.", "worker", buckets=RUN_BUCKETS, recorded_by=_CLAIMERS),
     MetricDef("pgworker_jobs_finished_total", "counter", ("queue", "task", "outcome"),
-              "Attempts by outcome (succeeded, retried, dead, cancelled, released, snoozed, lost).", "worker"),
+              "Attempts by outcome (succeeded, retried, dead, cancelled, released, snoozed, lost).", "worker",
+              recorded_by="claimers; the dispatcher for a claimer that died or timed out"),
     MetricDef("pgworker_job_retries_total", "counter", ("queue", "error_class"),
-              "Failed attempts scheduled for a retry, by error class.", "worker"),
+              "Failed attempts scheduled for a retry, by error class.", "worker",
+              recorded_by="claimers; the dispatcher (WORKER_DIED, TIMEOUT)"),
     MetricDef("pgworker_jobs_dead_total", "counter", ("queue", "error_class"),
-              "Jobs moved to dead by a worker or the reaper, by error class.", "worker"),
+              "Jobs moved to dead by a worker or the reaper, by error class.", "worker",
+              recorded_by="claimers; the dispatcher (WORKER_DIED, TIMEOUT); the reaper (LEASE_EXPIRED)"),
     MetricDef("pgworker_lease_renewals_total", "counter", ("queue", "result"),
-              "Lease renewals by result (renewed, lost, error).", "worker"),
+              "Lease renewals by result (renewed, lost, error).", "worker",
+              recorded_by="the dispatcher (renewer thread)"),
     MetricDef("pgworker_lease_expirations_total", "counter", ("queue", "action"),
-              "Expired leases recovered by the reaper, by action (requeued, dead, cancelled).", "worker"),
+              "Expired leases recovered by the reaper, by action (requeued, dead, cancelled).", "worker",
+              recorded_by="the reaper (dispatcher)"),
     MetricDef("pgworker_fenced_writes_total", "counter", ("queue", "operation"),
-              "Writes refused by the fence because the lease was lost, by operation.", "worker"),
+              "Writes refused by the fence because the lease was lost, by operation.", "worker",
+              recorded_by="claimers (outcomes); the dispatcher (renew, and a dead claimer's outcomes)"),
     MetricDef("pgworker_jobs_in_flight", "gauge", ("queue",),
               "Jobs held by live claimers of this pod (running or about to run).", "worker",
-              multiprocess_mode="livesum"),
+              multiprocess_mode="livesum", recorded_by=_CLAIMERS),
     MetricDef("pgworker_claimer_heartbeat_timestamp_seconds", "gauge", (),
-              "Oldest claimer loop heartbeat among live claimers (Unix time).", "worker",
-              multiprocess_mode="livemin"),
+              "Oldest heartbeat among live claimers (Unix time): a claimer beats on every loop "
+              "iteration and, while a handler runs, about once a second from its flusher thread.",
+              "worker", multiprocess_mode="livemin", recorded_by=_CLAIMERS),
     MetricDef("pgworker_dispatcher_wakeups_total", "counter", ("reason",),
-              "Claimer wake-ups sent by the dispatcher, by reason (notify, poll, reconnect, sweep).", "worker"),
+              "Claimer wake-ups sent by the dispatcher, by reason (notify, poll, reconnect, sweep).", "worker",
+              recorded_by="the dispatcher"),
     MetricDef("pgworker_listener_reconnects_total", "counter", (),
-              "LISTEN connection re-established after a loss.", "worker"),
+              "LISTEN connection re-established after a loss.", "worker",
+              recorded_by="the dispatcher (listener thread)"),
     MetricDef("pgworker_enqueued_jobs_total", "counter", ("queue",),
-              "Jobs enqueued by this process (duplicates refused by a dedupe key excluded).", "worker"),
+              "Jobs enqueued by this process (duplicates refused by a dedupe key excluded).", "worker",
+              recorded_by="every process that enqueues"),
     MetricDef("pgworker_build_info", "gauge", ("version",),
-              "Always 1; the version label is pgworker's.", "worker", multiprocess_mode="max"),
+              "Always 1; the version label is pgworker's.", "worker", multiprocess_mode="max",
+              recorded_by="every process"),
     # reported once at the end of a --drain run (pushed to a Pushgateway when configured)
     MetricDef("pgworker_drain_last_run_timestamp_seconds", "gauge", ("result",),
-              "When the last drain run ended (Unix time), by result (succeeded, deadline, failed).", "drain"),
+              "When the last drain run ended (Unix time), by result (succeeded, deadline, interrupted, failed).", "drain",
+              recorded_by=_DRAIN),
     MetricDef("pgworker_drain_duration_seconds", "gauge", (),
-              "How long the last drain run took.", "drain"),
+              "How long the last drain run took.", "drain", recorded_by=_DRAIN),
     MetricDef("pgworker_drain_jobs_processed", "gauge", ("outcome",),
-              "Attempts settled by the last drain run, by outcome.", "drain"),
+              "Attempts settled by the last drain run, by outcome.", "drain", recorded_by=_DRAIN),
     MetricDef("pgworker_drain_jobs_left", "gauge", (),
-              "Due jobs left when the last drain run ended (non-zero after a deadline).", "drain"),
+              "Due jobs left when the last drain run ended (non-zero after a deadline).", "drain",
+              recorded_by=_DRAIN),
 )
 
 METRICS_BY_NAME = {m.name: m for m in METRICS}

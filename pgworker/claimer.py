@@ -47,6 +47,7 @@ WAIT_CHECK_SECONDS = 1.0
 # An async handler's task is cancelled within this long of a cancellation request
 # reaching its slot (the request itself arrives with the next lease renewal).
 CANCEL_POLL_SECONDS = 0.1
+HANDLER_BEAT_SECONDS = 1.0
 RECONNECT_MAX_SECONDS = 30.0
 UNKNOWN_TASK = "UNKNOWN_TASK"
 WORKER_DIED = "WORKER_DIED"
@@ -76,8 +77,7 @@ class Claimer:
     """One claimer process. Built and run by :func:`claimer_main` in the child."""
 
     def __init__(self, app: Any, settings: Settings, index: int, table: slots_mod.SlotTable,
-                 queues: Sequence[str], *, drain: bool, stop_event: Any,
-                 pod_limits: PodQueueLimits | None = None) -> None:
+                 queues: Sequence[str], *, drain: bool, pod_limits: PodQueueLimits | None = None) -> None:
         self.app = app
         self.settings = settings
         self.index = index
@@ -86,7 +86,6 @@ class Claimer:
         self.queue_index = {q: i for i, q in enumerate(self.queues)}
         self.task_index = {t: i for i, t in enumerate(sorted(app.tasks))}
         self.drain = drain
-        self.stop_event = stop_event
         self.worker_id = app.worker_id(f"c{index}")
         self.store = app.store
         self.conn: psycopg.Connection | None = None
@@ -100,6 +99,7 @@ class Claimer:
         self.rotation = 0
         self.jobs_done = 0
         self.stopping = False
+        self.running_job = False  # a handler runs (the flusher thread then beats for the loop)
         self.batch: dict[int, tuple[ClaimedJob, int]] = {}  # job id -> (job, slot) of the current claim
         self.parent_pid = os.getppid()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -117,8 +117,9 @@ class Claimer:
     # -- lifecycle ------------------------------------------------------------------
 
     def setup(self) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the dispatcher decides
-        signal.signal(signal.SIGTERM, self._on_sigterm)
+        if threading.current_thread() is threading.main_thread():  # a claimer run in a thread (tests) has none
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the dispatcher decides
+            signal.signal(signal.SIGTERM, self._on_sigterm)
         from .metrics import process_metrics
 
         self.metrics = process_metrics(task_label=self.settings.metrics_task_label)
@@ -136,7 +137,13 @@ class Claimer:
         """Write outcomes that waited longer than the flush interval, so a finished job is
         recorded promptly even while the next job of the batch runs for minutes."""
         interval = self.settings.completion_flush_seconds
+        next_beat = 0.0
         while not self.flusher_stop.wait(interval):
+            if self.running_job and time.monotonic() >= next_beat:
+                # A long handler holds the main loop: beat for it while this process still
+                # gets the GIL (a handler holding it in a C call stops the beats, as it should).
+                self.metrics.loop_heartbeat()
+                next_beat = time.monotonic() + HANDLER_BEAT_SECONDS
             with self.pending_lock:
                 due = bool(self.pending) and time.monotonic() - self.pending[0].decided_at >= interval
             if due:
@@ -149,7 +156,7 @@ class Claimer:
         self.stopping = True
 
     def should_stop(self) -> bool:
-        if self.stopping or self.stop_event.is_set() or self.table.header.stopping:
+        if self.stopping or self.table.header.stopping:
             self.stopping = True
         elif os.getppid() != self.parent_pid:  # the dispatcher died: stop, leases will expire
             log.error("dispatcher is gone; claimer %s stops", self.index)
@@ -195,12 +202,11 @@ class Claimer:
         self.table.beat(idle=True)
         try:
             while not self.should_stop():
-                if self.table.wake.wait(self._wait_seconds()) or self._retry_due():
+                if self.table.wait_wake(self._wait_seconds()) or self._retry_due():
                     break
                 self.table.beat()
                 self.metrics.loop_heartbeat()
         finally:
-            self.table.wake.clear()
             self.table.beat(idle=False)
             self.table.header.drained = 0
 
@@ -335,17 +341,18 @@ class Claimer:
         return False
 
     def claim(self, queue: str, limit: int) -> list[ClaimedJob] | None:
-        t0 = time.perf_counter()
         try:
             self.flush()  # outcomes still waiting are written first
             with self.db_lock, tracing.claim_span(queue, self.worker_id) as span:
                 if self.conn is None:
                     return None
+                t0 = time.perf_counter()  # the claim statement only (its metric's meaning)
                 result = self.store.claim_batch(
                     self.conn, queue=queue, limit=limit, owner=self.worker_id,
                     lease_seconds=self.settings.lease_seconds,
                     aging_seconds=self.settings.priority_aging_seconds,
                     limited=queue in self.limited_queues)
+                claim_seconds = time.perf_counter() - t0
                 jobs = result.jobs
                 if span.is_recording():
                     span.set_attribute("messaging.batch.message_count", len(jobs))
@@ -366,7 +373,7 @@ class Claimer:
             self.retry_at[queue] = time.monotonic() + result.retry_after_seconds * (1.0 + 0.2 * random.random())
         else:
             self.retry_at.pop(queue, None)
-        self.metrics.claimed(queue, len(jobs), time.perf_counter() - t0, (j.wait_seconds for j in jobs))
+        self.metrics.claimed(queue, len(jobs), claim_seconds, (j.wait_seconds for j in jobs))
         qi = self.queue_index.get(queue, 0)
         self.batch = {}
         for job in jobs:
@@ -426,6 +433,8 @@ class Claimer:
             span.end()
             return out
         ctx = JobContext(job, self.table, slot)
+        token = tracing.attach(span)  # the handler's own spans (and SQL spans) become children
+        self.running_job = True
         t0 = time.perf_counter()
         result: Any = None
         error: BaseException | None = None
@@ -439,6 +448,8 @@ class Claimer:
         except BaseException as exc:  # noqa: BLE001 - every handler failure is recorded, even SystemExit
             error = exc
         elapsed = time.perf_counter() - t0
+        self.running_job = False
+        tracing.detach(token)
         self.avg_run_seconds = elapsed if self.avg_run_seconds is None else 0.8 * self.avg_run_seconds + 0.2 * elapsed
         out = self.decide(job, task, slot, ctx, result, error, elapsed)
         out.span = span
@@ -526,13 +537,16 @@ class Claimer:
                     self.pending[:0] = batch
                 self._connection_failed(exc, "writing outcomes")
                 return
+        settled: dict[str, int] = {}
         for kind, items in groups.items():
             report = results.get(kind)
             for p in items:
                 accepted = report is not None and (p.job.id in report.accepted or p.job.id in confirmed)
                 self._account(p, accepted, report, started)
                 self.table.clear(p.slot, p.job.id)
-                self.metrics.in_flight(p.job.queue, -1)
+                settled[p.job.queue] = settled.get(p.job.queue, 0) + 1
+        for queue, n in settled.items():  # one gauge update per queue, not per job
+            self.metrics.in_flight(queue, -n)
         if self.pod_limits is not None:
             self.pod_limits.refresh(self.index, self._held)
 
@@ -654,7 +668,6 @@ class ClaimerSpec:
     table: slots_mod.SlotTable
     queues: tuple[str, ...]
     drain: bool
-    stop_event: Any
     log_level: int
     log_format: str
     pod_limits: PodQueueLimits | None = None
@@ -666,15 +679,12 @@ def claimer_main(spec: ClaimerSpec) -> None:
     from .logs import setup_logging
 
     setup_logging(spec.log_level, spec.log_format)
-    provider = tracing.configure_from_env()
-    if spec.settings.trace_sql:
-        tracing.instrument_psycopg()
-    if not spec.settings.tracing:
-        tracing.set_tracer_provider(_noop_provider())
+    # Each claimer sets up its own SDK (spawned processes share no exporter threads).
+    provider = tracing.setup_process(spec.settings.tracing, trace_sql=spec.settings.trace_sql)
     app = load_app(spec.app_ref)
     app.configure(spec.settings)
-    claimer = Claimer(app, spec.settings, spec.index, spec.table, spec.queues,
-                      drain=spec.drain, stop_event=spec.stop_event, pod_limits=spec.pod_limits)
+    claimer = Claimer(app, spec.settings, spec.index, spec.table, spec.queues, drain=spec.drain,
+                      pod_limits=spec.pod_limits)
     try:
         code = claimer.run()
     finally:
@@ -682,8 +692,3 @@ def claimer_main(spec: ClaimerSpec) -> None:
     if code:
         raise SystemExit(code)
 
-
-def _noop_provider() -> Any:
-    from opentelemetry.trace import NoOpTracerProvider
-
-    return NoOpTracerProvider()

@@ -112,11 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("dead", help="dead jobs: list or replay")
     _common(p)
-    dsub = p.add_subparsers(dest="dead_command", metavar="list|replay")
+    dsub = p.add_subparsers(dest="dead_command", metavar="list|replay|keys")
     dl = dsub.add_parser("list")
     _common(dl)
     dl.add_argument("--queue")
     dl.add_argument("--limit", type=int, default=50)
+    dk = dsub.add_parser("keys", help="ordering keys held by a dead job, with the jobs waiting behind each")
+    _common(dk)
+    dk.add_argument("--limit", type=int, default=100)
     dr = dsub.add_parser("replay", help="replay dead jobs by id, or --queue Q --all")
     _common(dr)
     dr.add_argument("ids", nargs="*", type=int)
@@ -380,6 +383,12 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 def cmd_dead(args: argparse.Namespace) -> int:
     app = _make_app(args)
+    if getattr(args, "dead_command", None) == "keys":
+        with app.connection() as conn:
+            rows = app.store.dead_blocked_keys(conn, limit=args.limit)
+        emit(args, rows, ["queue", "ordering_key", "dead_job_id", "task", "last_error_code", "finished_at",
+                          "waiting"])
+        return 0
     if getattr(args, "dead_command", None) == "replay":
         if not args.ids and not (args.queue and args.all):
             raise ConfigError("give job ids, or --queue QUEUE --all")
@@ -423,8 +432,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         queues = app.store.list_queues(conn)
         blocked = app.store.dead_blocked_keys(conn)
     paused = [q for q in queues if q["paused_at"] is not None]
-    if args.json:
-        emit(args, {"states": rows, "paused_queues": paused, "dead_blocked_ordering_keys": blocked})
+    if args.json:  # the state rows, each saying whether its queue is paused (`dead keys` lists the keys)
+        names = {q["name"] for q in paused}
+        emit(args, [{**r, "paused": r["queue"] in names} for r in rows])
         return 0
     emit(args, rows, ["queue", "state", "jobs", "oldest_due_age_seconds", "expired_leases"])
     if paused:
@@ -495,10 +505,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return EXIT_USAGE
+    if args.command != "run":
+        # Only `pgworker run` aggregates metrics across processes; a one-shot command
+        # (say, in a container whose image sets the variable) keeps them in memory.
+        os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
     try:
         return COMMANDS[args.command](args)
     except PgworkerError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # a database error we did not anticipate: no traceback, no secrets
+        import psycopg
+
+        from .names import redact
+
+        if not isinstance(exc, psycopg.Error):
+            raise
+        dsn = getattr(args, "dsn", None) or os.environ.get("PGWORKER_DSN")
+        code = f" ({exc.sqlstate})" if getattr(exc, "sqlstate", None) else ""
+        print(f"error: database error{code}: {redact(str(exc).strip(), dsn)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

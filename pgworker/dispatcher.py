@@ -120,11 +120,11 @@ class Dispatcher:
         self.store = app.store
         self.queues = app.queues()
         self.mp = multiprocessing.get_context("spawn")
-        self.stop_event = self.mp.Event()
         self.threads_stop = threading.Event()
         self.claimers: list[ClaimerHandle] = []
         self.summary = RunSummary()
         self.phase = "starting"
+        self.run_started = time.monotonic()  # the drain deadline counts from here
         self.signals: list[int] = []
         self.stop_deadline = 0.0
         self.deadline_hit = False
@@ -151,11 +151,7 @@ class Dispatcher:
         self.metrics.init_queues(self.queues, tasks_by_queue)
         self.health = HealthState()
         self.health.listen_required = self.settings.listen and not self.drain
-        self.tracer_provider = tracing.configure_from_env()
-        if not self.settings.tracing:
-            from opentelemetry.trace import NoOpTracerProvider
-
-            tracing.set_tracer_provider(NoOpTracerProvider())
+        self.tracer_provider = tracing.setup_process(self.settings.tracing, trace_sql=False)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         try:
@@ -201,8 +197,11 @@ class Dispatcher:
         with self._stats_lock:
             try:
                 if self._stats_conn is None or self._stats_conn.closed or self._stats_conn.broken:
+                    # the scrape waits for this: an unreachable server must fail it fast,
+                    # not stall /metrics past Prometheus' scrape timeout
                     self._stats_conn = connect(self.settings.dsn, application_name="pgworker:stats",
-                                               prepare=self.settings.prepared_statements)
+                                               prepare=self.settings.prepared_statements,
+                                               connect_timeout=self.settings.stats_timeout_seconds)
                 conn = self._stats_conn
                 with conn.transaction():
                     conn.execute("SELECT set_config('statement_timeout', %s, true)",
@@ -243,6 +242,7 @@ class Dispatcher:
     def _sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
         while time.monotonic() < end and not self.signals:
+            self.health.tick()  # waiting for the database is not being stuck
             time.sleep(min(0.1, max(0.0, end - time.monotonic())))
 
     # -- the run --------------------------------------------------------------------
@@ -260,6 +260,9 @@ class Dispatcher:
                 return EXIT_OK
         except SchemaVersionError as exc:
             log.error("%s", exc)
+            if self.drain:
+                self.summary.result = "failed"
+                self._report_drain()
             return EXIT_ERROR
         if self.drain:
             self._drain_reap()
@@ -273,10 +276,11 @@ class Dispatcher:
             self.claimers.append(handle)
             self._spawn(handle)
         self.phase = "running"
-        started = time.monotonic()
-        next_poll = started + self.settings.poll_interval_seconds
+        started = self.run_started
+        next_poll = time.monotonic() + self.settings.poll_interval_seconds
         while True:
             now = time.monotonic()
+            self.health.tick()
             if self.phase == "running":
                 if self.signals:
                     self._begin_stop(f"signal {signal.Signals(self.signals[0]).name}")
@@ -352,7 +356,7 @@ class Dispatcher:
 
     def _spawn(self, h: ClaimerHandle) -> None:
         spec = ClaimerSpec(self.app_ref, self.settings, h.index, h.table, tuple(self.queues), self.drain,
-                           self.stop_event, self.log_level, self.log_format, self.pod_limits)
+                           self.log_level, self.log_format, self.pod_limits)
         h.process = self.mp.Process(target=claimer_main, args=(spec,), name=f"pgworker-claimer-{h.index}")
         h.process.start()
         h.started_at = time.monotonic()
@@ -362,7 +366,7 @@ class Dispatcher:
         woke = 0
         for h in self.claimers:
             if h.process is not None:
-                h.table.wake.set()
+                h.table.wake()
                 woke += 1
         if woke:
             self.metrics.wakeup(reason)
@@ -435,6 +439,8 @@ class Dispatcher:
             if release:
                 report = self.store.release(conn, release)
                 self.summary.add({"released": len(report.accepted)})
+                for job_id in report.accepted:
+                    self.metrics.finished(queue_of[job_id], task_of[job_id], "released", None)
                 for job_id in report.refused:
                     self.metrics.fenced(queue_of[job_id], "release")
             if fail:
@@ -476,13 +482,12 @@ class Dispatcher:
         log.info("stopping (%s): no new claims; running jobs have %.0f s to finish", reason,
                  self.settings.shutdown_grace_seconds)
         self.phase = "stopping"
-        self.health.reason = "shutting down"
+        self.health.reason = "shutting down"  # not ready; still alive until the exit
         self.health.schema_ok = False
         self.stop_deadline = time.monotonic() + self.settings.shutdown_grace_seconds
-        self.stop_event.set()
         for h in self.claimers:
             h.table.header.stopping = 1
-            h.table.wake.set()
+            h.table.wake()
             if h.process is not None and h.process.is_alive():
                 try:
                     os.kill(h.process.pid, signal.SIGTERM)

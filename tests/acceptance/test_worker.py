@@ -286,11 +286,12 @@ def test_snooze_runs_again_later_without_spending_an_attempt(env, pg_dsn, conn):
 def test_listener_killed_polling_still_drains_and_listen_comes_back(env, pg_dsn, conn):
     schema = env.settings.schema
     with Worker(pg_dsn, schema, "--concurrency", "1", "--poll-interval", "1") as w:
-        # only this test's listener (its channel names the schema): other engineers' workers
-        # run on the same server at the same time
-        listener = lambda: q(conn, schema, "SELECT pid FROM pg_stat_activity WHERE application_name = "  # noqa: E731
-                                           "'pgworker:listener' AND query ILIKE 'LISTEN%%' "
-                                           "AND strpos(query, %s) > 0", env.store.channel)
+        channel = env.store.channel  # other workers (other tests) listen on other channels
+
+        def listener():
+            return q(conn, schema, "SELECT pid FROM pg_stat_activity WHERE application_name = "
+                                   "'pgworker:listener' AND query ILIKE 'LISTEN%%' AND position(%s in query) > 0",
+                     channel)
         first = wait_until(listener, 30, message="the dispatcher is listening")
         for (pid,) in first:
             conn.execute("SELECT pg_terminate_backend(%s)", [pid])

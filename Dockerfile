@@ -1,0 +1,58 @@
+# pgworker container image.
+#
+#   docker build -t pgworker:0.1.0 .
+#   docker run --rm -e PGWORKER_DSN=... -e PGWORKER_APP=myapp.tasks:app pgworker:0.1.0
+#
+# Your tasks must be importable inside the image: build your own image FROM this one
+# and `pip install` your package into /opt/venv (see docs/deploy.md).
+# Checked with `hadolint --failure-threshold warning Dockerfile` (tests/deploy).
+
+# ---- builder: a virtualenv with pgworker and its OTLP exporter ------------------------
+FROM python:3.11.14-slim-bookworm AS builder
+
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PATH=/opt/venv/bin:$PATH
+
+RUN python -m venv /opt/venv
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY pgworker ./pgworker
+# The project itself, from this source tree (setuptools via pyproject.toml).
+RUN pip install --no-cache-dir "./[otlp]"
+
+# ---- runtime -------------------------------------------------------------------------
+FROM python:3.11.14-slim-bookworm
+
+LABEL org.opencontainers.image.title="pgworker" \
+      org.opencontainers.image.description="PostgreSQL-backed job queue and multiprocess worker" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+# tini is PID 1: it forwards SIGTERM to the dispatcher (which then stops claiming and
+# gives running jobs their shutdown grace) and reaps orphaned children.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends tini=0.19.0-1+b3 \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --system --gid 10001 pgworker \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home \
+        --home-dir /nonexistent --shell /usr/sbin/nologin pgworker \
+    && mkdir -p /tmp/pgworker-metrics \
+    && chown 10001:10001 /tmp/pgworker-metrics
+
+COPY --from=builder /opt/venv /opt/venv
+
+# PROMETHEUS_MULTIPROC_DIR must be writable: under Kubernetes with a read-only root
+# filesystem the chart mounts an emptyDir here. `pgworker run` wipes it at start.
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PROMETHEUS_MULTIPROC_DIR=/tmp/pgworker-metrics
+
+USER 10001:10001
+
+# /metrics, /healthz, /readyz (--metrics-port, PGWORKER_METRICS_PORT)
+EXPOSE 9186
+
+ENTRYPOINT ["tini", "--", "pgworker"]
+CMD ["run"]

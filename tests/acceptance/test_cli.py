@@ -1,0 +1,102 @@
+"""The `pgworker` command line, run as a user would (subprocesses, JSON output)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.acceptance
+
+
+def cli(dsn, schema, *args, check=True, env=None):
+    e = dict(os.environ, PGWORKER_DSN=dsn, PGWORKER_SCHEMA=schema, **(env or {}))
+    e.pop("PGWORKER_APP", None)
+    proc = subprocess.run([sys.executable, "-m", "pgworker.cli", *args], env=e, capture_output=True,
+                          text=True, timeout=120)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"pgworker {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
+    return proc
+
+
+def js(proc):
+    return json.loads(proc.stdout)
+
+
+def test_operator_workflow(pg_dsn, schema):
+    assert "applied 0001_initial" in cli(pg_dsn, schema, "migrate").stdout
+    assert "up to date" in cli(pg_dsn, schema, "migrate").stdout
+    job = js(cli(pg_dsn, schema, "enqueue", "reports.build", "--payload", '{"month": "2026-11"}',
+                 "--queue", "reports", "--priority", "5", "--json"))["id"]
+    delayed = int(cli(pg_dsn, schema, "enqueue", "reports.build", "--delay", "1h").stdout)
+    status = js(cli(pg_dsn, schema, "status", "--json"))
+    assert {(r["queue"], r["state"], r["jobs"]) for r in status} == {("reports", "pending", 1), ("default", "pending", 1)}
+    listed = js(cli(pg_dsn, schema, "jobs", "list", "--queue", "reports", "--json"))
+    assert [r["id"] for r in listed] == [job] and listed[0]["priority"] == 5
+    shown = js(cli(pg_dsn, schema, "jobs", "show", str(job), "--json"))
+    assert shown["payload"] == {"month": "2026-11"} and shown["state"] == "pending"
+    assert "job %d: cancelled" % delayed in cli(pg_dsn, schema, "cancel", str(delayed)).stdout
+    assert cli(pg_dsn, schema, "cancel", str(delayed), check=False).returncode == 1
+    table = cli(pg_dsn, schema, "status").stdout
+    assert "QUEUE" in table and "reports" in table
+    assert js(cli(pg_dsn, schema, "prune", "--older-than", "0s", "--json")) == {"deleted": 1}
+
+
+def test_dead_jobs_list_and_replay(pg_dsn, schema, app):
+    from pgworker import Permanent
+
+    pg_schema = app.settings.schema
+    ids = app.enqueue_many([("t", i) for i in range(3)], )
+    for job in app.claim(limit=3):
+        app.fail(job, Permanent("broken"))
+    dead = js(cli(pg_dsn, pg_schema, "dead", "list", "--json"))
+    assert sorted(r["id"] for r in dead) == sorted(ids) and dead[0]["last_error_code"] == "PERMANENT"
+    out = cli(pg_dsn, pg_schema, "dead", "replay", str(ids[0]))
+    assert "replayed 1 job" in out.stdout
+    assert js(cli(pg_dsn, pg_schema, "dead", "replay", "--queue", "default", "--all", "--json")) == \
+        {"replayed": sorted(ids[1:])}
+    missing = cli(pg_dsn, pg_schema, "dead", "replay", str(ids[0]), check=False)
+    assert missing.returncode == 1 and "not dead" in missing.stderr
+    events = js(cli(pg_dsn, pg_schema, "jobs", "show", str(ids[0]), "--json"))["events"]
+    assert events[-1]["kind"] == "replayed" and events[-1]["actor"]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("enqueue", "t", "--payload", "{nope"), "--payload is not valid JSON"),
+    (("enqueue", "t", "--queue", ""), "queue name is empty"),
+    (("jobs", "show", "999999"), "no job 999999"),
+    (("run",), "needs your App"),
+    (("run", "--app", "no.such.module:app"), "cannot import"),
+    (("prune", "--older-than", "soon"), "is not a duration"),
+])
+def test_bad_input_is_a_clear_error(app, pg_dsn, args, fragment):
+    proc = cli(pg_dsn, app.settings.schema, *args, check=False)
+    assert proc.returncode in (1, 2)
+    assert fragment in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_password_in_the_dsn_is_never_printed(schema):
+    dsn = "postgresql://pgworker_user:hunter2@127.0.0.1:1/db"
+    for args in (("status",), ("migrate",), ("enqueue", "t"), ("run", "--app", "x:y")):
+        proc = cli(dsn, schema, *args, check=False)
+        assert proc.returncode != 0
+        assert "hunter2" not in proc.stdout + proc.stderr
+        assert "Traceback" not in proc.stderr
+    bad = cli("postgresql://u:hunter2@h:notaport/db", schema, "status", check=False)
+    assert "hunter2" not in bad.stdout + bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_an_unmigrated_schema_says_what_to_run(pg_dsn, schema):
+    for args in (("enqueue", "t"), ("status",), ("jobs", "list"), ("dead", "replay", "1")):
+        proc = cli(pg_dsn, schema, *args, check=False)
+        assert proc.returncode == 1 and "pgworker migrate" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_version_and_help():
+    out = subprocess.run([sys.executable, "-m", "pgworker.cli", "--help"], capture_output=True, text=True)
+    for command in ("migrate", "run", "enqueue", "jobs", "dead", "cancel", "prune", "status", "demo"):
+        assert command in out.stdout

@@ -1,0 +1,96 @@
+"""The Dockerfile through hadolint, and the properties the chart relies on. No Docker
+engine runs here: the image is not built by these tests."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+import pytest
+
+from deploytools import CHART, DOCKERFILE, ROOT, hadolint, run
+
+pytestmark = pytest.mark.deploy
+
+
+def _instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def _stages() -> list[list[tuple[str, str]]]:
+    stages: list[list[tuple[str, str]]] = []
+    for ins in _instructions():
+        if ins[0] == "FROM":
+            stages.append([])
+        stages[-1].append(ins)
+    return stages
+
+
+def test_hadolint_warning_threshold():
+    result = run([hadolint(), "--no-color", "--failure-threshold", "warning", str(DOCKERFILE)], cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_reports_nothing_at_all():
+    result = run([hadolint(), "--no-fail", "--format", "json", str(DOCKERFILE)], cwd=ROOT)
+    assert json.loads(result.stdout or "[]") == []
+
+
+def test_multi_stage_pinned_slim_base():
+    stages = _stages()
+    assert len(stages) == 2
+    for stage in stages:
+        image = stage[0][1].split()[0]
+        assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", image), image
+    assert stages[0][0][1].endswith("AS builder")
+
+
+def test_venv_built_in_builder_and_copied():
+    builder, final = _stages()
+    assert any(w == "RUN" and "python -m venv /opt/venv" in a for w, a in builder)
+    assert any(w == "RUN" and re.search(r'pip install .*"\./\[otlp\]"', a) for w, a in builder)
+    assert ("COPY", "--from=builder /opt/venv /opt/venv") in final
+    assert not any(w == "RUN" and "pip install" in a for w, a in final)
+
+
+def _env(stage: list[tuple[str, str]]) -> dict[str, str]:
+    return dict(item.split("=", 1) for w, a in stage if w == "ENV" for item in shlex.split(a))
+
+
+def test_runtime_user_entrypoint_and_environment():
+    _, final = _stages()
+    user = [a for w, a in final if w == "USER"]
+    assert user and re.fullmatch(r"\d+(:\d+)?", user[-1]) and not user[-1].startswith("0")
+    entrypoint = [a for w, a in final if w == "ENTRYPOINT"]
+    assert entrypoint and json.loads(entrypoint[-1]) == ["tini", "--", "pgworker"]
+    cmd = [a for w, a in final if w == "CMD"]
+    assert cmd and json.loads(cmd[-1]) == ["run"]
+    assert any(w == "RUN" and re.search(r"apt-get install .*tini=\S+", a) for w, a in final)
+    assert _env(final)["PROMETHEUS_MULTIPROC_DIR"] == "/tmp/pgworker-metrics"
+    from pgworker.config import METRICS_PORT
+
+    assert ("EXPOSE", str(METRICS_PORT)) in final
+
+
+def test_image_matches_the_chart():
+    import yaml
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    _, final = _stages()
+    uid = [a for w, a in final if w == "USER"][-1].split(":")[0]
+    assert values["podSecurityContext"]["runAsUser"] == int(uid) == values["securityContext"]["runAsUser"]
+    assert values["worker"]["multiprocDir"] == _env(final)["PROMETHEUS_MULTIPROC_DIR"]
+
+
+def test_dockerignore_keeps_the_context_small():
+    ignore = (ROOT / ".dockerignore").read_text().splitlines()
+    assert "**" in ignore and "!pgworker/" in ignore and "!pyproject.toml" in ignore
