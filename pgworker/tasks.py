@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import inspect
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -131,10 +133,8 @@ def check_ordering_on_dead(value: object) -> str:
 
 
 def check_dedupe_window(value: object) -> float | None:
-    """Seconds (a number or a timedelta) after success during which a dedupe key stays held."""
-    import datetime
-    import math
-
+    """Seconds (a number or a timedelta) after success during which a dedupe key stays held;
+    raises :class:`InvalidJob` outside (0, 100 years]."""
     if value is None:
         return None
     if isinstance(value, datetime.timedelta):
