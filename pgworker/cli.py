@@ -154,11 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
     _common(qs)
     qs.add_argument("name")
     # absent (left as it is) and 'none' (removed) differ: absent options keep the default _ABSENT
-    qs.add_argument("--concurrency", type=_int_or_none, default=_ABSENT,
+    # (dest names apart from the settings' own: --concurrency of `run` is another thing)
+    qs.add_argument("--concurrency", dest="limit_concurrency", type=_int_or_none, default=_ABSENT,
                     help="most running jobs across all pods ('none' removes)")
-    qs.add_argument("--rate", type=_float_or_none, default=_ABSENT, help="jobs per second ('none' removes)")
-    qs.add_argument("--burst", type=float, help="token bucket size in jobs (default max(1, rate))")
-    qs.add_argument("--aging", type=_duration_or_none, default=_ABSENT,
+    qs.add_argument("--rate", dest="limit_rate", type=_float_or_none, default=_ABSENT,
+                    help="jobs per second ('none' removes)")
+    qs.add_argument("--burst", dest="limit_burst", type=float, help="token bucket size in jobs (default max(1, rate))")
+    qs.add_argument("--aging", dest="limit_aging", type=_duration_or_none, default=_ABSENT,
                     help="priority-aging bound, e.g. 5m ('none' removes)")
     qe = qsub.add_parser("events", help="who paused, resumed or reconfigured a queue")
     _common(qe)
@@ -464,11 +466,12 @@ def cmd_queue(args: argparse.Namespace) -> int:
             print(f"queue {args.name!r} resumed" if resumed else f"queue {args.name!r} was not paused")
     elif verb == "set":
         options: dict[str, Any] = {}
-        for flag, key in (("concurrency", "concurrency_limit"), ("rate", "rate_limit"), ("aging", "aging")):
+        for flag, key in (("limit_concurrency", "concurrency_limit"), ("limit_rate", "rate_limit"),
+                          ("limit_aging", "aging")):
             if getattr(args, flag) is not _ABSENT:
                 options[key] = getattr(args, flag)
-        if args.burst is not None:
-            options["burst"] = args.burst
+        if args.limit_burst is not None:
+            options["burst"] = args.limit_burst
         if not options:
             raise ConfigError("nothing to set: give --concurrency, --rate (with --burst) or --aging")
         row = app.configure_queue(args.name, **options)

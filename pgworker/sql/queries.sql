@@ -12,8 +12,8 @@
 -- earlier statement, so the probe below (this statement's snapshot is newer than that
 -- lock) sees every job of the key committed by writers that held the lock before us: the
 -- job is blocked while any earlier job of its key is unfinished (a dead job counts while
--- it blocks its key). The probe is the first entry of jobs_ordering_key_idx at or after
--- (key, 0), as in ordering_keys_promote (which says why it is written so). A job that is due now and unblocked wakes listeners: NOTIFY is
+-- it blocks its key). The probe is the first entry of jobs_ordering_key_idx from the key
+-- on, as in ordering_keys_promote (which says why it is written so). A job that is due now and unblocked wakes listeners: NOTIFY is
 -- delivered at commit, never on rollback.
 WITH ins AS (
     INSERT INTO {schema}.jobs (queue, task, payload, priority, run_at, max_attempts,
@@ -27,7 +27,7 @@ WITH ins AS (
                 SELECT o.ordering_key = %(ordering_key)s::text FROM {schema}.jobs o
                 WHERE o.ordering_key IS NOT NULL
                   AND (o.state IN ('pending', 'running') OR (o.state = 'dead' AND o.dead_blocks_key))
-                  AND (o.ordering_key, o.id) >= (%(ordering_key)s::text, 0)
+                  AND o.ordering_key >= %(ordering_key)s::text
                 ORDER BY o.ordering_key, o.id
                 LIMIT 1), false),
             %(trace_context)s::jsonb)
@@ -62,7 +62,7 @@ SELECT b.id, b.queue, b.task, b.payload, b.priority, b.run_at, b.max_attempts,
            OR coalesce((SELECT o.ordering_key = b.ordering_key FROM {schema}.jobs o
                         WHERE o.ordering_key IS NOT NULL
                           AND (o.state IN ('pending', 'running') OR (o.state = 'dead' AND o.dead_blocks_key))
-                          AND (o.ordering_key, o.id) >= (b.ordering_key, 0)
+                          AND o.ordering_key >= b.ordering_key
                         ORDER BY o.ordering_key, o.id
                         LIMIT 1), false)),
        b.trace_context
@@ -123,11 +123,11 @@ FROM (SELECT DISTINCT hashtext(key) AS h FROM unnest(%(keys)s::text[]) AS key OR
 -- The "no active job" test keeps a replayed old job from running beside a newer job of
 -- its key that is already active: it waits its turn, and is promoted when that one ends.
 -- The head is found with one descent of jobs_ordering_key_idx per key, however many jobs
--- wait behind it: the first index entry at or after (key, 0), kept if it is of this key.
--- Written as a row comparison in the index's order because only that index can answer
--- it; with "ordering_key = key ORDER BY id LIMIT 1" the planner may walk the primary key
--- instead, expecting an early match, and read every finished job of the table (it did,
--- in the benchmark). The activity probe reads jobs_ordering_active_idx (one entry per key).
+-- wait behind it: the first index entry with ordering_key >= key in (ordering_key, id)
+-- order, kept if it is of this key. Written as a range in the index's order because only
+-- that index can deliver it; with "ordering_key = key ORDER BY id LIMIT 1" the planner
+-- may walk the primary key instead, expecting an early match, and read every finished
+-- job of the table (it did, in the benchmark). The activity probe reads jobs_ordering_active_idx (one entry per key).
 WITH heads AS (
     SELECT h.id
     FROM unnest(%(keys)s::text[]) AS k(key)
@@ -136,7 +136,7 @@ WITH heads AS (
         FROM {schema}.jobs o
         WHERE o.ordering_key IS NOT NULL
           AND (o.state IN ('pending', 'running') OR (o.state = 'dead' AND o.dead_blocks_key))
-          AND (o.ordering_key, o.id) >= (k.key, 0)
+          AND o.ordering_key >= k.key
         ORDER BY o.ordering_key, o.id
         LIMIT 1) AS h
     WHERE h.ordering_key = k.key AND h.state = 'pending' AND h.blocked

@@ -374,3 +374,28 @@ def test_drain_run_fires_due_slots_at_start_and_runs_them(env, pg_dsn, conn):
         summary = json.loads(w.stdout().strip().splitlines()[-1])
     assert summary["succeeded"] >= 1
     assert q(conn, schema, "SELECT count(*) FROM {s}.ledger WHERE event = 'tick'")[0][0] >= 1
+
+
+def test_queue_and_dead_keys_commands(env, pg_dsn, conn):
+    schema = env.settings.schema
+    out = cli(pg_dsn, schema, "queue", "set", "emails", "--concurrency", "3", "--rate", "5", "--burst", "10", "--json")
+    assert out.returncode == 0, out.stderr
+    assert {k: json.loads(out.stdout)[k] for k in ("concurrency_limit", "rate_per_second", "rate_burst")} == \
+        {"concurrency_limit": 3, "rate_per_second": 5.0, "rate_burst": 10.0}
+    out = cli(pg_dsn, schema, "queue", "set", "emails", "--concurrency", "none", "--aging", "2m", "--json")
+    row = json.loads(out.stdout)
+    assert (row["concurrency_limit"], row["rate_per_second"], row["aging_seconds"]) == (None, 5.0, 120.0)
+    refused = cli(pg_dsn, schema, "queue", "set", "emails")
+    assert refused.returncode == 1 and "nothing to set" in refused.stderr and "Traceback" not in refused.stderr
+    assert cli(pg_dsn, schema, "queue", "pause", "emails").returncode == 0
+    env.enqueue("record", queue="emails")
+    status = json.loads(cli(pg_dsn, schema, "status", "--json").stdout)
+    assert [(r["queue"], r["state"], r["paused"]) for r in status] == [("emails", "pending", True)]
+    listed = json.loads(cli(pg_dsn, schema, "queue", "list", "--json").stdout)
+    assert [(r["name"], r["paused_by"]) for r in listed] == [("emails", "tester@ci")]
+    head = env.enqueue("t", ordering_key="k", max_attempts=1)
+    env.enqueue("t", ordering_key="k")
+    [job] = env.claim()
+    env.fail(job, RuntimeError("boom"))
+    keys = json.loads(cli(pg_dsn, schema, "dead", "keys", "--json").stdout)
+    assert [(k["ordering_key"], k["dead_job_id"], k["waiting"]) for k in keys] == [("k", head, 1)]
