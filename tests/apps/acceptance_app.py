@@ -207,9 +207,19 @@ async def async_cancel(payload, ctx):
 
 @app.task(name="ignores_cancel", max_attempts=1)
 def ignores_cancel(payload, ctx):
-    """Never looks at ctx.cancel_requested: finishes its work and succeeds."""
+    """Does not stop when asked: works until the test says 'go' (a ledger row), then
+    returns normally, noting whether the cancellation request had reached it."""
     ledger(ctx, "start")
-    time.sleep(payload)
+    schema = sql.Identifier(os.environ["PGWORKER_SCHEMA"])
+    with psycopg.connect(os.environ.get("LEDGER_DSN") or os.environ["PGWORKER_DSN"], autocommit=True) as c:
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not c.execute(
+                sql.SQL("SELECT 1 FROM {}.ledger WHERE job_id = %s AND event = 'go'").format(schema),
+                [ctx.job_id]).fetchone():
+            time.sleep(0.05)
+    end = time.monotonic() + 5  # the flag follows the renewal the test saw by a hair
+    while not ctx.cancel_requested and time.monotonic() < end:
+        time.sleep(0.01)
     ledger(ctx, "end", "cancel requested" if ctx.cancel_requested else "no request")
 
 
