@@ -128,12 +128,16 @@ def needs_point(point, ctx):
 def snoozer(payload, ctx):
     """Snoozes on its first run (no attempt spent), succeeds on the second."""
     ledger(ctx, "run")
-    schema = sql.Identifier(os.environ["PGWORKER_SCHEMA"])
-    with psycopg.connect(os.environ["PGWORKER_DSN"]) as c:
-        runs = c.execute(sql.SQL("SELECT count(*) FROM {}.ledger WHERE job_id = %s").format(schema),
-                         [ctx.job_id]).fetchone()[0]
-    if runs == 1:
+    if ledger_count(ctx) == 1:
         raise pgworker.Snooze(0.2)
+
+
+def ledger_count(ctx, event=None):
+    """How many ledger rows this job has (of one event, or all): runs across attempts."""
+    schema = sql.Identifier(os.environ["PGWORKER_SCHEMA"])
+    with psycopg.connect(os.environ.get("LEDGER_DSN") or os.environ["PGWORKER_DSN"]) as c:
+        return c.execute(sql.SQL("SELECT count(*) FROM {}.ledger WHERE job_id = %s AND (%s::text IS NULL "
+                                 "OR event = %s)").format(schema), [ctx.job_id, event, event]).fetchone()[0]
 
 
 # -- scheduling policies (tests/acceptance/test_scheduling.py) -------------------------
@@ -145,18 +149,10 @@ def keyed(payload, ctx):
     no two jobs of a key overlap, and their order); fails its first attempt if asked."""
     ledger(ctx, "start", payload.get("key"))
     time.sleep(payload.get("seconds", 0.01))
-    if payload.get("fail_first") and not _failed_before(ctx):
+    if payload.get("fail_first") and not ledger_count(ctx, "fail"):
         ledger(ctx, "fail", payload.get("key"))
         raise RuntimeError("the first run fails")
     ledger(ctx, "end", payload.get("key"))
-
-
-def _failed_before(ctx):
-    """Whether an earlier run of this job failed (across retries and replays)."""
-    schema = sql.Identifier(os.environ["PGWORKER_SCHEMA"])
-    with psycopg.connect(os.environ.get("LEDGER_DSN") or os.environ["PGWORKER_DSN"]) as c:
-        return c.execute(sql.SQL("SELECT count(*) FROM {}.ledger WHERE job_id = %s AND event = 'fail'").format(schema),
-                         [ctx.job_id]).fetchone()[0] > 0
 
 
 @app.task(name="limited", queue="limited", max_attempts=3, retry=FAST)
@@ -235,10 +231,6 @@ def retry_after(payload, ctx):
 def snooze_returned(payload, ctx):
     """Returns a Snooze (instead of raising it) on its first run."""
     ledger(ctx, "run")
-    schema = sql.Identifier(os.environ["PGWORKER_SCHEMA"])
-    with psycopg.connect(os.environ["PGWORKER_DSN"]) as c:
-        runs = c.execute(sql.SQL("SELECT count(*) FROM {}.ledger WHERE job_id = %s").format(schema),
-                         [ctx.job_id]).fetchone()[0]
-    if runs == 1:
+    if ledger_count(ctx) == 1:
         return pgworker.Snooze(0.3)
     return None

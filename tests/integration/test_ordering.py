@@ -22,6 +22,17 @@ def due_now(conn, schema, *ids):
     q(conn, schema, "UPDATE {s}.jobs SET run_at = now() WHERE id = ANY(%s) RETURNING id", list(ids))
 
 
+def run_one_at_a_time(app):
+    """Claim and complete until nothing is due; each claim must hold one job (the keys
+    under test have one active job each). Returns the ids in the order they ran."""
+    seen = []
+    while jobs := app.claim(limit=10):
+        assert len(jobs) == 1
+        seen.append(jobs[0].id)
+        app.complete(jobs[0])
+    return seen
+
+
 def states(conn, schema, ids):
     rows = dict(q(conn, schema, "SELECT id, state::text || CASE WHEN blocked THEN '/blocked' ELSE '' END "
                                 "FROM {s}.jobs WHERE id = ANY(%s)", list(ids)))
@@ -80,12 +91,7 @@ def test_gaps_in_a_key_do_not_stall_it(app, pg_dsn):
     middle = app.enqueue("t", 2, ordering_key="g")
     last = app.enqueue("t", 3, ordering_key="g")
     assert app.cancel(middle) == "cancelled"
-    seen = []
-    while jobs := app.claim(limit=10):
-        assert len(jobs) == 1
-        seen.append(jobs[0].id)
-        app.complete(jobs[0])
-    assert seen == [first, second, last]
+    assert run_one_at_a_time(app) == [first, second, last]
 
 
 def test_a_retrying_head_keeps_its_place(app, conn):
@@ -115,12 +121,7 @@ def test_dead_head_blocks_its_key_until_replayed(app, conn):
     [listed] = app.store.dead_blocked_keys(conn)
     assert (listed["ordering_key"], listed["dead_job_id"], listed["waiting"]) == ("x", a, 2)
     assert app.replay([a]) == [a]
-    seen = []
-    while jobs := app.claim(limit=5):
-        assert len(jobs) == 1
-        seen.append(jobs[0].id)
-        app.complete(jobs[0])
-    assert seen == [a, b, c]  # the replayed head first, then the rest in order
+    assert run_one_at_a_time(app) == [a, b, c]  # the replayed head first, then the rest in order
     assert app.store.queue_stats(conn, ["default"])[0]["dead_blocked_keys"] == 0
 
 
@@ -149,12 +150,7 @@ def test_dead_head_with_skip_policy_lets_the_next_job_run(app, conn):
     assert states(conn, schema, [a]) == ["pending/blocked"]
     assert app.claim(limit=5) == []
     app.complete(jb)
-    seen = []
-    while jobs := app.claim(limit=5):
-        assert len(jobs) == 1
-        seen.append(jobs[0].id)
-        app.complete(jobs[0])
-    assert seen == [a, c, d]
+    assert run_one_at_a_time(app) == [a, c, d]
 
 
 def test_reaper_kills_a_head_and_applies_the_policy(app, conn):
