@@ -93,6 +93,35 @@ class SlotView:
     task_index: int
 
 
+class WakeUp:
+    """A wake-up flag between the dispatcher and one claimer that survives ``kill -9``.
+
+    ``multiprocessing.Event`` does not: its Condition makes ``set()`` wait until every
+    sleeper acknowledges, so a claimer killed while it waited left the dispatcher's next
+    ``set()`` blocked forever (the chaos soak found it; see
+    ``tests/acceptance/test_faults.py``). A semaphore capped at 1 needs no
+    acknowledgement: ``set()`` never blocks, a dead waiter changes nothing.
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        self._sem = ctx.BoundedSemaphore(1)
+        self._sem.acquire()  # start unset
+
+    def set(self) -> None:
+        try:
+            self._sem.release()
+        except ValueError:  # already set: one pending wake-up is enough
+            pass
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds; True (and the flag consumed) if it was set."""
+        return self._sem.acquire(timeout=timeout)
+
+    def clear(self) -> None:
+        while self._sem.acquire(False):
+            pass
+
+
 class SlotTable:
     """Fixed-size table of lease slots in shared memory, guarded by one lock.
 
@@ -106,7 +135,7 @@ class SlotTable:
         self.lock = ctx.Lock()
         self.slots = ctx.RawArray(Slot, capacity)
         self.header = ctx.RawValue(Header)
-        self.wake = ctx.Event()
+        self.wake = WakeUp(ctx)
 
     # -- claimer side ---------------------------------------------------------------
 

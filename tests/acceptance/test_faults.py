@@ -1,0 +1,44 @@
+"""Single faults with real `pgworker run` processes: the regressions the chaos soak found,
+each reproduced on its own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from pg import wait_until
+from worker import ACCEPTANCE_APP, Worker, create_ledger, q
+
+pytestmark = pytest.mark.acceptance
+
+
+@pytest.fixture
+def env(app, pg_dsn):
+    from pgworker.loader import load_app
+
+    create_ledger(pg_dsn, app.settings.schema)
+    app.tasks.update(load_app(ACCEPTANCE_APP).tasks)
+    return app
+
+
+def test_kill_9_of_an_idle_claimer_does_not_hang_the_dispatcher(env, pg_dsn, conn):
+    """A claimer killed while it waits for a wake-up must not leave the wake-up primitive
+    broken: multiprocessing.Event.set() waits for every sleeper to acknowledge, so the
+    dispatcher's next wake-up used to block forever (found by the chaos soak)."""
+    schema = env.settings.schema
+    with Worker(pg_dsn, schema, "--concurrency", "2", "--poll-interval", "0.2s") as w:
+        wait_until(lambda: len(w.claimer_pids()) == 2, 30, message="two claimers")
+        time.sleep(1.5)  # both idle, waiting for a wake-up
+        victims = w.claimer_pids()
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: len(w.claimer_pids()) == 2 and not set(w.claimer_pids()) & set(victims), 60,
+                   message=lambda: f"replacement claimers; log:\n{w.logs()[-3000:]}")
+        ids = env.enqueue_many([("record", i) for i in range(20)])
+        wait_until(lambda: q(conn, schema, "SELECT count(*) FROM {s}.jobs WHERE state = 'succeeded'")[0][0] == 20,
+                   60, message=lambda: f"jobs after the kill to run; log:\n{w.logs()[-3000:]}")
+        assert w.stop(timeout=30) == 0
+    assert len(ids) == 20
