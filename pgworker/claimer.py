@@ -21,15 +21,16 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import psycopg
+from psycopg.types.json import set_json_loads
 
 from . import lease as slots_mod
 from . import tracing
 from .config import Settings
 from .context import JobContext
-from .db import connect
+from .db import POOLED, OutageLog, connect
 from .errors import (DatabaseUnavailable, InvalidPayload, JobCancelled, LeaseLost, Permanent, Retry,
                      Snooze)
-from .jobs import ClaimedJob, FailRequest, Lease
+from .jobs import ClaimedJob, FailRequest, Lease, safe_json_loads
 from .names import dsn_password
 from .retry import classify
 from .tasks import RENEW_ON_PROGRESS, Task
@@ -100,7 +101,7 @@ class Claimer:
         self.metrics: Any = None
         self.secrets = (dsn_password(settings.dsn),)
         self._reconnect_delay = 0.5
-        self._db_down_logged = False
+        self.outage = OutageLog(log, f"claimer {index}", settings.dsn)
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -221,20 +222,28 @@ class Claimer:
 
     def _connect(self, block: bool) -> bool:
         try:
-            self.conn = connect(self.settings.dsn, application_name=f"pgworker:claimer:{self.index}",
-                                prepare=self.settings.prepared_statements)
+            conn = connect(self.settings.dsn, application_name=f"pgworker:claimer:{self.index}",
+                           prepare=self.settings.prepared_statements)
+            # A payload PostgreSQL stores but Python's decoder refuses (nested deeper than
+            # its recursion limit) must fail its own job, not every claim of the queue.
+            set_json_loads(safe_json_loads, conn)
+            self.conn = conn
             if self.settings.synchronous_commit:
-                self.conn.execute("SELECT set_config('synchronous_commit', %s, false)",
-                                  [self.settings.synchronous_commit])
-            if self._db_down_logged:
-                log.warning("claimer %s reconnected to PostgreSQL", self.index)
-            self._db_down_logged = False
-            self._reconnect_delay = 0.5
+                if conn in POOLED:
+                    log.warning("claimer %s: synchronous_commit is a session setting, which a transaction "
+                                "pooler does not keep: set it on the role instead (ALTER ROLE ... SET "
+                                "synchronous_commit = ...) and unset PGWORKER_SYNCHRONOUS_COMMIT", self.index)
+                else:
+                    self.conn.execute("SELECT set_config('synchronous_commit', %s, false)",
+                                      [self.settings.synchronous_commit])
+            # the backoff is reset by the first statement that succeeds, not by the connect:
+            # a read-only server accepts connections and refuses every claim
             return True
-        except DatabaseUnavailable as exc:
-            if not self._db_down_logged:
-                log.error("claimer %s: %s; retrying with backoff", self.index, exc)
-                self._db_down_logged = True
+        except (DatabaseUnavailable, psycopg.Error) as exc:
+            if self.conn is not None:
+                self.conn.close()
+                self.conn = None
+            self.outage.failed(exc, "connect")
             if block:
                 self._sleep(self._reconnect_delay)
                 self._reconnect_delay = min(RECONNECT_MAX_SECONDS, self._reconnect_delay * 2)
@@ -246,12 +255,7 @@ class Claimer:
             time.sleep(min(0.2, end - time.monotonic()))
 
     def _connection_failed(self, exc: BaseException, action: str) -> None:
-        read_only = isinstance(exc, psycopg.errors.ReadOnlySqlTransaction)
-        if read_only:
-            log.error("claimer %s: %s failed: the server is read-only (a standby after a failover?); "
-                      "waiting for a writable primary", self.index, action)
-        else:
-            log.warning("claimer %s: %s failed (%s); reconnecting", self.index, action, type(exc).__name__)
+        self.outage.failed(exc, action)  # logged once per outage, with what to do
         with self.db_lock:
             if self.conn is not None:
                 try:
@@ -306,15 +310,14 @@ class Claimer:
                                         lease_seconds=self.settings.lease_seconds)
                 if span.is_recording():
                     span.set_attribute("messaging.batch.message_count", len(jobs))
-        except (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.ReadOnlySqlTransaction) as exc:
+        except psycopg.Error as exc:
+            # connection lost, read-only server, a pooler's missing prepared statement, a
+            # privilege or schema problem: reconnect with backoff, say it once per outage
             self.metrics.claim_error(queue)
             self._connection_failed(exc, "claim")
             return None
-        except psycopg.Error as exc:
-            self.metrics.claim_error(queue)
-            log.error("claimer %s: claim on queue %r failed: %s", self.index, queue, type(exc).__name__)
-            self._sleep(self._reconnect_delay)
-            return None
+        self.outage.ok()
+        self._reconnect_delay = 0.5
         self.metrics.claimed(queue, len(jobs), time.perf_counter() - t0, (j.wait_seconds for j in jobs))
         qi = self.queue_index.get(queue, 0)
         self.batch = {}
@@ -432,7 +435,7 @@ class Claimer:
         dead = failure.permanent or job.attempt >= job.max_attempts
         if not isinstance(error, (Permanent, Retry)):
             log.warning("job %s (%s) attempt %s/%s failed: %s: %s", job.id, job.task, job.attempt,
-                        job.max_attempts, failure.code, failure.message[:200],
+                        job.max_attempts, failure.code, _one_line(failure.message[:200]),
                         extra={"action": "job_failed", "job_id": job.id, "queue": job.queue})
         return PendingOutcome(job, slot, "fail", "dead" if dead else "retried", elapsed,
                               code=failure.code, message=failure.message, delay=delay,
@@ -463,7 +466,7 @@ class Claimer:
                 unsure = [p for p in batch if p.retries and p.kind != "lost"
                           and p.job.id not in results[p.kind].accepted]
                 confirmed = self._confirm(unsure) if unsure else set()
-            except (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.ReadOnlySqlTransaction) as exc:
+            except psycopg.Error as exc:
                 for p in batch:
                     p.retries += 1
                     self.table.set_state(p.slot, p.job.id, slots_mod.DONE)
@@ -535,6 +538,11 @@ class Claimer:
             op = {"complete": "complete", "fail": "retry" if outcome == "retried" else "fail"}.get(p.kind, p.kind)
             tracing.settle_span(job, op, accepted, parent=p.span, worker_id=self.worker_id,
                                 start_time=started_ns)
+
+
+def _one_line(text: str) -> str:
+    """Text for a log line: line breaks escaped, so an error message cannot forge lines."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 _FENCE_OPERATION = {"complete": "complete", "fail": "fail", "snooze": "snooze", "cancel": "cancel",

@@ -282,6 +282,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         payload = json.loads(args.payload)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--payload is not valid JSON: {exc}; example: --payload '{{\"user_id\": 42}}'") from None
+    except RecursionError:
+        raise ConfigError("--payload is nested too deeply for Python's JSON decoder; flatten it") from None
     app = _make_app(args)
     job_id = app.enqueue(args.task, payload, queue=args.queue, priority=args.priority, delay=args.delay,
                          max_attempts=args.max_attempts, dedupe_key=args.dedupe_key,

@@ -37,8 +37,8 @@ from . import lease as slots_mod
 from . import tracing
 from .claimer import TIMEOUT, WORKER_DIED, ClaimerSpec, claimer_main
 from .config import Settings
-from .db import connect
-from .errors import DatabaseUnavailable, SchemaVersionError
+from .db import POOLED, OutageLog, connect
+from .errors import DatabaseUnavailable, PoolerError, SchemaVersionError
 from .jobs import FailRequest, Lease
 from .reaper import ReaperConfig, reap_pass
 from .retry import RetryPolicy
@@ -219,6 +219,13 @@ class Dispatcher:
                 with connect(self.settings.dsn, application_name="pgworker:dispatcher",
                              prepare=self.settings.prepared_statements) as conn:
                     self.store.check_schema_version(conn)
+                    pooled = conn in POOLED
+                if pooled and self.health.listen_required and not self.settings.listen_dsn:
+                    raise PoolerError(
+                        "PGWORKER_DSN goes through a connection pooler, and LISTEN needs a session of "
+                        "its own (a transaction-mode pooler would drop its notifications): set "
+                        "PGWORKER_LISTEN_DSN (--listen-dsn) to a direct connection to PostgreSQL, "
+                        "or run with --no-listen to rely on the poll")
                 self.health.connected = True
                 self.health.schema_ok = True
                 return True
@@ -253,7 +260,7 @@ class Dispatcher:
                     self._report_drain()
                     return EXIT_ERROR
                 return EXIT_OK
-        except SchemaVersionError as exc:
+        except (SchemaVersionError, PoolerError) as exc:
             log.error("%s", exc)
             return EXIT_ERROR
         if self.drain:
@@ -520,12 +527,15 @@ class Dispatcher:
         first = True
         queues = set(self.queues)
         dsn = self.settings.effective_listen_dsn
+        outage = OutageLog(log, "listener", dsn)
         while not self.threads_stop.is_set():
             try:
                 with connect(dsn, application_name="pgworker:listener",
                              prepare=False) as conn:
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.store.channel)))
                     self.health.listening = True
+                    self.health.connected = True
+                    outage.ok()
                     if not first:
                         self.metrics.listener_reconnected()
                         log.warning("LISTEN connection re-established; sweeping for missed jobs")
@@ -541,8 +551,8 @@ class Dispatcher:
                 if self.threads_stop.is_set():
                     return
                 delay = backoff.next()
-                log.warning("LISTEN connection lost (%s); reconnecting in %.1f s; polling continues",
-                            type(exc).__name__, delay)
+                # logged once per outage; the fallback poll keeps claiming meanwhile
+                self._db_failed(outage.failed(exc, "LISTEN connection lost; polling continues"))
                 self.threads_stop.wait(delay)
         self.health.listening = False
 
@@ -552,15 +562,18 @@ class Dispatcher:
     def _renewer_loop(self) -> None:
         interval = self.settings.effective_renew_interval
         conn: psycopg.Connection | None = None
+        outage = OutageLog(log, "lease renewer", self.settings.dsn)
         while not self.threads_stop.wait(interval):
             try:
                 if conn is None or conn.closed or conn.broken:
                     conn = connect(self.settings.dsn, application_name="pgworker:renewer",
                                    prepare=self.settings.prepared_statements)
-                self.renew_once(conn)
+                if self.renew_once(conn):
+                    outage.ok()
+                    self._db_ok()
             except Exception as exc:
-                log.warning("lease renewal failed (%s); leases are presumed lost once a full lease "
-                            "passes without a renewal", type(exc).__name__)
+                # leases are presumed lost once a full lease passes without a renewal
+                self._db_failed(outage.failed(exc, "renewing leases"))
                 self._renew_failed()
                 if conn is not None:
                     conn.close()
@@ -577,6 +590,8 @@ class Dispatcher:
             if p is None or not p.is_alive() or slots_mod.process_stopped(p.pid):
                 continue
             for v in h.table.live():
+                if v.lost:
+                    continue  # already known lost: renewing it again could only be refused
                 if v.hard_limit > 0 and now - v.started_at > v.hard_limit:
                     continue  # renewal stops at the max runtime
                 if v.renew_policy == slots_mod.RENEW_PROGRESS and now - v.progress_at > lease:
@@ -584,13 +599,14 @@ class Dispatcher:
                 out.append((h.table, v))
         return out
 
-    def renew_once(self, conn: psycopg.Connection) -> None:
-        """Renew every live lease of the pod in one fenced statement."""
+    def renew_once(self, conn: psycopg.Connection) -> bool:
+        """Renew every live lease of the pod in one fenced statement. Returns whether a
+        statement ran (and so the database answered)."""
         now = time.monotonic()
         candidates = self._renew_candidates(now)
         self._presume_lost(now, exclude={(v.job_id, v.token) for _, v in candidates})
         if not candidates:
-            return
+            return False
         leases = [Lease(v.job_id, v.token) for _, v in candidates]
         report = self.store.renew(conn, leases, lease_seconds=self.settings.lease_seconds)
         accepted = set(report.accepted)
@@ -615,6 +631,7 @@ class Dispatcher:
         live = {(v.job_id, v.token) for _, v in candidates}
         for key in [k for k in self.last_ok if k not in live]:
             del self.last_ok[key]
+        return True
 
     def _renew_failed(self) -> None:
         now = time.monotonic()
@@ -630,7 +647,7 @@ class Dispatcher:
         for h in self.claimers:
             for v in h.table.live():
                 key = (v.job_id, v.token)
-                if key in exclude:
+                if key in exclude or v.lost:  # reported once, when it was first found lost
                     continue
                 last = self.last_ok.get(key, v.claimed_at)
                 if now - last > lease and h.table.mark(v.index, v.job_id, v.token, lost=True):
@@ -639,12 +656,31 @@ class Dispatcher:
                     log.warning("lease on job %s presumed lost: not renewed for %.0f s", v.job_id, now - last,
                                 extra={"action": "lease_lost", "job_id": v.job_id, "queue": q})
 
+    def _db_failed(self, kind: str) -> None:
+        """What /readyz says while the database is away or read-only."""
+        if kind == "read-only":
+            self.health.writable = False
+            self.health.reason = "database is read-only (a standby?): waiting for a writable primary"
+        elif kind == "unreachable":
+            self.health.connected = False
+            self.health.reason = "database unavailable"
+        elif kind == "prepared-statements":
+            self.health.reason = "prepared statements fail behind a pooler: set PGWORKER_PREPARED_STATEMENTS=false"
+
+    def _db_ok(self) -> None:
+        """A write went through: connected and writable again."""
+        self.health.connected = True
+        self.health.writable = True
+        if self.health.reason != "shutting down":
+            self.health.reason = "ok"
+
     def _maintenance_loop(self) -> None:
         """Reaper timer (not in drain mode) and the dispatcher's own fenced writes."""
         conn: psycopg.Connection | None = None
         next_reap = time.monotonic() + min(5.0, self.settings.reap_interval_seconds)
         backoff = Backoff()
         config = ReaperConfig()
+        outage = OutageLog(log, "maintenance (reaper)", self.settings.dsn)
         while not self.threads_stop.is_set():
             try:
                 job = self.work.get(timeout=0.5)
@@ -664,15 +700,13 @@ class Dispatcher:
                     reap_pass(self.store, conn, config, self.metrics)
                     next_reap = time.monotonic() + self.settings.reap_interval_seconds
                 backoff.reset()
-                if self.health.reason in ("database unavailable", "starting"):
-                    self.health.reason = "ok"
+                outage.ok()
+                self._db_ok()
             except Exception as exc:
-                self.health.connected = False
-                self.health.reason = "database unavailable"
+                self._db_failed(outage.failed(exc))
                 if job is not None:
                     self.work.put(job)
                 delay = backoff.next()
-                log.warning("maintenance failed (%s); retrying in %.1f s", type(exc).__name__, delay)
                 if conn is not None:
                     conn.close()
                 conn = None

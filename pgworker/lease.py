@@ -91,6 +91,7 @@ class SlotView:
     renew_policy: int
     attempt: int
     task_index: int
+    lost: bool = False
 
 
 class WakeUp:
@@ -249,7 +250,7 @@ class SlotTable:
     @staticmethod
     def _view(i: int, s: Slot) -> SlotView:
         return SlotView(i, s.state, s.queue_index, s.job_id, s.token, s.claimed_at, s.started_at,
-                        s.progress_at, s.hard_limit, s.renew_policy, s.attempt, s.task_index)
+                        s.progress_at, s.hard_limit, s.renew_policy, s.attempt, s.task_index, bool(s.lost))
 
     def __iter__(self) -> Iterator[Slot]:
         return iter(self.slots)

@@ -274,10 +274,22 @@ class HealthState:
         self.schema_ok = False
         self.reason = "starting"
         self.listen_required = True
+        self.writable = True
 
     @property
     def ready(self) -> bool:
-        return self.alive and self.connected and self.schema_ok and (self.listening or not self.listen_required)
+        return (self.alive and self.connected and self.writable and self.schema_ok
+                and (self.listening or not self.listen_required))
+
+    def why_not(self) -> str:
+        """The reason /readyz gives when not ready."""
+        if self.reason not in ("ok", "starting") or self.ready:
+            return self.reason
+        if not self.connected:
+            return "database unavailable"
+        if self.listen_required and not self.listening:
+            return "database unavailable: the LISTEN connection is down (reconnecting)"
+        return self.reason
 
 
 def serve_http(host: str, port: int, registry: CollectorRegistry, health: HealthState) -> ThreadingHTTPServer:
@@ -298,7 +310,7 @@ def serve_http(host: str, port: int, registry: CollectorRegistry, health: Health
                 self._send(200 if ok else 503, b"ok\n" if ok else b"shutting down\n", "text/plain")
             elif path == "/readyz":
                 ok = health.ready
-                msg = "ready\n" if ok else f"not ready: {health.reason}\n"
+                msg = "ready\n" if ok else f"not ready: {health.why_not()}\n"
                 self._send(200 if ok else 503, msg.encode(), "text/plain")
             else:
                 self._send(404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain")

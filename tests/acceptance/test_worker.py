@@ -286,8 +286,11 @@ def test_snooze_runs_again_later_without_spending_an_attempt(env, pg_dsn, conn):
 def test_listener_killed_polling_still_drains_and_listen_comes_back(env, pg_dsn, conn):
     schema = env.settings.schema
     with Worker(pg_dsn, schema, "--concurrency", "1", "--poll-interval", "1") as w:
+        # this worker's listener only (its LISTEN names the schema's channel): other
+        # workers on the shared server are none of this test's business
+        channel = f'LISTEN "pgworker.{schema}"'
         listener = lambda: q(conn, schema, "SELECT pid FROM pg_stat_activity WHERE application_name = "  # noqa: E731
-                                           "'pgworker:listener' AND query ILIKE 'LISTEN%%'")
+                                           "'pgworker:listener' AND query = %s", channel)
         first = wait_until(listener, 30, message="the dispatcher is listening")
         for (pid,) in first:
             conn.execute("SELECT pg_terminate_backend(%s)", [pid])

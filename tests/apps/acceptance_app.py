@@ -134,3 +134,13 @@ def snoozer(payload, ctx):
                          [ctx.job_id]).fetchone()[0]
     if runs == 1:
         raise pgworker.Snooze(0.2)
+
+
+_LEAK: list[bytes] = []
+
+
+@app.task(name="leak", max_attempts=3, retry=FAST)
+def leak(payload, ctx):
+    """Leaks payload['mb'] megabytes per job (a handler with a memory leak)."""
+    _LEAK.append(os.urandom(payload["mb"] * 1024 * 1024))
+    ledger(ctx, "leak")
