@@ -129,6 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="jobs by queue and state, oldest due job's age, running leases")
     _common(p)
 
+    p = sub.add_parser("sql", help="SQL for operators: least-privilege grants")
+    ssub = p.add_subparsers(dest="sql_command", metavar="grants")
+    sg = ssub.add_parser("grants", help="GRANTs for a producer role and a worker role (print, or --apply)")
+    _common(sg)
+    sg.add_argument("--producer", help="role that may only enqueue and read job state")
+    sg.add_argument("--worker", help="role that may claim, record outcomes and run the reaper")
+    sg.add_argument("--apply", action="store_true", help="run the statements with --dsn (the schema's owner)")
+
     p = sub.add_parser("demo", help="run a realistic workload end to end (embedded PostgreSQL without --dsn)")
     _common(p)
     p.add_argument("--jobs", type=int, default=400)
@@ -353,6 +361,25 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sql(args: argparse.Namespace) -> int:
+    from . import grants
+    from .config import Settings
+
+    if getattr(args, "sql_command", None) != "grants":
+        raise ConfigError("use: pgworker sql grants --producer ROLE --worker ROLE [--schema S] [--apply]")
+    schema = args.schema or Settings.from_env(dsn=args.dsn or "postgresql://unused").schema
+    statements = grants.grant_statements(schema, producer=args.producer, worker=args.worker)
+    if not args.apply:
+        print(grants.render(statements))
+        return 0
+    app = _make_app(args)
+    with app.connection() as conn:
+        grants.apply(conn, statements)
+    print(f"granted on schema {schema!r}: " + ", ".join(
+        f"{kind} {role!r}" for kind, role in (("producer", args.producer), ("worker", args.worker)) if role))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import main as demo_main
 
@@ -361,7 +388,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "enqueue": cmd_enqueue, "jobs": cmd_jobs,
             "dead": cmd_dead, "cancel": cmd_cancel, "prune": cmd_prune, "status": cmd_status,
-            "demo": cmd_demo}
+            "sql": cmd_sql, "demo": cmd_demo}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -374,6 +401,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except PgworkerError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # a statement the server refused (privileges, constraints)
+        import psycopg
+
+        if not isinstance(exc, psycopg.Error):
+            raise
+        from .names import dsn_password, redact
+
+        dsn = getattr(args, "dsn", None) or os.environ.get("PGWORKER_DSN")
+        text = redact(" ".join(str(exc).split()), dsn_password(dsn), dsn)
+        hint = ("; this role lacks the privilege: see `pgworker sql grants`"
+                if getattr(exc, "sqlstate", None) == "42501" else "")
+        print(f"error: PostgreSQL refused the statement ({type(exc).__name__}): {text}{hint}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

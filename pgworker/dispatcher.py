@@ -371,8 +371,10 @@ class Dispatcher:
         if stopping:
             return
         quick = time.monotonic() - h.started_at < 5.0
-        if exitcode == 0 and not quick:
-            h.restart_at = time.monotonic()  # recycled (max jobs or memory per child)
+        if exitcode == 0:
+            # recycled (max jobs or memory per child), however soon: not a crash, no backoff
+            h.restart_at = time.monotonic()
+            h.restarts = 0
         else:
             delay = min(RESTART_BACKOFF_MAX_SECONDS, 0.5 * 2 ** min(h.restarts, 6)) if quick else 0.0
             h.restarts = h.restarts + 1 if quick else 0
