@@ -342,7 +342,7 @@ class Dispatcher:
     def _drained(self) -> bool:
         for h in self.claimers:
             hdr = h.table.header
-            if h.process is None or not hdr.drained or not hdr.idle or h.table.live():
+            if h.process is None or not hdr.drained or not hdr.idle or _live(h.table, busy=[None]):
                 return False
         return True
 
@@ -357,7 +357,7 @@ class Dispatcher:
             self._claimer_gone(h, p.exitcode, p.pid)
 
     def _claimer_gone(self, h: ClaimerHandle, exitcode: int | None, pid: int | None) -> None:
-        held = h.table.held()
+        held = self._held_by_dead_claimer(h)
         kill_reasons = h.kill_reasons
         h.process = None
         if pid and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -381,6 +381,16 @@ class Dispatcher:
             h.restart_at = time.monotonic() + delay
             log.error("claimer %s (pid %s) exited with code %s; restarting in %.1f s (held %s job(s))",
                       h.index, pid, exitcode, delay, len(held))
+
+    def _held_by_dead_claimer(self, h: ClaimerHandle) -> list[slots_mod.SlotView]:
+        """What a claimer that is gone held. If it died holding the table's lock (kill -9
+        in those few microseconds), nobody can release it: the table gets a new lock."""
+        try:
+            return h.table.held()
+        except slots_mod.SlotTableBusy:
+            log.error("claimer %s died holding its slot table's lock; the table gets a new lock", h.index)
+            h.table.replace_lock(self.mp)
+            return h.table.held()
 
     def _restart_due(self, now: float) -> None:
         for h in self.claimers:
@@ -432,7 +442,7 @@ class Dispatcher:
         for h in self.claimers:
             if h.process is None or not h.process.is_alive():
                 continue
-            for v in h.table.live():
+            for v in _live(h.table):
                 if v.state == slots_mod.RUNNING and v.hard_limit > 0 and \
                         now - v.started_at > v.hard_limit + HARD_LIMIT_GRACE_SECONDS:
                     log.error("job %s ran %.0f s, past its limit of %.0f s: stopping claimer %s",
@@ -489,6 +499,7 @@ class Dispatcher:
         while not self.work.empty():
             self._run_now(self.work.get_nowait())
         for h in self.claimers:
+            self._held_by_dead_claimer(h)
             self.summary.add(h.table.reset())
         if not self.drain:
             log.info("stopped")
@@ -591,7 +602,7 @@ class Dispatcher:
             # A stopped (SIGSTOP) or dead claimer is not alive: its leases lapse.
             if p is None or not p.is_alive() or slots_mod.process_stopped(p.pid):
                 continue
-            for v in h.table.live():
+            for v in _live(h.table):  # a table whose lock stays taken: its leases lapse
                 if v.lost:
                     continue  # already known lost: renewing it again could only be refused
                 if v.hard_limit > 0 and now - v.started_at > v.hard_limit:
@@ -620,8 +631,8 @@ class Dispatcher:
                 self.last_ok[(v.job_id, v.token)] = now
                 counts["renewed"] += 1
                 if report.details.get(v.job_id):
-                    table.mark(v.index, v.job_id, v.token, cancel=True)
-            elif table.mark(v.index, v.job_id, v.token, lost=True):
+                    _mark(table, v, cancel=True)
+            elif _mark(table, v, lost=True):
                 counts["lost"] += 1
                 self.metrics.fenced(q, "renew")
                 log.warning("lease lost on job %s (token %s): the renewal was refused", v.job_id, v.token,
@@ -638,7 +649,7 @@ class Dispatcher:
     def _renew_failed(self) -> None:
         now = time.monotonic()
         for h in self.claimers:
-            for v in h.table.live():
+            for v in _live(h.table):
                 self.metrics.renewals(self._queue_name(v), "error", 1)
         self._presume_lost(now, exclude=set())
 
@@ -647,12 +658,12 @@ class Dispatcher:
         its handler, so the duplicate-execution window stays within one lease."""
         lease = self.settings.lease_seconds
         for h in self.claimers:
-            for v in h.table.live():
+            for v in _live(h.table):
                 key = (v.job_id, v.token)
                 if key in exclude or v.lost:  # reported once, when it was first found lost
                     continue
                 last = self.last_ok.get(key, v.claimed_at)
-                if now - last > lease and h.table.mark(v.index, v.job_id, v.token, lost=True):
+                if now - last > lease and _mark(h.table, v, lost=True):
                     q = self._queue_name(v)
                     self.metrics.renewals(q, "lost", 1)
                     log.warning("lease on job %s presumed lost: not renewed for %.0f s", v.job_id, now - last,
@@ -716,6 +727,22 @@ class Dispatcher:
                 self.threads_stop.wait(delay)
         if conn is not None:
             conn.close()
+
+
+def _live(table: slots_mod.SlotTable, busy: Any = None) -> list[slots_mod.SlotView]:
+    """The table's live slots; when its lock stays taken (its claimer is stopped, or died
+    holding it), nothing this round, or ``busy`` if given."""
+    try:
+        return table.live()
+    except slots_mod.SlotTableBusy:
+        return [] if busy is None else busy
+
+
+def _mark(table: slots_mod.SlotTable, v: slots_mod.SlotView, *, lost: bool = False, cancel: bool = False) -> bool:
+    try:
+        return table.mark(v.index, v.job_id, v.token, lost=lost, cancel=cancel)
+    except slots_mod.SlotTableBusy:
+        return False
 
 
 def _abandon_message(code: str) -> str:

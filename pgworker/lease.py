@@ -15,6 +15,7 @@ the job to stop. A claimer reads them through :class:`pgworker.JobContext`.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing
 import time
@@ -92,6 +93,14 @@ class SlotView:
     attempt: int
     task_index: int
     lost: bool = False
+
+
+LOCK_TIMEOUT_SECONDS = 2.0
+
+
+class SlotTableBusy(Exception):
+    """The slot table's lock stayed taken for LOCK_TIMEOUT_SECONDS: its claimer is
+    stopped (SIGSTOP) or died while holding it."""
 
 
 class WakeUp:
@@ -203,20 +212,39 @@ class SlotTable:
         setattr(self.header, outcome, getattr(self.header, outcome) + n)
 
     # -- dispatcher side ------------------------------------------------------------
+    # The dispatcher never waits for the lock without a bound: a claimer stopped with
+    # SIGSTOP, or killed with kill -9, while it held the lock (a few microseconds) would
+    # otherwise stall every dispatcher thread, or all of them forever.
+
+    @contextlib.contextmanager
+    def _dispatcher_lock(self) -> Iterator[None]:
+        if not self.lock.acquire(timeout=LOCK_TIMEOUT_SECONDS):
+            raise SlotTableBusy(f"slot table lock not free within {LOCK_TIMEOUT_SECONDS} s")
+        try:
+            yield
+        finally:
+            self.lock.release()
+
+    def replace_lock(self, ctx: Any) -> None:
+        """Give the table a fresh lock after its claimer died holding the old one (the
+        only other holder, so the old lock can never be released). The replacement
+        claimer receives the new lock at spawn."""
+        self.lock = ctx.Lock()
+
 
     def live(self) -> list[SlotView]:
         """Copies of the slots holding a lease (claimed, running, or waiting to be written)."""
-        with self.lock:
+        with self._dispatcher_lock():
             return [self._view(i, s) for i, s in enumerate(self.slots) if s.state in LIVE_STATES]
 
     def held(self) -> list[SlotView]:
         """Every slot that is not empty (for a claimer that died: what it held)."""
-        with self.lock:
+        with self._dispatcher_lock():
             return [self._view(i, s) for i, s in enumerate(self.slots) if s.state != EMPTY]
 
     def mark(self, index: int, job_id: int, token: int, *, lost: bool = False, cancel: bool = False) -> bool:
         """Set the lost / cancel flag if the slot still holds this lease."""
-        with self.lock:
+        with self._dispatcher_lock():
             s = self.slots[index]
             if s.job_id != job_id or s.token != token or s.state in (EMPTY, FLUSHING):
                 return False
@@ -228,7 +256,7 @@ class SlotTable:
 
     def take_back(self, index: int, job_id: int, token: int, states: tuple[int, ...]) -> bool:
         """Take a slot over for a release (the claimer will skip it); True if taken."""
-        with self.lock:
+        with self._dispatcher_lock():
             s = self.slots[index]
             if s.job_id == job_id and s.token == token and s.state in states:
                 s.state = RELEASING
@@ -238,7 +266,7 @@ class SlotTable:
     def reset(self) -> dict[str, int]:
         """Empty every slot and zero the header (before a replacement claimer starts);
         returns the outcome counts the old claimer recorded."""
-        with self.lock:
+        with self._dispatcher_lock():
             counts = {f: getattr(self.header, f) for f in OUTCOME_FIELDS}
             ctypes.memset(ctypes.addressof(self.slots), 0, ctypes.sizeof(self.slots))
             ctypes.memset(ctypes.addressof(self.header), 0, ctypes.sizeof(self.header))

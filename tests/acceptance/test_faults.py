@@ -10,18 +10,9 @@ import time
 import pytest
 
 from pg import wait_until
-from worker import ACCEPTANCE_APP, Worker, create_ledger, q
+from worker import Worker, q
 
 pytestmark = pytest.mark.acceptance
-
-
-@pytest.fixture
-def env(app, pg_dsn):
-    from pgworker.loader import load_app
-
-    create_ledger(pg_dsn, app.settings.schema)
-    app.tasks.update(load_app(ACCEPTANCE_APP).tasks)
-    return app
 
 
 def test_kill_9_of_an_idle_claimer_does_not_hang_the_dispatcher(env, pg_dsn, conn):

@@ -5,7 +5,6 @@ neither can do more. Payloads are not logged; the metrics endpoint binds where t
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys

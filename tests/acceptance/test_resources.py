@@ -11,21 +11,11 @@ import pytest
 
 from pg import wait_until
 from pgcluster import Cluster, missing_tools, require
-from worker import Worker, create_ledger, q
+from worker import Worker, q
 
 pytestmark = pytest.mark.acceptance
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                 "benchmarks"))
-
-
-@pytest.fixture
-def env(app, pg_dsn):
-    from pgworker.loader import load_app
-    from worker import ACCEPTANCE_APP
-
-    create_ledger(pg_dsn, app.settings.schema)
-    app.tasks.update(load_app(ACCEPTANCE_APP).tasks)
-    return app
 
 
 def _recycled(conn, schema, n, w, option):

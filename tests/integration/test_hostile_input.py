@@ -5,7 +5,6 @@ gets a clear error naming the fix, or works; nothing is lost and nothing else br
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 

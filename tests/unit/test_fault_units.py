@@ -76,3 +76,31 @@ def test_grants_quote_every_name_and_refuse_nonsense():
         grant_statements("s")
     with pytest.raises(InvalidName):
         grant_statements("x" * 64, producer="p")
+
+
+def _hold_lock_forever(table, taken):
+    table.lock.acquire()
+    taken.set()
+    import time
+
+    time.sleep(600)
+
+
+def test_a_slot_table_whose_claimer_died_holding_the_lock_gets_a_new_one():
+    import os
+    import signal
+
+    from pgworker.lease import SlotTable, SlotTableBusy
+
+    ctx = multiprocessing.get_context("fork")
+    table = SlotTable(4, ctx)
+    taken = ctx.Event()
+    child = ctx.Process(target=_hold_lock_forever, args=(table, taken))
+    child.start()
+    assert taken.wait(30)
+    os.kill(child.pid, signal.SIGKILL)  # dies holding the lock
+    child.join()
+    with pytest.raises(SlotTableBusy):  # bounded: the dispatcher is never stuck on it
+        table.live()
+    table.replace_lock(ctx)
+    assert table.held() == [] and table.live() == []
