@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import signal
 import threading
 import time
@@ -43,7 +44,9 @@ log = logging.getLogger("pgworker.claimer")
 BATCH_TARGET_SECONDS = 1.0
 INITIAL_BATCH = 10
 WAIT_CHECK_SECONDS = 1.0
-RECONNECT_MAX_SECONDS = 30.0
+# Reconnect backoff cap: the worst-case delay between the database's return and a
+# claimer noticing it. Jitter (x0.5-1) spreads a fleet's reconnects after a restart.
+RECONNECT_MAX_SECONDS = 10.0
 UNKNOWN_TASK = "UNKNOWN_TASK"
 WORKER_DIED = "WORKER_DIED"
 TIMEOUT = "TIMEOUT"
@@ -245,7 +248,7 @@ class Claimer:
                 self.conn = None
             self.outage.failed(exc, "connect")
             if block:
-                self._sleep(self._reconnect_delay)
+                self._sleep(self._reconnect_delay * random.uniform(0.5, 1.0))
                 self._reconnect_delay = min(RECONNECT_MAX_SECONDS, self._reconnect_delay * 2)
             return False
 
@@ -263,7 +266,7 @@ class Claimer:
                 except Exception:
                     pass
             self.conn = None
-        self._sleep(self._reconnect_delay)
+        self._sleep(self._reconnect_delay * random.uniform(0.5, 1.0))
         self._reconnect_delay = min(RECONNECT_MAX_SECONDS, self._reconnect_delay * 2)
 
     # -- claiming -------------------------------------------------------------------

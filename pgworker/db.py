@@ -136,7 +136,7 @@ def describe_failure(exc: BaseException, dsn: str | None = None) -> str:
     if kind == "prepared-statements":
         return f"prepared statement error ({getattr(exc, 'sqlstate', '')}): {POOLER_PREPARED_HINT}"
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    text = redact(first, dsn_password(dsn), dsn)[:300]
+    text = redact(first, dsn_password(dsn))[:300]  # the password, not the whole DSN
     if isinstance(exc, DatabaseUnavailable):
         return text
     if kind == "unreachable":

@@ -24,6 +24,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import queue as queue_mod
+import random
 import signal
 import threading
 import time
@@ -51,7 +52,9 @@ EXIT_ERROR = 1
 EXIT_DRAIN_DEADLINE = 75  # EX_TEMPFAIL: the deadline passed with due work left; run again
 HARD_LIMIT_GRACE_SECONDS = 2.0
 RESTART_BACKOFF_MAX_SECONDS = 30.0
-RECONNECT_MAX_SECONDS = 30.0
+# Reconnect backoff cap (seconds): the worst-case delay between the database's return
+# and a dispatcher thread noticing it; jitter spreads a fleet's reconnects.
+RECONNECT_MAX_SECONDS = 10.0
 SUPERVISE_TICK_SECONDS = 0.2
 
 
@@ -94,8 +97,9 @@ class Backoff:
         self.first, self.cap, self.value = first, cap, first
 
     def next(self) -> float:
+        """The next delay: doubling up to the cap, less up to half at random (jitter)."""
         v, self.value = self.value, min(self.cap, self.value * 2)
-        return v
+        return v * random.uniform(0.5, 1.0)
 
     def reset(self) -> None:
         self.value = self.first

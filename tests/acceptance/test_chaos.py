@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
                                 "benchmarks"))
 
 
+@pytest.mark.timeout(900)
 def test_short_chaos_soak_keeps_every_invariant(pg_dsn, tmp_path):
     require(missing_tools())
     import chaos

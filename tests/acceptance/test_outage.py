@@ -19,7 +19,7 @@ from worker import ACCEPTANCE_APP, Worker, create_ledger, q
 
 pytestmark = pytest.mark.acceptance
 
-OUTAGE_SECONDS = float(os.environ.get("PGWORKER_OUTAGE_SECONDS", "30"))
+OUTAGE_SECONDS = float(os.environ.get("PGWORKER_OUTAGE_SECONDS", "37"))
 _LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ (\w+) (\S+) (\S+): (.*)$")
 
 
@@ -79,6 +79,7 @@ def _app(dsn: str, schema: str):
     return app
 
 
+@pytest.mark.timeout(900)
 def test_worker_survives_an_outage_and_carries_on(cluster, capsys):
     dsn, schema, port = cluster.dsn(), "outage", free_port()
     app = _app(dsn, schema)
@@ -130,7 +131,9 @@ def test_worker_survives_an_outage_and_carries_on(cluster, capsys):
         assert w.stop() == 0
 
     outage = log_lines(logs, down, up)
-    quiet_tail = log_lines(logs, down + 10, up - 1)
+    # pg_ctl returns a moment after the server accepts connections: recoveries may be
+    # logged just before `up`; they are not retries
+    quiet_tail = [line for line in log_lines(logs, down + 10, up - 1) if "database back after" not in line]
     with capsys.disabled():
         print(f"\noutage {up - down:.1f} s: ready {ready_after:.1f} s after the server returned, new jobs done "
               f"{done_after:.1f} s after; CPU {cpu:.2f} s over {cpu_window:.0f} s; {len(outage)} log lines")
