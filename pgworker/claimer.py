@@ -75,7 +75,8 @@ class Claimer:
     """One claimer process. Built and run by :func:`claimer_main` in the child."""
 
     def __init__(self, app: Any, settings: Settings, index: int, table: slots_mod.SlotTable,
-                 queues: Sequence[str], *, drain: bool, stop_event: Any) -> None:
+                 queues: Sequence[str], *, drain: bool, stop_event: Any,
+                 dispatcher_pid: int | None = None) -> None:
         self.app = app
         self.settings = settings
         self.index = index
@@ -99,7 +100,10 @@ class Claimer:
         self.jobs_done = 0
         self.stopping = False
         self.batch: dict[int, tuple[ClaimedJob, int]] = {}  # job id -> (job, slot) of the current claim
-        self.parent_pid = os.getppid()
+        # The dispatcher's pid as the dispatcher gave it, not getppid() now: a dispatcher
+        # killed while this process was starting would otherwise never be missed (the
+        # orphan's parent is already init, and stays so). Found by the chaos soak.
+        self.parent_pid = dispatcher_pid or os.getppid()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.metrics: Any = None
         self.secrets = (dsn_password(settings.dsn),)
@@ -592,6 +596,7 @@ class ClaimerSpec:
     stop_event: Any
     log_level: int
     log_format: str
+    dispatcher_pid: int = 0
 
 
 def claimer_main(spec: ClaimerSpec) -> None:
@@ -608,7 +613,7 @@ def claimer_main(spec: ClaimerSpec) -> None:
     app = load_app(spec.app_ref)
     app.configure(spec.settings)
     claimer = Claimer(app, spec.settings, spec.index, spec.table, spec.queues,
-                      drain=spec.drain, stop_event=spec.stop_event)
+                      drain=spec.drain, stop_event=spec.stop_event, dispatcher_pid=spec.dispatcher_pid)
     try:
         code = claimer.run()
     finally:

@@ -363,11 +363,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_sql(args: argparse.Namespace) -> int:
     from . import grants
-    from .config import Settings
+    from .config import DEFAULT_SCHEMA
 
     if getattr(args, "sql_command", None) != "grants":
         raise ConfigError("use: pgworker sql grants --producer ROLE --worker ROLE [--schema S] [--apply]")
-    schema = args.schema or Settings.from_env(dsn=args.dsn or "postgresql://unused").schema
+    schema = args.schema or os.environ.get("PGWORKER_SCHEMA") or DEFAULT_SCHEMA
     statements = grants.grant_statements(schema, producer=args.producer, worker=args.worker)
     if not args.apply:
         print(grants.render(statements))

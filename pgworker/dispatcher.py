@@ -328,7 +328,7 @@ class Dispatcher:
 
     def _spawn(self, h: ClaimerHandle) -> None:
         spec = ClaimerSpec(self.app_ref, self.settings, h.index, h.table, tuple(self.queues), self.drain,
-                           self.stop_event, self.log_level, self.log_format)
+                           self.stop_event, self.log_level, self.log_format, os.getpid())
         h.process = self.mp.Process(target=claimer_main, args=(spec,), name=f"pgworker-claimer-{h.index}")
         h.process.start()
         h.started_at = time.monotonic()

@@ -33,3 +33,39 @@ def test_kill_9_of_an_idle_claimer_does_not_hang_the_dispatcher(env, pg_dsn, con
                    60, message=lambda: f"jobs after the kill to run; log:\n{w.logs()[-3000:]}")
         assert w.stop(timeout=30) == 0
     assert len(ids) == 20
+
+
+def test_claimers_whose_dispatcher_dies_while_they_start_exit_on_their_own(app, pg_dsn):
+    """A dispatcher killed while its claimers were still starting: they were reparented
+    before they read their parent's pid, took init for their dispatcher and never left
+    (found by the chaos soak). They must notice and exit."""
+    from worker import HERE
+
+    slow_app = os.path.join(HERE, "apps", "slow_import_app.py") + ":app"
+    with Worker(pg_dsn, app.settings.schema, "--concurrency", "2", app=slow_app,
+                env={"SLOW_IMPORT_SECONDS": "3"}) as w:
+        claimers = wait_until(lambda: len(w.claimer_pids()) == 2 and w.claimer_pids(), 60,
+                              message="claimer processes started")
+        w.signal(signal.SIGKILL)  # they are still importing the app
+        w.proc.wait()
+
+        def gone():
+            alive = []
+            for pid in claimers:
+                try:
+                    with open(f"/proc/{pid}/stat") as f:
+                        stat = f.read()
+                    if stat[stat.rfind(")") + 2] not in "ZX":
+                        alive.append(pid)
+                except OSError:
+                    pass
+            return not alive
+
+        try:
+            wait_until(gone, 60, message=lambda: f"orphaned claimers to exit; log:\n{w.logs()[-3000:]}")
+        finally:
+            for pid in claimers:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
