@@ -461,7 +461,12 @@ class Soak:
         for s in list(self.slots):
             if s.killed:
                 continue
-            _, s.final_scrape = _http(s.metrics_port, "/metrics")
+            for _ in range(5):  # a loaded machine can be slow to answer: retry, generously
+                status, s.final_scrape = _http(s.metrics_port, "/metrics", timeout=15.0)
+                if status == 200:
+                    break
+                s.final_scrape = None
+                time.sleep(1.0)
             s.exit_code = s.worker.stop(timeout=60)
         self.report.worker_exit_codes = [s.exit_code for s in self.slots if not s.killed]
 
@@ -594,6 +599,8 @@ class Soak:
         totals: Counter = Counter()
         for s in self.slots:
             text = s.final_scrape if not s.killed else _read_metrics_dir(s.metrics_dir)
+            if text is None and s.killed and not os.path.isdir(s.metrics_dir):
+                continue  # killed while starting, before it made its metrics directory: it ran nothing
             if text is None:
                 self.report.violations.append(f"no metrics from worker {s.name}")
                 continue
