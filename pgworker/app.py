@@ -13,7 +13,7 @@ import psycopg
 
 from . import db
 from .config import Settings
-from .errors import ConfigError, DatabaseUnavailable, LeaseLost, SchemaNotMigrated
+from .errors import ConfigError, DatabaseReadOnly, DatabaseUnavailable, LeaseLost, PoolerError, SchemaNotMigrated
 from .jobs import ClaimedJob, FailRequest, Lease, ReapResult
 from .migrate import MigrationReport, migrate
 from .names import check_queue_name, dsn_password, redact, redact_dsn
@@ -170,7 +170,8 @@ class App:
             db.check_dsn(s.dsn)
 
             def configure(conn: psycopg.Connection) -> None:
-                if not s.prepared_statements:
+                # behind a transaction-mode pooler, prepared statements would go missing
+                if db.detect_pooler(conn) or not s.prepared_statements:
                     conn.prepare_threshold = None
 
             def check(conn: psycopg.Connection) -> None:
@@ -218,6 +219,14 @@ class App:
             raise DatabaseUnavailable(
                 f"database error: {redact(str(exc), dsn_password(self.settings.dsn), self.settings.dsn)}; "
                 "the job state is unknown only if the failure came after the statement was sent") from None
+        except psycopg.Error as exc:
+            if db.failure_kind(exc) == "read-only":
+                raise DatabaseReadOnly(
+                    "the server is read-only (a standby after a failover, or default_transaction_read_only "
+                    "is on): nothing was written; point PGWORKER_DSN at the writable primary") from exc
+            if db.failure_kind(exc) == "prepared-statements":
+                raise PoolerError(db.describe_failure(exc)) from exc
+            raise
 
     def close(self) -> None:
         """Close the connection pool (safe to call twice)."""

@@ -22,16 +22,17 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import psycopg
+from psycopg.types.json import set_json_loads
 
 from . import lease as slots_mod
 from . import tracing
 from .config import Settings
 from .context import JobContext
-from .db import connect
+from .db import POOLED, OutageLog, connect
 from .errors import (DatabaseUnavailable, InvalidPayload, JobCancelled, LeaseLost, Permanent, Retry,
                      Snooze)
 from .podlimits import PodQueueLimits
-from .jobs import ClaimedJob, FailRequest, Lease
+from .jobs import ClaimedJob, FailRequest, Lease, safe_json_loads
 from .names import dsn_password
 from .retry import classify
 from .tasks import RENEW_ON_PROGRESS, Task
@@ -48,7 +49,9 @@ WAIT_CHECK_SECONDS = 1.0
 # reaching its slot (the request itself arrives with the next lease renewal).
 CANCEL_POLL_SECONDS = 0.1
 HANDLER_BEAT_SECONDS = 1.0
-RECONNECT_MAX_SECONDS = 30.0
+# Reconnect backoff cap: the worst-case delay between the database's return and a
+# claimer noticing it. Jitter (x0.5-1) spreads a fleet's reconnects after a restart.
+RECONNECT_MAX_SECONDS = 10.0
 UNKNOWN_TASK = "UNKNOWN_TASK"
 WORKER_DIED = "WORKER_DIED"
 TIMEOUT = "TIMEOUT"
@@ -77,7 +80,8 @@ class Claimer:
     """One claimer process. Built and run by :func:`claimer_main` in the child."""
 
     def __init__(self, app: Any, settings: Settings, index: int, table: slots_mod.SlotTable,
-                 queues: Sequence[str], *, drain: bool, pod_limits: PodQueueLimits | None = None) -> None:
+                 queues: Sequence[str], *, drain: bool, pod_limits: PodQueueLimits | None = None,
+                 dispatcher_pid: int | None = None) -> None:
         self.app = app
         self.settings = settings
         self.index = index
@@ -101,12 +105,15 @@ class Claimer:
         self.stopping = False
         self.running_job = False  # a handler runs (the flusher thread then beats for the loop)
         self.batch: dict[int, tuple[ClaimedJob, int]] = {}  # job id -> (job, slot) of the current claim
-        self.parent_pid = os.getppid()
+        # The dispatcher's pid as the dispatcher gave it, not getppid() now: a dispatcher
+        # killed while this process was starting would otherwise never be missed (the
+        # orphan's parent is already init, and stays so). Found by the chaos soak.
+        self.parent_pid = dispatcher_pid or os.getppid()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.metrics: Any = None
         self.secrets = (dsn_password(settings.dsn),)
         self._reconnect_delay = 0.5
-        self._db_down_logged = False
+        self.outage = OutageLog(log, f"claimer {index}", settings.dsn)
         # Queue policies (docs/scheduling.md): queues known to have a global limit (their
         # claims lock the queue row first), when a rate-limited queue's next token is due
         # (monotonic time), and this pod's shared per-queue counts.
@@ -202,7 +209,7 @@ class Claimer:
         self.table.beat(idle=True)
         try:
             while not self.should_stop():
-                if self.table.wait_wake(self._wait_seconds()) or self._retry_due():
+                if self.table.wake.wait(self._wait_seconds()) or self._retry_due():
                     break
                 self.table.beat()
                 self.metrics.loop_heartbeat()
@@ -255,22 +262,30 @@ class Claimer:
 
     def _connect(self, block: bool) -> bool:
         try:
-            self.conn = connect(self.settings.dsn, application_name=f"pgworker:claimer:{self.index}",
-                                prepare=self.settings.prepared_statements)
+            conn = connect(self.settings.dsn, application_name=f"pgworker:claimer:{self.index}",
+                           prepare=self.settings.prepared_statements)
+            # A payload PostgreSQL stores but Python's decoder refuses (nested deeper than
+            # its recursion limit) must fail its own job, not every claim of the queue.
+            set_json_loads(safe_json_loads, conn)
+            self.conn = conn
             if self.settings.synchronous_commit:
-                self.conn.execute("SELECT set_config('synchronous_commit', %s, false)",
-                                  [self.settings.synchronous_commit])
-            if self._db_down_logged:
-                log.warning("claimer %s reconnected to PostgreSQL", self.index)
-            self._db_down_logged = False
-            self._reconnect_delay = 0.5
+                if conn in POOLED:
+                    log.warning("claimer %s: synchronous_commit is a session setting, which a transaction "
+                                "pooler does not keep: set it on the role instead (ALTER ROLE ... SET "
+                                "synchronous_commit = ...) and unset PGWORKER_SYNCHRONOUS_COMMIT", self.index)
+                else:
+                    self.conn.execute("SELECT set_config('synchronous_commit', %s, false)",
+                                      [self.settings.synchronous_commit])
+            # the backoff is reset by the first statement that succeeds, not by the connect:
+            # a read-only server accepts connections and refuses every claim
             return True
-        except DatabaseUnavailable as exc:
-            if not self._db_down_logged:
-                log.error("claimer %s: %s; retrying with backoff", self.index, exc)
-                self._db_down_logged = True
+        except (DatabaseUnavailable, psycopg.Error) as exc:
+            if self.conn is not None:
+                self.conn.close()
+                self.conn = None
+            self.outage.failed(exc, "connect")
             if block:
-                self._sleep(self._reconnect_delay)
+                self._sleep(self._reconnect_delay * random.uniform(0.5, 1.0))
                 self._reconnect_delay = min(RECONNECT_MAX_SECONDS, self._reconnect_delay * 2)
             return False
 
@@ -280,12 +295,7 @@ class Claimer:
             time.sleep(min(0.2, end - time.monotonic()))
 
     def _connection_failed(self, exc: BaseException, action: str) -> None:
-        read_only = isinstance(exc, psycopg.errors.ReadOnlySqlTransaction)
-        if read_only:
-            log.error("claimer %s: %s failed: the server is read-only (a standby after a failover?); "
-                      "waiting for a writable primary", self.index, action)
-        else:
-            log.warning("claimer %s: %s failed (%s); reconnecting", self.index, action, type(exc).__name__)
+        self.outage.failed(exc, action)  # logged once per outage, with what to do
         with self.db_lock:
             if self.conn is not None:
                 try:
@@ -293,7 +303,7 @@ class Claimer:
                 except Exception:
                     pass
             self.conn = None
-        self._sleep(self._reconnect_delay)
+        self._sleep(self._reconnect_delay * random.uniform(0.5, 1.0))
         self._reconnect_delay = min(RECONNECT_MAX_SECONDS, self._reconnect_delay * 2)
 
     # -- claiming -------------------------------------------------------------------
@@ -356,15 +366,14 @@ class Claimer:
                 jobs = result.jobs
                 if span.is_recording():
                     span.set_attribute("messaging.batch.message_count", len(jobs))
-        except (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.ReadOnlySqlTransaction) as exc:
+        except psycopg.Error as exc:
+            # connection lost, read-only server, a pooler's missing prepared statement, a
+            # privilege or schema problem: reconnect with backoff, say it once per outage
             self.metrics.claim_error(queue)
             self._connection_failed(exc, "claim")
             return None
-        except psycopg.Error as exc:
-            self.metrics.claim_error(queue)
-            log.error("claimer %s: claim on queue %r failed: %s", self.index, queue, type(exc).__name__)
-            self._sleep(self._reconnect_delay)
-            return None
+        self.outage.ok()
+        self._reconnect_delay = 0.5
         # Next time, a queue with a global limit goes straight to the locked claim.
         (self.limited_queues.add if result.limited else self.limited_queues.discard)(queue)
         if result.retry_after_seconds is not None and len(jobs) < limit:
@@ -498,7 +507,7 @@ class Claimer:
         dead = failure.permanent or job.attempt >= job.max_attempts
         if not isinstance(error, (Permanent, Retry)):
             log.warning("job %s (%s) attempt %s/%s failed: %s: %s", job.id, job.task, job.attempt,
-                        job.max_attempts, failure.code, failure.message[:200],
+                        job.max_attempts, failure.code, _one_line(failure.message[:200]),
                         extra={"action": "job_failed", "job_id": job.id, "queue": job.queue})
         return PendingOutcome(job, slot, "fail", "dead" if dead else "retried", elapsed,
                               code=failure.code, message=failure.message, delay=delay,
@@ -529,7 +538,7 @@ class Claimer:
                 unsure = [p for p in batch if p.retries and p.kind != "lost"
                           and p.job.id not in results[p.kind].accepted]
                 confirmed = self._confirm(unsure) if unsure else set()
-            except (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.ReadOnlySqlTransaction) as exc:
+            except psycopg.Error as exc:
                 for p in batch:
                     p.retries += 1
                     self.table.set_state(p.slot, p.job.id, slots_mod.DONE)
@@ -609,6 +618,11 @@ class Claimer:
                                 start_time=started_ns)
 
 
+def _one_line(text: str) -> str:
+    """Text for a log line: line breaks escaped, so an error message cannot forge lines."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 _FENCE_OPERATION = {"complete": "complete", "fail": "fail", "snooze": "snooze", "cancel": "cancel",
                     "release": "release"}
 
@@ -671,6 +685,7 @@ class ClaimerSpec:
     log_level: int
     log_format: str
     pod_limits: PodQueueLimits | None = None
+    dispatcher_pid: int = 0
 
 
 def claimer_main(spec: ClaimerSpec) -> None:
@@ -684,7 +699,7 @@ def claimer_main(spec: ClaimerSpec) -> None:
     app = load_app(spec.app_ref)
     app.configure(spec.settings)
     claimer = Claimer(app, spec.settings, spec.index, spec.table, spec.queues, drain=spec.drain,
-                      pod_limits=spec.pod_limits)
+                      pod_limits=spec.pod_limits, dispatcher_pid=spec.dispatcher_pid)
     try:
         code = claimer.run()
     finally:

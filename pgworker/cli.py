@@ -170,6 +170,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("schedules", help="periodic jobs with their next run (--app adds the declared ones)")
     _common(p)
 
+    p = sub.add_parser("sql", help="SQL for operators: least-privilege grants")
+    ssub = p.add_subparsers(dest="sql_command", metavar="grants")
+    sg = ssub.add_parser("grants", help="GRANTs for a producer role and a worker role (print, or --apply)")
+    _common(sg)
+    sg.add_argument("--producer", help="role that may only enqueue and read job state")
+    sg.add_argument("--worker", help="role that may claim, record outcomes and run the reaper")
+    sg.add_argument("--apply", action="store_true", help="run the statements with --dsn (the schema's owner)")
+
     p = sub.add_parser("demo", help="run a realistic workload end to end (embedded PostgreSQL without --dsn)")
     _common(p)
     p.add_argument("--jobs", type=int, default=400)
@@ -359,6 +367,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         payload = json.loads(args.payload)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--payload is not valid JSON: {exc}; example: --payload '{{\"user_id\": 42}}'") from None
+    except RecursionError:
+        raise ConfigError("--payload is nested too deeply for Python's JSON decoder; flatten it") from None
     app = _make_app(args)
     job_id = app.enqueue(args.task, payload, queue=args.queue, priority=args.priority, delay=args.delay,
                          max_attempts=args.max_attempts, dedupe_key=args.dedupe_key,
@@ -491,6 +501,25 @@ def cmd_schedules(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sql(args: argparse.Namespace) -> int:
+    from . import grants
+    from .config import DEFAULT_SCHEMA
+
+    if getattr(args, "sql_command", None) != "grants":
+        raise ConfigError("use: pgworker sql grants --producer ROLE --worker ROLE [--schema S] [--apply]")
+    schema = args.schema or os.environ.get("PGWORKER_SCHEMA") or DEFAULT_SCHEMA
+    statements = grants.grant_statements(schema, producer=args.producer, worker=args.worker)
+    if not args.apply:
+        print(grants.render(statements))
+        return 0
+    app = _make_app(args)
+    with app.connection() as conn:
+        grants.apply(conn, statements)
+    print(f"granted on schema {schema!r}: " + ", ".join(
+        f"{kind} {role!r}" for kind, role in (("producer", args.producer), ("worker", args.worker)) if role))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import main as demo_main
 
@@ -499,7 +528,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "enqueue": cmd_enqueue, "jobs": cmd_jobs,
             "dead": cmd_dead, "cancel": cmd_cancel, "prune": cmd_prune, "status": cmd_status,
-            "queue": cmd_queue, "schedules": cmd_schedules, "demo": cmd_demo}
+            "queue": cmd_queue, "schedules": cmd_schedules, "sql": cmd_sql, "demo": cmd_demo}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -517,16 +546,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PgworkerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except Exception as exc:  # a database error we did not anticipate: no traceback, no secrets
+    except Exception as exc:  # a statement the server refused (privileges, constraints): no traceback, no secrets
         import psycopg
-
-        from .names import redact
 
         if not isinstance(exc, psycopg.Error):
             raise
+        from .names import dsn_password, redact
+
         dsn = getattr(args, "dsn", None) or os.environ.get("PGWORKER_DSN")
-        code = f" ({exc.sqlstate})" if getattr(exc, "sqlstate", None) else ""
-        print(f"error: database error{code}: {redact(str(exc).strip(), dsn)}", file=sys.stderr)
+        text = redact(" ".join(str(exc).split()), dsn_password(dsn), dsn)
+        hint = ("; this role lacks the privilege: see `pgworker sql grants`"
+                if getattr(exc, "sqlstate", None) == "42501" else "")
+        print(f"error: PostgreSQL refused the statement ({type(exc).__name__}): {text}{hint}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Sequence
@@ -145,3 +146,28 @@ class ReapResult:
     @property
     def total(self) -> int:
         return len(self.requeued) + len(self.dead) + len(self.cancelled)
+
+
+class UndecodablePayload:
+    """Stands in for a stored JSON value Python cannot decode (nested deeper than the
+    interpreter's recursion limit, which PostgreSQL's own limit exceeds: about 1,000
+    levels against tens of thousands). The job fails with PAYLOAD_INVALID instead of
+    every claim of its queue failing."""
+
+    def __init__(self, reason: str, size: int) -> None:
+        self.reason = reason
+        self.size = size
+
+    def __repr__(self) -> str:
+        return f"<undecodable payload of {self.size} bytes: {self.reason}>"
+
+
+def safe_json_loads(data: "str | bytes") -> Any:
+    """``json.loads`` that returns :class:`UndecodablePayload` instead of raising, for the
+    claim's result rows (psycopg ``set_json_loads`` on the claimer's connection)."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        return UndecodablePayload("nested too deeply for Python's JSON decoder", len(data))
+    except ValueError as exc:
+        return UndecodablePayload(f"invalid JSON: {exc}", len(data))

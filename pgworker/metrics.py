@@ -320,6 +320,7 @@ class HealthState:
         self.schema_ok = False
         self.reason = "starting"
         self.listen_required = True
+        self.writable = True
 
     def tick(self) -> None:
         self.last_tick = time.monotonic()
@@ -333,14 +334,19 @@ class HealthState:
         return self.why_not_ready() is None
 
     def why_not_ready(self) -> str | None:
-        """None when ready (connected, on the current schema version, and listening when
-        LISTEN is on), else what /readyz reports. Reads flags only: no database access."""
+        """None when ready (connected, writable, on the current schema version, and
+        listening when LISTEN is on), else what /readyz reports. Reads flags only: no
+        database access."""
         if self.reason == "shutting down":
             return self.reason
         if not self.alive:
             return "dispatcher loop stalled"
         if not self.connected:
             return "starting: connecting to PostgreSQL" if self.reason == "starting" else "database unavailable"
+        if not self.writable:
+            return self.reason if "read-only" in self.reason else "database is read-only"
+        if self.reason.startswith("prepared statements"):
+            return self.reason
         if not self.schema_ok:
             return "schema version not checked"
         if self.listen_required and not self.listening:

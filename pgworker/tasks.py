@@ -88,6 +88,11 @@ class Task:
 
     def decode(self, payload: Any) -> Any:
         """The payload as the handler wants it; raises :class:`InvalidPayload`."""
+        from .jobs import UndecodablePayload
+
+        if isinstance(payload, UndecodablePayload):
+            raise InvalidPayload(f"task {self.name!r}: the stored payload cannot be decoded: {payload.reason} "
+                                 f"({payload.size} bytes); fix the producer, then replay or cancel the job")
         if self.payload_type is None:
             return payload
         try:

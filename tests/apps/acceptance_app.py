@@ -234,3 +234,13 @@ def snooze_returned(payload, ctx):
     if ledger_count(ctx) == 1:
         return pgworker.Snooze(0.3)
     return None
+
+
+_LEAK: list[bytes] = []
+
+
+@app.task(name="leak", max_attempts=3, retry=FAST)
+def leak(payload, ctx):
+    """Leaks payload['mb'] megabytes per job (a handler with a memory leak)."""
+    _LEAK.append(os.urandom(payload["mb"] * 1024 * 1024))
+    ledger(ctx, "leak")
