@@ -13,16 +13,19 @@
 -- attempts, lease and error columns keep their defaults, so a producer cannot insert a
 -- job that looks claimed, leased or dead.
 GRANT USAGE ON SCHEMA {schema} TO {producer};
-GRANT INSERT (id, queue, task, payload, priority, run_at, max_attempts, dedupe_key, ordering_key,
-              blocked, trace_context) ON {schema}.jobs TO {producer};
+GRANT INSERT (id, queue, task, payload, priority, run_at, max_attempts, dedupe_key, dedupe_window,
+              ordering_key, dead_blocks_key, blocked, trace_context) ON {schema}.jobs TO {producer};
 -- ids for bulk enqueue (COPY), and the identity default of single inserts
 GRANT USAGE ON SEQUENCE {schema}.jobs_id_seq TO {producer};
 -- The state of jobs, never their payloads, error messages, lease owners or trace
 -- contexts; the enqueue statements read these columns too (RETURNING, dedupe and
 -- ordering-key checks), and the client checks the schema version.
 GRANT SELECT (id, queue, task, state, priority, run_at, attempts, max_attempts, lease_token,
-              last_error_code, dedupe_key, ordering_key, blocked, created_at, finished_at)
+              last_error_code, dedupe_key, dedupe_until, ordering_key, dead_blocks_key, blocked,
+              created_at, finished_at)
     ON {schema}.jobs TO {producer};
+-- A duplicate enqueue releases a dedupe hold whose window (after success) has passed.
+GRANT UPDATE (dedupe_until) ON {schema}.jobs TO {producer};
 GRANT SELECT ON {schema}.migrations TO {producer};
 
 -- name: worker
@@ -32,11 +35,18 @@ GRANT SELECT ON {schema}.migrations TO {producer};
 GRANT USAGE ON SCHEMA {schema} TO {worker};
 GRANT SELECT ON {schema}.jobs TO {worker};
 GRANT UPDATE (state, run_at, attempts, lease_owner, lease_token, lease_expires_at, started_at,
-              heartbeat_at, finished_at, last_error_code, errors, blocked, cancel_requested_at)
+              heartbeat_at, finished_at, last_error_code, errors, blocked, cancel_requested_at,
+              dedupe_until)
     ON {schema}.jobs TO {worker};
--- handlers enqueue follow-up jobs: the producer's INSERT
-GRANT INSERT (id, queue, task, payload, priority, run_at, max_attempts, dedupe_key, ordering_key,
-              blocked, trace_context) ON {schema}.jobs TO {worker};
+-- handlers enqueue follow-up jobs (the producer's INSERT); the scheduler enqueues
+-- periodic jobs with their slot
+GRANT INSERT (id, queue, task, payload, priority, run_at, max_attempts, dedupe_key, dedupe_window,
+              ordering_key, dead_blocks_key, blocked, trace_context, schedule_name, schedule_slot)
+    ON {schema}.jobs TO {worker};
+-- the claim reads each queue's policy and, for a rate-limited queue, spends its tokens
+GRANT SELECT, UPDATE (tokens, tokens_at) ON {schema}.queues TO {worker};
+-- the scheduler registers schedules and advances each one's last slot (compare-and-set)
+GRANT SELECT, INSERT, UPDATE ON {schema}.schedules TO {worker};
 GRANT USAGE ON SEQUENCE {schema}.jobs_id_seq TO {worker};
 GRANT SELECT ON {schema}.migrations TO {worker};
 GRANT EXECUTE ON FUNCTION {schema}.bounded_append(jsonb, jsonb, integer) TO {worker};
