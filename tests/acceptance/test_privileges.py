@@ -109,6 +109,8 @@ def test_a_producer_can_enqueue_and_read_state_and_nothing_else(granted):
 def test_a_worker_claims_records_outcomes_and_reaps_and_nothing_else(granted):
     owner, dsn = granted.dsn("owner"), granted.dsn("worker")
     app = _app(owner)
+    app.configure_queue("limited", rate_limit=1000, burst=1000)  # the worker spends tokens of a limited queue
+    limited = app.enqueue_many([("limited", None) for _ in range(5)])
     ok = app.enqueue_many([("noop", {"marker": "PAYLOAD-MARKER-4711"}) for _ in range(20)])
     failing = app.enqueue("always_fails", {"marker": "PAYLOAD-MARKER-4711"})
     with app.connection() as c:
@@ -119,7 +121,7 @@ def test_a_worker_claims_records_outcomes_and_reaps_and_nothing_else(granted):
     with Worker(dsn, SCHEMA, "--concurrency", "2", "--reap-interval", "1s", "--poll-interval", "0.5s",
                 "--metrics-port", str(port), "--metrics-host", "127.0.0.2") as w:
         def done():
-            return all(app.get_job(i)["state"] in ("succeeded", "dead") for i in [*ok, failing, stale])
+            return all(app.get_job(i)["state"] in ("succeeded", "dead") for i in [*ok, *limited, failing, stale])
         wait_until(done, 90, message=lambda: w.logs()[-3000:])
         # the metrics endpoint listens on the address it was given, and only there
         with urllib.request.urlopen(f"http://127.0.0.2:{port}/metrics", timeout=10) as r:
@@ -137,7 +139,9 @@ def test_a_worker_claims_records_outcomes_and_reaps_and_nothing_else(granted):
                  f"UPDATE {s} SET payload = '1'", f"UPDATE {s} SET max_attempts = 100", f"UPDATE {s} SET queue = 'x'",
                  'CREATE TABLE "app jobs".x (a int)', 'DROP SCHEMA "app jobs" CASCADE',
                  'INSERT INTO "app jobs".job_events (job_id, kind) VALUES (1, \'x\')',
-                 'DELETE FROM "app jobs".migrations'):
+                 'DELETE FROM "app jobs".migrations',
+                 'UPDATE "app jobs".queues SET paused_at = NULL',  # pausing is the operator's
+                 'UPDATE "app jobs".queues SET rate_per_second = 1e9'):
         assert refused(dsn, stmt), stmt
     out = cli("prune", "--older-than", "0s", dsn=dsn)
     assert out.returncode == 1 and "permission denied" in out.stderr and "Traceback" not in out.stderr, out.stderr
