@@ -49,7 +49,7 @@ TIMEOUT = "TIMEOUT"
 EXIT_RECYCLE = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class PendingOutcome:
     """An attempt's outcome waiting for the batched, fenced write."""
 
@@ -79,6 +79,7 @@ class Claimer:
         self.queues = list(queues)
         self.queue_index = {q: i for i, q in enumerate(self.queues)}
         self.task_index = {t: i for i, t in enumerate(sorted(app.tasks))}
+        self._slot_policies: dict[str, tuple[float, int, int]] = {}
         self.drain = drain
         self.worker_id = app.worker_id(f"c{index}")
         self.store = app.store
@@ -294,9 +295,9 @@ class Claimer:
         return False
 
     def claim(self, queue: str, limit: int) -> list[ClaimedJob] | None:
-        t0 = time.perf_counter()
         try:
             self.flush()  # outcomes still waiting are written first
+            t0 = time.perf_counter()  # the claim's duration, without that flush
             with self.db_lock, tracing.claim_span(queue, self.worker_id) as span:
                 if self.conn is None:
                     return None
@@ -316,16 +317,23 @@ class Claimer:
         self.metrics.claimed(queue, len(jobs), time.perf_counter() - t0, (j.wait_seconds for j in jobs))
         qi = self.queue_index.get(queue, 0)
         self.batch = {}
-        for job in jobs:
-            task = self.app.tasks.get(job.task)
-            hard = _hard_limit(task, self.settings)
-            policy = slots_mod.RENEW_PROGRESS if task and task.renew == RENEW_ON_PROGRESS else slots_mod.RENEW_ALIVE
-            slot = self.table.put(job.id, job.lease_token, qi, job.attempt, hard, policy,
-                                  self.task_index.get(job.task, -1))
-            self.batch[job.id] = (job, slot)
         if jobs:
+            # one pass over the slot table, under one lock, for the whole claim
+            slots = self.table.put_many([(job.id, job.lease_token, qi, job.attempt, *self._slot_policy(job.task))
+                                         for job in jobs])
+            self.batch = {job.id: (job, slot) for job, slot in zip(jobs, slots)}
             self.metrics.in_flight(queue, len(jobs))
         return jobs
+
+    def _slot_policy(self, task_name: str) -> tuple[float, int, int]:
+        """(hard limit, renew policy, task index) of a task's slots, computed once per task."""
+        policy = self._slot_policies.get(task_name)
+        if policy is None:
+            task = self.app.tasks.get(task_name)
+            renew = slots_mod.RENEW_PROGRESS if task and task.renew == RENEW_ON_PROGRESS else slots_mod.RENEW_ALIVE
+            policy = (_hard_limit(task, self.settings), renew, self.task_index.get(task_name, -1))
+            self._slot_policies[task_name] = policy
+        return policy
 
     # -- running --------------------------------------------------------------------
 
@@ -368,7 +376,7 @@ class Claimer:
             out.span = span
             span.end()
             return out
-        ctx = JobContext(job, self.table, slot)
+        ctx = JobContext(job, self.table, slot) if task.takes_context else None
         t0 = time.perf_counter()
         result: Any = None
         error: BaseException | None = None
@@ -401,7 +409,7 @@ class Claimer:
         except asyncio.TimeoutError:
             raise HandlerTimeout(f"handler exceeded its timeout of {timeout} s") from None
 
-    def decide(self, job: ClaimedJob, task: Task, slot: int, ctx: JobContext, result: Any,
+    def decide(self, job: ClaimedJob, task: Task, slot: int, ctx: JobContext | None, result: Any,
                error: BaseException | None, elapsed: float) -> PendingOutcome:
         """Turn a handler's return value or exception into the outcome to write."""
         lost, cancel = self.table.flags(slot, job.id)
@@ -450,32 +458,41 @@ class Claimer:
                 with self.pending_lock:
                     self.pending[:0] = batch
                 return
-            for p in batch:
-                self.table.set_state(p.slot, p.job.id, slots_mod.FLUSHING)
+            held = [(p.slot, p.job.id) for p in batch]
+            self.table.set_state_many(held, slots_mod.FLUSHING)
             started = time.time_ns()
             groups: dict[str, list[PendingOutcome]] = {}
             for p in batch:
                 groups.setdefault(p.kind, []).append(p)
             try:
                 results = self._write(groups)
+                accepted = {kind: set(report.accepted) for kind, report in results.items()}
                 unsure = [p for p in batch if p.retries and p.kind != "lost"
-                          and p.job.id not in results[p.kind].accepted]
-                confirmed = self._confirm(unsure) if unsure else set()
+                          and p.job.id not in accepted[p.kind]]
+                if unsure:
+                    for job_id in self._confirm(unsure):
+                        accepted[next(p.kind for p in unsure if p.job.id == job_id)].add(job_id)
             except (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.ReadOnlySqlTransaction) as exc:
                 for p in batch:
                     p.retries += 1
-                    self.table.set_state(p.slot, p.job.id, slots_mod.DONE)
+                self.table.set_state_many(held, slots_mod.DONE)
                 with self.pending_lock:
                     self.pending[:0] = batch
                 self._connection_failed(exc, "writing outcomes")
                 return
-        for kind, items in groups.items():
-            report = results.get(kind)
-            for p in items:
-                accepted = report is not None and (p.job.id in report.accepted or p.job.id in confirmed)
-                self._account(p, accepted, report, started)
-                self.table.clear(p.slot, p.job.id)
-                self.metrics.in_flight(p.job.queue, -1)
+        # Account for the whole flush at once: per-job metrics and spans, but one pass
+        # over the slot table and one update of the shared counters and gauges.
+        outcomes: dict[str, int] = {}
+        in_flight: dict[str, int] = {}
+        for p in batch:
+            outcome = self._account(p, p.job.id in accepted.get(p.kind, ()), results.get(p.kind), started)
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+            in_flight[p.job.queue] = in_flight.get(p.job.queue, 0) + 1
+        self.table.clear_many(held)
+        for outcome, n in outcomes.items():
+            self.table.count(outcome, n)
+        for queue, n in in_flight.items():
+            self.metrics.in_flight(queue, -n)
 
     def _confirm(self, unsure: list[PendingOutcome]) -> set[int]:
         """After a connection failed mid-write, a refused row may be our own earlier write
@@ -514,7 +531,9 @@ class Claimer:
             # "lost": nothing is written
         return out
 
-    def _account(self, p: PendingOutcome, accepted: bool, report: Any, started_ns: int) -> None:
+    def _account(self, p: PendingOutcome, accepted: bool, report: Any, started_ns: int) -> str:
+        """Record one written (or refused) outcome in metrics and traces; returns the
+        outcome counted."""
         job = p.job
         outcome = p.outcome
         if p.kind == "lost":
@@ -528,11 +547,11 @@ class Claimer:
         elif p.kind == "fail":
             outcome = "dead" if report.details.get(job.id) == "dead" else "retried"
         self.metrics.finished(job.queue, job.task, outcome, p.run_seconds, p.code)
-        self.table.count(outcome)
         if p.kind != "lost":
             op = {"complete": "complete", "fail": "retry" if outcome == "retried" else "fail"}.get(p.kind, p.kind)
             tracing.settle_span(job, op, accepted, parent=p.span, worker_id=self.worker_id,
                                 start_time=started_ns)
+        return outcome
 
 
 _FENCE_OPERATION = {"complete": "complete", "fail": "fail", "snooze": "snooze", "cancel": "cancel",

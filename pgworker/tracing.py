@@ -30,6 +30,9 @@ log = logging.getLogger("pgworker.tracing")
 _tracer_provider: trace.TracerProvider | None = None
 
 
+_tracer_cache: tuple[trace.TracerProvider | None, trace.Tracer] | None = None
+
+
 def set_tracer_provider(provider: trace.TracerProvider | None) -> None:
     """Use ``provider`` for pgworker's spans instead of the global one (tests inject an
     SDK provider with an in-memory exporter here)."""
@@ -38,7 +41,16 @@ def set_tracer_provider(provider: trace.TracerProvider | None) -> None:
 
 
 def tracer() -> trace.Tracer:
-    return trace.get_tracer("pgworker", __version__, tracer_provider=_tracer_provider)
+    """pgworker's tracer, looked up once per provider: ``get_tracer`` costs several
+    microseconds and the claimer asks for it a few times per job. Without an override
+    the global provider's tracer is a proxy until the SDK installs one, then delegates."""
+    global _tracer_cache
+    cached = _tracer_cache
+    if cached is not None and cached[0] is _tracer_provider:
+        return cached[1]
+    t = trace.get_tracer("pgworker", __version__, tracer_provider=_tracer_provider)
+    _tracer_cache = (_tracer_provider, t)
+    return t
 
 
 def _base(queue: str, op_type: str, op_name: str) -> dict[str, Any]:
