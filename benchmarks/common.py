@@ -25,7 +25,7 @@ from pgworker.migrate import drop_schema, migrate
 LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 QUEUE = "bench"
 TASK = "noop"
-_counter = itertools.count()
+_counter = itertools.count()  # unique schema names within one run
 
 
 def find_dsn(explicit: str | None) -> str:

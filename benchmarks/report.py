@@ -45,10 +45,12 @@ def targets(doc: dict[str, Any], plan: Any) -> list[dict[str, Any]]:
         auto / ceil if auto and ceil else None, 0.8, "higher")
     add(f"drain, defaults, {c} claimers / best pgbench batch 100 (any clients)",
         auto / best_ceil if auto and best_ceil else None, 0.8, "higher")
+    mine = _get(doc, f"peer pgworker defaults, {c} claimers")
     for peer, factor in (("pgqueuer", 1.5), ("procrastinate", 20.0)):
         best = max((v["jobs_per_second"]["median"] for k, v in doc["results"].items()
                     if k.startswith(f"peer {peer}") and "jobs_per_second" in v), default=None)
-        add(f"drain / {peer}'s best", auto / best if auto and best else None, factor, "higher")
+        add(f"pgworker defaults / {peer}'s best (same job count)", mine / best if mine and best else None,
+            factor, "higher")
     add("enqueue_many jobs/s", _get(doc, "enqueue_many"), 100_000, "higher", "jobs/s")
     single, base = _get(doc, "enqueue single"), _get(doc, "insert pgbench plain")
     add("single enqueue / pgbench single-row INSERT (1 client)", single / base if single and base else None,
@@ -157,11 +159,12 @@ def markdown(doc: dict[str, Any], plan: Any) -> str:
                   f"| each claimer | {_n(max((_max(doc, k, 'rss_claimer_max_mib') or 0) for k in rss_keys), 1)} |", ""]
     peers = [k for k in r if k.startswith("peer ")]
     if peers:
-        auto = _get(doc, f"pgworker c{max(plan.clients)} auto")
-        lines += ["## Peers (same job count, no-op jobs, drained; settings in the README)", "",
+        auto = _get(doc, f"peer pgworker defaults, {max(plan.clients)} claimers")
+        lines += [f"## Peers ({plan.peer_jobs:,} no-op jobs each, drained; settings in the README)", "",
                   "| system | settings | jobs/s | pgworker defaults / peer |", "|---|---|---:|---:|"]
         for k in sorted(peers):
             _, name, label = k.split(" ", 2)
+            label = label + (" (metrics on, tracing SDK)" if name == "pgworker" else "")
             v = _get(doc, k)
             lines.append(f"| {name} | {label} | {_n(v)} | {_ratio(auto, v)} |")
         lines.append("")

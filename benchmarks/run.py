@@ -66,13 +66,13 @@ FULL = Plan(repeat=3, clients=(1, 2, 4), batches=(1, 10, 100),
             enqueue_seconds=5, enqueue_many_jobs=300_000, enqueue_many_batch=10_000,
             latency_jobs=300, latency_gap=0.02, poll_jobs=200, poll_gap=0.05, poll_interval=2.0,
             obs_jobs=150_000, growth=((1_000, 0), (100_000, 0), (1_000_000, 0), (100_000, 1_000_000)),
-            peer_jobs=20_000, memory_jobs=1_000_000)
+            peer_jobs=30_000, memory_jobs=1_000_000)
 QUICK = Plan(repeat=1, clients=(1, 4), batches=(1, 10, 100),
              drain_jobs={1: 1_500, 10: 8_000, 100: 30_000, None: 30_000},
              enqueue_seconds=2, enqueue_many_jobs=60_000, enqueue_many_batch=10_000,
              latency_jobs=200, latency_gap=0.01, poll_jobs=200, poll_gap=0.02, poll_interval=0.5,
              obs_jobs=30_000, growth=((1_000, 0), (30_000, 0), (30_000, 100_000)),
-             peer_jobs=3_000, memory_jobs=30_000)
+             peer_jobs=5_000, memory_jobs=30_000)
 SMALLEST = Plan(repeat=1, clients=(1,), batches=(10,),
                 drain_jobs={10: 200, None: 200}, enqueue_seconds=0.3, enqueue_many_jobs=2_000,
                 enqueue_many_batch=1_000, latency_jobs=10, latency_gap=0.01, poll_jobs=5, poll_gap=0.02,
@@ -166,6 +166,9 @@ def run(dsn: str, plan: Plan, sections: tuple[str, ...], peers: bool) -> Results
         if peers and "peers" in sections:
             from benchmarks import peers as peers_mod
 
+            c = max(plan.clients)
+            _measure(r, f"peer pgworker defaults, {c} claimers", lambda: cases.pgworker_drain(
+                dsn, clients=c, batch=None, jobs=plan.peer_jobs, obs=default))
             for name in peers_mod.PEERS:
                 for label, settings in peers_mod.configurations(name):
                     _measure(r, f"peer {name} {label}", lambda: peers_mod.drain(
