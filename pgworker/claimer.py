@@ -480,19 +480,29 @@ class Claimer:
                     self.pending[:0] = batch
                 self._connection_failed(exc, "writing outcomes")
                 return
-        # Account for the whole flush at once: per-job metrics and spans, but one pass
-        # over the slot table and one update of the shared counters and gauges.
+        # Account for the whole flush at once: one pass over the slot table, one update
+        # of each shared counter, gauge and histogram per label set, one settle span per
+        # statement (linked to the attempts' process spans).
         outcomes: dict[str, int] = {}
         in_flight: dict[str, int] = {}
+        finished: dict[tuple[str, str, str, str | None], list[float | None]] = {}
+        settled: dict[tuple[str, str], list[Any]] = {}
         for p in batch:
-            outcome = self._account(p, p.job.id in accepted.get(p.kind, ()), results.get(p.kind), started)
+            outcome, op = self._account(p, p.job.id in accepted.get(p.kind, ()), results.get(p.kind), started)
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
             in_flight[p.job.queue] = in_flight.get(p.job.queue, 0) + 1
+            finished.setdefault((p.job.queue, p.job.task, outcome, p.code), []).append(p.run_seconds)
+            if op is not None and p.span is not None:
+                settled.setdefault((p.job.queue, op), []).append(p.span)
         self.table.clear_many(held)
         for outcome, n in outcomes.items():
             self.table.count(outcome, n)
         for queue, n in in_flight.items():
             self.metrics.in_flight(queue, -n)
+        for (queue, task, outcome, code), seconds in finished.items():
+            self.metrics.finished_many(queue, task, outcome, seconds, code)
+        for (queue, op), spans in settled.items():
+            tracing.settle_batch_span(queue, op, spans, worker_id=self.worker_id, start_time=started)
 
     def _confirm(self, unsure: list[PendingOutcome]) -> set[int]:
         """After a connection failed mid-write, a refused row may be our own earlier write
@@ -531,27 +541,25 @@ class Claimer:
             # "lost": nothing is written
         return out
 
-    def _account(self, p: PendingOutcome, accepted: bool, report: Any, started_ns: int) -> str:
-        """Record one written (or refused) outcome in metrics and traces; returns the
-        outcome counted."""
+    def _account(self, p: PendingOutcome, accepted: bool, report: Any, started_ns: int) -> tuple[str, str | None]:
+        """Decide the outcome counted for one written (or refused) attempt; a refused write
+        is logged, counted as fenced and traced on its own. Returns (outcome, the settle
+        operation when the write was accepted, for the flush's settle span)."""
         job = p.job
         outcome = p.outcome
         if p.kind == "lost":
-            outcome = "lost"
-        elif not accepted:
+            return "lost", None
+        if not accepted:
             self.metrics.fenced(job.queue, _FENCE_OPERATION[p.kind])
             log.warning("fenced out: %s of job %s (token %s) was refused, the lease was lost",
                         p.kind, job.id, job.lease_token,
                         extra={"action": "fenced", "job_id": job.id, "queue": job.queue})
-            outcome = "lost"
-        elif p.kind == "fail":
-            outcome = "dead" if report.details.get(job.id) == "dead" else "retried"
-        self.metrics.finished(job.queue, job.task, outcome, p.run_seconds, p.code)
-        if p.kind != "lost":
-            op = {"complete": "complete", "fail": "retry" if outcome == "retried" else "fail"}.get(p.kind, p.kind)
-            tracing.settle_span(job, op, accepted, parent=p.span, worker_id=self.worker_id,
+            tracing.settle_span(job, p.kind, False, parent=p.span, worker_id=self.worker_id,
                                 start_time=started_ns)
-        return outcome
+            return "lost", None
+        if p.kind == "fail":
+            outcome = "dead" if report.details.get(job.id) == "dead" else "retried"
+        return outcome, {"complete": "complete", "fail": "retry" if outcome == "retried" else "fail"}.get(p.kind, p.kind)
 
 
 _FENCE_OPERATION = {"complete": "complete", "fail": "fail", "snooze": "snooze", "cancel": "cancel",
