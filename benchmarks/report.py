@@ -137,7 +137,10 @@ def markdown(doc: dict[str, Any], plan: Any) -> str:
                   "| configuration | jobs/s | / all off | claimer CPU µs per job |", "|---|---:|---:|---:|"]
         for key, label in (("obs off", "metrics off, tracing off"), ("obs metrics", "metrics on, tracing off"),
                            ("obs metrics+api", "metrics on, tracing API only (no SDK configured: the default)"),
-                           ("obs metrics+sdk", "metrics on, tracing SDK at default sampling")):
+                           ("obs metrics+sdk", "metrics on, tracing SDK at default sampling (the target's \"on\")"),
+                           ("obs metrics+sdk 10%", "metrics on, tracing SDK sampling 10% (parentbased_traceidratio)"),
+                           ("obs metrics+sdk sync_commit=off",
+                            "as \"on\", with the opt-in PGWORKER_SYNCHRONOUS_COMMIT=off")):
             v = _get(doc, key)
             lines.append(f"| {label} | {_n(v)} | {_ratio(v, off)} | {_n(_get(doc, key, 'cpu_claimers_us_per_job'), 1)} |")
         lines.append("")

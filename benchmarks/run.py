@@ -148,7 +148,10 @@ def run(dsn: str, plan: Plan, sections: tuple[str, ...], peers: bool) -> Results
         if "obs" in sections:
             c = max(plan.clients)
             for label, obs in (("off", Observability("off", False)), ("metrics", Observability("off", True)),
-                               ("metrics+api", Observability("api", True)), ("metrics+sdk", default)):
+                               ("metrics+api", Observability("api", True)), ("metrics+sdk", default),
+                               ("metrics+sdk 10%", Observability("sdk", True, sampler_ratio=0.1)),
+                               ("metrics+sdk sync_commit=off", Observability(
+                                   "sdk", True, extra_env={"PGWORKER_SYNCHRONOUS_COMMIT": "off"}))):
                 _measure(r, f"obs {label}", lambda: cases.pgworker_drain(dsn, clients=c, batch=None,
                                                                          jobs=plan.obs_jobs, obs=obs))
         if "growth" in sections and rep == 0:  # the big fills run once
@@ -233,10 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"started": started.isoformat(timespec="seconds"),
            "plan": "smallest" if args.smallest else "quick" if args.quick else "full",
            "machine": info, "results": results.as_json(), "errors": results.errors}
-    markdown = report.markdown(doc, plan)
-    doc["targets"] = report.targets(doc, plan)
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, started.strftime("%Y-%m-%dT%H%M%SZ") + ("-" + doc["plan"] if doc["plan"] != "full" else ""))
+    with open(stem + ".json", "w") as f:  # first, so a report bug loses no measurement
+        json.dump(doc, f, indent=2, default=str)
+    doc["targets"] = report.targets(doc, plan)
+    markdown = report.markdown(doc, plan)
     with open(stem + ".json", "w") as f:
         json.dump(doc, f, indent=2, default=str)
     with open(stem + ".md", "w") as f:

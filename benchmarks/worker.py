@@ -42,12 +42,18 @@ class Observability:
 
     tracing: str = "sdk"
     metrics: bool = True
+    sampler_ratio: float | None = None  # parentbased_traceidratio instead of the SDK default
+    extra_env: dict[str, str] = field(default_factory=dict)  # e.g. PGWORKER_SYNCHRONOUS_COMMIT
 
     def args(self) -> list[str]:
         return ["--no-tracing"] if self.tracing == "off" else []
 
     def env(self) -> dict[str, str]:
         env = {} if self.metrics else {"BENCH_METRICS": "off"}
+        env.update(self.extra_env)
+        if self.sampler_ratio is not None:
+            env.update({"OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                        "OTEL_TRACES_SAMPLER_ARG": str(self.sampler_ratio)})
         if self.tracing == "sdk":
             env["BENCH_TRACING"] = "sdk"
         elif self.tracing == "console":
