@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from conftest import make_settings
-
-from pgworker import App
+from pgworker import App, Settings
 from pgworker.claimer import Claimer
 from pgworker.lease import SlotTable
 
 
 def _claimer(pg_dsn, schema, **overrides):
-    app = App(settings=make_settings(pg_dsn, schema, **overrides))
+    app = App(settings=Settings.from_env(environ={}, dsn=pg_dsn, schema=schema, metrics_port=0, tracing=False,
+                                         **overrides))
     return app, Claimer(app, app.settings, 0, SlotTable(4), ["default"], drain=True)
 
 
