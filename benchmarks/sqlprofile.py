@@ -78,15 +78,17 @@ def top(dsn: str, limit: int = 6) -> list[tuple[str, int, float, float, float]]:
             "mean_exec_time, total_exec_time FROM pg_stat_statements "
             "WHERE query NOT ILIKE '%%pg_stat_statements%%' "
             # the fills, migrations and schema drops are set-up, not the drain
-            "AND query !~* '^\\s*(insert|vacuum|create|drop|alter|comment|with ins|select pg_advisory)' "
+            "AND query !~* '^\\s*(insert|vacuum|create|drop|alter|comment|with ins|select pg_advisory|select count)' "
             "ORDER BY total_exec_time DESC LIMIT %s", [limit]).fetchall()
     return rows
 
 
 def _label(query: str) -> str:
     q = query.lower()
-    for needle, name in (("candidate as", "job_claim"), ("bench_claim", "job_claim (pgbench, via PL/pgSQL)"),
-                         ("set state = 'succeeded'", "job_complete"), ("set lease_expires_at", "job_renew"),
+    for needle, name in (("claim up to", "job_claim"), ("candidate as", "job_claim"),
+                         ("bench_claim", "job_claim (pgbench, via PL/pgSQL)"),
+                         ("record successes", "job_complete"), ("set state = 'succeeded'", "job_complete"),
+                         ("extend live leases", "job_renew"), ("set lease_expires_at", "job_renew"),
                          ("set_config", "set_config"), ("begin", "BEGIN"), ("commit", "COMMIT")):
         if needle in q:
             return name
@@ -119,7 +121,7 @@ def main() -> None:
             conn.execute("SELECT pg_stat_statements_reset()")
         t0 = time.monotonic()
         c = ceiling.claim_ceiling(cluster.dsn, batch=100, clients=a.claimers, jobs=a.jobs)
-        report(f"pgbench, {a.claimers} clients, batch 100 (includes its fill and warm-up)", top(cluster.dsn),
+        report(f"pgbench, {a.claimers} clients, batch 100 (its warm-up included)", top(cluster.dsn),
                a.jobs, a.jobs / c["jobs_per_second"] if c["jobs_per_second"] else time.monotonic() - t0)
 
 
