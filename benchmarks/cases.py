@@ -12,7 +12,7 @@ from pgworker import App, Settings
 from . import ceiling
 from .common import QUEUE, TASK, BenchSchema, connect, percentile, rate, wait_for
 from .plain_loop import plain_loop
-from .worker import Observability, Service, drain
+from .drain_runs import Observability, Service, drain
 
 
 def sql_ceiling(dsn: str, *, clients: int, batch: int, jobs: int) -> dict[str, float]:

@@ -35,9 +35,13 @@ PARAM = re.compile(r"%\((\w+)\)s")
 # The claim's parameters and their SQL types: a new parameter in job_claim must be
 # named here (the benchmark then fails with this message rather than measuring
 # something else).
-CLAIM_ARG_TYPES = {"queue": "text", "limit": "integer", "owner": "text", "lease_seconds": "float8"}
-CLAIM_ARG_VALUES = {"queue": sql.Literal(QUEUE), "owner": sql.SQL("'pgbench:' || :client_id"),
-                    "lease_seconds": sql.Literal(60.0)}
+CLAIM_ARG_TYPES = {"queue": "text", "limit": "integer", "owner": "text", "lease_seconds": "float8",
+                   "aging_seconds": "float8", "locked": "boolean"}
+# As pgworker's store passes them for a queue without policies: no aging bound, the
+# plain (unlocked) form of the claim.
+CLAIM_ARG_VALUES = {"queue": sql.Literal(QUEUE), "owner": sql.SQL("'pgbench:' || :client_id::text"),
+                    "lease_seconds": sql.Literal(60.0), "aging_seconds": sql.SQL("NULL::float8"),
+                    "locked": sql.SQL("false")}
 LEASE_SECONDS = 60.0
 
 
@@ -67,10 +71,11 @@ def claim_function_sql(schema: str) -> str:
     args = ", ".join(f"p_{n} {CLAIM_ARG_TYPES[n]}" for n in names)
     fn = sql.Identifier(schema, "bench_claim").as_string(None)
     return (f"CREATE FUNCTION {fn}({args}, OUT ids bigint[], OUT tokens bigint[])\n"
-            "LANGUAGE plpgsql AS $bench$\nDECLARE r record;\nBEGIN\n"
+            "LANGUAGE plpgsql AS $bench$\nDECLARE bench_row record;\nBEGIN\n"
             "  ids := '{}'; tokens := '{}';\n"
-            f"  FOR r IN\n{body}\n  LOOP\n"
-            "    ids := ids || r.id; tokens := tokens || r.lease_token;\n"
+            f"  FOR bench_row IN\n{body}\n  LOOP\n"
+            "    IF bench_row.id IS NOT NULL THEN\n"
+            "      ids := ids || bench_row.id; tokens := tokens || bench_row.lease_token;\n    END IF;\n"
             "  END LOOP;\nEND\n$bench$")
 
 
@@ -94,7 +99,8 @@ def insert_script(schema: str) -> str:
     text = sqlfiles.render(sqlfiles.query_templates()["job_insert"], schema)
     values: dict[str, Any] = {
         "queue": QUEUE, "task": TASK, "payload": "{}", "priority": 0, "run_at": None, "delay": 0.0,
-        "max_attempts": 5, "dedupe_key": None, "ordering_key": None, "trace_context": None,
+        "max_attempts": 5, "dedupe_key": None, "dedupe_window": None, "ordering_key": None,
+        "dead_blocks_key": True, "trace_context": None,
         "channel": notify_channel(schema), "notify_payload": QUEUE}
     unknown = [n for n in _params(text) if n not in values]
     if unknown:
@@ -109,6 +115,9 @@ def plain_insert_script(schema: str) -> str:
 
 
 def _strip_comments(text: str) -> str:
+    """The statement without its comments: pgbench takes any ``:name`` in the text,
+    comments included (``/* pgworker:job_complete */``), for a variable."""
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
     return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--")).strip()
 
 
@@ -135,7 +144,7 @@ def run_pgbench(dsn: str, script: str, *, clients: int, transactions: int | None
     finally:
         os.unlink(path)
     if proc.returncode != 0:
-        raise RuntimeError(f"pgbench failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+        raise RuntimeError(f"pgbench failed ({proc.returncode}): {proc.stderr.strip()[:1500]}")
     return parse_pgbench(proc.stdout)
 
 

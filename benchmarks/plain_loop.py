@@ -25,13 +25,16 @@ def _consume(dsn: str, schema: str, batch: int, barrier: Any) -> None:
     with psycopg.connect(dsn, autocommit=True, application_name="pgworker-bench:plain") as conn:
         conn.prepare_threshold = 0
         params = {"queue": QUEUE, "limit": batch, "owner": f"plain:{multiprocessing.current_process().pid}",
-                  "lease_seconds": 60.0}
+                  "lease_seconds": 60.0, "aging_seconds": None, "locked": False}
         barrier.wait()
         while True:
-            rows = conn.execute(claim, params).fetchall()
+            cur = conn.execute(claim, params)
+            names = [c.name for c in cur.description]
+            i, t = names.index("id"), names.index("lease_token")
+            rows = [r for r in cur.fetchall() if r[i] is not None]
             if not rows:
                 return
-            conn.execute(complete, {"ids": [r[0] for r in rows], "tokens": [r[7] for r in rows]}).fetchall()
+            conn.execute(complete, {"ids": [r[i] for r in rows], "tokens": [r[t] for r in rows]}).fetchall()
 
 
 def plain_loop(schema: BenchSchema, *, processes: int, batch: int, since_id: int = 0) -> tuple[int, float]:

@@ -34,7 +34,7 @@ if ROOT not in sys.path:
 
 from benchmarks import cases, report  # noqa: E402
 from benchmarks.common import connect, find_dsn  # noqa: E402
-from benchmarks.worker import Observability  # noqa: E402
+from benchmarks.drain_runs import Observability  # noqa: E402
 
 SECTIONS = ("drain", "enqueue", "latency", "obs", "growth", "peers")
 

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from benchmarks import ceiling  # noqa: E402
 from benchmarks.common import BenchSchema, connect  # noqa: E402
-from benchmarks.worker import Observability, drain  # noqa: E402
+from benchmarks.drain_runs import Observability, drain  # noqa: E402
 
 
 def _bindir() -> str:

@@ -13,14 +13,17 @@ import psycopg
 
 from . import db
 from .config import Settings
-from .errors import ConfigError, DatabaseUnavailable, LeaseLost, SchemaNotMigrated
+from .errors import ConfigError, DatabaseReadOnly, DatabaseUnavailable, LeaseLost, PoolerError, SchemaNotMigrated
 from .jobs import ClaimedJob, FailRequest, Lease, ReapResult
 from .migrate import MigrationReport, migrate
 from .names import check_queue_name, dsn_password, redact, redact_dsn
 from .producer import JobSpec, enqueue_batch, enqueue_one, prepare, specs_from
 from .retry import Classifier, RetryPolicy, classify
+from .schedules import MISFIRE_GRACE_SECONDS, Periodic
 from .store import BackoffParams, Store
-from .tasks import Task
+from .tasks import Task, check_dedupe_window
+
+_UNSET: Any = object()
 
 POOL_MAX_SIZE = 4
 # A pooled connection idle for longer than this is checked before use, so a server
@@ -52,6 +55,7 @@ class App:
         self.name = name
         self.store = Store(settings.schema, error_history_entries=settings.error_history_entries)
         self.tasks: dict[str, Task] = {}
+        self.schedules: dict[str, Periodic] = {}
         self.classify_error = classify_error
         self._pool: Any = None
         self._metrics: Any = None
@@ -74,12 +78,20 @@ class App:
              retry: RetryPolicy | None = None, timeout: float | None = None,
              max_runtime: float | None = None, renew: str | None = None, priority: int = 0,
              permanent_errors: Sequence[type[BaseException]] = (),
-             payload_type: Callable[..., Any] | None = None) -> Any:
+             payload_type: Callable[..., Any] | None = None, ordering_on_dead: str = "block",
+             dedupe_window: "float | timedelta | None" = None, schedule: str | None = None,
+             schedule_tz: str = "UTC", schedule_missed: str = "latest") -> Any:
         """Register a handler: ``@app.task`` or ``@app.task(name=..., queue=...)``.
 
         The handler is ``def f(payload)`` or ``def f(payload, ctx)`` (``async def`` too);
         ``ctx`` is a :class:`pgworker.JobContext`. ``timeout`` and ``max_runtime`` are in
-        seconds. Returns the :class:`pgworker.Task`, which can still be called directly.
+        seconds. ``ordering_on_dead``: 'block' (a dead job holds its ordering key until
+        replayed or discarded) or 'skip'. ``dedupe_window``: seconds after success during
+        which the job's dedupe key stays held. ``schedule``: a cron expression (five
+        fields) in ``schedule_tz`` (IANA name); the dispatcher enqueues one job (payload
+        None) per slot, ``schedule_missed`` ('latest' or 'skip') deciding about slots
+        missed while no worker ran; see :meth:`periodic` and docs/scheduling.md.
+        Returns the :class:`pgworker.Task`, which can still be called directly.
         Raises :class:`ConfigError` for a duplicate name or invalid option.
         """
 
@@ -97,11 +109,44 @@ class App:
             task = Task(name=task_name, func=fn, queue=queue or "default", timeout_seconds=timeout,
                         max_runtime_seconds=max_runtime, priority=priority,
                         permanent_errors=tuple(permanent_errors), payload_type=payload_type,
-                        app=self, **kwargs)
+                        ordering_on_dead=ordering_on_dead,
+                        dedupe_window_seconds=check_dedupe_window(dedupe_window), app=self, **kwargs)
+            if schedule is not None:
+                self.periodic(task, schedule, tz=schedule_tz, missed=schedule_missed)
             self.tasks[task_name] = task
             return task
 
         return register(func) if func is not None else register
+
+    def periodic(self, task: "str | Task", cron: str, *, name: str | None = None, tz: str = "UTC",
+                 missed: str = "latest", payload: Any = None, queue: str | None = None,
+                 priority: int | None = None, max_attempts: int | None = None,
+                 misfire_grace: float = MISFIRE_GRACE_SECONDS) -> Periodic:
+        """Enqueue a job of ``task`` at every slot of the cron expression ``cron``.
+
+        ``cron``: minute hour day-of-month month day-of-week (croniter syntax), read in
+        the time zone ``tz`` (IANA name, default UTC). ``name``: the schedule's identity in
+        the database (default the task name; give each schedule of a task its own).
+        ``missed``: after downtime, 'latest' runs the latest missed slot once; 'skip' runs
+        it only if it is less than ``misfire_grace`` seconds late. Each slot is enqueued at
+        most once however many dispatchers run (``pgworker run``; a ``--drain`` run fires
+        due slots at its start). ``payload``, ``queue``, ``priority``, ``max_attempts``
+        default to the task's. Raises :class:`ConfigError` for an invalid expression,
+        zone or policy, or a name declared twice.
+        """
+        registered = task if isinstance(task, Task) else self.tasks.get(task)
+        task_name = task.name if isinstance(task, Task) else task
+        schedule_name = name or task_name
+        if schedule_name in self.schedules:
+            raise ConfigError(f"schedule {schedule_name!r} is declared twice; give one of them name=...")
+        p = Periodic(
+            name=schedule_name, task=task_name, cron=cron, timezone=tz, missed=missed, payload=payload,
+            queue=queue or (registered.queue if registered else "default"),
+            priority=priority if priority is not None else (registered.priority if registered else 0),
+            max_attempts=max_attempts or (registered.max_attempts if registered else 5),
+            misfire_grace_seconds=misfire_grace)
+        self.schedules[schedule_name] = p
+        return p
 
     def queues(self) -> tuple[str, ...]:
         """The queues a worker of this app claims from: the configured ones, else those
@@ -125,7 +170,8 @@ class App:
             db.check_dsn(s.dsn)
 
             def configure(conn: psycopg.Connection) -> None:
-                if not s.prepared_statements:
+                # behind a transaction-mode pooler, prepared statements would go missing
+                if db.detect_pooler(conn) or not s.prepared_statements:
                     conn.prepare_threshold = None
 
             def check(conn: psycopg.Connection) -> None:
@@ -177,6 +223,14 @@ class App:
             raise DatabaseUnavailable(
                 f"database error: {redact(str(exc), dsn_password(self.settings.dsn), self.settings.dsn)}; "
                 "the job state is unknown only if the failure came after the statement was sent") from None
+        except psycopg.Error as exc:
+            if db.failure_kind(exc) == "read-only":
+                raise DatabaseReadOnly(
+                    "the server is read-only (a standby after a failover, or default_transaction_read_only "
+                    "is on): nothing was written; point PGWORKER_DSN at the writable primary") from exc
+            if db.failure_kind(exc) == "prepared-statements":
+                raise PoolerError(db.describe_failure(exc)) from exc
+            raise
 
     def close(self) -> None:
         """Close the connection pool (safe to call twice)."""
@@ -217,6 +271,7 @@ class App:
                 priority: int | None = None, run_at: datetime | None = None,
                 delay: "float | timedelta | None" = None, max_attempts: int | None = None,
                 dedupe_key: str | None = None, ordering_key: str | None = None,
+                dedupe_window: "float | timedelta | None" = None, ordering_on_dead: str | None = None,
                 conn: psycopg.Connection | None = None) -> int:
         """Enqueue one job and return its id.
 
@@ -224,8 +279,12 @@ class App:
         importable here). ``payload``: JSON-serialisable, at most ``max_payload_bytes``
         (default 1 MiB). ``run_at`` (timezone-aware) or ``delay`` (seconds, or a
         timedelta) defers it. ``priority``: higher runs first. ``dedupe_key``: while a
-        job with this key is pending or running, enqueueing another returns that job's
-        id instead. ``ordering_key``: jobs sharing it run one at a time in enqueue order.
+        job with this key is pending or running (and, with ``dedupe_window`` seconds, for
+        that long after it succeeded), enqueueing another returns that job's id instead;
+        a unique index decides, and a duplicate never aborts the caller's transaction.
+        ``ordering_key``: jobs sharing it run one at a time in enqueue order;
+        ``ordering_on_dead`` ('block' or 'skip', default the task's) says whether this job,
+        if it dies, holds the key's later jobs back. See docs/scheduling.md.
         ``conn``: run inside the caller's transaction (a rollback leaves no job and no
         wake-up); otherwise a pooled connection commits at once.
 
@@ -234,7 +293,8 @@ class App:
         :class:`DatabaseUnavailable` when PostgreSQL cannot be reached.
         """
         job = prepare(JobSpec(task, payload, queue, priority, run_at, delay, max_attempts,
-                              dedupe_key, ordering_key), self.tasks, self.settings.max_payload_bytes)
+                              dedupe_key, ordering_key, dedupe_window, ordering_on_dead),
+                      self.tasks, self.settings.max_payload_bytes)
         with self.connection(conn) as c:
             return enqueue_one(self.store, c, job, self.metrics)
 
@@ -265,7 +325,8 @@ class App:
         check_queue_name(queue)
         with self.connection(conn) as c:
             return self.store.claim(c, queue=queue, limit=limit, owner=owner or self.worker_id(),
-                                    lease_seconds=lease_seconds or self.settings.lease_seconds)
+                                    lease_seconds=lease_seconds or self.settings.lease_seconds,
+                                    aging_seconds=self.settings.priority_aging_seconds)
 
     @staticmethod
     def _lease(job: "ClaimedJob | Lease") -> Lease:
@@ -275,9 +336,9 @@ class App:
         """Mark a claimed job succeeded. Raises :class:`LeaseLost` when the fence refuses
         the write (the token moved on or the lease expired): the job is not yours."""
         lease = self._lease(job)
-        key = job.ordering_key if isinstance(job, ClaimedJob) else None
+        keys = [job.ordering_key] if isinstance(job, ClaimedJob) else None  # None: read from the row
         with self.connection(conn) as c:
-            report = self.store.complete(c, [lease], [key])
+            report = self.store.complete(c, [lease], keys)
         if not report.ok:
             raise LeaseLost(job_id=lease.job_id, lease_token=lease.token, operation="complete")
 
@@ -353,6 +414,81 @@ class App:
                 total += n
                 if n < batch:
                     return total
+
+    # -- queues ---------------------------------------------------------------------
+
+    def pause_queue(self, queue: str, *, actor: str | None = None) -> dict[str, Any]:
+        """Pause ``queue``: no claim of any pod takes its jobs from the commit on; running
+        jobs finish; enqueues go on. Audited with ``actor`` (default $PGWORKER_ACTOR or
+        user@host). Returns the queue's row (paused_at, paused_by)."""
+        check_queue_name(queue)
+        with self.connection() as c:
+            return self.store.pause_queue(c, queue, actor=actor or _actor())
+
+    def resume_queue(self, queue: str, *, actor: str | None = None) -> bool:
+        """Resume a paused queue (and wake idle claimers); False if it was not paused."""
+        check_queue_name(queue)
+        with self.connection() as c:
+            return self.store.resume_queue(c, queue, actor=actor or _actor())
+
+    def configure_queue(self, queue: str, *, concurrency_limit: "int | None" = _UNSET,
+                        rate_limit: "float | None" = _UNSET, burst: "float | None" = None,
+                        aging: "float | timedelta | None" = _UNSET, actor: str | None = None) -> dict[str, Any]:
+        """Set a queue's policies, enforced by every pod's claims (docs/scheduling.md).
+
+        ``concurrency_limit``: most jobs of the queue running at once across all pods.
+        ``rate_limit``: jobs per second (a token bucket holding up to ``burst`` tokens,
+        default max(1, rate_limit)). ``aging``: seconds after which a due job is claimed
+        before higher-priority work. None removes a setting; omitted ones stay as they
+        are. Audited with ``actor``. Raises :class:`ConfigError` for invalid values.
+        """
+        check_queue_name(queue)
+        params: dict[str, Any] = {}
+        if concurrency_limit is not _UNSET:
+            if concurrency_limit is not None and (isinstance(concurrency_limit, bool) or
+                                                  not isinstance(concurrency_limit, int) or concurrency_limit < 1):
+                raise ConfigError(f"concurrency_limit must be an integer >= 1 or None, got {concurrency_limit!r}")
+            params.update(concurrency_limit=concurrency_limit, set_concurrency=True)
+        if rate_limit is not _UNSET:
+            if rate_limit is not None:
+                if isinstance(rate_limit, bool) or not isinstance(rate_limit, (int, float)) or not rate_limit > 0:
+                    raise ConfigError(f"rate_limit must be jobs per second > 0 or None, got {rate_limit!r}")
+                burst = max(1.0, float(rate_limit)) if burst is None else burst
+                if isinstance(burst, bool) or not isinstance(burst, (int, float)) or burst < 1:
+                    raise ConfigError(f"burst must be >= 1 job, got {burst!r}")
+                params.update(rate=float(rate_limit), burst=float(burst))
+            elif burst is not None:
+                raise ConfigError("burst without a rate_limit; give rate_limit=jobs per second too")
+            params["set_rate"] = True
+        elif burst is not None:
+            raise ConfigError("burst without a rate_limit; give rate_limit=jobs per second too")
+        if aging is not _UNSET:
+            seconds = aging.total_seconds() if isinstance(aging, timedelta) else aging
+            if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                        or not seconds > 0):
+                raise ConfigError(f"aging must be seconds > 0 or None, got {aging!r}")
+            params.update(aging_seconds=None if seconds is None else float(seconds), set_aging=True)
+        with self.connection() as c:
+            return self.store.configure_queue(c, queue, actor=actor or _actor(), **params)
+
+    def queue_settings(self) -> list[dict[str, Any]]:
+        """Every configured queue: pause, limits, aging, and its running jobs."""
+        with self.connection() as c:
+            return self.store.list_queues(c)
+
+    def queue_events(self, queue: str, *, limit: int = 50) -> list[dict[str, Any]]:
+        """The audit trail of a queue (pause, resume, configuration), newest first."""
+        with self.connection() as c:
+            return self.store.queue_events(c, queue, limit=limit)
+
+    def list_schedules(self) -> list[dict[str, Any]]:
+        """Recorded and declared schedules with their next run (database clock)."""
+        from .schedules import describe
+
+        with self.connection() as c:
+            rows = self.store.list_schedules(c)
+            now = self.store.db_now(c)
+        return describe(self.schedules, rows, now)
 
     def get_job(self, job_id: int) -> dict[str, Any] | None:
         """The job's row (payload, error history, audit events), or None."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import signal
 import threading
 import time
@@ -21,15 +22,17 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import psycopg
+from psycopg.types.json import set_json_loads
 
 from . import lease as slots_mod
 from . import tracing
 from .config import Settings
 from .context import JobContext
-from .db import connect
+from .db import POOLED, OutageLog, connect
 from .errors import (DatabaseUnavailable, InvalidPayload, JobCancelled, LeaseLost, Permanent, Retry,
                      Snooze)
-from .jobs import ClaimedJob, FailRequest, Lease
+from .podlimits import PodQueueLimits
+from .jobs import ClaimedJob, FailRequest, Lease, safe_json_loads
 from .names import dsn_password
 from .retry import classify
 from .tasks import RENEW_ON_PROGRESS, Task
@@ -45,7 +48,13 @@ WAIT_CHECK_SECONDS = 1.0
 # How long a queue found empty is skipped while another queue keeps the claimer busy:
 # also the longest a job notified on that queue waits behind a busy queue's batches.
 EMPTY_QUEUE_RECHECK_SECONDS = 0.25
-RECONNECT_MAX_SECONDS = 30.0
+# An async handler's task is cancelled within this long of a cancellation request
+# reaching its slot (the request itself arrives with the next lease renewal).
+CANCEL_POLL_SECONDS = 0.1
+HANDLER_BEAT_SECONDS = 1.0
+# Reconnect backoff cap: the worst-case delay between the database's return and a
+# claimer noticing it. Jitter (x0.5-1) spreads a fleet's reconnects after a restart.
+RECONNECT_MAX_SECONDS = 10.0
 UNKNOWN_TASK = "UNKNOWN_TASK"
 WORKER_DIED = "WORKER_DIED"
 TIMEOUT = "TIMEOUT"
@@ -74,7 +83,8 @@ class Claimer:
     """One claimer process. Built and run by :func:`claimer_main` in the child."""
 
     def __init__(self, app: Any, settings: Settings, index: int, table: slots_mod.SlotTable,
-                 queues: Sequence[str], *, drain: bool) -> None:
+                 queues: Sequence[str], *, drain: bool, pod_limits: PodQueueLimits | None = None,
+                 dispatcher_pid: int | None = None) -> None:
         self.app = app
         self.settings = settings
         self.index = index
@@ -98,19 +108,30 @@ class Claimer:
         self.rotation = 0
         self.jobs_done = 0
         self.stopping = False
+        self.running_job = False  # a handler runs (the flusher thread then beats for the loop)
         self.batch: dict[int, tuple[ClaimedJob, int]] = {}  # job id -> (job, slot) of the current claim
-        self.parent_pid = os.getppid()
+        # The dispatcher's pid as the dispatcher gave it, not getppid() now: a dispatcher
+        # killed while this process was starting would otherwise never be missed (the
+        # orphan's parent is already init, and stays so). Found by the chaos soak.
+        self.parent_pid = dispatcher_pid or os.getppid()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.metrics: Any = None
         self.secrets = (dsn_password(settings.dsn),)
         self._reconnect_delay = 0.5
-        self._db_down_logged = False
+        self.outage = OutageLog(log, f"claimer {index}", settings.dsn)
+        # Queue policies (docs/scheduling.md): queues known to have a global limit (their
+        # claims lock the queue row first), when a rate-limited queue's next token is due
+        # (monotonic time), and this pod's shared per-queue counts.
+        self.limited_queues: set[str] = set()
+        self.retry_at: dict[str, float] = {}
+        self.pod_limits = pod_limits
 
     # -- lifecycle ------------------------------------------------------------------
 
     def setup(self) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the dispatcher decides
-        signal.signal(signal.SIGTERM, self._on_sigterm)
+        if threading.current_thread() is threading.main_thread():  # a claimer run in a thread (tests) has none
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the dispatcher decides
+            signal.signal(signal.SIGTERM, self._on_sigterm)
         from .metrics import process_metrics
 
         self.metrics = process_metrics(task_label=self.settings.metrics_task_label)
@@ -128,7 +149,13 @@ class Claimer:
         """Write outcomes that waited longer than the flush interval, so a finished job is
         recorded promptly even while the next job of the batch runs for minutes."""
         interval = self.settings.completion_flush_seconds
+        next_beat = 0.0
         while not self.flusher_stop.wait(interval):
+            if self.running_job and time.monotonic() >= next_beat:
+                # A long handler holds the main loop: beat for it while this process still
+                # gets the GIL (a handler holding it in a C call stops the beats, as it should).
+                self.metrics.loop_heartbeat()
+                next_beat = time.monotonic() + HANDLER_BEAT_SECONDS
             with self.pending_lock:
                 due = bool(self.pending) and time.monotonic() - self.pending[0].decided_at >= interval
             if due:
@@ -164,7 +191,7 @@ class Claimer:
                         break
                     continue
                 self.flush()
-                if self.drain:
+                if self.drain and not self.retry_at:  # a rate-limited queue still owes a claim
                     self.table.header.drained = 1
                 self.wait_for_wakeup()
         finally:
@@ -187,13 +214,29 @@ class Claimer:
         self.table.beat(idle=True)
         try:
             while not self.should_stop():
-                if self.table.wait_wake(WAIT_CHECK_SECONDS):
+                if self.table.wake.wait(self._wait_seconds()) or self._retry_due():
                     break
                 self.table.beat()
                 self.metrics.loop_heartbeat()
         finally:
             self.table.beat(idle=False)
             self.table.header.drained = 0
+
+    def _wait_seconds(self) -> float:
+        """Until the next wake-up check: at most WAIT_CHECK_SECONDS, less when a
+        rate-limited queue gets its next token sooner."""
+        if not self.retry_at:
+            return WAIT_CHECK_SECONDS
+        return max(0.0, min(WAIT_CHECK_SECONDS, min(self.retry_at.values()) - time.monotonic()))
+
+    def _retry_due(self) -> bool:
+        now = time.monotonic()
+        return any(t <= now for t in self.retry_at.values())
+
+    def _held(self, queue: str) -> int:
+        """Jobs of ``queue`` this claimer holds (its non-empty slots)."""
+        qi = self.queue_index.get(queue, -1)
+        return sum(1 for v in self.table.held() if v.queue_index == qi)
 
     def shutdown(self) -> None:
         """Release what never started, write what finished, close."""
@@ -224,22 +267,30 @@ class Claimer:
 
     def _connect(self, block: bool) -> bool:
         try:
-            self.conn = connect(self.settings.dsn, application_name=f"pgworker:claimer:{self.index}",
-                                prepare=self.settings.prepared_statements)
+            conn = connect(self.settings.dsn, application_name=f"pgworker:claimer:{self.index}",
+                           prepare=self.settings.prepared_statements)
+            # A payload PostgreSQL stores but Python's decoder refuses (nested deeper than
+            # its recursion limit) must fail its own job, not every claim of the queue.
+            set_json_loads(safe_json_loads, conn)
+            self.conn = conn
             if self.settings.synchronous_commit:
-                self.conn.execute("SELECT set_config('synchronous_commit', %s, false)",
-                                  [self.settings.synchronous_commit])
-            if self._db_down_logged:
-                log.warning("claimer %s reconnected to PostgreSQL", self.index)
-            self._db_down_logged = False
-            self._reconnect_delay = 0.5
+                if conn in POOLED:
+                    log.warning("claimer %s: synchronous_commit is a session setting, which a transaction "
+                                "pooler does not keep: set it on the role instead (ALTER ROLE ... SET "
+                                "synchronous_commit = ...) and unset PGWORKER_SYNCHRONOUS_COMMIT", self.index)
+                else:
+                    self.conn.execute("SELECT set_config('synchronous_commit', %s, false)",
+                                      [self.settings.synchronous_commit])
+            # the backoff is reset by the first statement that succeeds, not by the connect:
+            # a read-only server accepts connections and refuses every claim
             return True
-        except DatabaseUnavailable as exc:
-            if not self._db_down_logged:
-                log.error("claimer %s: %s; retrying with backoff", self.index, exc)
-                self._db_down_logged = True
+        except (DatabaseUnavailable, psycopg.Error) as exc:
+            if self.conn is not None:
+                self.conn.close()
+                self.conn = None
+            self.outage.failed(exc, "connect")
             if block:
-                self._sleep(self._reconnect_delay)
+                self._sleep(self._reconnect_delay * random.uniform(0.5, 1.0))
                 self._reconnect_delay = min(RECONNECT_MAX_SECONDS, self._reconnect_delay * 2)
             return False
 
@@ -249,12 +300,7 @@ class Claimer:
             time.sleep(min(0.2, end - time.monotonic()))
 
     def _connection_failed(self, exc: BaseException, action: str) -> None:
-        read_only = isinstance(exc, psycopg.errors.ReadOnlySqlTransaction)
-        if read_only:
-            log.error("claimer %s: %s failed: the server is read-only (a standby after a failover?); "
-                      "waiting for a writable primary", self.index, action)
-        else:
-            log.warning("claimer %s: %s failed (%s); reconnecting", self.index, action, type(exc).__name__)
+        self.outage.failed(exc, action)  # logged once per outage, with what to do
         with self.db_lock:
             if self.conn is not None:
                 try:
@@ -262,7 +308,7 @@ class Claimer:
                 except Exception:
                     pass
             self.conn = None
-        self._sleep(self._reconnect_delay)
+        self._sleep(self._reconnect_delay * random.uniform(0.5, 1.0))
         self._reconnect_delay = min(RECONNECT_MAX_SECONDS, self._reconnect_delay * 2)
 
     # -- claiming -------------------------------------------------------------------
@@ -308,14 +354,26 @@ class Claimer:
 
     def _claim_and_run(self, queue: str) -> bool | None:
         """Claim from one queue and run what came: True if jobs ran (or no slot is free),
-        False if the queue had nothing due, None when the claim failed."""
+        False if the queue gave nothing (nothing due, rate limited, or the pod holds its
+        share), None when the claim failed."""
+        if self.retry_at.get(queue, 0.0) > time.monotonic():
+            return False  # rate limited: its next token is not due yet
         limit = self.batch_size()
         if limit <= 0:
             self.flush()
             limit = self.batch_size()
             if limit <= 0:
                 return True
-        jobs = self.claim(queue, limit)
+        granted = limit
+        if self.pod_limits is not None and self.pod_limits.limits(queue):
+            granted = self.pod_limits.reserve(self.index, queue, limit, self._held)
+            if granted <= 0:
+                return False  # this pod already holds its share of the queue
+        try:
+            jobs = self.claim(queue, granted)
+        finally:
+            if self.pod_limits is not None:
+                self.pod_limits.claimed(self.index, queue, granted, self._held)
         if jobs is None:
             return None
         if jobs:
@@ -332,20 +390,33 @@ class Claimer:
             with self.db_lock, tracing.claim_span(queue, self.worker_id) as span:
                 if self.conn is None:
                     return None
-                jobs = self.store.claim(self.conn, queue=queue, limit=limit, owner=self.worker_id,
-                                        lease_seconds=self.settings.lease_seconds)
+                t0 = time.perf_counter()  # the claim statement only (its metric's meaning)
+                result = self.store.claim_batch(
+                    self.conn, queue=queue, limit=limit, owner=self.worker_id,
+                    lease_seconds=self.settings.lease_seconds,
+                    aging_seconds=self.settings.priority_aging_seconds,
+                    limited=queue in self.limited_queues)
+                claim_seconds = time.perf_counter() - t0
+                jobs = result.jobs
                 if span.is_recording():
                     span.set_attribute("messaging.batch.message_count", len(jobs))
-        except (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.ReadOnlySqlTransaction) as exc:
+        except psycopg.Error as exc:
+            # connection lost, read-only server, a pooler's missing prepared statement, a
+            # privilege or schema problem: reconnect with backoff, say it once per outage
             self.metrics.claim_error(queue)
             self._connection_failed(exc, "claim")
             return None
-        except psycopg.Error as exc:
-            self.metrics.claim_error(queue)
-            log.error("claimer %s: claim on queue %r failed: %s", self.index, queue, type(exc).__name__)
-            self._sleep(self._reconnect_delay)
-            return None
-        self.metrics.claimed(queue, len(jobs), time.perf_counter() - t0, (j.wait_seconds for j in jobs))
+        self.outage.ok()
+        self._reconnect_delay = 0.5
+        # Next time, a queue with a global limit goes straight to the locked claim.
+        (self.limited_queues.add if result.limited else self.limited_queues.discard)(queue)
+        if result.retry_after_seconds is not None and len(jobs) < limit:
+            # The bucket ran dry: claim this queue again when its next token is due, with
+            # a little jitter so the pod's claimers do not all ask at the same instant.
+            self.retry_at[queue] = time.monotonic() + result.retry_after_seconds * (1.0 + 0.2 * random.random())
+        else:
+            self.retry_at.pop(queue, None)
+        self.metrics.claimed(queue, len(jobs), claim_seconds, (j.wait_seconds for j in jobs))
         qi = self.queue_index.get(queue, 0)
         self.batch = {}
         if jobs:
@@ -383,7 +454,11 @@ class Claimer:
                     self.table.count("lost")
                     self.table.clear(slot, job.id)
                 continue
-            outcome = self.run_one(job, slot)
+            if self.table.flags(slot, job.id)[1]:
+                # cancelled while it waited in the batch: never started, recorded cancelled
+                outcome = PendingOutcome(job, slot, "cancel", "cancelled", 0.0, code="CANCELLED")
+            else:
+                outcome = self.run_one(job, slot)
             self.table.set_state(slot, job.id, slots_mod.DONE)
             self._add(outcome)
             self.jobs_done += 1
@@ -407,7 +482,9 @@ class Claimer:
             out.span = span
             span.end()
             return out
-        ctx = JobContext(job, self.table, slot) if task.takes_context else None
+        ctx = JobContext(job, self.table, slot)
+        token = tracing.attach(span)  # the handler's own spans (and SQL spans) become children
+        self.running_job = True
         t0 = time.perf_counter()
         result: Any = None
         error: BaseException | None = None
@@ -415,12 +492,14 @@ class Claimer:
             payload = task.decode(job.payload)
             args = (payload, ctx) if task.takes_context else (payload,)
             if task.is_async:
-                result = self._run_async(task, args)
+                result = self._run_async(task, args, ctx)
             else:
                 result = task.func(*args)
         except BaseException as exc:  # noqa: BLE001 - every handler failure is recorded, even SystemExit
             error = exc
         elapsed = time.perf_counter() - t0
+        self.running_job = False
+        tracing.detach(token)
         self.avg_run_seconds = elapsed if self.avg_run_seconds is None else 0.8 * self.avg_run_seconds + 0.2 * elapsed
         out = self.decide(job, task, slot, ctx, result, error, elapsed)
         out.span = span
@@ -428,7 +507,7 @@ class Claimer:
         span.end()
         return out
 
-    def _run_async(self, task: Task, args: tuple[Any, ...]) -> Any:
+    def _run_async(self, task: Task, args: tuple[Any, ...], ctx: JobContext) -> Any:
         if self.loop is None:
             self.loop = asyncio.new_event_loop()
         coro = task.func(*args)
@@ -436,7 +515,7 @@ class Claimer:
         if timeout is not None:
             coro = asyncio.wait_for(coro, timeout)
         try:
-            return self.loop.run_until_complete(coro)
+            return self.loop.run_until_complete(_cancellable(coro, ctx))
         except asyncio.TimeoutError:
             raise HandlerTimeout(f"handler exceeded its timeout of {timeout} s") from None
 
@@ -469,7 +548,7 @@ class Claimer:
         dead = failure.permanent or job.attempt >= job.max_attempts
         if not isinstance(error, (Permanent, Retry)):
             log.warning("job %s (%s) attempt %s/%s failed: %s: %s", job.id, job.task, job.attempt,
-                        job.max_attempts, failure.code, failure.message[:200],
+                        job.max_attempts, failure.code, _one_line(failure.message[:200]),
                         extra={"action": "job_failed", "job_id": job.id, "queue": job.queue})
         return PendingOutcome(job, slot, "fail", "dead" if dead else "retried", elapsed,
                               code=failure.code, message=failure.message, delay=delay,
@@ -503,7 +582,7 @@ class Claimer:
                 if unsure:
                     for job_id in self._confirm(unsure):
                         accepted[next(p.kind for p in unsure if p.job.id == job_id)].add(job_id)
-            except (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.ReadOnlySqlTransaction) as exc:
+            except psycopg.Error as exc:
                 for p in batch:
                     p.retries += 1
                 self.table.set_state_many(held, slots_mod.DONE)
@@ -534,6 +613,8 @@ class Claimer:
             self.metrics.finished_many(queue, task, outcome, seconds, code)
         for (queue, op), spans in settled.items():
             tracing.settle_batch_span(queue, op, spans, worker_id=self.worker_id, start_time=started)
+        if self.pod_limits is not None:
+            self.pod_limits.refresh(self.index, self._held)
 
     def _confirm(self, unsure: list[PendingOutcome]) -> set[int]:
         """After a connection failed mid-write, a refused row may be our own earlier write
@@ -562,7 +643,8 @@ class Claimer:
                 out[kind] = store.complete(conn, leases, [p.job.ordering_key for p in items])
             elif kind == "fail":
                 out[kind] = store.fail(conn, [FailRequest(p.job.lease, p.code or "ERROR", p.message,
-                                                          p.delay, p.permanent) for p in items])
+                                                          p.delay, p.permanent) for p in items],
+                                       [p.job.ordering_key for p in items])
             elif kind == "snooze":
                 out[kind] = store.snooze(conn, leases, [p.delay for p in items])
             elif kind == "cancel":
@@ -593,8 +675,31 @@ class Claimer:
         return outcome, {"complete": "complete", "fail": "retry" if outcome == "retried" else "fail"}.get(p.kind, p.kind)
 
 
+def _one_line(text: str) -> str:
+    """Text for a log line: line breaks escaped, so an error message cannot forge lines."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 _FENCE_OPERATION = {"complete": "complete", "fail": "fail", "snooze": "snooze", "cancel": "cancel",
                     "release": "release"}
+
+
+async def _cancellable(coro: Any, ctx: JobContext) -> Any:
+    """Run an async handler as a task and cancel it when its job's cancellation is
+    requested (``ctx.cancel_requested``, set by the lease renewal). The handler sees
+    ``asyncio.CancelledError`` at its current await; if it lets it propagate, the job
+    ends cancelled (it may catch it to clean up, and then raise or return)."""
+    task = asyncio.ensure_future(coro)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=CANCEL_POLL_SECONDS)
+        if done:
+            return task.result()
+        if ctx.cancel_requested:
+            task.cancel()
+            try:
+                return await task
+            except asyncio.CancelledError:
+                raise JobCancelled(f"job {ctx.job_id} was cancelled; its task was cancelled") from None
 
 
 class HandlerTimeout(Exception):
@@ -636,6 +741,8 @@ class ClaimerSpec:
     drain: bool
     log_level: int
     log_format: str
+    pod_limits: PodQueueLimits | None = None
+    dispatcher_pid: int = 0
 
 
 def claimer_main(spec: ClaimerSpec) -> None:
@@ -644,14 +751,12 @@ def claimer_main(spec: ClaimerSpec) -> None:
     from .logs import setup_logging
 
     setup_logging(spec.log_level, spec.log_format)
-    provider = tracing.configure_from_env()
-    if spec.settings.trace_sql:
-        tracing.instrument_psycopg()
-    if not spec.settings.tracing:
-        tracing.set_tracer_provider(_noop_provider())
+    # Each claimer sets up its own SDK (spawned processes share no exporter threads).
+    provider = tracing.setup_process(spec.settings.tracing, trace_sql=spec.settings.trace_sql)
     app = load_app(spec.app_ref)
     app.configure(spec.settings)
-    claimer = Claimer(app, spec.settings, spec.index, spec.table, spec.queues, drain=spec.drain)
+    claimer = Claimer(app, spec.settings, spec.index, spec.table, spec.queues, drain=spec.drain,
+                      pod_limits=spec.pod_limits, dispatcher_pid=spec.dispatcher_pid)
     try:
         code = claimer.run()
     finally:
@@ -659,8 +764,3 @@ def claimer_main(spec: ClaimerSpec) -> None:
     if code:
         raise SystemExit(code)
 
-
-def _noop_provider() -> Any:
-    from opentelemetry.trace import NoOpTracerProvider
-
-    return NoOpTracerProvider()

@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-memory-per-child", type=int, help="recycle a claimer above this RSS (bytes)")
     p.add_argument("--no-prepared-statements", action="store_true",
                    help="behind pgbouncer < 1.21 in transaction mode")
+    p.add_argument("--queue-concurrency", help="per-pod limits, e.g. 'emails=2,reports=1' (jobs held at once)")
+    p.add_argument("--priority-aging", type=parse_duration,
+                   help="claim a job due for longer than this before higher-priority work (default off)")
+    p.add_argument("--no-schedules", action="store_true", help="do not enqueue the app's periodic jobs")
     p.add_argument("--log-format", choices=("text", "json"), default=os.environ.get("PGWORKER_LOG_FORMAT", "text"))
     p.add_argument("--log-level", default=os.environ.get("PGWORKER_LOG_LEVEL", "INFO"))
 
@@ -88,7 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delay", type=parse_duration)
     p.add_argument("--max-attempts", type=int)
     p.add_argument("--dedupe-key")
+    p.add_argument("--dedupe-window", type=parse_duration,
+                   help="keep the dedupe key held this long after the job succeeded")
     p.add_argument("--ordering-key")
+    p.add_argument("--ordering-on-dead", choices=("block", "skip"))
 
     p = sub.add_parser("jobs", help="list jobs, or show one with its error history")
     _common(p)
@@ -105,11 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("dead", help="dead jobs: list or replay")
     _common(p)
-    dsub = p.add_subparsers(dest="dead_command", metavar="list|replay")
+    dsub = p.add_subparsers(dest="dead_command", metavar="list|replay|keys")
     dl = dsub.add_parser("list")
     _common(dl)
     dl.add_argument("--queue")
     dl.add_argument("--limit", type=int, default=50)
+    dk = dsub.add_parser("keys", help="ordering keys held by a dead job, with the jobs waiting behind each")
+    _common(dk)
+    dk.add_argument("--limit", type=int, default=100)
     dr = dsub.add_parser("replay", help="replay dead jobs by id, or --queue Q --all")
     _common(dr)
     dr.add_argument("ids", nargs="*", type=int)
@@ -126,8 +136,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--older-than", type=parse_duration, required=True, help="e.g. 7d")
     p.add_argument("--batch", type=int, default=10_000)
 
-    p = sub.add_parser("status", help="jobs by queue and state, oldest due job's age, running leases")
+    p = sub.add_parser("status", help="jobs by queue and state, oldest due job's age, running leases, "
+                                      "paused queues, ordering keys held by a dead job")
     _common(p)
+
+    p = sub.add_parser("queue", help="queue policies: list, pause, resume, set limits, events")
+    _common(p)
+    qsub = p.add_subparsers(dest="queue_command", metavar="list|pause|resume|set|events")
+    ql = qsub.add_parser("list", help="configured queues (default)")
+    _common(ql)
+    for verb, text in (("pause", "stop every pod claiming from a queue (enqueues go on)"),
+                       ("resume", "resume a paused queue")):
+        qp = qsub.add_parser(verb, help=text)
+        _common(qp)
+        qp.add_argument("name")
+    qs = qsub.add_parser("set", help="set a queue's global concurrency limit, rate limit or aging bound")
+    _common(qs)
+    qs.add_argument("name")
+    # absent (left as it is) and 'none' (removed) differ: absent options keep the default _ABSENT
+    # (dest names apart from the settings' own: --concurrency of `run` is another thing)
+    qs.add_argument("--concurrency", dest="limit_concurrency", type=_int_or_none, default=_ABSENT,
+                    help="most running jobs across all pods ('none' removes)")
+    qs.add_argument("--rate", dest="limit_rate", type=_float_or_none, default=_ABSENT,
+                    help="jobs per second ('none' removes)")
+    qs.add_argument("--burst", dest="limit_burst", type=float, help="token bucket size in jobs (default max(1, rate))")
+    qs.add_argument("--aging", dest="limit_aging", type=_duration_or_none, default=_ABSENT,
+                    help="priority-aging bound, e.g. 5m ('none' removes)")
+    qe = qsub.add_parser("events", help="who paused, resumed or reconfigured a queue")
+    _common(qe)
+    qe.add_argument("name")
+    qe.add_argument("--limit", type=int, default=50)
+
+    p = sub.add_parser("schedules", help="periodic jobs with their next run (--app adds the declared ones)")
+    _common(p)
+
+    p = sub.add_parser("sql", help="SQL for operators: least-privilege grants")
+    ssub = p.add_subparsers(dest="sql_command", metavar="grants")
+    sg = ssub.add_parser("grants", help="GRANTs for a producer role and a worker role (print, or --apply)")
+    _common(sg)
+    sg.add_argument("--producer", help="role that may only enqueue and read job state")
+    sg.add_argument("--worker", help="role that may claim, record outcomes and run the reaper")
+    sg.add_argument("--apply", action="store_true", help="run the statements with --dsn (the schema's owner)")
 
     p = sub.add_parser("demo", help="run a realistic workload end to end (embedded PostgreSQL without --dsn)")
     _common(p)
@@ -135,6 +184,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--keep", action="store_true", help="keep the demo schema afterwards")
     return parser
+
+
+_NONE = ("none", "off", "null", "-")
+_ABSENT: Any = object()
+
+
+def _int_or_none(text: str) -> int | None:
+    if text.strip().lower() in _NONE:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer (or 'none')") from None
+
+
+def _float_or_none(text: str) -> float | None:
+    if text.strip().lower() in _NONE:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (or 'none')") from None
+
+
+def _duration_or_none(text: str) -> float | None:
+    return None if text.strip().lower() in _NONE else parse_duration(text)
 
 
 def _version() -> str:
@@ -152,7 +227,17 @@ def _settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "reap_interval_seconds": get("reap_interval"), "shutdown_grace_seconds": get("shutdown_grace"),
         "batch_size": get("batch_size"), "metrics_port": get("metrics_port"), "metrics_host": get("metrics_host"),
         "max_jobs_per_child": get("max_jobs_per_child"), "max_memory_per_child_bytes": get("max_memory_per_child"),
+        "priority_aging_seconds": get("priority_aging"),
     }
+    if get("queue_concurrency"):
+        from .config import _queue_counts
+
+        try:
+            o["queue_concurrency"] = _queue_counts(args.queue_concurrency)
+        except ValueError as exc:
+            raise ConfigError(f"--queue-concurrency: {exc}; example: --queue-concurrency emails=2,reports=1") from None
+    if get("no_schedules"):
+        o["schedules"] = False
     if get("queues"):
         o["queues"] = tuple(q.strip() for q in args.queues.split(",") if q.strip())
     if get("no_listen"):
@@ -282,10 +367,13 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         payload = json.loads(args.payload)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--payload is not valid JSON: {exc}; example: --payload '{{\"user_id\": 42}}'") from None
+    except RecursionError:
+        raise ConfigError("--payload is nested too deeply for Python's JSON decoder; flatten it") from None
     app = _make_app(args)
     job_id = app.enqueue(args.task, payload, queue=args.queue, priority=args.priority, delay=args.delay,
                          max_attempts=args.max_attempts, dedupe_key=args.dedupe_key,
-                         ordering_key=args.ordering_key)
+                         ordering_key=args.ordering_key, dedupe_window=args.dedupe_window,
+                         ordering_on_dead=args.ordering_on_dead)
     emit(args, {"id": job_id}) if args.json else print(job_id)
     return 0
 
@@ -307,6 +395,12 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 def cmd_dead(args: argparse.Namespace) -> int:
     app = _make_app(args)
+    if getattr(args, "dead_command", None) == "keys":
+        with app.connection() as conn:
+            rows = app.store.dead_blocked_keys(conn, limit=args.limit)
+        emit(args, rows, ["queue", "ordering_key", "dead_job_id", "task", "last_error_code", "finished_at",
+                          "waiting"])
+        return 0
     if getattr(args, "dead_command", None) == "replay":
         if not args.ids and not (args.queue and args.all):
             raise ConfigError("give job ids, or --queue QUEUE --all")
@@ -347,7 +441,82 @@ def cmd_status(args: argparse.Namespace) -> int:
     app = _make_app(args)
     with app.connection() as conn:
         rows = app.store.queue_status(conn)
+        queues = app.store.list_queues(conn)
+        blocked = app.store.dead_blocked_keys(conn)
+    paused = [q for q in queues if q["paused_at"] is not None]
+    if args.json:  # the state rows, each saying whether its queue is paused (`dead keys` lists the keys)
+        names = {q["name"] for q in paused}
+        emit(args, [{**r, "paused": r["queue"] in names} for r in rows])
+        return 0
     emit(args, rows, ["queue", "state", "jobs", "oldest_due_age_seconds", "expired_leases"])
+    if paused:
+        print("\npaused queues (enqueues go on; nothing is claimed):")
+        emit(args, paused, ["name", "paused_at", "paused_by", "running"])
+    if blocked:
+        print("\nordering keys held by a dead job (replay it with `pgworker dead replay ID`, "
+              "or discard it with `pgworker cancel ID`):")
+        emit(args, blocked, ["queue", "ordering_key", "dead_job_id", "task", "last_error_code", "finished_at",
+                             "waiting"])
+    return 0
+
+
+def cmd_queue(args: argparse.Namespace) -> int:
+    app = _make_app(args)
+    verb = getattr(args, "queue_command", None) or "list"
+    if verb == "pause":
+        row = app.pause_queue(args.name)
+        emit(args, row) if args.json else print(
+            f"queue {args.name!r} paused at {_fmt(row['paused_at'])} by {row['paused_by']}: no pod claims "
+            "from it any more; running jobs finish; enqueues go on")
+    elif verb == "resume":
+        resumed = app.resume_queue(args.name)
+        if args.json:
+            emit(args, {"queue": args.name, "resumed": resumed})
+        else:
+            print(f"queue {args.name!r} resumed" if resumed else f"queue {args.name!r} was not paused")
+    elif verb == "set":
+        options: dict[str, Any] = {}
+        for flag, key in (("limit_concurrency", "concurrency_limit"), ("limit_rate", "rate_limit"),
+                          ("limit_aging", "aging")):
+            if getattr(args, flag) is not _ABSENT:
+                options[key] = getattr(args, flag)
+        if args.limit_burst is not None:
+            options["burst"] = args.limit_burst
+        if not options:
+            raise ConfigError("nothing to set: give --concurrency, --rate (with --burst) or --aging")
+        row = app.configure_queue(args.name, **options)
+        emit(args, row)
+    elif verb == "events":
+        emit(args, app.queue_events(args.name, limit=args.limit), ["at", "kind", "actor", "detail"])
+    else:
+        emit(args, app.queue_settings(), ["name", "paused_at", "paused_by", "concurrency_limit", "running",
+                                          "rate_per_second", "rate_burst", "aging_seconds"])
+    return 0
+
+
+def cmd_schedules(args: argparse.Namespace) -> int:
+    app = _make_app(args)
+    emit(args, app.list_schedules(), ["name", "task", "cron", "timezone", "missed", "next_run", "last_slot",
+                                      "last_job_id", "last_job_state", "declared"])
+    return 0
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    from . import grants
+    from .config import DEFAULT_SCHEMA
+
+    if getattr(args, "sql_command", None) != "grants":
+        raise ConfigError("use: pgworker sql grants --producer ROLE --worker ROLE [--schema S] [--apply]")
+    schema = args.schema or os.environ.get("PGWORKER_SCHEMA") or DEFAULT_SCHEMA
+    statements = grants.grant_statements(schema, producer=args.producer, worker=args.worker)
+    if not args.apply:
+        print(grants.render(statements))
+        return 0
+    app = _make_app(args)
+    with app.connection() as conn:
+        grants.apply(conn, statements)
+    print(f"granted on schema {schema!r}: " + ", ".join(
+        f"{kind} {role!r}" for kind, role in (("producer", args.producer), ("worker", args.worker)) if role))
     return 0
 
 
@@ -359,7 +528,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "enqueue": cmd_enqueue, "jobs": cmd_jobs,
             "dead": cmd_dead, "cancel": cmd_cancel, "prune": cmd_prune, "status": cmd_status,
-            "demo": cmd_demo}
+            "queue": cmd_queue, "schedules": cmd_schedules, "sql": cmd_sql, "demo": cmd_demo}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -377,16 +546,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PgworkerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except Exception as exc:  # a database error we did not anticipate: no traceback, no secrets
+    except Exception as exc:  # a statement the server refused (privileges, constraints): no traceback, no secrets
         import psycopg
-
-        from .names import redact
 
         if not isinstance(exc, psycopg.Error):
             raise
+        from .names import dsn_password, redact
+
         dsn = getattr(args, "dsn", None) or os.environ.get("PGWORKER_DSN")
-        code = f" ({exc.sqlstate})" if getattr(exc, "sqlstate", None) else ""
-        print(f"error: database error{code}: {redact(str(exc).strip(), dsn)}", file=sys.stderr)
+        text = redact(" ".join(str(exc).split()), dsn_password(dsn), dsn)
+        hint = ("; this role lacks the privilege: see `pgworker sql grants`"
+                if getattr(exc, "sqlstate", None) == "42501" else "")
+        print(f"error: PostgreSQL refused the statement ({type(exc).__name__}): {text}{hint}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

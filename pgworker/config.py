@@ -45,6 +45,19 @@ def _queues(v: str) -> tuple[str, ...]:
     return tuple(q.strip() for q in v.split(",") if q.strip())
 
 
+def _queue_counts(v: str) -> tuple[tuple[str, int], ...]:
+    """'emails=2,reports=1' -> (('emails', 2), ('reports', 1))."""
+    out = []
+    for part in (p.strip() for p in v.split(",")):
+        if not part:
+            continue
+        name, sep, count = part.partition("=")
+        if not sep:
+            raise ValueError(f"expected QUEUE=COUNT items separated by commas, got {part!r}")
+        out.append((name.strip(), int(count)))
+    return tuple(out)
+
+
 def _opt_int(v: str) -> int | None:
     return None if v.strip().lower() in ("", "auto") else int(v)
 
@@ -107,6 +120,13 @@ class Settings:
     max_jobs_per_child: int | None = field(default=None, metadata=_env("PGWORKER_MAX_JOBS_PER_CHILD", _opt_int))
     max_memory_per_child_bytes: int | None = field(default=None, metadata=_env("PGWORKER_MAX_MEMORY_PER_CHILD_BYTES", _opt_int))
     worker_id: str | None = field(default=None, metadata=_env("PGWORKER_WORKER_ID"))
+    priority_aging_seconds: float | None = field(default=None, metadata=_env("PGWORKER_PRIORITY_AGING_SECONDS", _opt_float))
+    """Priority aging: a job due for longer than this is claimed before higher-priority
+    work (docs/scheduling.md); a queue's own setting (``pgworker queue set``) wins. None: strict priority."""
+    queue_concurrency: tuple[tuple[str, int], ...] = field(default=(), metadata=_env("PGWORKER_QUEUE_CONCURRENCY", _queue_counts))
+    """Per-pod limits: at most N jobs of a queue held at once by this pod's claimers ('emails=2,reports=1')."""
+    schedules: bool = field(default=True, metadata=_env("PGWORKER_SCHEDULES", _bool))
+    """Whether this worker's dispatcher enqueues the app's periodic jobs."""
 
     def __post_init__(self) -> None:
         check_schema_name(self.schema)
@@ -141,6 +161,16 @@ class Settings:
             raise ConfigError("error_message_max_chars must be between 20 and 100000")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be 0-65535, got {self.metrics_port}")
+        if self.priority_aging_seconds is not None and not self.priority_aging_seconds > 0:
+            raise ConfigError("priority_aging_seconds must be > 0 (or unset for strict priority); "
+                              "set PGWORKER_PRIORITY_AGING_SECONDS")
+        for q, n in self.queue_concurrency:
+            check_queue_name(q)
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ConfigError(f"queue_concurrency for {q!r} must be an integer >= 1, got {n!r}; "
+                                  "set PGWORKER_QUEUE_CONCURRENCY like 'emails=2,reports=1'")
+        if len({q for q, _ in self.queue_concurrency}) != len(self.queue_concurrency):
+            raise ConfigError("queue_concurrency names a queue twice; give each queue once")
         if self.synchronous_commit is not None and self.synchronous_commit not in (
                 "on", "off", "local", "remote_write", "remote_apply"):
             raise ConfigError("synchronous_commit must be one of on, off, local, remote_write, remote_apply")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import time
+import weakref
 from typing import Any
 
 import psycopg
 
-from .errors import ConfigError, DatabaseUnavailable
+from .errors import ConfigError, DatabaseReadOnly, DatabaseUnavailable
 from .names import dsn_password, redact, redact_dsn
 
 log = logging.getLogger("pgworker.db")
@@ -58,9 +60,133 @@ def connect(dsn: str | None, *, application_name: str = "pgworker", autocommit: 
     except psycopg.ProgrammingError as exc:
         raise ConfigError(f"invalid connection settings for {redact_dsn(dsn)!r}: "
                           f"{redact(str(exc), dsn_password(dsn), dsn)}") from None
-    if not prepare:
+    if detect_pooler(conn) and prepare:
+        _warn_pooler_once()
+    if not prepare or conn in POOLED:
         conn.prepare_threshold = None
     return conn
+
+
+# Connections found to go through a pooler (see detect_pooler).
+POOLED: "weakref.WeakSet[psycopg.Connection]" = weakref.WeakSet()
+_pooler_warned = False
+
+
+def detect_pooler(conn: psycopg.Connection) -> bool:
+    """True when a connection pooler sits between this connection and PostgreSQL.
+
+    The process id libpq received at connect time (BackendKeyData) is the server
+    process's own on a direct connection; pgbouncer hands out cancel keys of its own, so
+    it differs from ``pg_backend_pid()``. Costs one round trip; the result is remembered
+    in :data:`POOLED`. On a connection outside autocommit the check is rolled back.
+    """
+    try:
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        if not conn.autocommit:
+            conn.rollback()
+    except psycopg.Error:
+        return False
+    pooled = pid != conn.info.backend_pid
+    if pooled:
+        POOLED.add(conn)
+    return pooled
+
+
+def _warn_pooler_once() -> None:
+    global _pooler_warned
+    if not _pooler_warned:
+        _pooler_warned = True
+        log.warning("connected through a connection pooler (pgbouncer?): server-side prepared statements "
+                    "are off on such connections, as a transaction-mode pooler would lose them; set "
+                    "PGWORKER_PREPARED_STATEMENTS=false (--no-prepared-statements) to say so explicitly",
+                    extra={"action": "pooler_detected"})
+
+
+# SQLSTATEs a transaction-mode pooler causes when psycopg prepares statements: the
+# statement was prepared on another server connection (26000 invalid_sql_statement_name)
+# or this one already has it (42P05 duplicate_prepared_statement).
+PREPARED_STATEMENT_SQLSTATES = ("26000", "42P05")
+READ_ONLY_SQLSTATE = "25006"
+
+POOLER_PREPARED_HINT = (
+    "a transaction-mode pooler (pgbouncer before 1.21) runs each transaction on any server "
+    "connection, so server-side prepared statements go missing: set "
+    "PGWORKER_PREPARED_STATEMENTS=false (pgworker run --no-prepared-statements)")
+READ_ONLY_HINT = ("the server is read-only (a standby after a failover, or default_transaction_read_only "
+                  "is on): waiting for a writable primary; point PGWORKER_DSN at the primary")
+
+
+def failure_kind(exc: BaseException) -> str:
+    """'read-only', 'prepared-statements' (a pooler), 'unreachable' or 'statement'."""
+    state = getattr(exc, "sqlstate", None)
+    if isinstance(exc, DatabaseReadOnly) or state == READ_ONLY_SQLSTATE:
+        return "read-only"
+    if state in PREPARED_STATEMENT_SQLSTATES:
+        return "prepared-statements"
+    if isinstance(exc, (DatabaseUnavailable, psycopg.OperationalError, psycopg.InterfaceError)):
+        return "unreachable"
+    return "statement"
+
+
+def describe_failure(exc: BaseException, dsn: str | None = None) -> str:
+    """One line saying what went wrong with the database and what to do, password-free."""
+    kind = failure_kind(exc)
+    if kind == "read-only":
+        return READ_ONLY_HINT
+    if kind == "prepared-statements":
+        return f"prepared statement error ({getattr(exc, 'sqlstate', '')}): {POOLER_PREPARED_HINT}"
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    text = redact(first, dsn_password(dsn))[:300]  # the password, not the whole DSN
+    if isinstance(exc, DatabaseUnavailable):
+        return text
+    if kind == "unreachable":
+        return f"PostgreSQL is unreachable ({type(exc).__name__}: {text})"
+    return f"statement failed ({type(exc).__name__}: {text})"
+
+
+class OutageLog:
+    """Reports a database outage once, not once per retry.
+
+    ``failed(exc)`` logs the first failure of an outage (and any change of its kind:
+    unreachable, read-only, ...) at ERROR with a reason naming the fix; repeats go to
+    DEBUG. ``ok()`` logs the recovery once, with the outage's length in seconds. One per
+    component (a claimer, the listener, the renewer, the maintenance thread).
+    """
+
+    def __init__(self, logger: logging.Logger, component: str, dsn: str | None = None) -> None:
+        self.log = logger
+        self.component = component
+        self.dsn = dsn
+        self.since: float | None = None
+        self.kind: str | None = None
+        self.failures = 0
+
+    @property
+    def down(self) -> bool:
+        return self.since is not None
+
+    def failed(self, exc: BaseException, action: str = "") -> str:
+        """Record a failure; returns its kind (see :func:`failure_kind`)."""
+        kind = failure_kind(exc)
+        what = f" ({action})" if action else ""
+        self.failures += 1
+        if self.since is None or kind != self.kind:
+            self.log.error("%s%s: %s; retrying with backoff (logged once per outage)", self.component, what,
+                           describe_failure(exc, self.dsn), extra={"action": "db_unavailable"})
+            if self.since is None:
+                self.since = time.monotonic()
+            self.kind = kind
+        else:
+            self.log.debug("%s%s: still failing: %s", self.component, what, type(exc).__name__)
+        return kind
+
+    def ok(self) -> None:
+        if self.since is not None:
+            self.log.warning("%s: database back after %.1f s (%s failed attempts)", self.component,
+                             time.monotonic() - self.since, self.failures, extra={"action": "db_recovered"})
+            self.since = None
+            self.kind = None
+            self.failures = 0
 
 
 def is_connection_error(exc: BaseException) -> bool:

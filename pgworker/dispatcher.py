@@ -24,6 +24,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import queue as queue_mod
+import random
 import signal
 import threading
 import time
@@ -37,10 +38,12 @@ from . import lease as slots_mod
 from . import tracing
 from .claimer import TIMEOUT, WORKER_DIED, ClaimerSpec, claimer_main
 from .config import Settings
-from .db import connect
-from .errors import DatabaseUnavailable, SchemaVersionError
+from .db import POOLED, OutageLog, connect
+from .errors import DatabaseUnavailable, PoolerError, SchemaVersionError
 from .jobs import FailRequest, Lease
+from .podlimits import PodQueueLimits
 from .reaper import ReaperConfig, reap_pass
+from .schedules import Scheduler
 from .retry import RetryPolicy
 from .store import BackoffParams
 
@@ -51,7 +54,9 @@ EXIT_ERROR = 1
 EXIT_DRAIN_DEADLINE = 75  # EX_TEMPFAIL: the deadline passed with due work left; run again
 HARD_LIMIT_GRACE_SECONDS = 2.0
 RESTART_BACKOFF_MAX_SECONDS = 30.0
-RECONNECT_MAX_SECONDS = 30.0
+# Reconnect backoff cap (seconds): the worst-case delay between the database's return
+# and a dispatcher thread noticing it; jitter spreads a fleet's reconnects.
+RECONNECT_MAX_SECONDS = 10.0
 SUPERVISE_TICK_SECONDS = 0.2
 
 
@@ -94,8 +99,9 @@ class Backoff:
         self.first, self.cap, self.value = first, cap, first
 
     def next(self) -> float:
+        """The next delay: doubling up to the cap, less up to half at random (jitter)."""
         v, self.value = self.value, min(self.cap, self.value * 2)
-        return v
+        return v * random.uniform(0.5, 1.0)
 
     def reset(self) -> None:
         self.value = self.first
@@ -135,6 +141,7 @@ class Dispatcher:
         self._threads: list[threading.Thread] = []
         self._stats_conn: psycopg.Connection | None = None
         self._stats_lock = threading.Lock()
+        self.pod_limits: PodQueueLimits | None = None
 
     # -- set-up ---------------------------------------------------------------------
 
@@ -148,11 +155,7 @@ class Dispatcher:
         self.metrics.init_queues(self.queues, tasks_by_queue)
         self.health = HealthState()
         self.health.listen_required = self.settings.listen and not self.drain
-        self.tracer_provider = tracing.configure_from_env()
-        if not self.settings.tracing:
-            from opentelemetry.trace import NoOpTracerProvider
-
-            tracing.set_tracer_provider(NoOpTracerProvider())
+        self.tracer_provider = tracing.setup_process(self.settings.tracing, trace_sql=False)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         try:
@@ -167,6 +170,8 @@ class Dispatcher:
                 self.http.shutdown()
             if self._stats_conn is not None:
                 self._stats_conn.close()
+            if self.pod_limits is not None:
+                self.pod_limits.close()
             tracing.flush(self.tracer_provider)
         return code
 
@@ -196,8 +201,11 @@ class Dispatcher:
         with self._stats_lock:
             try:
                 if self._stats_conn is None or self._stats_conn.closed or self._stats_conn.broken:
+                    # the scrape waits for this: an unreachable server must fail it fast,
+                    # not stall /metrics past Prometheus' scrape timeout
                     self._stats_conn = connect(self.settings.dsn, application_name="pgworker:stats",
-                                               prepare=self.settings.prepared_statements)
+                                               prepare=self.settings.prepared_statements,
+                                               connect_timeout=self.settings.stats_timeout_seconds)
                 conn = self._stats_conn
                 with conn.transaction():
                     conn.execute("SELECT set_config('statement_timeout', %s, true)",
@@ -219,6 +227,13 @@ class Dispatcher:
                 with connect(self.settings.dsn, application_name="pgworker:dispatcher",
                              prepare=self.settings.prepared_statements) as conn:
                     self.store.check_schema_version(conn)
+                    pooled = conn in POOLED
+                if pooled and self.health.listen_required and not self.settings.listen_dsn:
+                    raise PoolerError(
+                        "PGWORKER_DSN goes through a connection pooler, and LISTEN needs a session of "
+                        "its own (a transaction-mode pooler would drop its notifications): set "
+                        "PGWORKER_LISTEN_DSN (--listen-dsn) to a direct connection to PostgreSQL, "
+                        "or run with --no-listen to rely on the poll")
                 self.health.connected = True
                 self.health.schema_ok = True
                 return True
@@ -254,11 +269,18 @@ class Dispatcher:
                     self._report_drain()
                     return EXIT_ERROR
                 return EXIT_OK
-        except SchemaVersionError as exc:
+        except (SchemaVersionError, PoolerError) as exc:
             log.error("%s", exc)
+            if self.drain:
+                self.summary.result = "failed"
+                self._report_drain()
             return EXIT_ERROR
         if self.drain:
             self._drain_reap()
+            self._drain_schedules()
+        limits = {q: n for q, n in self.settings.queue_concurrency if q in self.queues}
+        if limits:
+            self.pod_limits = PodQueueLimits(limits, self.settings.concurrency, self.mp)
         self._start_threads()
         for i in range(self.settings.concurrency):
             handle = ClaimerHandle(i, slots_mod.SlotTable(self.settings.max_batch_size, self.mp))
@@ -307,11 +329,37 @@ class Dispatcher:
         except DatabaseUnavailable as exc:
             log.error("drain: reaping failed: %s", exc)
 
+    def _schedules_enabled(self) -> bool:
+        return bool(self.settings.schedules and getattr(self.app, "schedules", None))
+
+    def _drain_schedules(self) -> None:
+        """Drain mode has no scheduler thread: fire each schedule's due slot once, before
+        claiming (the missed-slot policy applies; the run then drains those jobs too)."""
+        if not self._schedules_enabled():
+            return
+        try:
+            with connect(self.settings.dsn, application_name="pgworker:scheduler",
+                         prepare=self.settings.prepared_statements) as conn:
+                scheduler = Scheduler(self.store, list(self.app.schedules.values()))
+                scheduler.register(conn)
+                scheduler.tick(conn)
+            if scheduler.fired:
+                log.info("drain: enqueued %s periodic job(s) before claiming", scheduler.fired)
+        except Exception as exc:
+            log.error("drain: firing schedules failed: %s", type(exc).__name__)
+
+    def _scheduler_loop(self) -> None:
+        Scheduler(self.store, list(self.app.schedules.values())).run(
+            self.threads_stop, lambda: connect(self.settings.dsn, application_name="pgworker:scheduler",
+                                               prepare=self.settings.prepared_statements))
+
     def _start_threads(self) -> None:
         targets: list[tuple[str, Callable[[], None]]] = [("pgworker-renewer", self._renewer_loop),
                                                           ("pgworker-maintenance", self._maintenance_loop)]
         if self.settings.listen and not self.drain:
             targets.append(("pgworker-listener", self._listener_loop))
+        if self._schedules_enabled() and not self.drain:
+            targets.append(("pgworker-scheduler", self._scheduler_loop))
         for name, target in targets:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
@@ -319,7 +367,7 @@ class Dispatcher:
 
     def _spawn(self, h: ClaimerHandle) -> None:
         spec = ClaimerSpec(self.app_ref, self.settings, h.index, h.table, tuple(self.queues), self.drain,
-                           self.log_level, self.log_format)
+                           self.log_level, self.log_format, self.pod_limits, os.getpid())
         h.process = self.mp.Process(target=claimer_main, args=(spec,), name=f"pgworker-claimer-{h.index}")
         h.process.start()
         h.started_at = time.monotonic()
@@ -329,7 +377,7 @@ class Dispatcher:
         woke = 0
         for h in self.claimers:
             if h.process is not None:
-                h.table.wake()
+                h.table.wake.set()
                 woke += 1
         if woke:
             self.metrics.wakeup(reason)
@@ -337,7 +385,7 @@ class Dispatcher:
     def _drained(self) -> bool:
         for h in self.claimers:
             hdr = h.table.header
-            if h.process is None or not hdr.drained or not hdr.idle or h.table.live():
+            if h.process is None or not hdr.drained or not hdr.idle or _live(h.table, busy=[None]):
                 return False
         return True
 
@@ -352,7 +400,7 @@ class Dispatcher:
             self._claimer_gone(h, p.exitcode, p.pid)
 
     def _claimer_gone(self, h: ClaimerHandle, exitcode: int | None, pid: int | None) -> None:
-        held = h.table.held()
+        held = self._held_by_dead_claimer(h)
         kill_reasons = h.kill_reasons
         h.process = None
         if pid and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -362,18 +410,32 @@ class Dispatcher:
         stopping = self.phase != "running"
         if held:
             self._settle_abandoned(held, kill_reasons, release_running=stopping)
+        if self.pod_limits is not None:
+            self.pod_limits.clear(h.index)  # its jobs are being settled: no longer the pod's
         self.summary.add(h.table.reset())
         if stopping:
             return
         quick = time.monotonic() - h.started_at < 5.0
-        if exitcode == 0 and not quick:
-            h.restart_at = time.monotonic()  # recycled (max jobs or memory per child)
+        if exitcode == 0:
+            # recycled (max jobs or memory per child), however soon: not a crash, no backoff
+            h.restart_at = time.monotonic()
+            h.restarts = 0
         else:
             delay = min(RESTART_BACKOFF_MAX_SECONDS, 0.5 * 2 ** min(h.restarts, 6)) if quick else 0.0
             h.restarts = h.restarts + 1 if quick else 0
             h.restart_at = time.monotonic() + delay
             log.error("claimer %s (pid %s) exited with code %s; restarting in %.1f s (held %s job(s))",
                       h.index, pid, exitcode, delay, len(held))
+
+    def _held_by_dead_claimer(self, h: ClaimerHandle) -> list[slots_mod.SlotView]:
+        """What a claimer that is gone held. If it died holding the table's lock (kill -9
+        in those few microseconds), nobody can release it: the table gets a new lock."""
+        try:
+            return h.table.held()
+        except slots_mod.SlotTableBusy:
+            log.error("claimer %s died holding its slot table's lock; the table gets a new lock", h.index)
+            h.table.replace_lock(self.mp)
+            return h.table.held()
 
     def _restart_due(self, now: float) -> None:
         for h in self.claimers:
@@ -400,6 +462,8 @@ class Dispatcher:
             if release:
                 report = self.store.release(conn, release)
                 self.summary.add({"released": len(report.accepted)})
+                for job_id in report.accepted:
+                    self.metrics.finished(queue_of[job_id], task_of[job_id], "released", None)
                 for job_id in report.refused:
                     self.metrics.fenced(queue_of[job_id], "release")
             if fail:
@@ -425,7 +489,7 @@ class Dispatcher:
         for h in self.claimers:
             if h.process is None or not h.process.is_alive():
                 continue
-            for v in h.table.live():
+            for v in _live(h.table):
                 if v.state == slots_mod.RUNNING and v.hard_limit > 0 and \
                         now - v.started_at > v.hard_limit + HARD_LIMIT_GRACE_SECONDS:
                     log.error("job %s ran %.0f s, past its limit of %.0f s: stopping claimer %s",
@@ -446,7 +510,7 @@ class Dispatcher:
         self.stop_deadline = time.monotonic() + self.settings.shutdown_grace_seconds
         for h in self.claimers:
             h.table.header.stopping = 1
-            h.table.wake()
+            h.table.wake.set()
             if h.process is not None and h.process.is_alive():
                 try:
                     os.kill(h.process.pid, signal.SIGTERM)
@@ -481,6 +545,7 @@ class Dispatcher:
         while not self.work.empty():
             self._run_now(self.work.get_nowait())
         for h in self.claimers:
+            self._held_by_dead_claimer(h)
             self.summary.add(h.table.reset())
         if not self.drain:
             log.info("stopped")
@@ -521,12 +586,15 @@ class Dispatcher:
         first = True
         queues = set(self.queues)
         dsn = self.settings.effective_listen_dsn
+        outage = OutageLog(log, "listener", dsn)
         while not self.threads_stop.is_set():
             try:
                 with connect(dsn, application_name="pgworker:listener",
                              prepare=False) as conn:
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.store.channel)))
                     self.health.listening = True
+                    self.health.connected = True
+                    outage.ok()
                     if not first:
                         self.metrics.listener_reconnected()
                         log.warning("LISTEN connection re-established; sweeping for missed jobs")
@@ -542,8 +610,8 @@ class Dispatcher:
                 if self.threads_stop.is_set():
                     return
                 delay = backoff.next()
-                log.warning("LISTEN connection lost (%s); reconnecting in %.1f s; polling continues",
-                            type(exc).__name__, delay)
+                # logged once per outage; the fallback poll keeps claiming meanwhile
+                self._db_failed(outage.failed(exc, "LISTEN connection lost; polling continues"))
                 self.threads_stop.wait(delay)
         self.health.listening = False
 
@@ -553,15 +621,18 @@ class Dispatcher:
     def _renewer_loop(self) -> None:
         interval = self.settings.effective_renew_interval
         conn: psycopg.Connection | None = None
+        outage = OutageLog(log, "lease renewer", self.settings.dsn)
         while not self.threads_stop.wait(interval):
             try:
                 if conn is None or conn.closed or conn.broken:
                     conn = connect(self.settings.dsn, application_name="pgworker:renewer",
                                    prepare=self.settings.prepared_statements)
-                self.renew_once(conn)
+                if self.renew_once(conn):
+                    outage.ok()
+                    self._db_ok()
             except Exception as exc:
-                log.warning("lease renewal failed (%s); leases are presumed lost once a full lease "
-                            "passes without a renewal", type(exc).__name__)
+                # leases are presumed lost once a full lease passes without a renewal
+                self._db_failed(outage.failed(exc, "renewing leases"))
                 self._renew_failed()
                 if conn is not None:
                     conn.close()
@@ -577,7 +648,9 @@ class Dispatcher:
             # A stopped (SIGSTOP) or dead claimer is not alive: its leases lapse.
             if p is None or not p.is_alive() or slots_mod.process_stopped(p.pid):
                 continue
-            for v in h.table.live():
+            for v in _live(h.table):  # a table whose lock stays taken: its leases lapse
+                if v.lost:
+                    continue  # already known lost: renewing it again could only be refused
                 if v.hard_limit > 0 and now - v.started_at > v.hard_limit:
                     continue  # renewal stops at the max runtime
                 if v.renew_policy == slots_mod.RENEW_PROGRESS and now - v.progress_at > lease:
@@ -585,13 +658,14 @@ class Dispatcher:
                 out.append((h.table, v))
         return out
 
-    def renew_once(self, conn: psycopg.Connection) -> None:
-        """Renew every live lease of the pod in one fenced statement."""
+    def renew_once(self, conn: psycopg.Connection) -> bool:
+        """Renew every live lease of the pod in one fenced statement. Returns whether a
+        statement ran (and so the database answered)."""
         now = time.monotonic()
         candidates = self._renew_candidates(now)
         self._presume_lost(now, exclude={(v.job_id, v.token) for _, v in candidates})
         if not candidates:
-            return
+            return False
         leases = [Lease(v.job_id, v.token) for _, v in candidates]
         report = self.store.renew(conn, leases, lease_seconds=self.settings.lease_seconds)
         accepted = set(report.accepted)
@@ -603,8 +677,8 @@ class Dispatcher:
                 self.last_ok[(v.job_id, v.token)] = now
                 counts["renewed"] += 1
                 if report.details.get(v.job_id):
-                    table.mark(v.index, v.job_id, v.token, cancel=True)
-            elif table.mark(v.index, v.job_id, v.token, lost=True):
+                    _mark(table, v, cancel=True)
+            elif _mark(table, v, lost=True):
                 counts["lost"] += 1
                 self.metrics.fenced(q, "renew")
                 log.warning("lease lost on job %s (token %s): the renewal was refused", v.job_id, v.token,
@@ -616,11 +690,12 @@ class Dispatcher:
         live = {(v.job_id, v.token) for _, v in candidates}
         for key in [k for k in self.last_ok if k not in live]:
             del self.last_ok[key]
+        return True
 
     def _renew_failed(self) -> None:
         now = time.monotonic()
         for h in self.claimers:
-            for v in h.table.live():
+            for v in _live(h.table):
                 self.metrics.renewals(self._queue_name(v), "error", 1)
         self._presume_lost(now, exclude=set())
 
@@ -629,16 +704,34 @@ class Dispatcher:
         its handler, so the duplicate-execution window stays within one lease."""
         lease = self.settings.lease_seconds
         for h in self.claimers:
-            for v in h.table.live():
+            for v in _live(h.table):
                 key = (v.job_id, v.token)
-                if key in exclude:
+                if key in exclude or v.lost:  # reported once, when it was first found lost
                     continue
                 last = self.last_ok.get(key, v.claimed_at)
-                if now - last > lease and h.table.mark(v.index, v.job_id, v.token, lost=True):
+                if now - last > lease and _mark(h.table, v, lost=True):
                     q = self._queue_name(v)
                     self.metrics.renewals(q, "lost", 1)
                     log.warning("lease on job %s presumed lost: not renewed for %.0f s", v.job_id, now - last,
                                 extra={"action": "lease_lost", "job_id": v.job_id, "queue": q})
+
+    def _db_failed(self, kind: str) -> None:
+        """What /readyz says while the database is away or read-only."""
+        if kind == "read-only":
+            self.health.writable = False
+            self.health.reason = "database is read-only (a standby?): waiting for a writable primary"
+        elif kind == "unreachable":
+            self.health.connected = False
+            self.health.reason = "database unavailable"
+        elif kind == "prepared-statements":
+            self.health.reason = "prepared statements fail behind a pooler: set PGWORKER_PREPARED_STATEMENTS=false"
+
+    def _db_ok(self) -> None:
+        """A write went through: connected and writable again."""
+        self.health.connected = True
+        self.health.writable = True
+        if self.health.reason != "shutting down":
+            self.health.reason = "ok"
 
     def _maintenance_loop(self) -> None:
         """Reaper timer (not in drain mode) and the dispatcher's own fenced writes."""
@@ -646,6 +739,7 @@ class Dispatcher:
         next_reap = time.monotonic() + min(5.0, self.settings.reap_interval_seconds)
         backoff = Backoff()
         config = ReaperConfig()
+        outage = OutageLog(log, "maintenance (reaper)", self.settings.dsn)
         while not self.threads_stop.is_set():
             try:
                 job = self.work.get(timeout=0.5)
@@ -665,15 +759,13 @@ class Dispatcher:
                     reap_pass(self.store, conn, config, self.metrics)
                     next_reap = time.monotonic() + self.settings.reap_interval_seconds
                 backoff.reset()
-                if self.health.reason in ("database unavailable", "starting"):
-                    self.health.reason = "ok"
+                outage.ok()
+                self._db_ok()
             except Exception as exc:
-                self.health.connected = False
-                self.health.reason = "database unavailable"
+                self._db_failed(outage.failed(exc))
                 if job is not None:
                     self.work.put(job)
                 delay = backoff.next()
-                log.warning("maintenance failed (%s); retrying in %.1f s", type(exc).__name__, delay)
                 if conn is not None:
                     conn.close()
                 conn = None
@@ -681,6 +773,22 @@ class Dispatcher:
                 self.threads_stop.wait(delay)
         if conn is not None:
             conn.close()
+
+
+def _live(table: slots_mod.SlotTable, busy: Any = None) -> list[slots_mod.SlotView]:
+    """The table's live slots; when its lock stays taken (its claimer is stopped, or died
+    holding it), nothing this round, or ``busy`` if given."""
+    try:
+        return table.live()
+    except slots_mod.SlotTableBusy:
+        return [] if busy is None else busy
+
+
+def _mark(table: slots_mod.SlotTable, v: slots_mod.SlotView, *, lost: bool = False, cancel: bool = False) -> bool:
+    try:
+        return table.mark(v.index, v.job_id, v.token, lost=lost, cancel=cancel)
+    except slots_mod.SlotTableBusy:
+        return False
 
 
 def _abandon_message(code: str) -> str:

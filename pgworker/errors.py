@@ -34,6 +34,16 @@ class DatabaseUnavailable(PgworkerError):
     """PostgreSQL cannot be reached; check the DSN (PGWORKER_DSN) and that the server is up."""
 
 
+class DatabaseReadOnly(DatabaseUnavailable):
+    """The server accepts connections but refuses writes (a standby after a failover, or
+    ``default_transaction_read_only`` is on); point PGWORKER_DSN at the writable primary."""
+
+
+class PoolerError(ConfigError):
+    """A transaction-mode pooler between pgworker and PostgreSQL broke something that needs
+    a session; the message names the setting to change."""
+
+
 class SchemaVersionError(PgworkerError):
     """The database schema does not match this version of pgworker."""
 

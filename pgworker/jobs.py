@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Sequence
@@ -73,6 +74,24 @@ class ClaimedJob:
 
 
 @dataclass(frozen=True)
+class ClaimResult:
+    """What one claim returned: the jobs, and the queue's policy verdict.
+
+    ``paused``: the queue is paused (no jobs). ``limited``: it has a global concurrency or
+    rate limit (claims lock its row). ``allowance``: how many jobs the policies allowed
+    this claim (the batch size when unlimited). ``retry_after_seconds``: for a rate-limited
+    queue whose bucket holds less than one token after this claim, when the next token
+    arrives (None otherwise).
+    """
+
+    jobs: list[ClaimedJob]
+    paused: bool = False
+    limited: bool = False
+    allowance: int = 0
+    retry_after_seconds: float | None = None
+
+
+@dataclass(frozen=True)
 class FenceReport:
     """Result of a batched fenced write: which leases took effect, which were refused.
 
@@ -121,7 +140,34 @@ class ReapResult:
     cancelled: tuple[int, ...] = ()
     by_queue: dict[tuple[str, str], int] = field(default_factory=dict)
     """Counts keyed by (queue, new state)."""
+    candidates: int = 0
+    """Expired leases found (some may have been settled or reaped by another reaper meanwhile)."""
 
     @property
     def total(self) -> int:
         return len(self.requeued) + len(self.dead) + len(self.cancelled)
+
+
+class UndecodablePayload:
+    """Stands in for a stored JSON value Python cannot decode (nested deeper than the
+    interpreter's recursion limit, which PostgreSQL's own limit exceeds: about 1,000
+    levels against tens of thousands). The job fails with PAYLOAD_INVALID instead of
+    every claim of its queue failing."""
+
+    def __init__(self, reason: str, size: int) -> None:
+        self.reason = reason
+        self.size = size
+
+    def __repr__(self) -> str:
+        return f"<undecodable payload of {self.size} bytes: {self.reason}>"
+
+
+def safe_json_loads(data: "str | bytes") -> Any:
+    """``json.loads`` that returns :class:`UndecodablePayload` instead of raising, for the
+    claim's result rows (psycopg ``set_json_loads`` on the claimer's connection)."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        return UndecodablePayload("nested too deeply for Python's JSON decoder", len(data))
+    except ValueError as exc:
+        return UndecodablePayload(f"invalid JSON: {exc}", len(data))

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import multiprocessing
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
@@ -93,82 +92,65 @@ class SlotView:
     renew_policy: int
     attempt: int
     task_index: int
+    lost: bool = False
 
 
-LOCK_TIMEOUT_SECONDS = 1.0
+LOCK_TIMEOUT_SECONDS = 2.0
+
+
+class SlotTableBusy(Exception):
+    """The slot table's lock stayed taken for LOCK_TIMEOUT_SECONDS: its claimer is
+    stopped (SIGSTOP) or died while holding it."""
+
+
+class WakeUp:
+    """A wake-up flag between the dispatcher and one claimer that survives ``kill -9``.
+
+    ``multiprocessing.Event`` does not: its Condition makes ``set()`` wait until every
+    sleeper acknowledges, so a claimer killed while it waited left the dispatcher's next
+    ``set()`` blocked forever (the chaos soak found it; see
+    ``tests/acceptance/test_faults.py``). A semaphore capped at 1 needs no
+    acknowledgement: ``set()`` never blocks, a dead waiter changes nothing.
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        self._sem = ctx.BoundedSemaphore(1)
+        self._sem.acquire()  # start unset
+
+    def set(self) -> None:
+        try:
+            self._sem.release()
+        except ValueError:  # already set: one pending wake-up is enough
+            pass
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds; True (and the flag consumed) if it was set."""
+        return self._sem.acquire(timeout=timeout)
+
+    def clear(self) -> None:
+        while self._sem.acquire(False):
+            pass
 
 
 class SlotTable:
     """Fixed-size table of lease slots in shared memory, guarded by one lock.
 
-    Created by the dispatcher and passed to the claimer process at spawn. Every method
-    holds the lock for a few microseconds and never does I/O under it.
-
-    Built to survive ``kill -9`` of either side: the lock is taken with a timeout (its
-    holder may have died holding it; then the other side goes on without it, which is
-    safe because the holder is dead or stopped) and is replaced, with the wake-up pipe,
-    before a replacement claimer starts. Wake-ups go through a pipe rather than a
-    ``multiprocessing.Event``: a process killed while waiting on an Event leaves the
-    Event's condition variable waiting for it forever, and the next ``set()`` hangs.
+    Created by the dispatcher and passed to the claimer process at spawn. All methods
+    hold the lock for a few microseconds and never do I/O under it.
     """
 
     def __init__(self, capacity: int, ctx: Any | None = None) -> None:
-        self._ctx = ctx or multiprocessing.get_context("spawn")
+        ctx = ctx or multiprocessing.get_context("spawn")
         self.capacity = capacity
-        self.slots = self._ctx.RawArray(Slot, capacity)
-        self.header = self._ctx.RawValue(Header)
-        self._fresh_primitives()
-
-    def _fresh_primitives(self) -> None:
-        self.lock = self._ctx.Lock()
-        self.wake_reader, self.wake_writer = self._ctx.Pipe(duplex=False)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state.pop("_ctx", None)
-        state.pop("wake_writer", None)  # the claimer only reads
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        got = self.lock.acquire(timeout=LOCK_TIMEOUT_SECONDS)
-        try:
-            yield
-        finally:
-            if got:
-                self.lock.release()
-
-    # -- wake-ups -------------------------------------------------------------------
-
-    def wake(self) -> None:
-        """Dispatcher: wake the claimer (never blocks; a full pipe already means 'wake')."""
-        try:
-            fd = self.wake_writer.fileno()
-            os.set_blocking(fd, False)
-            os.write(fd, b"\x01")
-        except (BlockingIOError, BrokenPipeError, OSError):
-            pass
-
-    def wait_wake(self, timeout: float) -> bool:
-        """Claimer: wait up to ``timeout`` seconds for a wake-up; True if one came."""
-        if not self.wake_reader.poll(timeout):
-            return False
-        fd = self.wake_reader.fileno()
-        os.set_blocking(fd, False)
-        try:
-            while os.read(fd, 4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
-        return True
+        self.lock = ctx.Lock()
+        self.slots = ctx.RawArray(Slot, capacity)
+        self.header = ctx.RawValue(Header)
+        self.wake = WakeUp(ctx)
 
     # -- claimer side ---------------------------------------------------------------
 
     def free_count(self) -> int:
-        with self._locked():
+        with self.lock:
             return sum(1 for s in self.slots if s.state == EMPTY)
 
     def put(self, job_id: int, token: int, queue_index: int, attempt: int, hard_limit: float,
@@ -186,8 +168,7 @@ class SlotTable:
         now = time.monotonic()
         out: list[int] = []
         slots = self.slots
-        got = self.lock.acquire(timeout=LOCK_TIMEOUT_SECONDS)
-        try:
+        with self.lock:
             free = [i for i in range(self.capacity) if slots[i].state == EMPTY][:len(entries)]
             if len(free) < len(entries):
                 raise RuntimeError("slot table full: a claim took more jobs than the claimer has room for")
@@ -199,28 +180,17 @@ class SlotTable:
                 s.lost = s.cancel = 0
                 s.attempt, s.task_index = attempt, task_index
                 out.append(i)
-        finally:
-            if got:
-                self.lock.release()
         return out
-
-    # The per-job transitions below take the lock inline rather than through _locked():
-    # the claimer makes a few of them per job, and a generator context manager costs
-    # more than the work under the lock.
 
     def start(self, index: int, job_id: int) -> bool:
         """CLAIMED -> RUNNING; False if the dispatcher took the slot back meanwhile."""
-        got = self.lock.acquire(timeout=LOCK_TIMEOUT_SECONDS)
-        try:
+        with self.lock:
             s = self.slots[index]
             if s.job_id != job_id or s.state != CLAIMED or s.lost:
                 return False
             s.state = RUNNING
             s.started_at = s.progress_at = time.monotonic()
             return True
-        finally:
-            if got:
-                self.lock.release()
 
     def set_state(self, index: int, job_id: int, state: int) -> None:
         self.set_state_many(((index, job_id),), state)
@@ -229,15 +199,11 @@ class SlotTable:
         """Move each (slot index, job id) to ``state`` unless the slot changed hands or
         the dispatcher took it back (RELEASING)."""
         table = self.slots
-        got = self.lock.acquire(timeout=LOCK_TIMEOUT_SECONDS)
-        try:
+        with self.lock:
             for index, job_id in slots:
                 s = table[index]
                 if s.job_id == job_id and s.state != RELEASING:
                     s.state = state
-        finally:
-            if got:
-                self.lock.release()
 
     def clear(self, index: int, job_id: int) -> None:
         self.clear_many(((index, job_id),))
@@ -245,16 +211,12 @@ class SlotTable:
     def clear_many(self, slots: Iterable[tuple[int, int]]) -> None:
         """Empty each (slot index, job id) that still holds that job."""
         table = self.slots
-        got = self.lock.acquire(timeout=LOCK_TIMEOUT_SECONDS)
-        try:
+        with self.lock:
             for index, job_id in slots:
                 s = table[index]
                 if s.job_id == job_id:
                     s.state = EMPTY
                     s.job_id = s.token = 0
-        finally:
-            if got:
-                self.lock.release()
 
     def progress(self, index: int, job_id: int) -> None:
         s = self.slots[index]
@@ -277,20 +239,39 @@ class SlotTable:
         setattr(self.header, outcome, getattr(self.header, outcome) + n)
 
     # -- dispatcher side ------------------------------------------------------------
+    # The dispatcher never waits for the lock without a bound: a claimer stopped with
+    # SIGSTOP, or killed with kill -9, while it held the lock (a few microseconds) would
+    # otherwise stall every dispatcher thread, or all of them forever.
+
+    @contextlib.contextmanager
+    def _dispatcher_lock(self) -> Iterator[None]:
+        if not self.lock.acquire(timeout=LOCK_TIMEOUT_SECONDS):
+            raise SlotTableBusy(f"slot table lock not free within {LOCK_TIMEOUT_SECONDS} s")
+        try:
+            yield
+        finally:
+            self.lock.release()
+
+    def replace_lock(self, ctx: Any) -> None:
+        """Give the table a fresh lock after its claimer died holding the old one (the
+        only other holder, so the old lock can never be released). The replacement
+        claimer receives the new lock at spawn."""
+        self.lock = ctx.Lock()
+
 
     def live(self) -> list[SlotView]:
         """Copies of the slots holding a lease (claimed, running, or waiting to be written)."""
-        with self._locked():
+        with self._dispatcher_lock():
             return [self._view(i, s) for i, s in enumerate(self.slots) if s.state in LIVE_STATES]
 
     def held(self) -> list[SlotView]:
         """Every slot that is not empty (for a claimer that died: what it held)."""
-        with self._locked():
+        with self._dispatcher_lock():
             return [self._view(i, s) for i, s in enumerate(self.slots) if s.state != EMPTY]
 
     def mark(self, index: int, job_id: int, token: int, *, lost: bool = False, cancel: bool = False) -> bool:
         """Set the lost / cancel flag if the slot still holds this lease."""
-        with self._locked():
+        with self._dispatcher_lock():
             s = self.slots[index]
             if s.job_id != job_id or s.token != token or s.state in (EMPTY, FLUSHING):
                 return False
@@ -302,7 +283,7 @@ class SlotTable:
 
     def take_back(self, index: int, job_id: int, token: int, states: tuple[int, ...]) -> bool:
         """Take a slot over for a release (the claimer will skip it); True if taken."""
-        with self._locked():
+        with self._dispatcher_lock():
             s = self.slots[index]
             if s.job_id == job_id and s.token == token and s.state in states:
                 s.state = RELEASING
@@ -310,17 +291,13 @@ class SlotTable:
             return False
 
     def reset(self) -> dict[str, int]:
-        """Empty every slot, zero the header and replace the lock and the wake-up pipe
-        (the old claimer may have died holding the lock); returns the outcome counts the
-        old claimer recorded. Call it only once the old claimer is gone."""
-        counts = {f: getattr(self.header, f) for f in OUTCOME_FIELDS}
-        ctypes.memset(ctypes.addressof(self.slots), 0, ctypes.sizeof(self.slots))
-        ctypes.memset(ctypes.addressof(self.header), 0, ctypes.sizeof(self.header))
-        for conn in (self.wake_reader, self.wake_writer):
-            with contextlib.suppress(OSError):
-                conn.close()
-        self._fresh_primitives()
-        return counts
+        """Empty every slot and zero the header (before a replacement claimer starts);
+        returns the outcome counts the old claimer recorded."""
+        with self._dispatcher_lock():
+            counts = {f: getattr(self.header, f) for f in OUTCOME_FIELDS}
+            ctypes.memset(ctypes.addressof(self.slots), 0, ctypes.sizeof(self.slots))
+            ctypes.memset(ctypes.addressof(self.header), 0, ctypes.sizeof(self.header))
+            return counts
 
     def outcome_counts(self) -> dict[str, int]:
         return {f: getattr(self.header, f) for f in OUTCOME_FIELDS}
@@ -328,7 +305,7 @@ class SlotTable:
     @staticmethod
     def _view(i: int, s: Slot) -> SlotView:
         return SlotView(i, s.state, s.queue_index, s.job_id, s.token, s.claimed_at, s.started_at,
-                        s.progress_at, s.hard_limit, s.renew_policy, s.attempt, s.task_index)
+                        s.progress_at, s.hard_limit, s.renew_policy, s.attempt, s.task_index, bool(s.lost))
 
     def __iter__(self) -> Iterator[Slot]:
         return iter(self.slots)

@@ -40,65 +40,78 @@ class WorkerMetrics:
 
     Methods are named after the events of the job lifecycle; each updates the
     catalogue's metrics for it. ``registry=None`` uses the default registry.
+
+    Cost: an event is one to three updates of a value in this process's mmap file
+    (multiprocess mode) or in memory; labelled children are looked up once and cached,
+    since ``labels()`` costs as much as the update itself.
     """
+
+    # Created on a claimer's first heartbeat, not here: a labelless gauge is written
+    # (as 0) to its process's file the moment it exists, and 0 from the dispatcher or a
+    # producer would then be the "oldest heartbeat" of the pod (livemin).
+    LAZY = ("pgworker_claimer_heartbeat_timestamp_seconds",)
 
     def __init__(self, registry: CollectorRegistry | None = None, *, task_label: bool = True) -> None:
         self.task_label = task_label
         self._error_classes: set[str] = set(cat.KNOWN_ERROR_CODES)
         self._lock = threading.Lock()
-        kw: dict[str, Any] = {} if registry is None else {"registry": registry}
+        self._kw: dict[str, Any] = {} if registry is None else {"registry": registry}
+        self._children: dict[tuple[str, ...], Any] = {}
+        self._heartbeat: Any = None
         m: dict[str, Any] = {}
         for d in cat.METRICS:
-            if d.source != "worker":
-                continue
-            if d.kind == "counter":
-                # prometheus_client appends _total itself
-                m[d.name] = Counter(d.name.removesuffix("_total"), d.help, d.labels, **kw)
-            elif d.kind == "histogram":
-                m[d.name] = Histogram(d.name, d.help, d.labels, buckets=d.buckets, **kw)
-            else:
-                m[d.name] = Gauge(d.name, d.help, d.labels,
-                                  multiprocess_mode=d.multiprocess_mode or "all", **kw)
+            if d.source == "worker" and d.name not in self.LAZY:
+                m[d.name] = _build(d, self._kw)
         self.m = m
-        self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
         m["pgworker_build_info"].labels(__version__).set(1)
+
+    def _child(self, name: str, *labels: str) -> Any:
+        """The labelled child of metric ``name``, cached (dict lookups are thread-safe)."""
+        key = (name, *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self.m[name].labels(*labels)
+        return child
 
     # -- known label sets start at 0 -------------------------------------------------
 
     def init_queues(self, queues: Iterable[str], tasks_by_queue: dict[str, Sequence[str]] | None = None) -> None:
         """Create the series of known label sets at 0, so rates work from the start."""
-        m = self.m
+        c = self._child
         for q in queues:
             for r in cat.CLAIM_RESULTS:
-                m["pgworker_claims_total"].labels(q, r)
-            m["pgworker_claimed_jobs_total"].labels(q)
-            m["pgworker_claim_duration_seconds"].labels(q)
-            m["pgworker_job_wait_duration_seconds"].labels(q)
-            m["pgworker_enqueued_jobs_total"].labels(q)
+                c("pgworker_claims_total", q, r)
+            c("pgworker_claimed_jobs_total", q)
+            c("pgworker_claim_duration_seconds", q)
+            c("pgworker_job_wait_duration_seconds", q)
+            c("pgworker_enqueued_jobs_total", q)
             for r in cat.RENEW_RESULTS:
-                m["pgworker_lease_renewals_total"].labels(q, r)
+                c("pgworker_lease_renewals_total", q, r)
             for a in cat.EXPIRATION_ACTIONS:
-                m["pgworker_lease_expirations_total"].labels(q, a)
+                c("pgworker_lease_expirations_total", q, a)
             for op in cat.FENCED_OPERATIONS:
-                m["pgworker_fenced_writes_total"].labels(q, op)
+                c("pgworker_fenced_writes_total", q, op)
             tasks = (tasks_by_queue or {}).get(q, ()) if self.task_label else ("",)
             for t in tasks:
                 for o in cat.OUTCOMES:
-                    m["pgworker_jobs_finished_total"].labels(q, t, o)
+                    c("pgworker_jobs_finished_total", q, t, o)
             for code in cat.KNOWN_ERROR_CODES:
-                m["pgworker_jobs_dead_total"].labels(q, code)
+                c("pgworker_jobs_dead_total", q, code)
         for r in cat.WAKEUP_REASONS:
-            m["pgworker_dispatcher_wakeups_total"].labels(r)
+            c("pgworker_dispatcher_wakeups_total", r)
 
     def _task(self, task: str) -> str:
         return task if self.task_label else ""
 
     def error_class(self, code: str) -> str:
-        """Fold error classes past the top-N seen by this process into 'other'."""
+        """Fold error classes past the first N (catalogue.ERROR_CLASS_TOP_N) that this
+        process sees into 'other'; pgworker's own codes never count against N."""
+        if code in self._error_classes:
+            return code
         with self._lock:
             if code in self._error_classes:
                 return code
-            if len(self._error_classes) < cat.ERROR_CLASS_TOP_N:
+            if len(self._error_classes) < cat.ERROR_CLASS_TOP_N + len(cat.KNOWN_ERROR_CODES):
                 self._error_classes.add(code)
                 return code
         return cat.OTHER
@@ -106,84 +119,87 @@ class WorkerMetrics:
     # -- events ---------------------------------------------------------------------
 
     def enqueued(self, queue: str, count: int) -> None:
-        self.m["pgworker_enqueued_jobs_total"].labels(queue).inc(count)
+        self._child("pgworker_enqueued_jobs_total", queue).inc(count)
 
     def claimed(self, queue: str, count: int, seconds: float, waits: Iterable[float]) -> None:
-        m = self.m
-        m["pgworker_claims_total"].labels(queue, "claimed" if count else "empty").inc()
-        m["pgworker_claim_duration_seconds"].labels(queue).observe(seconds)
+        """One claim statement: its result, latency (seconds) and each job's wait (seconds)."""
+        c = self._child
+        c("pgworker_claims_total", queue, "claimed" if count else "empty").inc()
+        c("pgworker_claim_duration_seconds", queue).observe(seconds)
         if count:
-            m["pgworker_claimed_jobs_total"].labels(queue).inc(count)
-            observe_many(self._cached("pgworker_job_wait_duration_seconds", queue), [max(0.0, w) for w in waits])
+            c("pgworker_claimed_jobs_total", queue).inc(count)
+            observe_many(c("pgworker_job_wait_duration_seconds", queue), [max(0.0, w) for w in waits])
 
     def claim_error(self, queue: str) -> None:
-        self.m["pgworker_claims_total"].labels(queue, "error").inc()
+        self._child("pgworker_claims_total", queue, "error").inc()
 
     def finished(self, queue: str, task: str, outcome: str, run_seconds: float | None,
                  error_code: str | None = None) -> None:
-        m = self.m
+        """One attempt settled with ``outcome``; ``run_seconds`` is the handler's run time
+        (None when the handler never ran, e.g. a release); ``error_code`` for retried/dead."""
+        c = self._child
         t = self._task(task)
-        m["pgworker_jobs_finished_total"].labels(queue, t, outcome).inc()
+        c("pgworker_jobs_finished_total", queue, t, outcome).inc()
         if run_seconds is not None:
-            m["pgworker_job_run_duration_seconds"].labels(queue, t, outcome).observe(run_seconds)
+            c("pgworker_job_run_duration_seconds", queue, t, outcome).observe(run_seconds)
         if outcome == "retried":
-            m["pgworker_job_retries_total"].labels(queue, self.error_class(error_code or "unknown")).inc()
+            c("pgworker_job_retries_total", queue, self.error_class(error_code or "unknown")).inc()
         elif outcome == "dead":
-            m["pgworker_jobs_dead_total"].labels(queue, self.error_class(error_code or "unknown")).inc()
+            c("pgworker_jobs_dead_total", queue, self.error_class(error_code or "unknown")).inc()
 
     def finished_many(self, queue: str, task: str, outcome: str, run_seconds: Sequence[float | None],
                       error_code: str | None = None) -> None:
         """:meth:`finished` for a group of attempts with the same labels (one entry per
         attempt, None when it never ran): one counter update and one histogram update for
         the group, as the claimer records a whole flush at once."""
-        m = self.m
+        c = self._child
         t = self._task(task)
         n = len(run_seconds)
         if not n:
             return
-        self._cached("pgworker_jobs_finished_total", queue, t, outcome).inc(n)
+        c("pgworker_jobs_finished_total", queue, t, outcome).inc(n)
         ran = [v for v in run_seconds if v is not None]
         if ran:
-            observe_many(self._cached("pgworker_job_run_duration_seconds", queue, t, outcome), ran)
+            observe_many(c("pgworker_job_run_duration_seconds", queue, t, outcome), ran)
         if outcome == "retried":
-            m["pgworker_job_retries_total"].labels(queue, self.error_class(error_code or "unknown")).inc(n)
+            c("pgworker_job_retries_total", queue, self.error_class(error_code or "unknown")).inc(n)
         elif outcome == "dead":
-            m["pgworker_jobs_dead_total"].labels(queue, self.error_class(error_code or "unknown")).inc(n)
-
-    def _cached(self, name: str, *labels: str) -> Any:
-        """The labelled child of a metric, looked up once (``labels()`` costs ~1 us)."""
-        key = (name, labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = self.m[name].labels(*labels)
-        return child
+            c("pgworker_jobs_dead_total", queue, self.error_class(error_code or "unknown")).inc(n)
 
     def fenced(self, queue: str, operation: str, count: int = 1) -> None:
-        self.m["pgworker_fenced_writes_total"].labels(queue, operation).inc(count)
+        self._child("pgworker_fenced_writes_total", queue, operation).inc(count)
 
     def renewals(self, queue: str, result: str, count: int) -> None:
         if count:
-            self.m["pgworker_lease_renewals_total"].labels(queue, result).inc(count)
+            self._child("pgworker_lease_renewals_total", queue, result).inc(count)
 
-    def expirations(self, queue: str, action: str, count: int, ) -> None:
+    def expirations(self, queue: str, action: str, count: int) -> None:
         if count:
-            self.m["pgworker_lease_expirations_total"].labels(queue, action).inc(count)
+            self._child("pgworker_lease_expirations_total", queue, action).inc(count)
             if action == "dead":
-                self.m["pgworker_jobs_dead_total"].labels(queue, "LEASE_EXPIRED").inc(count)
+                self._child("pgworker_jobs_dead_total", queue, "LEASE_EXPIRED").inc(count)
 
     def in_flight(self, queue: str, delta: int) -> None:
-        g = self.m["pgworker_jobs_in_flight"].labels(queue)
+        g = self._child("pgworker_jobs_in_flight", queue)
         g.inc(delta) if delta >= 0 else g.dec(-delta)
 
     def set_in_flight(self, queue: str, value: int) -> None:
-        self.m["pgworker_jobs_in_flight"].labels(queue).set(value)
+        self._child("pgworker_jobs_in_flight", queue).set(value)
 
     def loop_heartbeat(self) -> None:
-        self.m["pgworker_claimer_heartbeat_timestamp_seconds"].set(time.time())
+        """A claimer is alive and making progress (see the catalogue's help text)."""
+        g = self._heartbeat
+        if g is None:
+            with self._lock:
+                if self._heartbeat is None:
+                    self._heartbeat = _build(cat.METRICS_BY_NAME["pgworker_claimer_heartbeat_timestamp_seconds"],
+                                             self._kw)
+                g = self._heartbeat
+        g.set(time.time())
 
     def wakeup(self, reason: str, count: int = 1) -> None:
         if count:
-            self.m["pgworker_dispatcher_wakeups_total"].labels(reason).inc(count)
+            self._child("pgworker_dispatcher_wakeups_total", reason).inc(count)
 
     def listener_reconnected(self) -> None:
         self.m["pgworker_listener_reconnects_total"].inc()
@@ -211,6 +227,15 @@ def observe_many(histogram: Any, values: Sequence[float]) -> None:
     total.inc(sum(values))
     for i, n in counts.items():
         buckets[i].inc(n)
+
+
+def _build(d: cat.MetricDef, kw: dict[str, Any]) -> Any:
+    if d.kind == "counter":
+        # prometheus_client appends _total itself
+        return Counter(d.name.removesuffix("_total"), d.help, d.labels, **kw)
+    if d.kind == "histogram":
+        return Histogram(d.name, d.help, d.labels, buckets=d.buckets, **kw)
+    return Gauge(d.name, d.help, d.labels, multiprocess_mode=d.multiprocess_mode or "all", **kw)
 
 
 _process_metrics: WorkerMetrics | None = None
@@ -275,6 +300,9 @@ class QueueStatsCollector:
                                      d["pgworker_queue_oldest_dead_job_age_seconds"].help, labels=["queue"])
         expired = GaugeMetricFamily("pgworker_queue_expired_leases",
                                     d["pgworker_queue_expired_leases"].help, labels=["queue"])
+        dead_keys = GaugeMetricFamily("pgworker_queue_dead_blocked_ordering_keys",
+                                      d["pgworker_queue_dead_blocked_ordering_keys"].help, labels=["queue"])
+        paused = GaugeMetricFamily("pgworker_queue_paused", d["pgworker_queue_paused"].help, labels=["queue"])
         for row in self._rows:
             q = row["queue"]
             for state in cat.STATS_STATES:
@@ -282,7 +310,9 @@ class QueueStatsCollector:
             age.add_metric([q], float(row["oldest_due_age_seconds"]))
             dead_age.add_metric([q], float(row["oldest_dead_age_seconds"]))
             expired.add_metric([q], float(row["expired_leases"]))
-        yield from (jobs, age, dead_age, expired)
+            dead_keys.add_metric([q], float(row["dead_blocked_keys"]))
+            paused.add_metric([q], 1.0 if row["paused"] else 0.0)
+        yield from (jobs, age, dead_age, expired, dead_keys, paused)
         yield GaugeMetricFamily("pgworker_queue_stats_up", d["pgworker_queue_stats_up"].help, value=self._up)
         yield GaugeMetricFamily("pgworker_queue_stats_duration_seconds",
                                 d["pgworker_queue_stats_duration_seconds"].help, value=self._duration)
@@ -332,6 +362,7 @@ class HealthState:
         self.schema_ok = False
         self.reason = "starting"
         self.listen_required = True
+        self.writable = True
 
     def tick(self) -> None:
         self.last_tick = time.monotonic()
@@ -342,7 +373,27 @@ class HealthState:
 
     @property
     def ready(self) -> bool:
-        return self.alive and self.connected and self.schema_ok and (self.listening or not self.listen_required)
+        return self.why_not_ready() is None
+
+    def why_not_ready(self) -> str | None:
+        """None when ready (connected, writable, on the current schema version, and
+        listening when LISTEN is on), else what /readyz reports. Reads flags only: no
+        database access."""
+        if self.reason == "shutting down":
+            return self.reason
+        if not self.alive:
+            return "dispatcher loop stalled"
+        if not self.connected:
+            return "starting: connecting to PostgreSQL" if self.reason == "starting" else "database unavailable"
+        if not self.writable:
+            return self.reason if "read-only" in self.reason else "database is read-only"
+        if self.reason.startswith("prepared statements"):
+            return self.reason
+        if not self.schema_ok:
+            return "schema version not checked"
+        if self.listen_required and not self.listening:
+            return "LISTEN connection down (reconnecting)"
+        return None
 
 
 def serve_http(host: str, port: int, registry: CollectorRegistry, health: HealthState) -> ThreadingHTTPServer:
@@ -362,9 +413,9 @@ def serve_http(host: str, port: int, registry: CollectorRegistry, health: Health
                 ok = health.alive
                 self._send(200 if ok else 503, b"ok\n" if ok else b"dispatcher loop stalled\n", "text/plain")
             elif path == "/readyz":
-                ok = health.ready
-                msg = "ready\n" if ok else f"not ready: {health.reason}\n"
-                self._send(200 if ok else 503, msg.encode(), "text/plain")
+                why = health.why_not_ready()
+                msg = "ready\n" if why is None else f"not ready: {why}\n"
+                self._send(200 if why is None else 503, msg.encode(), "text/plain")
             else:
                 self._send(404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain")
 

@@ -21,7 +21,8 @@ from . import tracing
 from .errors import InvalidJob, PayloadError
 from .names import check_key, check_queue_name, check_task_name
 from .store import Store, atomic
-from .tasks import DEFAULT_MAX_ATTEMPTS, Task, check_max_attempts, check_priority
+from .tasks import (DEFAULT_MAX_ATTEMPTS, ORDERING_ON_DEAD, Task, check_dedupe_window, check_max_attempts,
+                    check_ordering_on_dead, check_priority)
 
 if TYPE_CHECKING:
     from .metrics import WorkerMetrics
@@ -47,6 +48,8 @@ class JobSpec:
     max_attempts: int | None = None
     dedupe_key: str | None = None
     ordering_key: str | None = None
+    dedupe_window: "float | timedelta | None" = None
+    ordering_on_dead: str | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,8 @@ class PreparedJob:
     max_attempts: int
     dedupe_key: str | None
     ordering_key: str | None
+    dedupe_window_seconds: float | None = None
+    dead_blocks_key: bool = True
 
 
 def serialize_payload(payload: Any, max_bytes: int) -> str:
@@ -134,11 +139,21 @@ def prepare(spec: JobSpec, tasks: dict[str, Task], max_payload_bytes: int) -> Pr
         if run_at.tzinfo is None or run_at.utcoffset() is None:
             raise InvalidJob("run_at has no time zone; pass an aware datetime such as "
                              "datetime.now(timezone.utc) + timedelta(minutes=5), or use delay=seconds")
+    dedupe_key = check_key("dedupe_key", spec.dedupe_key)
+    window = check_dedupe_window(spec.dedupe_window if spec.dedupe_window is not None
+                                 else (registered.dedupe_window_seconds if registered else None))
+    if spec.dedupe_window is not None and dedupe_key is None:
+        raise InvalidJob("dedupe_window needs a dedupe_key: it is how long after success the key "
+                         "stays held; pass dedupe_key=... too")
+    on_dead = check_ordering_on_dead(spec.ordering_on_dead if spec.ordering_on_dead is not None
+                                     else (registered.ordering_on_dead if registered else "block"))
     return PreparedJob(
         queue=queue, task=name, payload_json=serialize_payload(spec.payload, max_payload_bytes),
         priority=priority, run_at=run_at, delay_seconds=_delay_seconds(spec.delay),
-        max_attempts=max_attempts, dedupe_key=check_key("dedupe_key", spec.dedupe_key),
-        ordering_key=check_key("ordering_key", spec.ordering_key))
+        max_attempts=max_attempts, dedupe_key=dedupe_key,
+        ordering_key=check_key("ordering_key", spec.ordering_key),
+        dedupe_window_seconds=window if dedupe_key is not None else None,
+        dead_blocks_key=ORDERING_ON_DEAD[on_dead])
 
 
 def enqueue_one(store: Store, conn: psycopg.Connection, job: PreparedJob,
@@ -152,14 +167,16 @@ def enqueue_one(store: Store, conn: psycopg.Connection, job: PreparedJob,
                 conn, queue=job.queue, task=job.task, payload_json=job.payload_json,
                 priority=job.priority, run_at=job.run_at, delay_seconds=job.delay_seconds,
                 max_attempts=job.max_attempts, dedupe_key=job.dedupe_key,
-                ordering_key=job.ordering_key, trace_context=ctx_json)
+                ordering_key=job.ordering_key, trace_context=ctx_json,
+                dedupe_window_seconds=job.dedupe_window_seconds, dead_blocks_key=job.dead_blocks_key)
             if job_id is not None:
                 if metrics:
                     metrics.enqueued(job.queue, 1)
                 break
-            # The key is held by an active job: return its id. It can finish between the
-            # insert and this lookup; then the insert is tried again.
-            holder = store.jobs_by_dedupe_key(conn, [job.dedupe_key]).get(job.dedupe_key)  # type: ignore[list-item]
+            # The key is held: return the holder's id. The holder can finish between the
+            # insert and this lookup, or its hold have expired (released by the lookup);
+            # then the insert is tried again, and the unique index decides once more.
+            holder = store.dedupe_holders(conn, [job.dedupe_key]).get(job.dedupe_key)  # type: ignore[list-item]
             if holder is not None:
                 job_id = holder
                 if span.is_recording():
@@ -203,13 +220,15 @@ def enqueue_batch(store: Store, conn: psycopg.Connection, jobs: Sequence[Prepare
                     "priorities": [j.priority for j in jobs], "run_ats": run_ats,
                     "max_attempts": [j.max_attempts for j in jobs],
                     "dedupe_keys": [j.dedupe_key for j in jobs],
+                    "dedupe_windows": [j.dedupe_window_seconds for j in jobs],
                     "ordering_keys": [j.ordering_key for j in jobs],
+                    "dead_blocks_keys": [j.dead_blocks_key for j in jobs],
                     "trace_contexts": [ctx_json] * len(jobs)})
             store.notify_queues(conn, {j.queue for i, j in zip(ids, jobs) if inserted.get(i)})
             out = list(ids)
             refused = [pos for pos, i in enumerate(ids) if i not in inserted]
             if refused:
-                holders = store.jobs_by_dedupe_key(conn, sorted({jobs[p].dedupe_key for p in refused}))
+                holders = store.dedupe_holders(conn, sorted({jobs[p].dedupe_key for p in refused}))
                 for pos in refused:
                     holder = holders.get(jobs[pos].dedupe_key)  # type: ignore[arg-type]
                     # the holder finished in between: enqueue this one on its own

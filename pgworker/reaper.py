@@ -57,6 +57,6 @@ def reap_pass(store: Store, conn: psycopg.Connection, config: ReaperConfig, metr
             log.warning("reaped %s expired lease(s) on queue %r: %s", sum(counts.values()), queue,
                         ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
                         extra={"action": "reap", "queue": queue})
-        if result.total < config.batch:
-            break
+        if result.candidates < config.batch or not result.total:
+            break  # all found, or the ones found are being settled by someone else: next pass
     return total

@@ -2,9 +2,10 @@
 
 Nothing else in pgworker touches a cursor. Methods take an open psycopg connection and
 leave transaction control to the caller, except where a transition needs more than one
-statement to stay correct (ordering-key promotion, a cancel and its audit entry): those
-run in :func:`atomic`, a transaction of their own on an autocommit connection, or simply
-inside the caller's transaction otherwise (never committing it).
+statement to stay correct (the ordering-key locks, the transition and the promotion of
+the next job of a key; a limited queue's lock and its claim; a cancel and its audit
+entry): those run in :func:`atomic`, a transaction of their own on an autocommit
+connection, or simply inside the caller's transaction otherwise (never committing it).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from psycopg import sql
 
 from . import sql as sqlfiles
 from .errors import SchemaNotMigrated, SchemaTooNew
-from .jobs import ClaimedJob, FailRequest, FenceReport, Lease, ReapResult
+from .jobs import ClaimedJob, ClaimResult, FailRequest, FenceReport, Lease, ReapResult
 from .names import check_schema_name
 
 EMPTY_BIGINTS: list[int] = []
@@ -110,12 +111,14 @@ class Store:
     def insert_job(self, conn: psycopg.Connection, *, queue: str, task: str, payload_json: str,
                    priority: int, run_at: datetime | None, delay_seconds: float, max_attempts: int,
                    dedupe_key: str | None, ordering_key: str | None,
-                   trace_context: str | None) -> int | None:
+                   trace_context: str | None, dedupe_window_seconds: float | None = None,
+                   dead_blocks_key: bool = True) -> int | None:
         """Insert one job (and its wake-up); returns its id, or None on a dedupe conflict."""
         params = {
             "queue": queue, "task": task, "payload": payload_json, "priority": priority,
             "run_at": run_at, "delay": delay_seconds, "max_attempts": max_attempts,
-            "dedupe_key": dedupe_key, "ordering_key": ordering_key,
+            "dedupe_key": dedupe_key, "dedupe_window": dedupe_window_seconds,
+            "ordering_key": ordering_key, "dead_blocks_key": dead_blocks_key,
             "trace_context": trace_context, "channel": self.channel, "notify_payload": queue,
         }
         if ordering_key is not None:
@@ -153,8 +156,10 @@ class Store:
                 for r in rows:
                     copy.write_row(r)
 
-    def jobs_by_dedupe_key(self, conn: psycopg.Connection, keys: Sequence[str]) -> dict[str, int]:
-        cur = self._exec(conn, "jobs_by_dedupe_key", {"keys": list(keys)})
+    def dedupe_holders(self, conn: psycopg.Connection, keys: Sequence[str]) -> dict[str, int]:
+        """{dedupe key: id of the job holding it}, after releasing expired holds; a key
+        missing from the result is free (insert again)."""
+        cur = self._exec(conn, "dedupe_holders", {"keys": sorted(set(keys))})
         return {r[0]: r[1] for r in cur.fetchall()}
 
     def notify_queues(self, conn: psycopg.Connection, queues: Iterable[str]) -> None:
@@ -164,10 +169,23 @@ class Store:
             self._exec(conn, "queues_notify", {"channel": self.channel, "payloads": payloads}).fetchall()
 
     # -- ordering keys --------------------------------------------------------------
+    #
+    # Lock order: every transition that may change which job of an ordering key runs
+    # next takes the keys' advisory locks (hash order) BEFORE it locks any job row, then
+    # changes the rows, then promotes the next job of each key in a new statement. Claims
+    # take no key lock (only the head of a key is claimable) and never wait (SKIP LOCKED).
 
     def lock_ordering_keys(self, conn: psycopg.Connection, keys: Sequence[str]) -> None:
         self._exec(conn, "ordering_keys_lock", {"namespace": self._ordering_namespace,
                                                 "keys": list(keys)}).fetchall()
+
+    def _promote(self, conn: psycopg.Connection, keys: Iterable[str]) -> list[int]:
+        """Unblock the head of each key (the caller holds the keys' locks)."""
+        keys = sorted(set(keys))
+        if not keys:
+            return []
+        cur = self._exec(conn, "ordering_keys_promote", {"keys": keys, "channel": self.channel})
+        return [r[0] for r in cur.fetchall()]
 
     def promote_ordering_keys(self, conn: psycopg.Connection, keys: Sequence[str]) -> list[int]:
         """Lock the keys, then unblock each key's head (a new statement, fresh snapshot)."""
@@ -176,29 +194,72 @@ class Store:
             return []
         with atomic(conn):
             self.lock_ordering_keys(conn, keys)
-            cur = self._exec(conn, "ordering_keys_promote", {"keys": keys, "channel": self.channel})
-            return [r[0] for r in cur.fetchall()]
+            return self._promote(conn, keys)
 
-    def _settle(self, conn: psycopg.Connection, name: str, params: dict[str, Any],
-                leases: Sequence[Lease], promote_keys: Iterable[str | None]) -> list[tuple[Any, ...]]:
-        keys = {k for k in promote_keys if k is not None}
+    def ordering_keys_of(self, conn: psycopg.Connection, ids: Sequence[int]) -> dict[int, str]:
+        """{job id: ordering key} for those of ``ids`` that have one."""
+        if not ids:
+            return {}
+        cur = self._exec(conn, "jobs_ordering_keys", {"ids": list(ids)})
+        return {r[0]: r[1] for r in cur.fetchall()}
+
+    def _keyed(self, conn: psycopg.Connection, name: str, params: dict[str, Any],
+               keys: Iterable[str | None], promote_if: Any) -> list[tuple[Any, ...]]:
+        """Run a transition statement under the ordering-key locks of ``keys`` and promote
+        the keys of the rows for which ``promote_if(row)`` holds (its last column, or the
+        one named by the caller, is the row's ordering key)."""
+        keys = sorted({k for k in keys if k is not None})
         if not keys:
             return self._exec(conn, name, params).fetchall()
         with atomic(conn):
+            self.lock_ordering_keys(conn, keys)
             rows = self._exec(conn, name, params).fetchall()
-            done_keys = [r[-1] for r in rows if r[-1] is not None]
-            if done_keys:
-                self.promote_ordering_keys(conn, done_keys)
+            self._promote(conn, [k for r in rows if (k := promote_if(r)) is not None])
             return rows
+
+    def _keys_for(self, conn: psycopg.Connection, leases: Sequence[Lease],
+                  ordering_keys: Iterable[str | None] | None) -> list[str | None]:
+        if ordering_keys is not None:
+            return list(ordering_keys)
+        return list(self.ordering_keys_of(conn, [le.job_id for le in leases]).values())
 
     # -- the lifecycle --------------------------------------------------------------
 
     def claim(self, conn: psycopg.Connection, *, queue: str, limit: int, owner: str,
-              lease_seconds: float) -> list[ClaimedJob]:
-        """Claim up to ``limit`` due jobs of ``queue`` under a lease of ``lease_seconds``."""
-        cur = self._exec(conn, "job_claim", {"queue": queue, "limit": limit, "owner": owner,
-                                             "lease_seconds": lease_seconds})
-        return [ClaimedJob(*row) for row in cur.fetchall()]
+              lease_seconds: float, aging_seconds: float | None = None) -> list[ClaimedJob]:
+        """Claim up to ``limit`` due jobs of ``queue`` under a lease of ``lease_seconds``,
+        within the queue's policies (pause, limits, aging); see :meth:`claim_batch`."""
+        return self.claim_batch(conn, queue=queue, limit=limit, owner=owner, lease_seconds=lease_seconds,
+                                aging_seconds=aging_seconds).jobs
+
+    def claim_batch(self, conn: psycopg.Connection, *, queue: str, limit: int, owner: str,
+                    lease_seconds: float, aging_seconds: float | None = None,
+                    limited: bool = False) -> ClaimResult:
+        """Claim up to ``limit`` due jobs of ``queue``; returns the jobs and the queue's verdict.
+
+        ``aging_seconds``: the priority-aging bound when the queue's row sets none (None:
+        strict priority). ``limited``: the caller believes the queue has a concurrency or
+        rate limit, so the claim goes straight to the locked form (queue_lock, then the
+        claim as a new statement of the same transaction); otherwise the plain claim runs
+        first and, if the queue turns out to be limited, the locked form follows.
+        """
+        params = {"queue": queue, "limit": limit, "owner": owner, "lease_seconds": lease_seconds,
+                  "aging_seconds": aging_seconds, "locked": False}
+        if not limited:
+            result = self._claim_result(self._exec(conn, "job_claim", params).fetchall())
+            if not (result.limited and not result.jobs and not result.paused):
+                return result
+        params["locked"] = True
+        with atomic(conn):
+            self._exec(conn, "queue_lock", {"queue": queue}).fetchall()
+            return self._claim_result(self._exec(conn, "job_claim", params).fetchall())
+
+    @staticmethod
+    def _claim_result(rows: list[tuple[Any, ...]]) -> ClaimResult:
+        first = rows[0]
+        jobs = [ClaimedJob(*row[4:]) for row in rows if row[4] is not None]
+        return ClaimResult(jobs=jobs, paused=first[0], limited=first[1], allowance=first[2],
+                           retry_after_seconds=first[3])
 
     def renew(self, conn: psycopg.Connection, leases: Sequence[Lease], *,
               lease_seconds: float) -> FenceReport:
@@ -211,29 +272,40 @@ class Store:
         return FenceReport.build("renew", leases, cur.fetchall(), detail_column=2)
 
     def complete(self, conn: psycopg.Connection, leases: Sequence[Lease],
-                 ordering_keys: Iterable[str | None] = ()) -> FenceReport:
-        """Mark jobs succeeded (fenced). Pass the jobs' ordering keys to promote the next jobs."""
+                 ordering_keys: Iterable[str | None] | None = None) -> FenceReport:
+        """Mark jobs succeeded (fenced) and promote the next job of their ordering keys.
+
+        ``ordering_keys``: the jobs' keys when the caller knows them (a claimer does);
+        None reads them first (one statement), so that the key locks precede the row locks.
+        """
         if not leases:
             return FenceReport("complete")
-        rows = self._settle(conn, "job_complete", {"ids": [le.job_id for le in leases],
-                                                   "tokens": [le.token for le in leases]},
-                            leases, ordering_keys)
+        keys = self._keys_for(conn, leases, ordering_keys)
+        rows = self._keyed(conn, "job_complete", {"ids": [le.job_id for le in leases],
+                                                  "tokens": [le.token for le in leases]},
+                           keys, lambda r: r[2])
         return FenceReport.build("complete", leases, rows)
 
-    def fail(self, conn: psycopg.Connection, requests: Sequence[FailRequest]) -> FenceReport:
-        """Record failures (fenced); ``details[id]`` is the new state, 'pending' or 'dead'."""
+    def fail(self, conn: psycopg.Connection, requests: Sequence[FailRequest],
+             ordering_keys: Iterable[str | None] | None = None) -> FenceReport:
+        """Record failures (fenced); ``details[id]`` is the new state, 'pending' or 'dead'.
+
+        A job that dies keeps its ordering key blocked until it is replayed or discarded
+        (dead-head policy 'block'); with 'skip' (``dead_blocks_key`` false) the next job
+        of its key is promoted at once. ``ordering_keys`` as for :meth:`complete`.
+        """
         if not requests:
             return FenceReport("fail")
         leases = [r.lease for r in requests]
-        cur = self._exec(conn, "job_fail", {
+        keys = self._keys_for(conn, leases, ordering_keys)
+        rows = self._keyed(conn, "job_fail", {
             "ids": [r.lease.job_id for r in requests], "tokens": [r.lease.token for r in requests],
             "delays": [max(0.0, float(r.delay_seconds)) for r in requests],
             "permanent": [bool(r.permanent) for r in requests],
             "codes": [r.code for r in requests], "messages": [r.message for r in requests],
-            "keep": self.error_history_entries})
-        # A job that dies keeps its ordering key blocked until it is replayed or
-        # discarded (cancelled), so nothing is promoted here.
-        return FenceReport.build("fail", leases, cur.fetchall(), detail_column=2)
+            "keep": self.error_history_entries},
+            keys, lambda r: r[3] if r[2] == "dead" and not r[4] else None)
+        return FenceReport.build("fail", leases, rows, detail_column=2)
 
     def release(self, conn: psycopg.Connection, leases: Sequence[Lease]) -> FenceReport:
         """Return running jobs to pending without spending an attempt (fenced)."""
@@ -254,25 +326,33 @@ class Store:
         return FenceReport.build("snooze", leases, cur.fetchall())
 
     def finish_cancelled(self, conn: psycopg.Connection, leases: Sequence[Lease],
-                         ordering_keys: Iterable[str | None] = ()) -> FenceReport:
-        """Record running jobs that stopped after a cancellation request (fenced)."""
+                         ordering_keys: Iterable[str | None] | None = None) -> FenceReport:
+        """Record running jobs that stopped after a cancellation request (fenced), and
+        promote the next job of their ordering keys (``ordering_keys`` as for :meth:`complete`)."""
         if not leases:
             return FenceReport("cancel")
-        rows = self._settle(conn, "job_cancel_finish", {"ids": [le.job_id for le in leases],
-                                                        "tokens": [le.token for le in leases]},
-                            leases, ordering_keys)
+        keys = self._keys_for(conn, leases, ordering_keys)
+        rows = self._keyed(conn, "job_cancel_finish", {"ids": [le.job_id for le in leases],
+                                                       "tokens": [le.token for le in leases]},
+                           keys, lambda r: r[2])
         return FenceReport.build("cancel", leases, rows)
 
     def reap(self, conn: psycopg.Connection, *, limit: int, backoff: BackoffParams) -> ReapResult:
-        """Recover up to ``limit`` expired leases (one short transaction)."""
-        with atomic(conn):
-            rows = self._exec(conn, "jobs_reap", {
-                "limit": limit, "backoff_base_seconds": backoff.base_seconds,
-                "backoff_max_seconds": backoff.max_seconds, "backoff_jitter": backoff.jitter,
-                "keep": self.error_history_entries}).fetchall()
-            keys = [r[4] for r in rows if r[3] == "cancelled" and r[4] is not None]
-            if keys:
-                self.promote_ordering_keys(conn, keys)
+        """Recover up to ``limit`` expired leases (one short transaction).
+
+        The candidates are read first so that their ordering keys can be locked before
+        their rows; a job that ends cancelled, or dead under the 'skip' policy, promotes
+        the next job of its key.
+        """
+        candidates = self._exec(conn, "jobs_reap_candidates", {"limit": limit}).fetchall()
+        if not candidates:
+            return ReapResult()
+        rows = self._keyed(conn, "jobs_reap", {
+            "ids": [r[0] for r in candidates], "backoff_base_seconds": backoff.base_seconds,
+            "backoff_max_seconds": backoff.max_seconds, "backoff_jitter": backoff.jitter,
+            "keep": self.error_history_entries},
+            [r[1] for r in candidates],
+            lambda r: r[4] if r[3] == "cancelled" or (r[3] == "dead" and not r[6]) else None)
         by_queue: dict[tuple[str, str], int] = {}
         for r in rows:
             by_queue[(r[1], r[3])] = by_queue.get((r[1], r[3]), 0) + 1
@@ -280,7 +360,7 @@ class Store:
             requeued=tuple(r[0] for r in rows if r[3] == "pending"),
             dead=tuple(r[0] for r in rows if r[3] == "dead"),
             cancelled=tuple(r[0] for r in rows if r[3] == "cancelled"),
-            by_queue=by_queue)
+            by_queue=by_queue, candidates=len(candidates))
 
     def lease_states(self, conn: psycopg.Connection, ids: Sequence[int]) -> list[tuple[Any, ...]]:
         """(id, state, lease_token, last_error_code) of jobs, to settle an unknown write."""
@@ -290,8 +370,13 @@ class Store:
 
     def cancel(self, conn: psycopg.Connection, job_id: int, *, actor: str | None) -> str | None:
         """Cancel a job; returns the resulting state ('cancelled', or 'running' when a
-        cancellation was requested from its worker), or None when nothing was cancellable."""
+        cancellation was requested from its worker), or None when nothing was cancellable.
+        A job cancelled at once (pending, or a dead job discarded) promotes the next job of
+        its ordering key; its key is locked first (read without a lock: it never changes)."""
+        keys = list(self.ordering_keys_of(conn, [job_id]).values())
         with atomic(conn):
+            if keys:
+                self.lock_ordering_keys(conn, keys)
             row = self._exec(conn, "job_cancel", {"id": job_id}).fetchone()
             if row is None:
                 return None
@@ -299,15 +384,33 @@ class Store:
                 "ids": [job_id], "kind": "cancel_requested" if row[1] == "running" else "cancelled",
                 "actor": actor, "detail": None})
             if row[1] == "cancelled" and row[2] is not None:
-                self.promote_ordering_keys(conn, [row[2]])
+                self._promote(conn, [row[2]])
         return row[1]
 
     def replay(self, conn: psycopg.Connection, *, ids: Sequence[int] = (), queue: str | None = None,
                limit: int = 1000, actor: str | None) -> list[int]:
-        """Replay dead jobs by id, or up to ``limit`` dead jobs of ``queue``."""
-        cur = self._exec(conn, "jobs_replay", {"ids": list(ids), "queue": queue, "limit": limit,
-                                               "actor": actor, "channel": self.channel})
-        return [r[0] for r in cur.fetchall()]
+        """Replay dead jobs by id, or up to ``limit`` dead jobs of ``queue``.
+
+        A job with an ordering key comes back behind whatever of its key is active and
+        runs before the key's later jobs; one whose dedupe key is now held by another job
+        stays dead (not returned). The keys are locked first, expired dedupe holds released.
+        """
+        targets = self._exec(conn, "jobs_replay_targets", {"ids": list(ids), "queue": queue,
+                                                           "limit": limit}).fetchall()
+        if not targets:
+            return []
+        keys = sorted({r[1] for r in targets if r[1] is not None})
+        dedupe = [r[2] for r in targets if r[2] is not None]
+        with atomic(conn):
+            if keys:
+                self.lock_ordering_keys(conn, keys)
+            if dedupe:
+                self.dedupe_holders(conn, dedupe)  # releases expired holds first
+            cur = self._exec(conn, "jobs_replay", {"ids": [r[0] for r in targets], "actor": actor,
+                                                   "channel": self.channel})
+            replayed = [r[0] for r in cur.fetchall()]
+            self._promote(conn, keys)
+        return replayed
 
     def prune(self, conn: psycopg.Connection, *, older_than_seconds: float, limit: int) -> int:
         cur = self._exec(conn, "jobs_prune", {"older_than_seconds": older_than_seconds, "limit": limit})
@@ -340,6 +443,73 @@ class Store:
 
     def due_count(self, conn: psycopg.Connection, queues: Sequence[str]) -> int:
         return self._exec(conn, "jobs_due_count", {"queues": list(queues)}).fetchone()[0]
+
+    def dead_blocked_keys(self, conn: psycopg.Connection, *, limit: int = 100) -> list[dict[str, Any]]:
+        """Ordering keys held by a dead job, oldest first, with the jobs waiting behind each."""
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["ordering_keys_dead_blocked"], {"limit": limit}).fetchall()
+
+    # -- queues ---------------------------------------------------------------------
+
+    def configure_queue(self, conn: psycopg.Connection, queue: str, *, actor: str | None,
+                        concurrency_limit: Any = None, rate: Any = None, burst: Any = None,
+                        aging_seconds: Any = None, set_concurrency: bool = False,
+                        set_rate: bool = False, set_aging: bool = False) -> dict[str, Any]:
+        """Create or change a queue's settings (only those whose ``set_*`` flag is true)."""
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["queue_configure"], {
+            "queue": queue, "actor": actor, "concurrency_limit": concurrency_limit,
+            "rate_per_second": rate, "rate_burst": burst, "aging_seconds": aging_seconds,
+            "set_concurrency": set_concurrency, "set_rate": set_rate, "set_aging": set_aging}).fetchone()
+
+    def pause_queue(self, conn: psycopg.Connection, queue: str, *, actor: str | None) -> dict[str, Any]:
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["queue_pause"], {"queue": queue, "actor": actor}).fetchone()
+
+    def resume_queue(self, conn: psycopg.Connection, queue: str, *, actor: str | None) -> bool:
+        """Resume; False when the queue was not paused (it has no row)."""
+        rows = self._exec(conn, "queue_resume", {"queue": queue, "actor": actor,
+                                                 "channel": self.channel}).fetchall()
+        return bool(rows)
+
+    def list_queues(self, conn: psycopg.Connection) -> list[dict[str, Any]]:
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["queues_list"]).fetchall()
+
+    def queue_events(self, conn: psycopg.Connection, queue: str, *, limit: int = 50) -> list[dict[str, Any]]:
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["queue_events_list"], {"queue": queue, "limit": limit}).fetchall()
+
+    # -- schedules ------------------------------------------------------------------
+
+    def db_now(self, conn: psycopg.Connection) -> datetime:
+        return self._exec(conn, "db_now").fetchone()[0]
+
+    def register_schedule(self, conn: psycopg.Connection, **params: Any) -> None:
+        """Upsert a declared schedule (name, task, queue, cron, timezone, missed,
+        initial_slot, next_slot)."""
+        self._exec(conn, "schedule_register", params)
+
+    def schedules_state(self, conn: psycopg.Connection, names: Sequence[str]) -> tuple[dict[str, Any], datetime]:
+        """({name: last slot}, database now) for the recorded schedules among ``names``."""
+        rows = self._exec(conn, "schedules_state", {"names": list(names)}).fetchall()
+        now = rows[0][2] if rows else self.db_now(conn)
+        return {r[0]: r[1] for r in rows}, now
+
+    def fire_schedule(self, conn: psycopg.Connection, *, name: str, slot: datetime, next_slot: datetime | None,
+                      skipped: int, enqueue: bool, task: str, queue: str, payload_json: str,
+                      priority: int, max_attempts: int) -> tuple[bool, int | None]:
+        """Advance a schedule to ``slot`` (compare-and-set) and enqueue its job when
+        ``enqueue``; returns (advanced, job id). (False, None): another dispatcher did it."""
+        row = self._exec(conn, "schedule_fire", {
+            "name": name, "slot": slot, "next_slot": next_slot, "skipped": skipped, "enqueue": enqueue,
+            "task": task, "queue": queue, "payload": payload_json, "priority": priority,
+            "max_attempts": max_attempts, "channel": self.channel}).fetchone()
+        return bool(row[0]), row[1]
+
+    def list_schedules(self, conn: psycopg.Connection) -> list[dict[str, Any]]:
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["schedules_list"]).fetchall()
 
 
 def json_or_none(value: Any) -> str | None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import datetime
 import inspect
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -16,6 +18,8 @@ from .retry import RetryPolicy
 if TYPE_CHECKING:
     from .app import App
 
+# Dead-head policy of per-key ordering: does a dead job keep its ordering key blocked?
+ORDERING_ON_DEAD = {"block": True, "skip": False}
 RENEW_WHILE_ALIVE = "alive"
 RENEW_ON_PROGRESS = "progress"
 DEFAULT_MAX_ATTEMPTS = 5
@@ -34,6 +38,10 @@ class Task:
     lease (``ctx.heartbeat()``). ``permanent_errors``: exception types that skip retries.
     ``payload_type``: a callable (a dataclass, say) that decodes the payload; a failure
     to decode ends the job dead with code PAYLOAD_INVALID.
+    ``ordering_on_dead``: what a dead job does to its ordering key: 'block' (the key's
+    later jobs wait until it is replayed or discarded) or 'skip' (they go on).
+    ``dedupe_window_seconds``: how long after success a job keeps its dedupe key held
+    (None: the key is free again as soon as the job succeeds). See docs/scheduling.md.
     """
 
     name: str
@@ -47,6 +55,8 @@ class Task:
     priority: int = 0
     permanent_errors: tuple[type[BaseException], ...] = ()
     payload_type: Callable[..., Any] | None = None
+    ordering_on_dead: str = "block"
+    dedupe_window_seconds: float | None = None
     app: "App | None" = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -60,6 +70,8 @@ class Task:
             raise ConfigError(f"task {self.name!r}: max_runtime must be > 0 seconds")
         if self.renew not in (RENEW_WHILE_ALIVE, RENEW_ON_PROGRESS):
             raise ConfigError(f"task {self.name!r}: renew must be 'alive' or 'progress'")
+        check_ordering_on_dead(self.ordering_on_dead)
+        check_dedupe_window(self.dedupe_window_seconds)
 
     # Cached: the claimer asks for every job, and inspect.signature costs ~20 us a call.
     @functools.cached_property
@@ -78,6 +90,11 @@ class Task:
 
     def decode(self, payload: Any) -> Any:
         """The payload as the handler wants it; raises :class:`InvalidPayload`."""
+        from .jobs import UndecodablePayload
+
+        if isinstance(payload, UndecodablePayload):
+            raise InvalidPayload(f"task {self.name!r}: the stored payload cannot be decoded: {payload.reason} "
+                                 f"({payload.size} bytes); fix the producer, then replay or cancel the job")
         if self.payload_type is None:
             return payload
         try:
@@ -113,3 +130,24 @@ def check_priority(value: object) -> int:
         raise InvalidJob(f"priority must be an integer between {PRIORITY_MIN} and {PRIORITY_MAX} "
                           f"(higher runs first), got {value!r}")
     return value
+
+
+def check_ordering_on_dead(value: object) -> str:
+    if value not in ORDERING_ON_DEAD:
+        raise InvalidJob(f"ordering_on_dead must be 'block' (a dead job holds its ordering key until it "
+                         f"is replayed or discarded) or 'skip' (the key's next job runs), got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def check_dedupe_window(value: object) -> float | None:
+    """Seconds (a number or a timedelta) after success during which a dedupe key stays held;
+    raises :class:`InvalidJob` outside (0, 100 years]."""
+    if value is None:
+        return None
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 < value <= 100 * 365 * 86400:
+        raise InvalidJob(f"dedupe_window must be seconds (or a timedelta) between 0 and 100 years, "
+                         f"exclusive of 0, got {value!r}")
+    return float(value)

@@ -6,8 +6,9 @@ Span names and attributes follow the OpenTelemetry messaging semantic convention
 outcome. The W3C trace context of the send span is stored in the job row
 (``trace_context``) and becomes the parent of every attempt's process span, which also
 links to it, so one trace follows a job from the request that enqueued it to its last
-attempt. With no SDK configured the OpenTelemetry API returns non-recording spans and
-pgworker skips the work around them, so tracing then costs next to nothing.
+attempt. With no SDK configured (or ``--no-tracing``) every helper here returns at once
+with the API's invalid span, building no attributes, so tracing then costs a function
+call and an ``isinstance`` check per span.
 """
 
 from __future__ import annotations
@@ -27,30 +28,45 @@ from .catalogue import MESSAGING_SYSTEM
 
 log = logging.getLogger("pgworker.tracing")
 
+LEASE_LOST = "pgworker.LeaseLost"  # error.type of a write refused by the fence
+
 _tracer_provider: trace.TracerProvider | None = None
-
-
-_tracer_cache: tuple[trace.TracerProvider | None, trace.Tracer] | None = None
+# (provider, its pgworker tracer or None when that provider records nothing)
+_cached: tuple[Any, trace.Tracer | None] = (None, None)
+_NO_OP_PROVIDERS = (trace.NoOpTracerProvider, trace.ProxyTracerProvider)
+INVALID_SPAN = trace.INVALID_SPAN
 
 
 def set_tracer_provider(provider: trace.TracerProvider | None) -> None:
     """Use ``provider`` for pgworker's spans instead of the global one (tests inject an
-    SDK provider with an in-memory exporter here)."""
+    SDK provider with an in-memory exporter here); None goes back to the global one."""
     global _tracer_provider
     _tracer_provider = provider
 
 
-def tracer() -> trace.Tracer:
-    """pgworker's tracer, looked up once per provider: ``get_tracer`` costs several
-    microseconds and the claimer asks for it a few times per job. Without an override
-    the global provider's tracer is a proxy until the SDK installs one, then delegates."""
-    global _tracer_cache
-    cached = _tracer_cache
-    if cached is not None and cached[0] is _tracer_provider:
-        return cached[1]
-    t = trace.get_tracer("pgworker", __version__, tracer_provider=_tracer_provider)
-    _tracer_cache = (_tracer_provider, t)
+def _active_tracer() -> trace.Tracer | None:
+    """pgworker's tracer, or None when no SDK is set up (the global provider is still the
+    API's proxy, or a no-op one): then no span would be recorded and callers skip all
+    work. Cached per provider, so an SDK installed later (by the user's app module,
+    say) is picked up."""
+    global _cached
+    provider = _tracer_provider if _tracer_provider is not None else trace.get_tracer_provider()
+    cached_provider, cached_tracer = _cached
+    if cached_provider is provider:
+        return cached_tracer
+    t = None if isinstance(provider, _NO_OP_PROVIDERS) else provider.get_tracer("pgworker", __version__)
+    _cached = (provider, t)
     return t
+
+
+def tracer() -> trace.Tracer:
+    """pgworker's tracer (a no-op one when tracing is not set up)."""
+    return _active_tracer() or trace.get_tracer("pgworker", __version__, tracer_provider=_tracer_provider)
+
+
+def enabled() -> bool:
+    """True when spans are recorded (an SDK tracer provider is set up)."""
+    return _active_tracer() is not None
 
 
 def _base(queue: str, op_type: str, op_name: str) -> dict[str, Any]:
@@ -61,13 +77,17 @@ def _base(queue: str, op_type: str, op_name: str) -> dict[str, Any]:
 @contextlib.contextmanager
 def send_span(queue: str, *, task: str | None = None, batch: int | None = None) -> Iterator[trace.Span]:
     """The span around an enqueue; inject its context with :func:`carrier`."""
+    t = _active_tracer()
+    if t is None:
+        yield INVALID_SPAN
+        return
     attrs = _base(queue, "send", "send")
     if task is not None:
         attrs["pgworker.task"] = task
     if batch is not None:
         attrs["messaging.batch.message_count"] = batch
     kind = SpanKind.PRODUCER if batch is None else SpanKind.CLIENT
-    with tracer().start_as_current_span(f"send {queue}", kind=kind, attributes=attrs) as span:
+    with t.start_as_current_span(f"send {queue}", kind=kind, attributes=attrs) as span:
         yield span
 
 
@@ -82,16 +102,24 @@ def carrier(span: trace.Span) -> dict[str, str] | None:
 
 @contextlib.contextmanager
 def claim_span(queue: str, worker_id: str) -> Iterator[trace.Span]:
+    """The span around one claim statement (set messaging.batch.message_count on it)."""
+    t = _active_tracer()
+    if t is None:
+        yield INVALID_SPAN
+        return
     attrs = _base(queue, "receive", "claim")
     attrs["messaging.client.id"] = worker_id
-    with tracer().start_as_current_span(f"receive {queue}", kind=SpanKind.CLIENT, attributes=attrs) as span:
+    with t.start_as_current_span(f"receive {queue}", kind=SpanKind.CLIENT, attributes=attrs) as span:
         yield span
 
 
 def start_process_span(job: Any, worker_id: str) -> trace.Span:
     """Start (not activate) the CONSUMER span of one attempt, parented to the enqueuing
-    span through the job's stored trace context, and linked to it."""
-    t = tracer()
+    span through the job's stored trace context, and linked to it. Activate it around
+    the handler with :func:`attach` so the handler's own spans become its children."""
+    t = _active_tracer()
+    if t is None:
+        return INVALID_SPAN
     attrs = _base(job.queue, "process", "process")
     attrs.update({"messaging.message.id": str(job.id), "messaging.client.id": worker_id,
                   "pgworker.task": job.task, "pgworker.job.attempt": job.attempt,
@@ -114,12 +142,30 @@ def start_process_span(job: Any, worker_id: str) -> trace.Span:
                         attributes=attrs, links=links)
 
 
+def attach(span: trace.Span) -> object | None:
+    """Make ``span`` the current span (for the handler's own spans); returns the token to
+    :func:`detach`, or None when the span is not recording (nothing to do)."""
+    if not span.is_recording():
+        return None
+    return otel_context.attach(trace.set_span_in_context(span))
+
+
+def detach(token: object | None) -> None:
+    if token is not None:
+        otel_context.detach(token)  # type: ignore[arg-type]
+
+
 def record_outcome(span: trace.Span, outcome: str, exc: BaseException | None = None,
                    error_type: str | None = None) -> None:
+    """Set pgworker.outcome and, for a failure, error.type (the class or code, never the
+    message: messages and tracebacks may carry secrets) and an ERROR status."""
     if not span.is_recording():
         return
     span.set_attribute("pgworker.outcome", outcome)
-    if exc is not None:
+    if outcome == "lost":
+        span.set_attribute("error.type", LEASE_LOST)
+        span.set_status(Status(StatusCode.ERROR, "lease lost: the outcome was not written"))
+    elif exc is not None:
         # error.type only: exception messages and tracebacks may carry secrets
         span.set_attribute("error.type", error_type or type(exc).__qualname__)
         span.set_status(Status(StatusCode.ERROR, error_type or type(exc).__qualname__))
@@ -128,8 +174,12 @@ def record_outcome(span: trace.Span, outcome: str, exc: BaseException | None = N
 def settle_span(job: Any, operation: str, accepted: bool, *, parent: trace.Span | None,
                 worker_id: str, start_time: int | None = None) -> None:
     """Emit the ``settle {queue}`` span of one attempt's fenced write (after the fact:
-    outcomes are written in batches)."""
-    if parent is None or not parent.is_recording():
+    outcomes are written in batches), as a child of the attempt's process span. That span
+    has ended by now, so it no longer reports ``is_recording()``: its context decides."""
+    if parent is None or not parent.get_span_context().is_valid:
+        return  # the attempt was not traced (tracing off): the cheap check first
+    t = _active_tracer()
+    if t is None:
         return
     attrs = _base(job.queue, "settle", operation)
     attrs.update({"messaging.message.id": str(job.id), "messaging.client.id": worker_id,
@@ -137,8 +187,8 @@ def settle_span(job: Any, operation: str, accepted: bool, *, parent: trace.Span 
                   "pgworker.lease.token": job.lease_token,
                   "pgworker.fence.result": "accepted" if accepted else "refused"})
     if not accepted:
-        attrs["error.type"] = "pgworker.LeaseLost"
-    span = tracer().start_span(f"settle {job.queue}", context=trace.set_span_in_context(parent),
+        attrs["error.type"] = LEASE_LOST
+    span = t.start_span(f"settle {job.queue}", context=trace.set_span_in_context(parent),
                                kind=SpanKind.CLIENT, attributes=attrs, start_time=start_time)
     if not accepted:
         span.set_status(Status(StatusCode.ERROR, "lease lost: the write was refused by the fence"))
@@ -152,20 +202,23 @@ def settle_batch_span(queue: str, operation: str, process_spans: list[trace.Span
     per attempt: with an SDK at full sampling a span costs about as much CPU as the rest
     of a no-op job's path, so per-attempt settle spans halved the claimer's throughput.
     A refused write still gets a span of its own (:func:`settle_span`)."""
-    recording = [s for s in process_spans if s.is_recording()]
+    t = _active_tracer()
+    recording = [s for s in process_spans if s.is_recording()] if t is not None else []
     if not recording:
         return
     attrs = _base(queue, "settle", operation)
     attrs.update({"messaging.client.id": worker_id, "messaging.batch.message_count": len(recording),
                   "pgworker.fence.result": "accepted"})
     links = [Link(s.get_span_context()) for s in recording]
-    tracer().start_span(f"settle {queue}", context=otel_context.Context(), kind=SpanKind.CLIENT,
-                        attributes=attrs, links=links, start_time=start_time).end()
+    t.start_span(f"settle {queue}", context=otel_context.Context(), kind=SpanKind.CLIENT,
+                 attributes=attrs, links=links, start_time=start_time).end()
 
 
 def batch_span(kind: str, queue: str, count: int, **extra: Any) -> None:
     """Record a finished batch operation (renew, reap) as one span with its counts."""
-    t = tracer()
+    t = _active_tracer()
+    if t is None:
+        return
     op_type = "renew" if kind == "renew" else "reap"
     attrs = _base(queue, op_type, kind)
     attrs["messaging.batch.message_count"] = count
@@ -174,7 +227,7 @@ def batch_span(kind: str, queue: str, count: int, **extra: Any) -> None:
     span = t.start_span(f"{kind} {queue}", kind=span_kind, attributes=attrs,
                         context=otel_context.Context())
     if extra.get("lost"):
-        span.set_attribute("error.type", "pgworker.LeaseLost")
+        span.set_attribute("error.type", LEASE_LOST)
     span.end()
 
 
@@ -215,16 +268,48 @@ def configure_from_env(service_name: str = "pgworker") -> trace.TracerProvider |
 
 
 def instrument_psycopg() -> None:
-    """Emit SQL child spans for psycopg (``--trace-sql``)."""
+    """Emit SQL child spans for psycopg (``--trace-sql``), to pgworker's tracer provider.
+
+    Statements run under the current span: a claim's SQL is a child of its ``receive``
+    span, a handler's SQL of its ``process`` span. Batched outcome writes serve many
+    jobs at once and so appear as spans of their own.
+    """
     from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
 
     instr = PsycopgInstrumentor()
     if not instr.is_instrumented_by_opentelemetry:
-        instr.instrument(enable_commenter=False)
+        kwargs: dict[str, Any] = {"enable_commenter": False}
+        if _tracer_provider is not None:
+            kwargs["tracer_provider"] = _tracer_provider
+        instr.instrument(**kwargs)
+
+
+def setup_process(enabled: bool, *, trace_sql: bool = False,
+                  service_name: str = "pgworker") -> trace.TracerProvider | None:
+    """Tracing for one pgworker process (the dispatcher, or a claimer after spawn).
+
+    ``enabled=False`` (``--no-tracing``) installs a no-op provider for pgworker's spans.
+    Otherwise an SDK provider is built from the ``OTEL_*`` variables when they configure
+    an exporter (see :func:`configure_from_env`), and ``trace_sql`` turns on the psycopg
+    instrumentation. Returns the provider to :func:`flush` before the process exits.
+    """
+    if not enabled:
+        set_tracer_provider(trace.NoOpTracerProvider())
+        return None
+    provider = configure_from_env(service_name)
+    if trace_sql:
+        instrument_psycopg()
+    return provider
 
 
 def flush(provider: trace.TracerProvider | None, timeout_millis: int = 5000) -> None:
-    if provider is not None and hasattr(provider, "force_flush"):
+    """Export what ``provider`` (default: the one pgworker's spans go to, e.g. one the
+    user's app module installed) still buffers, waiting at most ``timeout_millis``.
+    Claimers and the dispatcher call it before they exit rather than rely on the SDK's
+    atexit hook, which does not run when a process ends through ``os._exit``."""
+    if provider is None:
+        provider = _tracer_provider if _tracer_provider is not None else trace.get_tracer_provider()
+    if hasattr(provider, "force_flush"):
         try:
             provider.force_flush(timeout_millis)
         except Exception:

@@ -72,3 +72,15 @@ def conn(pg_dsn):
     c = psycopg.connect(pg_dsn, autocommit=True)
     yield c
     c.close()
+
+
+@pytest.fixture
+def env(app, pg_dsn):
+    """The test's App knowing the acceptance app's tasks (so enqueue uses their
+    defaults), with a ledger table in its schema."""
+    from pgworker.loader import load_app
+    from worker import ACCEPTANCE_APP, create_ledger
+
+    create_ledger(pg_dsn, app.settings.schema)
+    app.tasks.update(load_app(ACCEPTANCE_APP).tasks)
+    return app

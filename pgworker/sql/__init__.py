@@ -43,7 +43,14 @@ def query_templates() -> dict[str, str]:
     for i, m in enumerate(matches):
         end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
         body = text[m.end():end].strip()
-        out[m.group("name")] = body.rstrip(";").strip()
+        # The purpose comment stays in the file. What is sent starts with the statement's
+        # name in a block comment: pg_stat_activity and the server log show which
+        # statement runs, and SQL spans (--trace-sql) are named after the first SQL word
+        # (the instrumentation skips a leading /* */ comment, not -- lines).
+        lines = body.rstrip(";").strip().splitlines()
+        while lines and lines[0].lstrip().startswith("--"):
+            lines.pop(0)
+        out[m.group("name")] = f"/* pgworker:{m.group('name')} */ " + "\n".join(lines).strip()
     return out
 
 
@@ -62,6 +69,11 @@ def migrations() -> tuple[Migration, ...]:
     if versions != list(range(1, len(found) + 1)):
         raise RuntimeError(f"migrations must be numbered 1..n without gaps, found {versions}")
     return tuple(found)
+
+
+def schema_template() -> str:
+    """schema.sql: the whole current schema in one file (tested equal to the migrations)."""
+    return _read("schema.sql")
 
 
 def render(template: str, schema: str) -> str:

@@ -128,9 +128,119 @@ def needs_point(point, ctx):
 def snoozer(payload, ctx):
     """Snoozes on its first run (no attempt spent), succeeds on the second."""
     ledger(ctx, "run")
-    schema = sql.Identifier(os.environ["PGWORKER_SCHEMA"])
-    with psycopg.connect(os.environ["PGWORKER_DSN"]) as c:
-        runs = c.execute(sql.SQL("SELECT count(*) FROM {}.ledger WHERE job_id = %s").format(schema),
-                         [ctx.job_id]).fetchone()[0]
-    if runs == 1:
+    if ledger_count(ctx) == 1:
         raise pgworker.Snooze(0.2)
+
+
+def ledger_count(ctx, event=None):
+    """How many ledger rows this job has (of one event, or all): runs across attempts."""
+    schema = sql.Identifier(os.environ["PGWORKER_SCHEMA"])
+    with psycopg.connect(os.environ.get("LEDGER_DSN") or os.environ["PGWORKER_DSN"]) as c:
+        return c.execute(sql.SQL("SELECT count(*) FROM {}.ledger WHERE job_id = %s AND (%s::text IS NULL "
+                                 "OR event = %s)").format(schema), [ctx.job_id, event, event]).fetchone()[0]
+
+
+# -- scheduling policies (tests/acceptance/test_scheduling.py) -------------------------
+
+
+@app.task(name="keyed", max_attempts=3, retry=FAST)
+def keyed(payload, ctx):
+    """A job of an ordering key: records start and end in the ledger (the test checks that
+    no two jobs of a key overlap, and their order); fails its first attempt if asked."""
+    ledger(ctx, "start", payload.get("key"))
+    time.sleep(payload.get("seconds", 0.01))
+    if payload.get("fail_first") and not ledger_count(ctx, "fail"):
+        ledger(ctx, "fail", payload.get("key"))
+        raise RuntimeError("the first run fails")
+    ledger(ctx, "end", payload.get("key"))
+
+
+@app.task(name="limited", queue="limited", max_attempts=3, retry=FAST)
+def limited(payload, ctx):
+    """Runs on the queue the limit tests configure; records start and end."""
+    ledger(ctx, "start")
+    time.sleep(payload.get("seconds", 0.0) if isinstance(payload, dict) else 0.0)
+    ledger(ctx, "end")
+
+
+@app.task(name="other_queue", queue="other", max_attempts=3, retry=FAST)
+def other_queue(payload, ctx):
+    ledger(ctx, "start")
+    time.sleep(payload.get("seconds", 0.0) if isinstance(payload, dict) else 0.0)
+    ledger(ctx, "end")
+
+
+@app.task(name="prio", max_attempts=3, retry=FAST)
+def prio(payload, ctx):
+    """The aging test's jobs: a short piece of work."""
+    time.sleep(payload.get("seconds", 0.01))
+
+
+@app.task(name="cooperative_cancel", max_attempts=1)
+def cooperative_cancel(payload, ctx):
+    """Works in small steps until a cancellation is requested, then stops by raising."""
+    ledger(ctx, "start")
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        if ctx.cancel_requested:
+            ledger(ctx, "cancel_seen")
+            raise pgworker.JobCancelled("stopping as asked")
+        time.sleep(0.05)
+    ledger(ctx, "end")
+
+
+@app.task(name="async_cancel", max_attempts=1)
+async def async_cancel(payload, ctx):
+    """Awaits for a minute; its task is cancelled when the job is."""
+    ledger(ctx, "start")
+    try:
+        await asyncio.sleep(60)
+    except asyncio.CancelledError:
+        ledger(ctx, "task_cancelled")
+        raise
+    ledger(ctx, "end")
+
+
+@app.task(name="ignores_cancel", max_attempts=1)
+def ignores_cancel(payload, ctx):
+    """Does not stop when asked: works until the test says 'go' (a ledger row), then
+    returns normally, noting whether the cancellation request had reached it."""
+    ledger(ctx, "start")
+    schema = sql.Identifier(os.environ["PGWORKER_SCHEMA"])
+    with psycopg.connect(os.environ.get("LEDGER_DSN") or os.environ["PGWORKER_DSN"], autocommit=True) as c:
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not c.execute(
+                sql.SQL("SELECT 1 FROM {}.ledger WHERE job_id = %s AND event = 'go'").format(schema),
+                [ctx.job_id]).fetchone():
+            time.sleep(0.05)
+    end = time.monotonic() + 5  # the flag follows the renewal the test saw by a hair
+    while not ctx.cancel_requested and time.monotonic() < end:
+        time.sleep(0.01)
+    ledger(ctx, "end", "cancel requested" if ctx.cancel_requested else "no request")
+
+
+@app.task(name="retry_after", max_attempts=3)
+def retry_after(payload, ctx):
+    """Asks for its retry after payload seconds on the first attempt."""
+    ledger(ctx, "run")
+    if ctx.attempt == 1:
+        raise pgworker.Retry(after=payload, reason="the upstream asked us to come back later")
+
+
+@app.task(name="snooze_returned", max_attempts=1)
+def snooze_returned(payload, ctx):
+    """Returns a Snooze (instead of raising it) on its first run."""
+    ledger(ctx, "run")
+    if ledger_count(ctx) == 1:
+        return pgworker.Snooze(0.3)
+    return None
+
+
+_LEAK: list[bytes] = []
+
+
+@app.task(name="leak", max_attempts=3, retry=FAST)
+def leak(payload, ctx):
+    """Leaks payload['mb'] megabytes per job (a handler with a memory leak)."""
+    _LEAK.append(os.urandom(payload["mb"] * 1024 * 1024))
+    ledger(ctx, "leak")

@@ -58,14 +58,19 @@ def test_claim_uses_the_partial_index_with_many_finished_rows(app, conn):
         "INSERT INTO {}.jobs (queue, task, payload, state, finished_at) "
         "SELECT 'default', 't', '{{}}', 'succeeded', now() FROM generate_series(1, 100000)").format(ident))
     app.enqueue_many([("t", i) for i in range(200)])
+    # and some running leases, as in production (the reaper's index then has something to order)
+    conn.execute(sql.SQL(
+        "INSERT INTO {}.jobs (queue, task, payload, state, lease_owner, lease_expires_at) "
+        "SELECT 'default', 't', '{{}}', 'running', 'w', now() + (i % 60) * interval '1 second' "
+        "FROM generate_series(1, 2000) AS i").format(ident))
     conn.execute(sql.SQL("ANALYZE {}.jobs").format(ident))
-    plan = _plan(conn, app, "job_claim", {"queue": "default", "limit": 10, "owner": "x", "lease_seconds": 60})
+    plan = _plan(conn, app, "job_claim", {"queue": "default", "limit": 10, "owner": "x", "lease_seconds": 60,
+                                          "aging_seconds": None, "locked": False})
     assert '"Index Name": "jobs_claim_idx"' in plan
     assert "Seq Scan" not in plan
     stats = _plan(conn, app, "queue_stats", {"queues": ["default"]})
     assert "Seq Scan" not in stats
-    reap = _plan(conn, app, "jobs_reap", {"limit": 10, "backoff_base_seconds": 1, "backoff_max_seconds": 1,
-                                          "backoff_jitter": 0, "keep": 10})
+    reap = _plan(conn, app, "jobs_reap_candidates", {"limit": 10})
     assert "jobs_lease_expiry_idx" in reap
 
 

@@ -18,7 +18,7 @@ CTX = multiprocessing.get_context("spawn")
 
 def _wait_forever(table):
     table.header.idle = 1
-    table.wait_wake(600)
+    table.wake.wait(600)
 
 
 def _hold_lock_forever(table):
@@ -29,7 +29,7 @@ def _hold_lock_forever(table):
 
 def _wait_then_exit(table):
     table.header.idle = 1
-    raise SystemExit(0 if table.wait_wake(30) else 3)
+    raise SystemExit(0 if table.wake.wait(30) else 3)
 
 
 def _spawn_and_kill(target, table):
@@ -52,29 +52,37 @@ def _returns_within(fn, seconds):
 def test_waking_a_claimer_killed_while_waiting_never_hangs():
     table = lease.SlotTable(4, CTX)
     _spawn_and_kill(_wait_forever, table)
-    assert _returns_within(table.wake, 3)
-    assert _returns_within(lambda: [table.wake() for _ in range(100_000)], 10)  # a full pipe is fine
+    assert _returns_within(table.wake.set, 3)
+    assert _returns_within(lambda: [table.wake.set() for _ in range(100_000)], 10)  # one pending wake-up is enough
 
 
 def test_a_lock_held_by_a_dead_claimer_is_not_a_deadlock():
     table = lease.SlotTable(4, CTX)
     _spawn_and_kill(_hold_lock_forever, table)
-    assert _returns_within(table.held, 5)  # times out and reads without the lock
-    table.reset()  # a fresh lock and pipe for the replacement
-    assert table.lock.acquire(timeout=0.1)
-    table.lock.release()
+    outcome = []
+
+    def read():
+        try:
+            table.held()
+        except lease.SlotTableBusy:
+            outcome.append("busy")
+
+    assert _returns_within(read, 5) and outcome == ["busy"]  # a bounded wait, then a clear answer
+    table.replace_lock(CTX)  # what the dispatcher does for the replacement claimer
+    assert table.held() == [] and table.reset() is not None
 
 
 def test_a_replacement_claimer_gets_a_working_wake_up():
     table = lease.SlotTable(4, CTX)
     _spawn_and_kill(_wait_forever, table)
     table.reset()
+    table.header.idle = 0
     p = CTX.Process(target=_wait_then_exit, args=(table,))
     p.start()
     deadline = time.monotonic() + 30
     while not table.header.idle and time.monotonic() < deadline:
         time.sleep(0.01)
-    table.wake()
+    table.wake.set()
     p.join(30)
     assert p.exitcode == 0
 

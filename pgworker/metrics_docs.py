@@ -1,0 +1,329 @@
+"""docs/observability.md, rendered from the catalogue (``pgworker.catalogue``).
+
+``python -m pgworker.catalogue > docs/observability.md`` regenerates the file; a test
+fails when the committed copy differs. The PromQL in :data:`QUESTIONS` is checked by
+the tests too: by promtool, against the catalogue's names and labels, and through the
+query API of a real Prometheus server scraping a real worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import catalogue as cat
+from . import config
+from .metrics import SUPERVISION_STALL_SECONDS
+
+
+@dataclass(frozen=True)
+class Query:
+    """One PromQL expression a user needs, with what its value means."""
+
+    expr: str
+    meaning: str
+
+
+#: The common questions and the PromQL that answers each. The pgworker_queue_* gauges
+#: come from the database, so every pod reports the same figure: take max, not sum.
+QUESTIONS: tuple[tuple[str, tuple[Query, ...]], ...] = (
+    ("Is the queue keeping up?", (
+        Query("max by (queue) (pgworker_queue_oldest_job_age_seconds)",
+              "How long the oldest due job has been waiting (database clock). The one number to "
+              "alert on: it grows when workers are too few, stuck or down, whatever the cause."),
+        Query('max by (queue) (pgworker_queue_jobs{state="pending"})',
+              "Backlog: claimable jobs due now or later (blocked ones are counted under `blocked`)."),
+        Query('max by (queue) (deriv(pgworker_queue_jobs{state="pending"}[15m]))',
+              "Jobs per second by which the backlog grows (> 0) or shrinks (< 0)."),
+        Query('sum by (queue) (rate(pgworker_jobs_finished_total{outcome=~"succeeded|dead|cancelled"}[5m]))',
+              "Throughput: jobs finished per second, all pods."),
+        Query("histogram_quantile(0.95, sum by (queue, le) (rate(pgworker_job_wait_duration_seconds_bucket[5m])))",
+              "95th percentile of the wait from due to claim."),
+        Query("sum by (queue) (pgworker_jobs_in_flight)",
+              "Jobs running or claimed right now; compare with the pods' total concurrency."),
+    )),
+    ("Which jobs die, and why?", (
+        Query("sum by (queue, error_class) (increase(pgworker_jobs_dead_total[1h]))",
+              "Jobs that went to dead in the last hour, by error class (the exception class or its "
+              "code; `LEASE_EXPIRED`, `WORKER_DIED`, `TIMEOUT` are pgworker's own)."),
+        Query('sum by (queue, task) (increase(pgworker_jobs_finished_total{outcome="dead"}[1h]))',
+              "The same by task (attempts a worker settled as dead)."),
+        Query("sum by (queue, error_class) (rate(pgworker_job_retries_total[5m]))",
+              "Failed attempts that will be retried: the errors that are not fatal yet."),
+        Query('max by (queue) (pgworker_queue_jobs{state="dead"})',
+              "Dead jobs waiting for an operator; `pgworker dead list` shows them with their "
+              "errors (error text never goes into a metric label)."),
+        Query("max by (queue) (pgworker_queue_oldest_dead_job_age_seconds)",
+              "How long the oldest dead job has been left unresolved."),
+    )),
+    ("Are leases being lost?", (
+        Query("sum by (queue, action) (increase(pgworker_lease_expirations_total[15m]))",
+              "Expired leases the reaper recovered: a worker crashed, was paused or was cut off "
+              "from the database while it held a job."),
+        Query("max by (queue) (pgworker_queue_expired_leases)",
+              "Expired leases not reaped yet: > 0 for longer than the reap interval means no reaper "
+              "runs (no pod is up, or the reaper fails)."),
+        Query("sum by (queue, operation) (increase(pgworker_fenced_writes_total[15m]))",
+              "Writes refused by the fencing token: a stale owner tried to act on a job another "
+              "worker now holds. Each one is a duplicate execution the fence stopped from committing."),
+        Query('sum by (queue, result) (rate(pgworker_lease_renewals_total{result!="renewed"}[5m]))',
+              "Renewals refused (`lost`) or failed (`error`, the database was unreachable)."),
+        Query('sum by (queue, task) (increase(pgworker_jobs_finished_total{outcome="lost"}[15m]))',
+              "Attempts whose outcome was not written because the lease was gone."),
+    )),
+    ("Are the workers alive?", (
+        Query("time() - min by (instance) (pgworker_claimer_heartbeat_timestamp_seconds)",
+              "Seconds since the least recent claimer heartbeat of each pod; it stays near the "
+              "poll interval, also during long jobs, unless a claimer is stuck."),
+        Query('sum by (queue) (rate(pgworker_claims_total{result="error"}[5m]))',
+              "Claims that failed (the database is unreachable, read-only, or refusing)."),
+        Query("histogram_quantile(0.99, sum by (queue, le) (rate(pgworker_claim_duration_seconds_bucket[5m])))",
+              "99th percentile latency of the claim statement."),
+        Query("sum by (reason) (rate(pgworker_dispatcher_wakeups_total[5m]))",
+              "What wakes the claimers: notify (LISTEN), poll (the fallback timer), sweep, reconnect."),
+        Query("sum by (instance) (increase(pgworker_listener_reconnects_total[1h]))",
+              "LISTEN connections lost and re-established (the fallback poll covers the gap)."),
+    )),
+    ("Is the statistics query healthy?", (
+        Query("min by (instance) (pgworker_queue_stats_up)",
+              "0 when the last statistics query failed (timed out, or the database is unreachable); "
+              "the pgworker_queue_* gauges are then absent, not stale."),
+        Query("max by (instance) (pgworker_queue_stats_duration_seconds)",
+              "Time the statistics query took; close to `PGWORKER_STATS_TIMEOUT_SECONDS` "
+              "means it is about to time out (a huge backlog, or a missing index)."),
+    )),
+    ("Did the last drain run work? (Pushgateway)", (
+        Query("time() - max by (schema) (pgworker_drain_last_run_timestamp_seconds)",
+              "Seconds since the last drain run ended, whatever its result."),
+        Query('max by (schema, result) (pgworker_drain_last_run_timestamp_seconds{result!="succeeded"})',
+              "Present when the last run hit its deadline, was interrupted or failed."),
+        Query("max by (schema) (pgworker_drain_jobs_left)",
+              "Due jobs the last run left behind (it ran out of time)."),
+    )),
+)
+
+
+def all_queries() -> list[str]:
+    return [q.expr for _, queries in QUESTIONS for q in queries]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _labels(m: cat.MetricDef) -> str:
+    return ", ".join(f"`{label}`" for label in m.labels) or "none"
+
+
+def _type(m: cat.MetricDef) -> str:
+    if m.multiprocess_mode in ("livesum", "livemin"):
+        return f"{m.kind} ({m.multiprocess_mode})"
+    return m.kind
+
+
+def _metric_table(source: str) -> list[str]:
+    out = ["| name | type | labels | meaning | recorded by |", "|---|---|---|---|---|"]
+    for m in cat.METRICS:
+        if m.source == source:
+            out.append(f"| `{m.name}` | {_type(m)} | {_labels(m)} | {_cell(m.help)} | {_cell(m.recorded_by)} |")
+    return out
+
+
+def _values(values: tuple[str, ...]) -> str:
+    return ", ".join(f"`{v}`" for v in values)
+
+
+def render() -> str:
+    """The whole of docs/observability.md."""
+    lines: list[str] = [
+        "# Observability",
+        "",
+        "<!-- Generated from pgworker/catalogue.py and pgworker/metrics_docs.py by",
+        "     `python -m pgworker.catalogue > docs/observability.md`; do not edit by hand. -->",
+        "",
+        "pgworker exposes Prometheus metrics at `/metrics` (the dispatcher of `pgworker run`,",
+        f"port `--metrics-port`, default {config.METRICS_PORT}) and emits OpenTelemetry traces. Every",
+        "name below is defined once, in `pgworker/catalogue.py`; the tests check that a running",
+        "worker exposes each metric, that promtool accepts the exposition, and that the PromQL",
+        "of the last section runs on a real Prometheus.",
+        "",
+        "Contents: [metrics from the database](#metrics-from-the-database),",
+        "[metrics from the workers](#metrics-from-the-workers),",
+        "[drain runs](#drain-runs-pushgateway), [label values](#label-values),",
+        "[processes and multiprocess mode](#processes-and-multiprocess-mode),",
+        "[health endpoints](#health-endpoints), [traces](#traces),",
+        "[PromQL for the common questions](#promql-for-the-common-questions).",
+        "",
+        "## Metrics from the database",
+        "",
+        "Read by one query (`queue_stats` in `pgworker/sql/queries.sql`) when `/metrics` is",
+        "scraped, in the dispatcher only, under a statement timeout",
+        f"(`PGWORKER_STATS_TIMEOUT_SECONDS`, {_g(config.STATS_TIMEOUT_SECONDS)} s) and cached for",
+        f"`PGWORKER_STATS_CACHE_SECONDS` ({_g(config.STATS_CACHE_SECONDS)} s), so that several scrapers or replicas do not load",
+        "the database. Each figure comes from the partial index that covers it. `--no-stats`",
+        "(`PGWORKER_STATS=false`) turns the query off, and these gauges with it: on a serverless",
+        "compute that should suspend when idle, every periodic query keeps it awake. Every pod",
+        "reports the same figures: aggregate them with `max`, not `sum`.",
+        "",
+        *_metric_table("database"),
+        "",
+        "## Metrics from the workers",
+        "",
+        "Counted where the event happens, in the claimer processes and the dispatcher, and",
+        "merged at scrape time (see [multiprocess mode](#processes-and-multiprocess-mode)).",
+        "Known label sets start at 0 (every queue with every result, outcome, action,",
+        "operation and reason; every registered task with every outcome; pgworker's own error",
+        "codes), so `rate()` and `increase()` work from the first scrape.",
+        "",
+        *_metric_table("worker"),
+        "",
+        "What adds up to what:",
+        "",
+        "- `pgworker_jobs_finished_total` counts attempts whose worker reported an outcome. An",
+        "  attempt whose worker vanished without one (a pod killed, paused or cut off) shows",
+        "  up in `pgworker_lease_expirations_total` instead; if its worker comes back late, its",
+        "  refused write is counted as `lost` and in `pgworker_fenced_writes_total`.",
+        "- `pgworker_jobs_dead_total` counts every move to dead, by workers and the reaper alike",
+        "  (`LEASE_EXPIRED`): it is the dead-job count to alert on. Its sum over `error_class`",
+        "  equals `pgworker_jobs_finished_total{outcome=\"dead\"}` plus",
+        "  `pgworker_lease_expirations_total{action=\"dead\"}`.",
+        "- `pgworker_job_retries_total` equals `pgworker_jobs_finished_total{outcome=\"retried\"}`",
+        "  by queue; expired leases put back to pending are `pgworker_lease_expirations_total{action=\"requeued\"}`.",
+        "- `pgworker_job_run_duration_seconds` observes the handler's run time once per",
+        "  attempt, labelled with the outcome the fence confirmed (`lost` when refused).",
+        "- `pgworker_job_wait_duration_seconds` is measured by the claim statement itself",
+        "  (`now() - run_at`, database clock), so worker clock skew does not enter it.",
+        "",
+        "## Drain runs (Pushgateway)",
+        "",
+        "A `pgworker run --drain` is over before a scrape would find it. At exit it prints one",
+        "JSON line on stdout (`{\"event\": \"drain_summary\", \"result\", \"processed\",",
+        "\"succeeded\", \"retried\", \"dead\", \"cancelled\", \"released\", \"snoozed\", \"lost\",",
+        "\"left\", \"duration_seconds\"}`) and, with `--pushgateway-url`, pushes these gauges to",
+        "the Pushgateway under the grouping key `job=\"pgworker_drain\"`, `schema=\"<schema>\"`,",
+        "replacing the previous run's group. Scrape the Pushgateway with `honor_labels: true`.",
+        "A failed push is logged and does not change the exit code.",
+        "",
+        *_metric_table("drain"),
+        "",
+        "## Label values",
+        "",
+        "Labels are bounded: never a job id, worker id, pid or error text.",
+        "",
+        "| label | values |",
+        "|---|---|",
+        "| `queue` | the worker's queues (`--queues`, else the queues of the app's tasks) |",
+        "| `task` | registered task names; `PGWORKER_METRICS_TASK_LABEL=false` sets it to `\"\"` everywhere |",
+        f"| `outcome` | {_values(cat.OUTCOMES)} |",
+        f"| `result` (claims) | {_values(cat.CLAIM_RESULTS)} |",
+        f"| `result` (renewals) | {_values(cat.RENEW_RESULTS)} |",
+        f"| `action` | {_values(cat.EXPIRATION_ACTIONS)} |",
+        f"| `operation` | {_values(cat.FENCED_OPERATIONS)} |",
+        f"| `reason` | {_values(cat.WAKEUP_REASONS)} |",
+        f"| `state` | {_values(cat.STATS_STATES)} (finished states are counted by the counters, not the database) |",
+        f"| `error_class` | the stored error code: an exception's `pgworker_code`, else its class name (module-qualified outside builtins); pgworker's own codes ({_values(cat.KNOWN_ERROR_CODES)}) always; past the first {cat.ERROR_CLASS_TOP_N} other classes a process sees, `{cat.OTHER}` |",
+        "| `version` | pgworker's version |",
+        "",
+        "## Processes and multiprocess mode",
+        "",
+        "`pgworker run` is a dispatcher and `--concurrency` claimer processes. All of them count",
+        "into prometheus_client's multiprocess mode:",
+        "",
+        "- `pgworker run` gives each run a fresh `PROMETHEUS_MULTIPROC_DIR` (a temporary",
+        "  directory, or `--metrics-dir` wiped of `*.db` files) before anything imports",
+        "  prometheus_client, which reads the variable at import. Claimers inherit it.",
+        "- Each process writes its values to mmap files of its own; `/metrics` merges them.",
+        "  Counters and histograms of a claimer that exits, even by `kill -9`, stay in its files,",
+        "  so totals never drop when a claimer dies or is recycled.",
+        "- When a claimer exits the dispatcher calls `mark_process_dead(pid)`, which removes its",
+        "  live gauges: `pgworker_jobs_in_flight` (`livesum`: the sum over live claimers) and",
+        "  `pgworker_claimer_heartbeat_timestamp_seconds` (`livemin`: the oldest beat among live",
+        "  claimers; only claimers create it, so the dispatcher never reports a 0).",
+        "- Custom collectors do not work in children: the queue statistics are collected by the",
+        "  dispatcher's HTTP server at scrape time.",
+        "- Outside `pgworker run` (your web process enqueueing) the same metrics live in",
+        "  prometheus_client's default registry; serve it as your application already does.",
+        "  One-shot commands (`pgworker enqueue`, `status`, ...) keep metrics in memory.",
+        "- Cost: an event is one or two updates of an mmap'd value (a histogram observation",
+        "  is two: its sum and one bucket); labelled children are cached. A job costs five",
+        "  (its wait, its outcome, its run time), a claim statement five (result, latency,",
+        "  jobs, in-flight), a batch of outcome writes one per queue (in-flight).",
+        "",
+        "## Health endpoints",
+        "",
+        "Served by the dispatcher next to `/metrics` (none in drain mode).",
+        "",
+        "| path | 200 when | never |",
+        "|---|---|---|",
+        f"| `/healthz` | the dispatcher's supervision loop ticked within the last {_g(SUPERVISION_STALL_SECONDS)} s | touches the database: a database outage must not get the pod restarted |",
+        "| `/readyz` | connected to PostgreSQL, the schema is at this pgworker's version, and the LISTEN connection is up (unless `--no-listen`); 503 with the reason otherwise, and from the start of a shutdown | runs a query: it reads flags the dispatcher's threads keep |",
+        "",
+        "## Traces",
+        "",
+        "Span names and attributes follow the OpenTelemetry messaging semantic conventions",
+        "(v1.44, status Development).",
+        "",
+        "| operation | span name | kind | `messaging.operation.type` | `messaging.operation.name` | what it covers |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in cat.SPANS:
+        lines.append(f"| {s.operation} | `{s.name}` | {s.kind} | `{s.operation_type}` | "
+                     f"{_values(s.operation_names)} | {_cell(s.help)} |")
+    lines += [
+        "",
+        "| attribute | value |",
+        "|---|---|",
+    ]
+    for name, meaning in cat.SPAN_ATTRIBUTES.items():
+        lines.append(f"| `{name}` | {_cell(meaning)} |")
+    lines += [
+        "",
+        "One job is one trace, from the request that enqueued it to its last attempt:",
+        "",
+        "```",
+        "<your request span>",
+        "└─ send {queue}                      PRODUCER; its W3C context is stored in jobs.trace_context",
+        "   ├─ process {queue}  attempt 1     CONSUMER; parent: the send span (and a link to it)",
+        "   │  ├─ <your handler's spans, SQL spans with --trace-sql>",
+        "   │  └─ settle {queue} retry        pgworker.fence.result = accepted",
+        "   └─ process {queue}  attempt 2",
+        "      └─ settle {queue} complete     (refused: error.type = pgworker.LeaseLost)",
+        "```",
+        "",
+        "- Parenting: the process span's parent is the enqueuing span (a documented choice:",
+        "  one trace per job), and it also links to it, as the conventions suggest for",
+        "  consumers. A job enqueued by a handler continues the trace of that handler's job.",
+        "- `receive {queue}` (one per claim statement) and `renew`/`reap` spans are roots of",
+        "  their own: one claim, renewal or reap serves many jobs of many traces.",
+        "- `settle {queue}` is a child of the attempt's process span, started when the batched",
+        "  outcome write started; with the fence's verdict in `pgworker.fence.result`.",
+        "- Setup: each process (the dispatcher and every claimer) builds its own SDK tracer",
+        "  provider from the standard variables (`OTEL_TRACES_EXPORTER`, `OTEL_EXPORTER_OTLP_*`,",
+        "  `OTEL_SERVICE_NAME`, `OTEL_TRACES_SAMPLER`, `OTEL_RESOURCE_ATTRIBUTES`) and flushes it",
+        "  before it exits. `otlp` needs `pip install 'pgworker[otlp]'`. When those variables",
+        "  configure no exporter, a tracer provider your app module installs globally is used.",
+        "- Off: with no exporter configured, or with `--no-tracing` (`PGWORKER_TRACING=false`),",
+        "  no span is built: each tracing call returns at once.",
+        "- Volume: a job makes two spans per attempt (process, settle), a claim one. At",
+        "  thousands of jobs a second an exporter can fall behind and the SDK's batch processor",
+        "  drops spans (it logs `Queue full, dropping Span`): sample",
+        "  (`OTEL_TRACES_SAMPLER=parentbased_traceidratio`, `OTEL_TRACES_SAMPLER_ARG=0.1`) or",
+        "  raise `OTEL_BSP_MAX_QUEUE_SIZE`.",
+        "- `--trace-sql` (`PGWORKER_TRACE_SQL=true`) turns on opentelemetry-instrumentation-psycopg",
+        "  in the claimers: a claim's SQL is a child of its receive span, a handler's of its",
+        "  process span; batched outcome writes appear as spans of their own. The",
+        "  instrumentation names spans after the first SQL word (a claim shows as `WITH`).",
+        "- Exception messages and tracebacks are never recorded (they may carry secrets):",
+        "  `error.type` carries the class or code only.",
+        "",
+        "## PromQL for the common questions",
+        "",
+    ]
+    for question, queries in QUESTIONS:
+        lines += [f"### {question}", ""]
+        for q in queries:
+            lines += ["```promql", q.expr, "```", "", q.meaning, ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _g(seconds: float) -> str:
+    return f"{seconds:g}"

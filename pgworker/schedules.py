@@ -1,0 +1,264 @@
+"""Periodic jobs: cron expressions in a time zone, each slot enqueued exactly once.
+
+Declared on a task (``@app.task(schedule="*/5 * * * *", schedule_tz="Europe/Paris")``)
+or with :meth:`pgworker.App.periodic`. Slots are computed by ``croniter`` in the
+schedule's time zone (so "0 9 * * *" in Europe/Paris is 09:00 local time in summer and
+in winter; a slot in a skipped DST hour fires at the end of the gap, an hour repeated
+at the fall-back fires twice) and compared with the database clock, never the
+worker's.
+
+Every ``pgworker run`` dispatcher runs a :class:`Scheduler` thread; they need not
+coordinate. Each schedule has a row in ``schedules`` whose ``last_slot`` only moves
+forward by compare-and-set (``schedule_fire``): whichever dispatcher gets to a slot
+first advances the row and inserts the job in the same statement; the others find the
+row advanced and insert nothing. A unique index on (schedule_name, schedule_slot) backs
+this up with one key per slot.
+
+Missed slots (every dispatcher was down): the due slots older than the latest are never
+enqueued; the latest is enqueued once with the policy ``missed="latest"`` (default), and
+with ``missed="skip"`` only if it is less than ``misfire_grace`` seconds late. A drain run
+(``pgworker run --drain``) fires each schedule's due slot once at start, under the same
+policy: in a scale-to-zero deployment the CronJob's own schedule bounds the lateness.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+
+from .errors import ConfigError
+from .names import check_queue_name, check_task_name
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from .store import Store
+
+log = logging.getLogger("pgworker.schedules")
+
+MISSED_POLICIES = ("latest", "skip")
+MISFIRE_GRACE_SECONDS = 60.0
+# Counting missed slots (for the log and the row's skipped_slots) stops here.
+MAX_SLOTS_COUNTED = 10_000
+# The scheduler re-registers its schedules and re-reads their rows at least this often.
+RESYNC_SECONDS = 60.0
+RECONNECT_MAX_SECONDS = 30.0
+# Wake a little after a slot so that the database clock has passed it too.
+WAKE_SLACK_SECONDS = 0.02
+
+
+@dataclass(frozen=True)
+class Periodic:
+    """One schedule: enqueue a job of ``task`` at every slot of the cron expression.
+
+    ``cron``: five fields (minute hour day month weekday), as croniter reads them.
+    ``timezone``: an IANA name (e.g. 'Europe/Paris'); slots are wall-clock times there.
+    ``missed``: 'latest' (after downtime, run the latest missed slot once) or 'skip'
+    (run it only if less than ``misfire_grace_seconds`` late). ``payload``, ``queue``,
+    ``priority`` and ``max_attempts`` are those of every job it enqueues.
+    Raises :class:`ConfigError` naming the fix for an invalid expression, zone or policy.
+    """
+
+    name: str
+    task: str
+    cron: str
+    timezone: str = "UTC"
+    missed: str = "latest"
+    payload: Any = None
+    queue: str = "default"
+    priority: int = 0
+    max_attempts: int = 5
+    misfire_grace_seconds: float = MISFIRE_GRACE_SECONDS
+
+    def __post_init__(self) -> None:
+        check_task_name(self.name)
+        check_task_name(self.task)
+        check_queue_name(self.queue)
+        if not isinstance(self.cron, str) or len(self.cron.split()) != 5 or not croniter.is_valid(self.cron):
+            raise ConfigError(f"schedule {self.name!r}: {self.cron!r} is not a cron expression; use five "
+                              "fields, minute hour day-of-month month day-of-week, e.g. '*/5 * * * *'")
+        try:
+            ZoneInfo(self.timezone)
+        except (ZoneInfoNotFoundError, ValueError, TypeError):
+            raise ConfigError(f"schedule {self.name!r}: unknown time zone {self.timezone!r}; use an IANA "
+                              "name such as 'UTC' or 'Europe/Paris'") from None
+        if self.missed not in MISSED_POLICIES:
+            raise ConfigError(f"schedule {self.name!r}: missed must be 'latest' (run the latest missed "
+                              f"slot once) or 'skip', got {self.missed!r}")
+        if not self.misfire_grace_seconds > 0:
+            raise ConfigError(f"schedule {self.name!r}: misfire_grace must be > 0 seconds")
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
+
+    @property
+    def payload_json(self) -> str:
+        return json.dumps(self.payload, separators=(",", ":"))
+
+    def next_after(self, t: datetime) -> datetime:
+        """The first slot strictly after ``t`` (aware, in UTC)."""
+        return croniter(self.cron, t.astimezone(self.zone)).get_next(datetime).astimezone(timezone.utc)
+
+    def latest_at_or_before(self, t: datetime) -> datetime:
+        """The last slot at or before ``t`` (aware, in UTC).
+
+        croniter's backward search can return the slot before the right one inside a
+        repeated DST hour (at 02:30 CET on the fall-back night it returns 02:00 CEST, an
+        hour too early), so its answer is only a starting point, refined forward with
+        get_next, which walks the repeated hour correctly.
+        """
+        start = t.astimezone(self.zone) + timedelta(microseconds=1)
+        latest = croniter(self.cron, start).get_prev(datetime).astimezone(timezone.utc)
+        it = croniter(self.cron, latest.astimezone(self.zone))
+        while (nxt := it.get_next(datetime).astimezone(timezone.utc)) <= t:
+            latest = nxt
+        return latest
+
+    def count_between(self, after: datetime, until: datetime) -> int:
+        """Slots in (after, until], counted up to MAX_SLOTS_COUNTED."""
+        it = croniter(self.cron, after.astimezone(self.zone))
+        n = 0
+        while n < MAX_SLOTS_COUNTED and it.get_next(datetime) <= until:
+            n += 1
+        return n
+
+
+@dataclass(frozen=True)
+class SlotDecision:
+    """What a scheduler does about one schedule now: advance to ``slot`` (None: nothing
+    is due), enqueue its job or not, how many due slots go unenqueued, the next slot."""
+
+    slot: datetime | None
+    enqueue: bool
+    missed: int
+    next_slot: datetime
+
+
+def decide(p: Periodic, last_slot: datetime | None, now: datetime) -> SlotDecision:
+    """Apply the missed-slot policy to the slots due since ``last_slot`` (database time)."""
+    latest = p.latest_at_or_before(now)
+    nxt = p.next_after(now)
+    if last_slot is not None and latest <= last_slot:
+        return SlotDecision(None, False, 0, nxt)
+    if last_slot is None:  # no bookkeeping yet: nothing from before is owed
+        return SlotDecision(latest, False, 0, nxt)
+    due = p.count_between(last_slot, latest)
+    late = (now - latest).total_seconds()
+    if p.missed == "skip" and late > p.misfire_grace_seconds:
+        return SlotDecision(latest, False, due, nxt)
+    return SlotDecision(latest, True, max(0, due - 1), nxt)
+
+
+class Scheduler:
+    """Fires the due slots of ``periodics``; one per dispatcher (any number may run)."""
+
+    def __init__(self, store: "Store", periodics: Sequence[Periodic]) -> None:
+        self.store = store
+        self.periodics = {p.name: p for p in periodics}
+        self.fired = 0
+        self.skipped = 0
+
+    def register(self, conn: "psycopg.Connection") -> None:
+        """Record the declared schedules (new ones start at their latest past slot)."""
+        now = self.store.db_now(conn)
+        for p in self.periodics.values():
+            self.store.register_schedule(
+                conn, name=p.name, task=p.task, queue=p.queue, cron=p.cron, timezone=p.timezone,
+                missed=p.missed, initial_slot=p.latest_at_or_before(now), next_slot=p.next_after(now))
+
+    def tick(self, conn: "psycopg.Connection") -> float:
+        """Fire what is due; returns seconds until the next slot of any schedule."""
+        state, now = self.store.schedules_state(conn, list(self.periodics))
+        missing = [name for name in self.periodics if name not in state]
+        if missing:  # a row was deleted by hand: record it again
+            self.register(conn)
+            state, now = self.store.schedules_state(conn, list(self.periodics))
+        wait = RESYNC_SECONDS
+        for p in self.periodics.values():
+            d = decide(p, state.get(p.name), now)
+            if d.slot is not None:
+                advanced, job_id = self.store.fire_schedule(
+                    conn, name=p.name, slot=d.slot, next_slot=d.next_slot, skipped=d.missed,
+                    enqueue=d.enqueue, task=p.task, queue=p.queue, payload_json=p.payload_json,
+                    priority=p.priority, max_attempts=p.max_attempts)
+                if advanced:
+                    self._report(p, d, job_id)
+            wait = min(wait, (d.next_slot - now).total_seconds())
+        return max(0.0, wait) + WAKE_SLACK_SECONDS
+
+    def _report(self, p: Periodic, d: SlotDecision, job_id: int | None) -> None:
+        extra = {"action": "schedule", "queue": p.queue}
+        if d.enqueue:
+            self.fired += 1
+            log.info("schedule %r: enqueued job %s for the %s slot", p.name, job_id, d.slot.isoformat(),
+                     extra={**extra, "job_id": job_id})
+        else:
+            self.skipped += 1
+        if d.missed:
+            more = "+" if d.missed >= MAX_SLOTS_COUNTED else ""
+            log.warning("schedule %r: %s%s slot(s) fell due while no dispatcher ran and were not enqueued "
+                        "(missed=%r): %s", p.name, d.missed, more, p.missed,
+                        "the latest ran once" if d.enqueue else f"skipped up to {d.slot.isoformat()}",
+                        extra=extra)
+
+    def run(self, stop: threading.Event, connect: Callable[[], "psycopg.Connection"]) -> None:
+        """The dispatcher's scheduler thread: register, then fire slots as they fall due,
+        reconnecting with backoff when the database is away."""
+        backoff = 0.5
+        while not stop.is_set():
+            conn = None
+            try:
+                conn = connect()
+                self.register(conn)
+                synced = time.monotonic()
+                backoff = 0.5
+                while not stop.is_set():
+                    wait = self.tick(conn)
+                    if stop.wait(min(wait, RESYNC_SECONDS)):
+                        break
+                    if time.monotonic() - synced > RESYNC_SECONDS:
+                        self.register(conn)
+                        synced = time.monotonic()
+            except Exception as exc:  # noqa: BLE001 - the thread must outlive database outages
+                log.warning("scheduler: %s; retrying in %.1f s", type(exc).__name__, backoff)
+                stop.wait(backoff)
+                backoff = min(RECONNECT_MAX_SECONDS, backoff * 2)
+            finally:
+                if conn is not None:
+                    conn.close()
+
+
+def describe(declared: dict[str, Periodic], rows: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
+    """Rows for `pgworker schedules`: the recorded schedules merged with the declared ones,
+    with the next run computed from the expression (in the schedule's zone)."""
+    out = []
+    seen = set()
+    for r in rows:
+        p = declared.get(r["name"])
+        seen.add(r["name"])
+        expr, tz = (p.cron, p.timezone) if p else (r["cron"], r["timezone"])
+        try:
+            nxt = Periodic(r["name"], r["task"], expr, tz).next_after(now)
+        except ConfigError:
+            nxt = None
+        out.append({"name": r["name"], "task": r["task"], "queue": r["queue"], "cron": expr, "timezone": tz,
+                    "missed": r["missed"], "next_run": nxt, "last_slot": r["last_slot"],
+                    "last_job_id": r["last_job_id"], "last_job_state": r["last_job_state"],
+                    "skipped_slots": r["skipped_slots"],
+                    "declared": "yes" if p else ("unknown" if not declared else "no")})
+    for name, p in declared.items():
+        if name not in seen:
+            out.append({"name": name, "task": p.task, "queue": p.queue, "cron": p.cron, "timezone": p.timezone,
+                        "missed": p.missed, "next_run": p.next_after(now), "last_slot": None,
+                        "last_job_id": None, "last_job_state": None, "skipped_slots": 0,
+                        "declared": "not yet registered"})
+    return out

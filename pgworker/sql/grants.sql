@@ -1,0 +1,42 @@
+-- Least-privilege roles for one pgworker schema, printed or applied by
+-- `pgworker sql grants --producer ROLE --worker ROLE [--schema S] [--apply]`.
+-- {schema}, {producer} and {worker} are quoted identifiers. The schema's owner (the
+-- role that runs `pgworker migrate`) keeps everything else: DDL, DELETE (prune),
+-- operator actions (cancel, replay write job_events). Privileges follow the PostgreSQL
+-- docs, 5.8 "Privileges": column-level INSERT/SELECT/UPDATE; SELECT ... FOR UPDATE needs
+-- UPDATE on at least one column; UPDATE ... WHERE needs SELECT on the columns it reads.
+-- A "producer" owns the jobs of the schema it may write to: one schema per tenant
+-- isolates tenants (pgworker does not record which role enqueued a job).
+
+-- name: producer
+-- Enqueue: the schema, and INSERT of the columns a producer chooses only. The state,
+-- attempts, lease and error columns keep their defaults, so a producer cannot insert a
+-- job that looks claimed, leased or dead.
+GRANT USAGE ON SCHEMA {schema} TO {producer};
+GRANT INSERT (id, queue, task, payload, priority, run_at, max_attempts, dedupe_key, ordering_key,
+              blocked, trace_context) ON {schema}.jobs TO {producer};
+-- ids for bulk enqueue (COPY), and the identity default of single inserts
+GRANT USAGE ON SEQUENCE {schema}.jobs_id_seq TO {producer};
+-- The state of jobs, never their payloads, error messages, lease owners or trace
+-- contexts; the enqueue statements read these columns too (RETURNING, dedupe and
+-- ordering-key checks), and the client checks the schema version.
+GRANT SELECT (id, queue, task, state, priority, run_at, attempts, max_attempts, lease_token,
+              last_error_code, dedupe_key, ordering_key, blocked, created_at, finished_at)
+    ON {schema}.jobs TO {producer};
+GRANT SELECT ON {schema}.migrations TO {producer};
+
+-- name: worker
+-- Claim, renew, record outcomes, run the reaper and read queue statistics: SELECT on
+-- jobs and UPDATE of the lifecycle columns only (never the payload, queue, task,
+-- priority, attempt budget or keys). No DELETE, TRUNCATE, DDL or job_events.
+GRANT USAGE ON SCHEMA {schema} TO {worker};
+GRANT SELECT ON {schema}.jobs TO {worker};
+GRANT UPDATE (state, run_at, attempts, lease_owner, lease_token, lease_expires_at, started_at,
+              heartbeat_at, finished_at, last_error_code, errors, blocked, cancel_requested_at)
+    ON {schema}.jobs TO {worker};
+-- handlers enqueue follow-up jobs: the producer's INSERT
+GRANT INSERT (id, queue, task, payload, priority, run_at, max_attempts, dedupe_key, ordering_key,
+              blocked, trace_context) ON {schema}.jobs TO {worker};
+GRANT USAGE ON SEQUENCE {schema}.jobs_id_seq TO {worker};
+GRANT SELECT ON {schema}.migrations TO {worker};
+GRANT EXECUTE ON FUNCTION {schema}.bounded_append(jsonb, jsonb, integer) TO {worker};

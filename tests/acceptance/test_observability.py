@@ -1,0 +1,492 @@
+"""Metrics of real `pgworker run` processes, scraped over HTTP: totals across claimers and
+kill -9, lease expiry and the fence, queue age, promtool, a real Prometheus server, a real
+Pushgateway, and the health endpoints against a PostgreSQL that goes away and comes back."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import psycopg
+import pytest
+import requests
+
+from obs import (Cluster, free_port, get, prometheus_server, pushgateway_server, require_tool, samples,
+                 scrape, series, tcp_client_ports, total, wait_for_metrics, wait_ready)
+from pg import wait_until
+from worker import HERE, Worker, create_ledger, q
+
+from pgworker import catalogue as cat
+
+pytestmark = pytest.mark.acceptance
+
+OBS_APP = os.path.join(HERE, "apps", "obs_app.py") + ":app"
+FAST_STATS = {"PGWORKER_STATS_CACHE_SECONDS": "0.1"}
+
+
+@pytest.fixture
+def env(app, pg_dsn):
+    """The test's App, knowing the observability app's tasks."""
+    from pgworker.loader import load_app
+
+    create_ledger(pg_dsn, app.settings.schema)
+    app.tasks.update(load_app(OBS_APP).tasks)
+    return app
+
+
+def worker(dsn: str, schema: str, *args: str, port: int | None = None, env: dict[str, str] | None = None,
+           name: str = "worker") -> Worker:
+    port_args = ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"] if port else []
+    return Worker(dsn, schema, *args, *port_args, app=OBS_APP, env=env, name=name)
+
+
+def finished(conn, schema: str, n: int) -> bool:
+    rows = dict(q(conn, schema, "SELECT state::text, count(*) FROM {s}.jobs GROUP BY 1"))
+    return rows.get("succeeded", 0) + rows.get("dead", 0) == n
+
+
+def outcome(text: str, name: str) -> float:
+    return total(text, "pgworker_jobs_finished_total", outcome=name)
+
+
+def in_flight(text: str) -> float:
+    return total(text, "pgworker_jobs_in_flight")
+
+
+# -- totals across processes ------------------------------------------------------------
+
+
+def test_counter_totals_across_claimers_survive_kill_9(env, pg_dsn, conn):
+    """30 jobs succeed, 10 fail once then succeed, 5 fail twice and die: the merged
+    counters of three claimers say exactly that; killing claimers (one idle that did work,
+    one holding a job) loses no count, and the killed holder's in-flight gauge goes."""
+    schema = env.settings.schema
+    port = free_port()
+    expected = {"succeeded": 40, "retried": 15, "dead": 5}
+    with worker(pg_dsn, schema, "--concurrency", "3", "--batch-size", "2", "--poll-interval", "0.3",
+                port=port) as w:
+        wait_ready(port)
+        wait_until(lambda: len(w.claimer_pids()) == 3, 30, message="three claimers")
+        # enqueued once every claimer runs, so that the NOTIFY puts all three to work
+        env.enqueue_many([("ok", i) for i in range(30)] + [("flaky", i) for i in range(10)]
+                         + [("doomed", i) for i in range(5)])
+        text = wait_for_metrics(port, lambda t: all(outcome(t, k) >= v for k, v in expected.items()), 90,
+                                "the workload's outcomes")
+        assert finished(conn, schema, 45)
+        assert {k: outcome(text, k) for k in ("succeeded", "retried", "dead", "lost")} == {**expected, "lost": 0}
+        assert total(text, "pgworker_job_retries_total", error_class="FLAKY") == 10
+        assert total(text, "pgworker_job_retries_total", error_class="DOOMED") == 5
+        assert total(text, "pgworker_jobs_dead_total", error_class="DOOMED") == 5
+        assert total(text, "pgworker_jobs_dead_total") == 5
+        assert total(text, "pgworker_claimed_jobs_total") == 60  # attempts: 30 + 2 * 10 + 2 * 5
+        assert total(text, "pgworker_job_run_duration_seconds_count") == 60
+        assert total(text, "pgworker_job_wait_duration_seconds_count") == 60
+        assert total(text, "pgworker_jobs_finished_total", task="flaky", outcome="succeeded") == 10
+
+        pids = dict(q(conn, schema, "SELECT pid, count(*) FROM {s}.ledger GROUP BY pid"))
+        assert len(pids) >= 2, f"the claimers shared the work: {pids}"
+        busiest = max(pids, key=pids.get)
+        assert busiest in w.claimer_pids()
+
+        # kill -9 an idle claimer that did a good share of the work: nothing drops
+        os.kill(busiest, signal.SIGKILL)
+        wait_until(lambda: len(w.claimer_pids()) == 3 and busiest not in w.claimer_pids(), 30,
+                   message="the dispatcher replaced the killed claimer")
+        after = scrape(port)
+        for k, v in expected.items():
+            assert outcome(after, k) == v, k
+        assert total(after, "pgworker_claimed_jobs_total") == 60
+        assert total(after, "pgworker_job_run_duration_seconds_count") == 60
+
+        # a claimer holding a job: its in-flight gauge shows the job, and goes with it
+        hold = env.enqueue("hold", 120)
+        wait_for_metrics(port, lambda t: in_flight(t) == 1, 30, "the held job in flight")
+        holder = wait_until(lambda: q(conn, schema, "SELECT pid FROM {s}.ledger WHERE job_id = %s", hold), 30)[0][0]
+        os.kill(holder, signal.SIGKILL)
+        # the dispatcher settles the job (WORKER_DIED: dead, it had one attempt) and
+        # marks the process dead, which removes its live gauges
+        last = wait_for_metrics(port, lambda t: outcome(t, "dead") == 6 and in_flight(t) == 0, 30,
+                                "the killed holder's job dead and its in-flight gauge gone")
+        assert outcome(last, "succeeded") == 40 and outcome(last, "retried") == 15
+        assert total(last, "pgworker_jobs_dead_total", error_class="WORKER_DIED") == 1
+        assert total(last, "pgworker_claimed_jobs_total") == 61
+        assert total(last, "pgworker_job_run_duration_seconds_count") == 60  # the killed run never ended
+        assert w.stop() == 0
+    assert q(conn, schema, "SELECT state::text, last_error_code FROM {s}.jobs WHERE id = %s", hold) == \
+        [("dead", "WORKER_DIED")]
+
+
+def test_claimer_heartbeat_stays_fresh_while_a_long_job_runs(env, pg_dsn):
+    """The livemin heartbeat is the oldest beat of the live claimers: it moves on while a
+    job keeps the only claimer's loop busy, and the dispatcher never drags it to 0."""
+    schema = env.settings.schema
+    port = free_port()
+    env.enqueue("hold", 20)
+    with worker(pg_dsn, schema, "--concurrency", "1", "--shutdown-grace", "0", "--lease", "2", port=port) as w:
+        text = wait_for_metrics(port, lambda t: in_flight(t) == 1, 30, "the long job running")
+        first = total(text, "pgworker_claimer_heartbeat_timestamp_seconds")
+        assert first > 0
+        later = wait_for_metrics(
+            port, lambda t: total(t, "pgworker_claimer_heartbeat_timestamp_seconds") >= first + 2.5, 30,
+            "the heartbeat to move on while the job runs")
+        assert in_flight(later) == 1  # still the same job
+        # the dispatcher renewed its lease meanwhile (every lease/3), all accepted
+        assert total(later, "pgworker_lease_renewals_total", result="renewed") >= 2
+        assert total(later, "pgworker_lease_renewals_total", result="lost") == 0
+        w.stop()
+
+
+# -- leases, the reaper and the fence ----------------------------------------------------
+
+
+def test_expired_lease_shows_then_is_reaped_and_the_stale_completion_is_fenced(env, pg_dsn, conn):
+    """Worker A runs a job whose lease nobody renews (its dispatcher is stopped); the job
+    shows in B's pgworker_queue_expired_leases (the test holds the row so that B's reaper
+    skips it meanwhile), then B's reaper counts it in pgworker_lease_expirations_total,
+    and A's late completion is refused by the fence: pgworker_fenced_writes_total."""
+    schema = env.settings.schema
+    job = env.enqueue("outlive_lease")
+    port_a, port_b = free_port(), free_port()
+    fast = ["--lease", "2", "--poll-interval", "0.3"]
+    with worker(pg_dsn, schema, "--concurrency", "1", *fast, port=port_a, name="a") as a:
+        wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE event = 'start'"), 30,
+                   message="A started the job")
+        a.signal(signal.SIGSTOP)  # the dispatcher: no more renewals; the claimer runs on
+        with psycopg.connect(pg_dsn) as holder:
+            q(holder, schema, "SELECT id FROM {s}.jobs WHERE id = %s FOR UPDATE", job)
+            with worker(pg_dsn, schema, "--concurrency", "1", "--reap-interval", "0.5", *fast,
+                        port=port_b, env=FAST_STATS, name="b") as b:
+                wait_for_metrics(port_b, lambda t: total(t, "pgworker_queue_expired_leases", queue="default") == 1,
+                                 30, "the expired lease in B's statistics")
+                holder.rollback()  # B's reaper may take it now; A's completion goes through the fence
+                text = wait_for_metrics(
+                    port_b, lambda t: total(t, "pgworker_lease_expirations_total", action="requeued") == 1, 30,
+                    "B's reaper to count the expiration")
+                assert total(text, "pgworker_lease_expirations_total", action="dead") == 0
+                wait_until(lambda: q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", job)
+                           == [("succeeded",)], 30, message="B ran the requeued job")
+                wait_for_metrics(port_b, lambda t: total(t, "pgworker_queue_expired_leases") == 0, 30,
+                                 "the expired-lease gauge back to 0")
+                b.stop()
+        a.signal(signal.SIGCONT)
+        text = wait_for_metrics(port_a, lambda t: total(t, "pgworker_fenced_writes_total", operation="complete") == 1,
+                                30, "A's refused completion")
+        assert outcome(text, "lost") == 1 and outcome(text, "succeeded") == 0
+        assert a.stop() == 0
+    assert q(conn, schema, "SELECT state::text, lease_token FROM {s}.jobs WHERE id = %s", job) == [("succeeded", 2)]
+
+
+def test_a_stuck_due_job_makes_the_oldest_age_grow(env, pg_dsn, conn):
+    schema = env.settings.schema
+    job = env.enqueue("ok")
+    port = free_port()
+    with psycopg.connect(pg_dsn) as holder:
+        q(holder, schema, "SELECT id FROM {s}.jobs WHERE id = %s FOR UPDATE", job)  # claims skip it
+        with worker(pg_dsn, schema, "--concurrency", "1", "--poll-interval", "0.3", port=port, env=FAST_STATS) as w:
+            age = lambda t: total(t, "pgworker_queue_oldest_job_age_seconds", queue="default")  # noqa: E731
+            first = age(wait_for_metrics(port, lambda t: age(t) > 0, 30, "an oldest-age sample"))
+            text = wait_for_metrics(port, lambda t: age(t) >= first + 2, 30, "the oldest age to grow")
+            assert total(text, "pgworker_queue_jobs", queue="default", state="pending") == 1
+            assert total(text, "pgworker_queue_stats_up") == 1
+            holder.rollback()
+            wait_for_metrics(port, lambda t: age(t) == 0 and outcome(t, "succeeded") == 1, 30,
+                             "the job to run and the age to fall to 0")
+            w.stop()
+
+
+# -- the exposition: catalogue, promtool ---------------------------------------------------
+
+
+@pytest.fixture
+def exposition(env, pg_dsn, conn):
+    """/metrics of a worker that ran a bit of everything (text as scraped)."""
+    schema = env.settings.schema
+    env.enqueue_many([("ok", 1), ("flaky", 2), ("doomed", 3)])
+    port = free_port()
+    with worker(pg_dsn, schema, "--concurrency", "2", "--poll-interval", "0.3", port=port) as w:
+        text = wait_for_metrics(port, lambda t: outcome(t, "dead") == 1 and outcome(t, "succeeded") == 2
+                                and total(t, "pgworker_claimer_heartbeat_timestamp_seconds") > 0, 60,
+                                "the small workload")
+        w.stop()
+    return text
+
+
+def test_every_catalogued_metric_is_exposed_by_a_running_worker(exposition):
+    exposed = {n for n, _, _ in samples(exposition)}
+    for m in cat.METRICS:
+        if m.source == "drain":
+            continue  # pushed by drain runs: see test_drain_pushes_its_summary_to_a_real_pushgateway
+        missing = [n for n in cat.exposed_names(m) if n not in exposed]
+        assert not missing, f"{m.name} is in the catalogue but the worker does not expose {missing}"
+    ours = {n for n in exposed if n.startswith("pgworker_")}
+    assert ours <= cat.all_series_names(), f"not in the catalogue: {sorted(ours - cat.all_series_names())}"
+
+
+def test_exposed_labels_are_the_catalogued_ones_with_bounded_values(exposition):
+    allowed = {"outcome": set(cat.OUTCOMES), "action": set(cat.EXPIRATION_ACTIONS),
+               "operation": set(cat.FENCED_OPERATIONS), "reason": set(cat.WAKEUP_REASONS),
+               "state": set(cat.STATS_STATES), "queue": {"default"}}
+    defs = {n: m for m in cat.METRICS for n in cat.exposed_names(m)}
+    for name, labels, _ in samples(exposition):
+        if not name.startswith("pgworker_"):
+            continue
+        m = defs[name]
+        extra = {"le"} if name.endswith("_bucket") else set()
+        assert set(labels) == set(m.labels) | extra, (name, labels)
+        for label, value in labels.items():
+            if label in allowed:
+                assert value in allowed[label], (name, label, value)
+        if "result" in labels:
+            assert labels["result"] in set(cat.CLAIM_RESULTS) | set(cat.RENEW_RESULTS)
+        if "error_class" in labels:
+            assert labels["error_class"] in {"FLAKY", "DOOMED", cat.OTHER, *cat.KNOWN_ERROR_CODES}
+
+
+def test_promtool_accepts_the_exposition(exposition, tmp_path):
+    promtool = require_tool("promtool", "Debian: apt-get install -y prometheus")
+    import subprocess
+
+    result = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0 and not result.stdout.strip() and not result.stderr.strip(), \
+        f"promtool check metrics:\n{result.stdout}\n{result.stderr}"
+
+
+def test_no_stats_means_no_statistics_query(env, pg_dsn, conn):
+    """--no-stats: no pgworker_queue_* gauges, and the dispatcher never opens its
+    statistics session (the one that stays open between scrapes when they are on)."""
+    schema = env.settings.schema
+    port = free_port()
+    env.enqueue("ok")
+
+    def stats_sessions(w: Worker) -> list:
+        return q(conn, schema, "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgworker:stats' "
+                               "AND client_port = ANY(%s)", sorted(tcp_client_ports(w.pid)))
+
+    with worker(pg_dsn, schema, "--concurrency", "1", "--no-stats", port=port) as w:
+        text = wait_for_metrics(port, lambda t: outcome(t, "succeeded") == 1, 30, "the job")
+        for _ in range(3):
+            text = scrape(port)
+        assert not [n for n, _, _ in samples(text) if n.startswith("pgworker_queue_")]
+        assert not stats_sessions(w)
+        w.stop()
+    # the control: with statistics on, a scrape leaves the statistics session open
+    with worker(pg_dsn, schema, "--concurrency", "1", port=port) as w:
+        wait_for_metrics(port, lambda t: total(t, "pgworker_queue_stats_up") == 1, 30, "the statistics")
+        assert stats_sessions(w)
+        w.stop()
+
+
+# -- a real Prometheus server ------------------------------------------------------------
+
+
+def test_a_real_prometheus_ingests_the_metrics_and_answers_the_documented_queries(env, pg_dsn, conn):
+    from pgworker.metrics_docs import all_queries
+
+    schema = env.settings.schema
+    job = env.enqueue("ok")
+    port = free_port()
+    with psycopg.connect(pg_dsn) as holder:
+        q(holder, schema, "SELECT id FROM {s}.jobs WHERE id = %s FOR UPDATE", job)  # a job waiting: age > 0
+        with worker(pg_dsn, schema, "--concurrency", "1", port=port, env=FAST_STATS) as w, \
+                prometheus_server(port) as prom:
+            wait_ready(port)
+
+            def query(expr: str) -> dict:
+                r = requests.get(prom.url("/api/v1/query"), params={"query": expr}, timeout=10)
+                body = r.json()
+                assert r.status_code == 200 and body["status"] == "success", (expr, body)
+                return body["data"]
+
+            def oldest_age() -> list:
+                return [r for r in query('pgworker_queue_oldest_job_age_seconds{queue="default"}')["result"]
+                        if float(r["value"][1]) > 0]
+
+            result = wait_until(oldest_age, 60, 0.5, message=lambda: f"Prometheus to ingest the age; {prom.logs()}")
+            assert result[0]["metric"]["job"] == "pgworker" and result[0]["metric"]["instance"] == f"127.0.0.1:{port}"
+            # every query of docs/observability.md parses and runs on a real Prometheus
+            for expr in all_queries():
+                query(expr)
+            up = query("up")["result"]
+            assert [float(r["value"][1]) for r in up] == [1.0]
+            w.stop()
+
+
+# -- drain mode: the JSON line and a real Pushgateway ------------------------------------
+
+
+def test_drain_pushes_its_summary_to_a_real_pushgateway(env, pg_dsn, conn):
+    schema = env.settings.schema
+    env.enqueue_many([("ok", i) for i in range(8)] + [("flaky", 1), ("doomed", 2)])
+    with pushgateway_server() as gw:
+        with worker(pg_dsn, schema, "--drain", "--concurrency", "2", "--pushgateway-url", gw.url()) as w:
+            assert w.wait(90) == 0
+            lines = w.stdout().strip().splitlines()
+        summary = json.loads(lines[-1])
+        assert summary["event"] == "drain_summary" and summary["result"] == "succeeded"
+        assert (summary["processed"], summary["succeeded"], summary["retried"], summary["dead"], summary["left"]) == \
+            (12, 9, 2, 1, 0)
+        assert summary["duration_seconds"] > 0
+        pushed = requests.get(gw.url("/metrics"), timeout=10).text
+        group = {"job": "pgworker_drain", "schema": schema}
+        for m in cat.METRICS:
+            if m.source == "drain":
+                assert [1 for n, ls, _ in samples(pushed) if n == m.name and ls.items() >= group.items()], \
+                    f"{m.name} did not reach the Pushgateway"
+        assert total(pushed, "pgworker_drain_jobs_processed", outcome="succeeded", **group) == 9
+        assert total(pushed, "pgworker_drain_jobs_processed", outcome="retried", **group) == 2
+        assert total(pushed, "pgworker_drain_jobs_processed", outcome="dead", **group) == 1
+        assert total(pushed, "pgworker_drain_jobs_left", **group) == 0
+        [(labels, stamp)] = series(pushed, "pgworker_drain_last_run_timestamp_seconds")
+        assert labels["result"] == "succeeded" and stamp > 0
+
+        # a run that hits its deadline replaces the group: the result says so
+        env.enqueue("hold", 30)
+        with worker(pg_dsn, schema, "--drain", "--concurrency", "1", "--max-duration", "1",
+                    "--shutdown-grace", "0", "--pushgateway-url", gw.url()) as w:
+            assert w.wait(60) == 75
+            summary = json.loads(w.stdout().strip().splitlines()[-1])
+        assert summary["result"] == "deadline" and summary["left"] == 1
+        pushed = requests.get(gw.url("/metrics"), timeout=10).text
+        [(labels, _)] = series(pushed, "pgworker_drain_last_run_timestamp_seconds")
+        assert labels["result"] == "deadline"
+        assert total(pushed, "pgworker_drain_jobs_left", **group) == 1
+
+
+def test_drain_prints_its_summary_when_the_pushgateway_is_unreachable(env, pg_dsn):
+    env.enqueue("ok")
+    dead_end = f"http://127.0.0.1:{free_port()}"
+    with worker(pg_dsn, env.settings.schema, "--drain", "--concurrency", "1", "--pushgateway-url", dead_end) as w:
+        assert w.wait(60) == 0
+        summary = json.loads(w.stdout().strip().splitlines()[-1])
+        assert summary["succeeded"] == 1
+        assert "pushing the drain summary" in w.logs()
+
+
+# -- /healthz and /readyz ----------------------------------------------------------------
+
+
+def test_healthz_and_readyz_follow_the_database(tmp_path):
+    """/readyz: not ready before the worker has connected, ready once connected, on the
+    current schema and listening; not ready while the database is gone, ready again after.
+    /healthz answers 200 throughout: it never touches the database."""
+    from pgworker import App, Settings
+
+    with Cluster() as cluster:
+        cluster.start()
+        schema = "pgworker_readyz"
+        App(settings=Settings.from_env(environ={}, dsn=cluster.dsn, schema=schema)).migrate()
+        cluster.stop()
+        port = free_port()
+        w = Worker(cluster.dsn, schema, "--concurrency", "1", "--reap-interval", "0.5",
+                   "--metrics-port", str(port), "--metrics-host", "127.0.0.1", app=OBS_APP, name="readyz")
+        with w:
+            def status(path: str) -> int | None:
+                try:
+                    return get(port, path, timeout=5).status_code
+                except requests.RequestException:
+                    return None
+
+            wait_until(lambda: status("/healthz") == 200, 30, message="the HTTP server")
+            r = get(port, "/readyz")
+            assert r.status_code == 503 and "not ready" in r.text
+            cluster.start()
+            wait_ready(port, 60)
+            assert status("/healthz") == 200
+            cluster.stop()
+            wait_until(lambda: status("/readyz") == 503, 60, 0.1, message="not ready without the database")
+            r = get(port, "/readyz")
+            assert "not ready" in r.text
+            for _ in range(5):
+                assert status("/healthz") == 200
+            text = scrape(port)  # /metrics still answers, fast, without the statistics
+            assert total(text, "pgworker_queue_stats_up") == 0
+            cluster.start()
+            wait_ready(port, 90)
+            assert w.stop() == 0
+
+
+# -- traces across processes ---------------------------------------------------------------
+
+
+def _json_objects(text: str) -> list[dict]:
+    """Every JSON object in a stream of them (the console exporter pretty-prints spans)."""
+    decoder, out, i = json.JSONDecoder(), [], 0
+    while True:
+        i = text.find("{", i)
+        if i < 0:
+            return out
+        try:
+            obj, i = decoder.raw_decode(text, i)
+            out.append(obj)
+        except json.JSONDecodeError:
+            i += 1
+
+
+def test_claimers_set_up_tracing_from_otel_env_and_flush_before_exit(env, pg_dsn):
+    """The trace context travels in the job row from this process to the claimer
+    processes; each claimer builds its SDK from OTEL_* variables (here the console
+    exporter, which prints to the worker's stdout) and flushes it before exiting: a
+    drain run is shorter than the batch processor's 5 s export delay."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from pgworker import tracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.set_tracer_provider(provider)
+    try:
+        env.enqueue("flaky")
+    finally:
+        tracing.set_tracer_provider(None)
+    [send] = exporter.get_finished_spans()
+    otel = {"OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "pgworker-under-test"}
+    with worker(pg_dsn, env.settings.schema, "--drain", "--concurrency", "2", "--trace-sql", env=otel) as w:
+        assert w.wait(60) == 0
+        spans = [o for o in _json_objects(w.stdout()) if "name" in o and "context" in o]
+    process = [s for s in spans if s["name"] == "process default"]
+    settle = [s for s in spans if s["name"] == "settle default"]
+    assert len(process) == 2 and len(settle) == 2, [s["name"] for s in spans]
+    send_trace, send_span = f"0x{send.context.trace_id:032x}", f"0x{send.context.span_id:016x}"
+    assert {s["context"]["trace_id"] for s in process + settle} == {send_trace}
+    assert {s["parent_id"] for s in process} == {send_span}
+    assert {s["parent_id"] for s in settle} == {s["context"]["span_id"] for s in process}
+    assert sorted(s["attributes"]["pgworker.job.attempt"] for s in process) == [1, 2]
+    assert {s["resource"]["attributes"]["service.name"] for s in spans} == {"pgworker-under-test"}
+    # --trace-sql: the claim statement is a child of its receive span, the handler's
+    # ledger insert a child of its process span
+    receives = {s["context"]["span_id"] for s in spans if s["name"] == "receive default"}
+    assert [s for s in spans if s["name"] == "WITH" and s["parent_id"] in receives]
+    processes = {s["context"]["span_id"] for s in process}
+    assert [s for s in spans if s["name"] == "INSERT" and s["parent_id"] in processes]
+
+    env.enqueue("ok")
+    with worker(pg_dsn, env.settings.schema, "--drain", "--concurrency", "1", "--no-tracing", env=otel) as w:
+        assert w.wait(60) == 0
+        assert not [o for o in _json_objects(w.stdout()) if "context" in o]
+
+
+def test_wakeups_by_reason_and_listener_reconnects(env, pg_dsn, conn):
+    schema = env.settings.schema
+    port = free_port()
+    with worker(pg_dsn, schema, "--concurrency", "1", "--poll-interval", "0.5", port=port) as w:
+        wait_ready(port)
+        env.enqueue("ok")
+        text = wait_for_metrics(port, lambda t: outcome(t, "succeeded") == 1
+                                and total(t, "pgworker_dispatcher_wakeups_total", reason="notify") >= 1
+                                and total(t, "pgworker_dispatcher_wakeups_total", reason="poll") >= 1, 30,
+                                "wake-ups by NOTIFY and by the fallback poll")
+        assert total(text, "pgworker_listener_reconnects_total") == 0
+        listener = q(conn, schema, "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgworker:listener' "
+                                   "AND client_port = ANY(%s)", sorted(tcp_client_ports(w.pid)))
+        assert len(listener) == 1
+        conn.execute("SELECT pg_terminate_backend(%s)", listener[0])
+        text = wait_for_metrics(port, lambda t: total(t, "pgworker_listener_reconnects_total") == 1
+                                and total(t, "pgworker_dispatcher_wakeups_total", reason="reconnect") == 1, 30,
+                                "the listener to reconnect")
+        wait_ready(port)
+        assert w.stop() == 0

@@ -1,0 +1,150 @@
+"""Least privilege, shown by connecting as each role (a throwaway cluster, so roles come
+and go freely): the owner migrates; `pgworker sql grants` gives a producer that can only
+enqueue and read job state, and a worker that can claim, record outcomes and reap, and
+neither can do more. Payloads are not logged; the metrics endpoint binds where told."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import psycopg
+import pytest
+from psycopg import errors
+
+from pg import wait_until
+from pgcluster import Cluster, free_port, missing_tools, require
+from worker import ACCEPTANCE_APP, Worker
+
+pytestmark = pytest.mark.acceptance
+SCHEMA = "app jobs"  # a schema name that needs quoting, on purpose
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    require(missing_tools())
+    c = Cluster()
+    c.start()
+    for role in ("owner", "producer", "worker"):
+        c.execute(f'CREATE ROLE "{role}" LOGIN')
+    c.execute('GRANT CREATE ON DATABASE postgres TO "owner"')
+    yield c
+    c.destroy()
+
+
+def cli(*args, dsn):
+    return subprocess.run([sys.executable, "-m", "pgworker.cli", *args, "--dsn", dsn, "--schema", SCHEMA],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def granted(cluster):
+    owner = cluster.dsn("owner")
+    assert cli("migrate", dsn=owner).returncode == 0
+    printed = cli("sql", "grants", "--producer", "producer", "--worker", "worker", dsn=owner)
+    assert printed.returncode == 0, printed.stderr
+    assert 'GRANT INSERT (id, queue, task, payload' in printed.stdout and '"app jobs".jobs' in printed.stdout
+    with psycopg.connect(cluster.dsn("producer")) as c:  # printing applied nothing
+        with pytest.raises(errors.InsufficientPrivilege):
+            c.execute('SELECT state FROM "app jobs".jobs')
+    applied = cli("sql", "grants", "--producer", "producer", "--worker", "worker", "--apply", dsn=owner)
+    assert applied.returncode == 0, applied.stderr
+    return cluster
+
+
+def refused(dsn: str, statement: str) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        try:
+            c.execute(statement)
+        except (errors.InsufficientPrivilege, errors.WrongObjectType) as exc:
+            return "permission denied" in str(exc) or "must be owner" in str(exc)
+    return False
+
+
+def _app(dsn):
+    from pgworker import App
+    from pgworker.loader import load_app
+
+    app = App(dsn, schema=SCHEMA)
+    app.tasks.update(load_app(ACCEPTANCE_APP).tasks)
+    return app
+
+
+def test_a_producer_can_enqueue_and_read_state_and_nothing_else(granted):
+    dsn = granted.dsn("producer")
+    app = _app(dsn)
+    try:
+        one = app.enqueue("noop", {"secret": "payload"})
+        many = app.enqueue_many([("noop", i) for i in range(50)])  # COPY
+        again = [app.enqueue("noop", 1, dedupe_key="once") for _ in range(2)]
+        ordered = [app.enqueue("noop", i, ordering_key="k") for i in range(3)]
+        assert again[0] == again[1] and len(many) == 50
+        listed = app.list_jobs(limit=100)
+        assert {r["id"] for r in listed} >= {one, *many, *ordered} and {r["state"] for r in listed} == {"pending"}
+        for where in ("claim", "read payloads", "read errors"):
+            with pytest.raises(errors.InsufficientPrivilege):
+                if where == "claim":
+                    app.claim("default")
+                elif where == "read payloads":
+                    with app.connection() as c:
+                        c.execute('SELECT payload FROM "app jobs".jobs')
+                else:
+                    app.get_job(one)
+    finally:
+        app.close()
+    s = '"app jobs".jobs'
+    for stmt in (f"DELETE FROM {s}", f"TRUNCATE {s}", f"UPDATE {s} SET state = 'running'",
+                 f"INSERT INTO {s} (queue, task, payload, state) VALUES ('default', 'noop', '1', 'dead')",
+                 f"INSERT INTO {s} (queue, task, payload, lease_token) VALUES ('default', 'noop', '1', 9)",
+                 f"DROP TABLE {s}", f"ALTER TABLE {s} ADD COLUMN x int", 'CREATE TABLE "app jobs".x (a int)',
+                 'INSERT INTO "app jobs".job_events (job_id, kind) VALUES (1, \'x\')',
+                 'SELECT * FROM "app jobs".job_events'):
+        assert refused(dsn, stmt), stmt
+    out = cli("prune", "--older-than", "0s", dsn=dsn)
+    assert out.returncode == 1 and "permission denied" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_a_worker_claims_records_outcomes_and_reaps_and_nothing_else(granted):
+    owner, dsn = granted.dsn("owner"), granted.dsn("worker")
+    app = _app(owner)
+    ok = app.enqueue_many([("noop", {"marker": "PAYLOAD-MARKER-4711"}) for _ in range(20)])
+    failing = app.enqueue("always_fails", {"marker": "PAYLOAD-MARKER-4711"})
+    with app.connection() as c:
+        stale = c.execute('INSERT INTO "app jobs".jobs (queue, task, payload, state, attempts, lease_token, '
+                          "lease_expires_at) VALUES ('default', 'noop', '1', 'running', 1, 1, "
+                          "now() - interval '1 minute') RETURNING id").fetchone()[0]
+    port = free_port()
+    with Worker(dsn, SCHEMA, "--concurrency", "2", "--reap-interval", "1s", "--poll-interval", "0.5s",
+                "--metrics-port", str(port), "--metrics-host", "127.0.0.2") as w:
+        def done():
+            return all(app.get_job(i)["state"] in ("succeeded", "dead") for i in [*ok, failing, stale])
+        wait_until(done, 90, message=lambda: w.logs()[-3000:])
+        # the metrics endpoint listens on the address it was given, and only there
+        with urllib.request.urlopen(f"http://127.0.0.2:{port}/metrics", timeout=10) as r:
+            assert r.status == 200 and b"pgworker_jobs_finished_total" in r.read()
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        assert w.stop() == 0
+        logs = w.logs()
+    assert app.get_job(stale)["last_error_code"] == "LEASE_EXPIRED" and app.get_job(stale)["state"] == "succeeded"
+    assert app.get_job(failing)["state"] == "dead"
+    assert "PAYLOAD-MARKER-4711" not in logs  # payloads are never logged by default
+    app.close()
+    s = '"app jobs".jobs'
+    for stmt in (f"DROP TABLE {s}", f"ALTER TABLE {s} ADD COLUMN x int", f"DELETE FROM {s}", f"TRUNCATE {s}",
+                 f"UPDATE {s} SET payload = '1'", f"UPDATE {s} SET max_attempts = 100", f"UPDATE {s} SET queue = 'x'",
+                 'CREATE TABLE "app jobs".x (a int)', 'DROP SCHEMA "app jobs" CASCADE',
+                 'INSERT INTO "app jobs".job_events (job_id, kind) VALUES (1, \'x\')',
+                 'DELETE FROM "app jobs".migrations'):
+        assert refused(dsn, stmt), stmt
+    out = cli("prune", "--older-than", "0s", dsn=dsn)
+    assert out.returncode == 1 and "permission denied" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_grants_refuse_a_missing_role_and_name_the_fix(granted):
+    out = cli("sql", "grants", dsn=granted.dsn("owner"))
+    assert out.returncode != 0 and "--producer" in out.stderr
+    out = cli("sql", "grants", "--producer", "nobody-here", "--apply", dsn=granted.dsn("owner"))
+    assert out.returncode == 1 and "nobody-here" in out.stderr and "Traceback" not in out.stderr, out.stderr

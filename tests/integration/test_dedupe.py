@@ -1,0 +1,133 @@
+"""Deduplication backed by the unique index: the states that hold a key, holds that outlive
+success, and producers racing on one key (threads and processes)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+
+import psycopg
+import pytest
+
+from pgworker import App, InvalidJob, JobSpec, Permanent
+from worker import q
+
+pytestmark = pytest.mark.integration
+
+
+def expire_holds(conn, schema):
+    q(conn, schema, "UPDATE {s}.jobs SET dedupe_until = now() - interval '1 second' "
+                    "WHERE dedupe_until IS NOT NULL RETURNING id")
+
+
+def test_which_states_hold_a_key(app):
+    first = app.enqueue("t", 1, dedupe_key="k")
+    assert app.enqueue("t", 2, dedupe_key="k") == first  # pending
+    [job] = app.claim()
+    assert app.enqueue("t", 3, dedupe_key="k") == first  # running
+    app.fail(job, RuntimeError("transient"))
+    assert app.enqueue("t", 4, dedupe_key="k") == first  # waiting for its retry (pending)
+    app.cancel(first)
+    second = app.enqueue("t", 5, dedupe_key="k")  # cancelled: released
+    assert second != first
+    [job] = app.claim()
+    app.fail(job, Permanent("no"))
+    third = app.enqueue("t", 6, dedupe_key="k")  # dead: released
+    assert third not in (first, second)
+    [job] = app.claim()
+    app.complete(job)
+    assert app.enqueue("t", 7, dedupe_key="k") not in (first, second, third)  # succeeded: released
+
+
+def test_a_window_keeps_the_key_after_success_then_releases_it(app, conn):
+    schema = app.settings.schema
+    first = app.enqueue("t", 1, dedupe_key="w", dedupe_window=3600)
+    [job] = app.claim()
+    app.complete(job)
+    record = app.get_job(first)
+    assert record["state"] == "succeeded" and record["dedupe_until"] is not None
+    assert app.enqueue("t", 2, dedupe_key="w") == first  # held for an hour after success
+    assert app.enqueue_many([JobSpec("t", 3, dedupe_key="w"), JobSpec("t", 4, dedupe_key="other")])[0] == first
+    assert app.prune(0) == 0  # a row that holds its key is kept by prune
+    expire_holds(conn, schema)
+    second = app.enqueue("t", 5, dedupe_key="w")
+    assert second != first
+    assert app.get_job(first)["dedupe_until"] is None  # the expired hold was released
+    assert app.prune(0) == 1  # and then the old row may go
+
+
+def test_duplicates_in_enqueue_many_and_in_the_callers_transaction(app, pg_dsn):
+    held = app.enqueue("t", "held", dedupe_key="h")
+    with psycopg.connect(pg_dsn) as tx:
+        ids = app.enqueue_many([JobSpec("t", i, dedupe_key=f"b{i % 2}") for i in range(4)]
+                               + [JobSpec("t", "x", dedupe_key="h")], conn=tx)
+        assert ids[0] == ids[2] and ids[1] == ids[3] and ids[4] == held
+        assert app.enqueue("t", "again", dedupe_key="b0", conn=tx) == ids[0]
+        tx.execute("SELECT 1")  # never aborted
+        tx.commit()
+    assert len(app.claim(limit=10)) == 3
+
+
+def test_an_expired_hold_raced_by_many_producers_yields_one_job(app, pg_dsn, conn):
+    schema = app.settings.schema
+    first = app.enqueue("t", dedupe_key="r", dedupe_window=60)
+    [job] = app.claim()
+    app.complete(job)
+    expire_holds(conn, schema)
+    results: list[int] = []
+    barrier = threading.Barrier(8)
+
+    def producer():
+        with psycopg.connect(pg_dsn) as tx:
+            barrier.wait()
+            results.append(app.enqueue("t", None, dedupe_key="r", dedupe_window=60, conn=tx))
+            tx.commit()
+
+    threads = [threading.Thread(target=producer) for _ in range(8)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert len(set(results)) == 1 and results[0] != first
+    assert q(conn, schema, "SELECT count(*) FROM {s}.jobs WHERE dedupe_key = 'r' AND state = 'pending'") == [(1,)]
+
+
+def _race_process(dsn, schema, key, many, barrier, out):
+    app = App(dsn, schema=schema)
+    barrier.wait()
+    try:
+        if many:
+            out.put(app.enqueue_many([JobSpec("t", i, dedupe_key=key) for i in range(3)]))
+        else:
+            out.put([app.enqueue("t", None, dedupe_key=key)])
+    finally:
+        app.close()
+
+
+def test_producer_processes_racing_on_one_key(app, pg_dsn, conn):
+    ctx = multiprocessing.get_context("spawn")
+    barrier, out = ctx.Barrier(6), ctx.Queue()
+    procs = [ctx.Process(target=_race_process, args=(pg_dsn, app.settings.schema, "proc-race", i % 2 == 0,
+                                                     barrier, out)) for i in range(6)]
+    [p.start() for p in procs]
+    ids = [i for _ in procs for i in out.get(timeout=60)]
+    [p.join(60) for p in procs]
+    assert all(p.exitcode == 0 for p in procs)
+    assert len(set(ids)) == 1
+    assert q(conn, app.settings.schema, "SELECT count(*) FROM {s}.jobs") == [(1,)]
+
+
+def test_replay_leaves_a_job_dead_when_its_key_is_held_again(app):
+    dead = app.enqueue("t", dedupe_key="rp")
+    [job] = app.claim()
+    app.fail(job, Permanent("x"))
+    holder = app.enqueue("t", dedupe_key="rp")
+    assert app.replay([dead]) == []
+    assert app.get_job(dead)["state"] == "dead"
+    [job] = app.claim()
+    assert job.id == holder
+    app.complete(job)
+    assert app.replay([dead]) == [dead]
+
+
+def test_a_window_without_a_key_is_refused(app):
+    with pytest.raises(InvalidJob, match="dedupe_key"):
+        app.enqueue("t", dedupe_window=60)

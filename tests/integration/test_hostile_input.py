@@ -1,0 +1,129 @@
+"""Hostile and broken input through the public API and the CLI: names made of SQL
+metacharacters, quotes and Unicode at and over their limits, odd schema names, payloads
+at and over the size limit, JSON nested deeper than Python or PostgreSQL accept. Each
+gets a clear error naming the fix, or works; nothing is lost and nothing else breaks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import psycopg
+import pytest
+
+from pgworker import App
+from pgworker.errors import InvalidName, PayloadError
+from pgworker.store import notify_channel
+
+from conftest import make_settings
+from worker import q
+
+pytestmark = pytest.mark.integration
+
+QUEUES = ["q'; DROP TABLE jobs; --", 'q"quoted"', "q\\back\\slash", "очередь-🚀", "$1 %s %(x)s {s} :x",
+          "Q" * 128, "é" * 128]
+TASKS = ["t'); DELETE FROM jobs; --", 't"', "задача 🙂", "%(payload)s", "t" * 255, "🙂" * 255]
+
+
+def test_names_made_of_metacharacters_unicode_and_maximum_lengths_round_trip(app, conn):
+    schema = app.settings.schema
+    ids = {}
+    for queue in QUEUES:
+        for task in TASKS[:2] + [TASKS[-1]]:
+            ids[app.enqueue(task, {"q": queue}, queue=queue)] = (queue, task)
+    for queue in QUEUES:
+        jobs = app.claim(queue, limit=10)
+        assert {(j.queue, j.task) for j in jobs} == {v for v in ids.values() if v[0] == queue}
+        for j in jobs:
+            app.complete(j)
+    rows = q(conn, schema, "SELECT id, queue, task, state::text FROM {s}.jobs")
+    assert {r[0]: (r[1], r[2]) for r in rows} == ids and {r[3] for r in rows} == {"succeeded"}
+    assert q(conn, "public", "SELECT to_regclass('public.jobs')") == [(None,)]  # nothing was "dropped"/created
+
+
+@pytest.mark.parametrize("bad,kind", [
+    ("Q" * 129, "queue"), ("", "queue"), (" padded", "queue"), ("tab\there", "queue"), ("nul\x00", "queue"),
+    ("esc\x1b[31m", "queue"), ("t" * 256, "task"), ("line\nbreak", "task"), ("bidi\u202e", "task"), (42, "task"),
+])
+def test_names_over_the_limits_or_with_control_characters_are_refused(app, conn, bad, kind):
+    with pytest.raises(InvalidName) as err:
+        if kind == "queue":
+            app.enqueue("noop", queue=bad)
+        else:
+            app.enqueue(bad)
+    assert "printable" in str(err.value) or "long" in str(err.value) or "string" in str(err.value)
+    assert q(conn, app.settings.schema, "SELECT count(*) FROM {s}.jobs") == [(0,)]
+
+
+@pytest.mark.parametrize("schema_name", [
+    'sch"ema', "s'; DROP SCHEMA public CASCADE; --", "схема 🚀", "x" * 63, "é" * 31 + "x", "Mixed.Case $1",
+])
+def test_odd_schema_names_work_end_to_end(pg_dsn, conn, schema_name):
+    a = App(settings=make_settings(pg_dsn, schema_name))
+    try:
+        a.migrate()
+        assert len(notify_channel(schema_name).encode()) <= 63
+        job_id = a.enqueue("noop", {"a": 1})
+        a.enqueue_many([("noop", i) for i in range(3)])
+        [job] = a.claim("default", limit=1)
+        assert job.id == job_id
+        a.complete(job)
+        assert a.get_job(job_id)["state"] == "succeeded"
+        assert q(conn, "public", "SELECT count(*) FROM pg_namespace WHERE nspname = 'public'") == [(1,)]
+    finally:
+        a.close()
+        from pgworker.migrate import drop_schema
+
+        drop_schema(conn, schema_name)
+
+
+@pytest.mark.parametrize("schema_name", ["x" * 64, "é" * 32, "pg_jobs", "", "nul\x00"])
+def test_schema_names_postgresql_would_truncate_or_reserve_are_refused(pg_dsn, schema_name):
+    with pytest.raises(InvalidName):
+        App(settings=make_settings(pg_dsn, "ok")).configure(make_settings(pg_dsn, schema_name))
+
+
+def test_payloads_at_and_over_the_size_limit(pg_dsn, schema, conn):
+    limit = 2000
+    a = App(settings=make_settings(pg_dsn, schema, max_payload_bytes=limit))
+    a.migrate()
+    try:
+        at_limit = "é" * ((limit - 2) // 2)  # JSON '"ééé…"': exactly the limit in UTF-8 bytes
+        assert len(('"' + at_limit + '"').encode()) == limit
+        ok = a.enqueue("noop", at_limit)
+        with pytest.raises(PayloadError, match=f"over the limit of {limit}.*PGWORKER_MAX_PAYLOAD_BYTES"):
+            a.enqueue("noop", at_limit + "x")
+        with pytest.raises(PayloadError, match="over the limit"):
+            a.enqueue_many([("noop", 1), ("noop", "x" * limit)])  # one bad job refuses the batch
+        assert q(conn, schema, "SELECT id FROM {s}.jobs") == [(ok,)]
+        assert q(conn, schema, "SELECT octet_length(payload #>> '{{}}') FROM {s}.jobs") == [(limit - 2,)]
+    finally:
+        a.close()
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def test_json_nested_deeper_than_python_allows_is_refused_with_a_clear_error(app, conn):
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(PayloadError, match="nested too deeply"):
+        app.enqueue("noop", deep)
+    # the CLI parses --payload with Python's json module: same refusal, no traceback
+    out = subprocess.run([sys.executable, "-m", "pgworker.cli", "enqueue", "noop", "--payload", nested(5000),
+                          "--dsn", app.settings.dsn, "--schema", app.settings.schema],
+                         capture_output=True, text=True)
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "nested too deeply" in out.stderr, out.stderr
+    assert q(conn, app.settings.schema, "SELECT count(*) FROM {s}.jobs") == [(0,)]
+
+
+def test_json_nested_deeper_than_postgresql_allows_is_refused_by_the_server(app, conn):
+    """What a raw SQL producer gets: PostgreSQL's own limit (stack depth), nothing stored."""
+    with pytest.raises(psycopg.errors.StatementTooComplex):
+        q(conn, app.settings.schema, "INSERT INTO {s}.jobs (queue, task, payload) VALUES ('default', 'noop', %s)",
+          nested(200_000))
+    assert q(conn, app.settings.schema, "SELECT count(*) FROM {s}.jobs") == [(0,)]
+    app.enqueue("noop", 1)  # the queue is unaffected

@@ -1,0 +1,158 @@
+"""Periodic jobs: slot arithmetic in a time zone, the missed-slot policies, and each slot
+enqueued once however many schedulers fire at the same moment."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+import pytest
+
+from pgworker import App, ConfigError
+from pgworker.schedules import Periodic, Scheduler, decide
+from pg import wait_until
+from worker import q
+
+UTC = timezone.utc
+
+
+@pytest.mark.unit
+def test_slots_are_wall_clock_times_in_the_schedule_zone():
+    p = Periodic("daily", "t", "0 9 * * *", timezone="Europe/Paris")
+    assert p.next_after(datetime(2026, 7, 1, tzinfo=UTC)) == datetime(2026, 7, 1, 7, tzinfo=UTC)  # CEST
+    assert p.next_after(datetime(2026, 1, 10, tzinfo=UTC)) == datetime(2026, 1, 10, 8, tzinfo=UTC)  # CET
+    hourly = Periodic("h", "t", "0 * * * *", timezone="Europe/Paris")
+    # the fall-back night repeats 02:00 local: both real hours get their slot
+    start = datetime(2026, 10, 24, 23, 30, tzinfo=UTC)
+    slots, t = [], start
+    for _ in range(3):
+        t = hourly.next_after(t)
+        slots.append(t)
+    assert slots == [datetime(2026, 10, 25, h, tzinfo=UTC) for h in (0, 1, 2)]
+    assert hourly.latest_at_or_before(datetime(2026, 10, 25, 1, 0, tzinfo=UTC)) == datetime(2026, 10, 25, 1, tzinfo=UTC)
+    # so the second 02:00 is fired, not lost (croniter's backward search alone would lose it)
+    d = decide(hourly, datetime(2026, 10, 25, 0, tzinfo=UTC), datetime(2026, 10, 25, 1, 0, 30, tzinfo=UTC))
+    assert (d.slot, d.enqueue) == (datetime(2026, 10, 25, 1, tzinfo=UTC), True)
+    # the spring-forward gap: a 02:30 slot that does not exist fires at 03:00 local
+    gap = Periodic("g", "t", "30 2 * * *", timezone="Europe/Paris")
+    assert gap.next_after(datetime(2026, 3, 28, 23, tzinfo=UTC)) == datetime(2026, 3, 29, 1, tzinfo=UTC)
+
+
+@pytest.mark.unit
+def test_missed_slot_policies():
+    now = datetime(2026, 7, 1, 12, 3, tzinfo=UTC)
+    last = datetime(2026, 7, 1, 10, 0, tzinfo=UTC)  # two hours of downtime
+    latest = Periodic("a", "t", "*/5 * * * *", missed="latest")
+    d = decide(latest, last, now)
+    assert (d.slot, d.enqueue, d.missed) == (datetime(2026, 7, 1, 12, 0, tzinfo=UTC), True, 23)
+    skip = Periodic("b", "t", "*/5 * * * *", missed="skip", misfire_grace_seconds=60)
+    d = decide(skip, last, now)
+    assert (d.slot, d.enqueue, d.missed) == (datetime(2026, 7, 1, 12, 0, tzinfo=UTC), False, 24)
+    on_time = decide(skip, datetime(2026, 7, 1, 11, 55, tzinfo=UTC), datetime(2026, 7, 1, 12, 0, 20, tzinfo=UTC))
+    assert (on_time.enqueue, on_time.missed) == (True, 0)  # 20 s late, within the grace
+    assert decide(latest, datetime(2026, 7, 1, 12, 0, tzinfo=UTC), now).slot is None  # nothing new
+    assert d.next_slot == datetime(2026, 7, 1, 12, 5, tzinfo=UTC)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("kwargs, match", [
+    ({"cron": "every minute"}, "not a cron expression"),
+    ({"cron": "* * * *"}, "five"),
+    ({"timezone": "Mars/Olympus"}, "unknown time zone"),
+    ({"missed": "all"}, "latest"),
+])
+def test_bad_schedules_are_refused_with_the_fix(kwargs, match):
+    base = {"name": "s", "task": "t", "cron": "* * * * *"}
+    with pytest.raises(ConfigError, match=match):
+        Periodic(**{**base, **kwargs})
+
+
+@pytest.mark.unit
+def test_declaring_schedules_on_an_app():
+    app = App("postgresql://x@localhost/db")
+
+    @app.task(name="report", queue="reports", priority=3, schedule="0 6 * * 1", schedule_tz="Asia/Tokyo")
+    def report(payload):
+        return None
+
+    app.periodic("report", "30 * * * *", name="report-hourly", payload={"scope": "hour"}, missed="skip")
+    assert app.schedules["report"].queue == "reports" and app.schedules["report"].priority == 3
+    assert app.schedules["report-hourly"].payload == {"scope": "hour"}
+    with pytest.raises(ConfigError, match="twice"):
+        app.periodic("report", "* * * * *")
+
+
+def rewind(conn, schema, name, minutes):
+    """Pretend no dispatcher ran for a while: move the schedule's last slot back."""
+    q(conn, schema, "UPDATE {s}.schedules SET last_slot = last_slot - make_interval(mins => %s) "
+                    "WHERE name = %s RETURNING name", minutes, name)
+
+
+@pytest.mark.integration
+def test_registration_owes_nothing_from_before(app, conn):
+    p = app.periodic("t", "* * * * *", name="every-minute")
+    s = Scheduler(app.store, [p])
+    s.register(conn)
+    s.tick(conn)
+    assert q(conn, app.settings.schema, "SELECT count(*) FROM {s}.jobs") == [(0,)]
+    [row] = app.list_schedules()
+    assert row["name"] == "every-minute" and row["declared"] == "yes"
+    assert row["next_run"] > row["last_slot"]
+
+
+@pytest.mark.integration
+def test_each_slot_is_enqueued_once_by_racing_schedulers(app, pg_dsn, conn):
+    schema = app.settings.schema
+    p = app.periodic("t", "* * * * *", name="race", payload={"n": 1}, queue="cron")
+    Scheduler(app.store, [p]).register(conn)
+    rewind(conn, schema, "race", 3)  # three slots are owed
+    barrier = threading.Barrier(8)
+    fired = []
+
+    def dispatcher():
+        s = Scheduler(app.store, [p])
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            barrier.wait()
+            s.tick(c)
+        fired.append(s.fired)
+
+    threads = [threading.Thread(target=dispatcher) for _ in range(8)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert sum(fired) == 1
+    rows = q(conn, schema, "SELECT queue, payload, schedule_name, schedule_slot, run_at = schedule_slot "
+                           "FROM {s}.jobs")
+    assert len(rows) == 1 and rows[0][:3] == ("cron", {"n": 1}, "race") and rows[0][4]
+    # policy 'latest': the latest slot ran once, the two before it were not enqueued
+    assert q(conn, schema, "SELECT skipped_slots, last_slot = %s FROM {s}.schedules", rows[0][3]) == [(2, True)]
+    # the slot's unique key refuses a second job even if the bookkeeping were reset
+    q(conn, schema, "UPDATE {s}.schedules SET last_slot = last_slot - interval '1 minute' RETURNING name")
+    Scheduler(app.store, [p]).tick(conn)
+    assert q(conn, schema, "SELECT count(*) FROM {s}.jobs") == [(1,)]
+
+
+@pytest.mark.integration
+def test_skip_policy_drops_a_late_slot(app, conn):
+    schema = app.settings.schema
+    p = app.periodic("t", "* * * * *", name="skipper", missed="skip", misfire_grace=0.05)
+    s = Scheduler(app.store, [p])
+    s.register(conn)
+    rewind(conn, schema, "skipper", 5)
+    # the latest slot must be later than the grace (just after a minute boundary, wait a moment)
+    wait_until(lambda: (lambda now: (now - p.latest_at_or_before(now)).total_seconds() > 0.2)(app.store.db_now(conn)),
+               5, message="the latest slot to be more than the grace late")
+    s.tick(conn)
+    assert q(conn, schema, "SELECT count(*) FROM {s}.jobs") == [(0,)]
+    assert q(conn, schema, "SELECT skipped_slots FROM {s}.schedules") == [(5,)]
+
+
+@pytest.mark.integration
+def test_a_changed_expression_starts_afresh(app, conn):
+    schema = app.settings.schema
+    p = Periodic("c", "t", "* * * * *")
+    Scheduler(app.store, [p]).register(conn)
+    rewind(conn, schema, "c", 60)
+    Scheduler(app.store, [Periodic("c", "t", "*/2 * * * *")]).register(conn)
+    [(last, now)] = q(conn, schema, "SELECT last_slot, now() FROM {s}.schedules")
+    assert now - last < timedelta(minutes=2)  # not an hour of owed slots

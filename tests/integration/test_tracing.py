@@ -1,0 +1,239 @@
+"""OpenTelemetry spans of real claims, runs and fenced writes against PostgreSQL.
+
+The claimer logic runs in-process (a :class:`pgworker.claimer.Claimer` with its slot
+table, in a thread, in drain mode), so that an injected TracerProvider with an in-memory
+exporter sees its spans; the database is the real one.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+import pgworker
+from pg import wait_until
+from pgworker import lease, tracing
+from pgworker.claimer import Claimer
+from worker import q
+
+pytestmark = pytest.mark.integration
+
+
+class FlakyError(Exception):
+    pgworker_code = "FLAKY"
+
+
+@pytest.fixture
+def exporter():
+    exp = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exp))
+    tracing.set_tracer_provider(provider)
+    yield exp
+    tracing.set_tracer_provider(None)
+    provider.shutdown()
+
+
+@pytest.fixture
+def traced_app(app):
+    app.configure(app.settings.replace(tracing=True))
+    return app
+
+
+class InProcessClaimer:
+    """A claimer run in a thread of this process, in drain mode; stop() ends it."""
+
+    def __init__(self, app: pgworker.App) -> None:
+        self.table = lease.SlotTable(app.settings.max_batch_size)
+        self.claimer = Claimer(app, app.settings, 0, self.table, app.queues(), drain=True)
+        self.thread = threading.Thread(target=self.claimer.run, name="in-process-claimer", daemon=True)
+
+    def __enter__(self) -> "InProcessClaimer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.table.header.stopping = 1
+        self.table.wake()
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+
+
+def state(conn, schema, job_id):
+    return q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", job_id)[0][0]
+
+
+def by_name(spans, name):
+    return [s for s in spans if s.name == name]
+
+
+def test_one_trace_from_the_request_through_both_attempts(traced_app, exporter, conn, schema):
+    app = traced_app
+
+    @app.task(name="flaky", max_attempts=3, retry=pgworker.RetryPolicy(base_seconds=0, jitter=0))
+    def flaky(payload, ctx):
+        with tracing.tracer().start_as_current_span("handler work"):
+            if ctx.attempt == 1:
+                raise FlakyError("first attempt fails")
+
+    request_tracer = trace.get_tracer("the application", tracer_provider=tracing._tracer_provider)
+    with request_tracer.start_as_current_span("POST /orders") as request:
+        job_id = app.enqueue("flaky", {"order": 1})
+    with InProcessClaimer(app):
+        wait_until(lambda: state(conn, schema, job_id) == "succeeded", 30, message="the job to succeed")
+        wait_until(lambda: len(by_name(exporter.get_finished_spans(), "settle default")) == 2, 10)
+    spans = exporter.get_finished_spans()
+
+    [send] = by_name(spans, "send default")
+    process = sorted(by_name(spans, "process default"), key=lambda s: s.attributes["pgworker.job.attempt"])
+    settle = sorted(by_name(spans, "settle default"), key=lambda s: s.attributes["pgworker.job.attempt"])
+    work = by_name(spans, "handler work")
+    assert len(process) == 2 and len(settle) == 2 and len(work) == 2
+
+    trace_id = request.get_span_context().trace_id
+    assert {s.context.trace_id for s in [send, *process, *settle, *work]} == {trace_id}
+    assert send.parent.span_id == request.get_span_context().span_id
+    assert send.kind == SpanKind.PRODUCER
+    assert send.attributes["messaging.system"] == "pgworker"
+    assert send.attributes["messaging.operation.type"] == "send"
+    assert send.attributes["messaging.destination.name"] == "default"
+    assert send.attributes["messaging.message.id"] == str(job_id)
+
+    for attempt, (p, st, w) in enumerate(zip(process, settle, sorted(work, key=lambda s: s.start_time)), 1):
+        assert p.kind == SpanKind.CONSUMER
+        assert p.parent.span_id == send.context.span_id  # parented to the enqueuing span...
+        assert [link.context.span_id for link in p.links] == [send.context.span_id]  # ...and linked
+        assert p.attributes["messaging.message.id"] == str(job_id)
+        assert p.attributes["messaging.operation.type"] == "process"
+        assert p.attributes["pgworker.job.attempt"] == attempt
+        assert p.attributes["pgworker.lease.token"] == attempt
+        assert p.attributes["pgworker.task"] == "flaky"
+        assert p.attributes["messaging.client.id"].endswith(":c0")
+        assert w.parent.span_id == p.context.span_id  # the handler's own span is a child
+        assert st.parent.span_id == p.context.span_id
+        assert st.kind == SpanKind.CLIENT
+        assert st.attributes["messaging.operation.type"] == "settle"
+        assert st.attributes["pgworker.job.attempt"] == attempt
+        assert st.attributes["pgworker.fence.result"] == "accepted"
+        assert "error.type" not in st.attributes
+
+    assert process[0].attributes["pgworker.outcome"] == "retried"
+    assert process[0].attributes["error.type"] == "FLAKY"
+    assert process[0].status.status_code == StatusCode.ERROR
+    assert settle[0].attributes["messaging.operation.name"] == "retry"
+    assert process[1].attributes["pgworker.outcome"] == "succeeded"
+    assert "error.type" not in process[1].attributes
+    assert settle[1].attributes["messaging.operation.name"] == "complete"
+
+    # claims are spans of their own (one claim serves many jobs of many traces)
+    receives = by_name(spans, "receive default")
+    claimed = [r for r in receives if r.attributes.get("messaging.batch.message_count")]
+    assert len(claimed) == 2 and all(r.parent is None and r.kind == SpanKind.CLIENT for r in receives)
+
+
+def test_a_fenced_out_completion_carries_lease_lost(traced_app, exporter, conn, schema, pg_dsn):
+    """Nobody renews the lease (there is no dispatcher here): the handler outlives it, and
+    its completion is refused by the fence."""
+    from prometheus_client import REGISTRY
+
+    app = traced_app
+    app.configure(app.settings.replace(lease_seconds=1, renew_interval_seconds=0.5))
+
+    def fenced_completions() -> float:
+        return REGISTRY.get_sample_value("pgworker_fenced_writes_total",
+                                         {"queue": "default", "operation": "complete"}) or 0.0
+
+    @app.task(name="outlives", max_attempts=3)
+    def outlives(payload, ctx):
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            wait_until(lambda: q(c, schema, "SELECT lease_expires_at < clock_timestamp() FROM {s}.jobs "
+                                            "WHERE id = %s", ctx.job_id)[0][0], 30, 0.05)
+
+    before = fenced_completions()
+    job_id = app.enqueue("outlives")
+    with InProcessClaimer(app):
+        wait_until(lambda: by_name(exporter.get_finished_spans(), "settle default"), 30,
+                   message="the settle span")
+    [settle] = by_name(exporter.get_finished_spans(), "settle default")
+    [process] = by_name(exporter.get_finished_spans(), "process default")
+    assert settle.parent.span_id == process.context.span_id
+    assert settle.attributes["messaging.operation.name"] == "complete"
+    assert settle.attributes["pgworker.fence.result"] == "refused"
+    assert settle.attributes["error.type"] == "pgworker.LeaseLost"
+    assert settle.status.status_code == StatusCode.ERROR
+    assert q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", job_id) == [("running",)]
+    assert fenced_completions() == before + 1
+
+
+def test_trace_sql_makes_the_claim_statement_a_child_of_the_receive_span(traced_app, exporter, conn, schema):
+    from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
+
+    app = traced_app
+
+    @app.task(name="quick")
+    def quick(payload):
+        return None
+
+    job_id = app.enqueue("quick")
+    tracing.instrument_psycopg()
+    try:
+        with InProcessClaimer(app):
+            wait_until(lambda: state(conn, schema, job_id) == "succeeded", 30)
+    finally:
+        PsycopgInstrumentor().uninstrument()
+    spans = exporter.get_finished_spans()
+    [receive] = [r for r in by_name(spans, "receive default") if r.attributes.get("messaging.batch.message_count")]
+    sql_children = [s for s in spans if s.parent is not None and s.parent.span_id == receive.context.span_id]
+    assert [s.name for s in sql_children] == ["WITH"]  # the claim's CTE, named after its first word
+    assert sql_children[0].attributes.get("db.system") == "postgresql"
+
+
+def test_no_sdk_no_spans_and_no_work():
+    """Without an SDK provider (the API's proxy) or with --no-tracing (a no-op provider)
+    every helper returns the invalid span at once."""
+    from datetime import datetime, timezone
+
+    from pgworker.jobs import ClaimedJob
+
+    now = datetime.now(timezone.utc)
+    job = ClaimedJob(1, "default", "t", None, 0, 1, 5, 1, now, now, now, None, None, None, 0.0)
+    providers = [trace.NoOpTracerProvider()]
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):  # no global SDK in this process
+        providers.append(None)
+    for provider in providers:
+        tracing.set_tracer_provider(provider)
+        try:
+            assert not tracing.enabled()
+            span = tracing.start_process_span(job, "w")
+            assert span is tracing.INVALID_SPAN and not span.is_recording()
+            assert tracing.attach(span) is None
+            with tracing.send_span("default", task="t") as s:
+                assert tracing.carrier(s) is None
+            with tracing.claim_span("default", "w") as s:
+                assert s is tracing.INVALID_SPAN
+        finally:
+            tracing.set_tracer_provider(None)
+
+
+def test_the_reaper_records_a_reap_span_with_its_counts(traced_app, exporter, conn, schema):
+    from pgworker.reaper import ReaperConfig, reap_pass
+
+    app = traced_app
+    ids = app.enqueue_many([("t", i) for i in range(3)])
+    app.claim(limit=3)
+    q(conn, schema, "UPDATE {s}.jobs SET lease_expires_at = now() - interval '1s', "
+                    "max_attempts = CASE WHEN id = %s THEN 1 ELSE 5 END RETURNING id", ids[0])
+    with app.connect() as c:
+        assert reap_pass(app.store, c, ReaperConfig()) == 3
+    [reap] = by_name(exporter.get_finished_spans(), "reap default")
+    assert reap.kind == SpanKind.INTERNAL and reap.parent is None
+    assert reap.attributes["messaging.operation.name"] == "reap"
+    assert reap.attributes["messaging.batch.message_count"] == 3
+    assert (reap.attributes["pgworker.requeued"], reap.attributes["pgworker.dead"]) == (2, 1)
