@@ -39,7 +39,7 @@ from . import tracing
 from .claimer import TIMEOUT, WORKER_DIED, ClaimerSpec, claimer_main
 from .config import Settings
 from .db import POOLED, OutageLog, connect
-from .errors import DatabaseUnavailable, PoolerError, SchemaVersionError
+from .errors import DatabaseReadOnly, DatabaseUnavailable, PoolerError, SchemaVersionError
 from .jobs import FailRequest, Lease
 from .podlimits import PodQueueLimits
 from .reaper import ReaperConfig, reap_pass
@@ -756,6 +756,9 @@ class Dispatcher:
                 if job is not None:
                     job(conn)
                 if reap:
+                    if not self.store.server_writable(conn):
+                        raise DatabaseReadOnly("the server is read-only (a standby, or "
+                                               "default_transaction_read_only is on)")
                     reap_pass(self.store, conn, config, self.metrics)
                     next_reap = time.monotonic() + self.settings.reap_interval_seconds
                 backoff.reset()

@@ -362,6 +362,10 @@ class Store:
             cancelled=tuple(r[0] for r in rows if r[3] == "cancelled"),
             by_queue=by_queue, candidates=len(candidates))
 
+    def server_writable(self, conn: psycopg.Connection) -> bool:
+        """False on a standby or a server set read-only (no write attempted)."""
+        return bool(self._exec(conn, "server_writable").fetchone()[0])
+
     def lease_states(self, conn: psycopg.Connection, ids: Sequence[int]) -> list[tuple[Any, ...]]:
         """(id, state, lease_token, last_error_code) of jobs, to settle an unknown write."""
         return self._exec(conn, "job_lease_states", {"ids": list(ids)}).fetchall()

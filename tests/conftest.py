@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from pg import find_postgres  # noqa: E402
+from pg import find_postgres, make_settings  # noqa: E402
 
 from pgworker import App, Settings  # noqa: E402
 from pgworker.migrate import drop_schema  # noqa: E402
@@ -52,10 +52,6 @@ def schema(pg_dsn):
         drop_schema(conn, name)
 
 
-def make_settings(dsn: str, schema: str, **overrides) -> Settings:
-    base = dict(dsn=dsn, schema=schema, metrics_port=0, concurrency=2, tracing=False)
-    base.update(overrides)
-    return Settings.from_env(environ={}, **base)
 
 
 @pytest.fixture

@@ -123,3 +123,12 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05, message
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message() if callable(message) else message}")
         time.sleep(interval)
+
+
+def make_settings(dsn: str, schema: str, **overrides):
+    """Worker settings for tests: no metrics port, two claimers, tracing off."""
+    from pgworker import Settings
+
+    base = dict(dsn=dsn, schema=schema, metrics_port=0, concurrency=2, tracing=False)
+    base.update(overrides)
+    return Settings.from_env(environ={}, **base)

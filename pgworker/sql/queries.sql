@@ -377,6 +377,12 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS f(id, token)
 WHERE j.id = f.id AND j.state::text = 'running' AND j.lease_token = f.token
 RETURNING j.id, j.lease_token, j.ordering_key;
 
+-- name: server_writable
+-- Whether this session can write: false on a standby (pg_is_in_recovery()) or with
+-- default_transaction_read_only on. The reaper asks before each pass, so a worker says
+-- "read-only" even when there is nothing to reap (an empty pass writes nothing).
+SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off';
+
 -- name: jobs_reap_candidates
 -- Expired leases, oldest first, with their ordering keys. Read without locks: the
 -- caller then takes the ordering-key locks (before any row lock, the lock order of every

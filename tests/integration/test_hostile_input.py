@@ -15,7 +15,7 @@ from pgworker import App
 from pgworker.errors import InvalidName, PayloadError
 from pgworker.store import notify_channel
 
-from conftest import make_settings
+from pg import make_settings
 from worker import q
 
 pytestmark = pytest.mark.integration
