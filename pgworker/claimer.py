@@ -591,19 +591,17 @@ class Claimer:
                 self._connection_failed(exc, "writing outcomes")
                 return
         # Account for the whole flush at once: one pass over the slot table, one update
-        # of each shared counter, gauge and histogram per label set, one settle span per
-        # statement (linked to the attempts' process spans).
+        # of each shared counter, gauge and histogram per label set.
         outcomes: dict[str, int] = {}
         in_flight: dict[str, int] = {}
         finished: dict[tuple[str, str, str, str | None], list[float | None]] = {}
-        settled: dict[tuple[str, str], list[Any]] = {}
         for p in batch:
             outcome, op = self._account(p, p.job.id in accepted.get(p.kind, ()), results.get(p.kind), started)
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
             in_flight[p.job.queue] = in_flight.get(p.job.queue, 0) + 1
             finished.setdefault((p.job.queue, p.job.task, outcome, p.code), []).append(p.run_seconds)
-            if op is not None and p.span is not None:
-                settled.setdefault((p.job.queue, op), []).append(p.span)
+            if op is not None:  # one settle span per attempt, a child of its process span
+                tracing.settle_span(p.job, op, True, parent=p.span, worker_id=self.worker_id, start_time=started)
         self.table.clear_many(held)
         for outcome, n in outcomes.items():
             self.table.count(outcome, n)
@@ -611,8 +609,6 @@ class Claimer:
             self.metrics.in_flight(queue, -n)
         for (queue, task, outcome, code), seconds in finished.items():
             self.metrics.finished_many(queue, task, outcome, seconds, code)
-        for (queue, op), spans in settled.items():
-            tracing.settle_batch_span(queue, op, spans, worker_id=self.worker_id, start_time=started)
         if self.pod_limits is not None:
             self.pod_limits.refresh(self.index, self._held)
 

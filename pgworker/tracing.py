@@ -195,25 +195,6 @@ def settle_span(job: Any, operation: str, accepted: bool, *, parent: trace.Span 
     span.end()
 
 
-def settle_batch_span(queue: str, operation: str, process_spans: list[trace.Span], *, worker_id: str,
-                      start_time: int | None = None) -> None:
-    """Emit one ``settle {queue}`` span for the accepted outcomes of one fenced batch
-    write, linked to each attempt's process span. One span per statement rather than
-    per attempt: with an SDK at full sampling a span costs about as much CPU as the rest
-    of a no-op job's path, so per-attempt settle spans halved the claimer's throughput.
-    A refused write still gets a span of its own (:func:`settle_span`)."""
-    t = _active_tracer()
-    recording = [s for s in process_spans if s.is_recording()] if t is not None else []
-    if not recording:
-        return
-    attrs = _base(queue, "settle", operation)
-    attrs.update({"messaging.client.id": worker_id, "messaging.batch.message_count": len(recording),
-                  "pgworker.fence.result": "accepted"})
-    links = [Link(s.get_span_context()) for s in recording]
-    t.start_span(f"settle {queue}", context=otel_context.Context(), kind=SpanKind.CLIENT,
-                 attributes=attrs, links=links, start_time=start_time).end()
-
-
 def batch_span(kind: str, queue: str, count: int, **extra: Any) -> None:
     """Record a finished batch operation (renew, reap) as one span with its counts."""
     t = _active_tracer()

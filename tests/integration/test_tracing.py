@@ -61,7 +61,7 @@ class InProcessClaimer:
 
     def __exit__(self, *exc) -> None:
         self.table.header.stopping = 1
-        self.table.wake()
+        self.table.wake.set()
         self.thread.join(30)
         assert not self.thread.is_alive()
 
