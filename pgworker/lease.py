@@ -20,7 +20,7 @@ import ctypes
 import multiprocessing
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 # Slot states.
 EMPTY = 0
@@ -156,17 +156,31 @@ class SlotTable:
     def put(self, job_id: int, token: int, queue_index: int, attempt: int, hard_limit: float,
             renew_policy: int, task_index: int = -1) -> int:
         """Record a freshly claimed job; returns its slot index."""
+        return self.put_many([(job_id, token, queue_index, attempt, hard_limit, renew_policy, task_index)])[0]
+
+    def put_many(self, entries: Sequence[tuple[int, int, int, int, float, int, int]]) -> list[int]:
+        """Record a claim's jobs in one pass under one lock; returns their slot indexes.
+
+        Each entry is (job id, token, queue index, attempt, hard limit, renew policy,
+        task index). Raises RuntimeError when the table has fewer free slots than entries
+        (nothing is recorded then).
+        """
         now = time.monotonic()
+        out: list[int] = []
+        slots = self.slots
         with self.lock:
-            for i, s in enumerate(self.slots):
-                if s.state == EMPTY:
-                    s.state, s.queue_index, s.job_id, s.token = CLAIMED, queue_index, job_id, token
-                    s.claimed_at = s.started_at = s.progress_at = now
-                    s.hard_limit, s.renew_policy = hard_limit, renew_policy
-                    s.lost = s.cancel = 0
-                    s.attempt, s.task_index = attempt, task_index
-                    return i
-        raise RuntimeError("slot table full: a claim took more jobs than the claimer has room for")
+            free = [i for i in range(self.capacity) if slots[i].state == EMPTY][:len(entries)]
+            if len(free) < len(entries):
+                raise RuntimeError("slot table full: a claim took more jobs than the claimer has room for")
+            for i, (job_id, token, queue_index, attempt, hard_limit, renew_policy, task_index) in zip(free, entries):
+                s = slots[i]
+                s.state, s.queue_index, s.job_id, s.token = CLAIMED, queue_index, job_id, token
+                s.claimed_at = s.started_at = s.progress_at = now
+                s.hard_limit, s.renew_policy = hard_limit, renew_policy
+                s.lost = s.cancel = 0
+                s.attempt, s.task_index = attempt, task_index
+                out.append(i)
+        return out
 
     def start(self, index: int, job_id: int) -> bool:
         """CLAIMED -> RUNNING; False if the dispatcher took the slot back meanwhile."""
@@ -179,17 +193,30 @@ class SlotTable:
             return True
 
     def set_state(self, index: int, job_id: int, state: int) -> None:
+        self.set_state_many(((index, job_id),), state)
+
+    def set_state_many(self, slots: Iterable[tuple[int, int]], state: int) -> None:
+        """Move each (slot index, job id) to ``state`` unless the slot changed hands or
+        the dispatcher took it back (RELEASING)."""
+        table = self.slots
         with self.lock:
-            s = self.slots[index]
-            if s.job_id == job_id and s.state != RELEASING:
-                s.state = state
+            for index, job_id in slots:
+                s = table[index]
+                if s.job_id == job_id and s.state != RELEASING:
+                    s.state = state
 
     def clear(self, index: int, job_id: int) -> None:
+        self.clear_many(((index, job_id),))
+
+    def clear_many(self, slots: Iterable[tuple[int, int]]) -> None:
+        """Empty each (slot index, job id) that still holds that job."""
+        table = self.slots
         with self.lock:
-            s = self.slots[index]
-            if s.job_id == job_id:
-                s.state = EMPTY
-                s.job_id = s.token = 0
+            for index, job_id in slots:
+                s = table[index]
+                if s.job_id == job_id:
+                    s.state = EMPTY
+                    s.job_id = s.token = 0
 
     def progress(self, index: int, job_id: int) -> None:
         s = self.slots[index]

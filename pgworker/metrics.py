@@ -13,6 +13,7 @@ reason, and error_class folded to 'other' past the first 20 classes a process se
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import threading
@@ -127,9 +128,7 @@ class WorkerMetrics:
         c("pgworker_claim_duration_seconds", queue).observe(seconds)
         if count:
             c("pgworker_claimed_jobs_total", queue).inc(count)
-            h = c("pgworker_job_wait_duration_seconds", queue)
-            for w in waits:
-                h.observe(max(0.0, w))
+            observe_many(c("pgworker_job_wait_duration_seconds", queue), [max(0.0, w) for w in waits])
 
     def claim_error(self, queue: str) -> None:
         self._child("pgworker_claims_total", queue, "error").inc()
@@ -147,6 +146,25 @@ class WorkerMetrics:
             c("pgworker_job_retries_total", queue, self.error_class(error_code or "unknown")).inc()
         elif outcome == "dead":
             c("pgworker_jobs_dead_total", queue, self.error_class(error_code or "unknown")).inc()
+
+    def finished_many(self, queue: str, task: str, outcome: str, run_seconds: Sequence[float | None],
+                      error_code: str | None = None) -> None:
+        """:meth:`finished` for a group of attempts with the same labels (one entry per
+        attempt, None when it never ran): one counter update and one histogram update for
+        the group, as the claimer records a whole flush at once."""
+        c = self._child
+        t = self._task(task)
+        n = len(run_seconds)
+        if not n:
+            return
+        c("pgworker_jobs_finished_total", queue, t, outcome).inc(n)
+        ran = [v for v in run_seconds if v is not None]
+        if ran:
+            observe_many(c("pgworker_job_run_duration_seconds", queue, t, outcome), ran)
+        if outcome == "retried":
+            c("pgworker_job_retries_total", queue, self.error_class(error_code or "unknown")).inc(n)
+        elif outcome == "dead":
+            c("pgworker_jobs_dead_total", queue, self.error_class(error_code or "unknown")).inc(n)
 
     def fenced(self, queue: str, operation: str, count: int = 1) -> None:
         self._child("pgworker_fenced_writes_total", queue, operation).inc(count)
@@ -185,6 +203,30 @@ class WorkerMetrics:
 
     def listener_reconnected(self) -> None:
         self.m["pgworker_listener_reconnects_total"].inc()
+
+
+def observe_many(histogram: Any, values: Sequence[float]) -> None:
+    """Observe every value in a labelled histogram child with one update per bucket.
+
+    In multiprocess mode each update is a locked write to a memory-mapped file, so a
+    claim of 100 jobs costs 2 writes per bucket touched instead of 200. This reads the
+    child's bucket layout (``_upper_bounds``, ``_buckets``, ``_sum``: prometheus_client's
+    own non-cumulative buckets, as ``Histogram.observe`` updates them); should a release
+    change that layout, it falls back to ``observe`` per value.
+    """
+    try:
+        bounds, buckets, total = histogram._upper_bounds, histogram._buckets, histogram._sum
+    except AttributeError:
+        for v in values:
+            histogram.observe(v)
+        return
+    counts: dict[int, int] = {}
+    for v in values:
+        i = bisect.bisect_left(bounds, v)  # the first bucket whose bound >= v
+        counts[i] = counts.get(i, 0) + 1
+    total.inc(sum(values))
+    for i, n in counts.items():
+        buckets[i].inc(n)
 
 
 def _build(d: cat.MetricDef, kw: dict[str, Any]) -> Any:

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 # rejects it ("unsupported Unicode escape sequence").
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 _MAX_DELAY_SECONDS = 100 * 365 * 86400.0
+# One encoder for every payload: json.dumps with options builds a new one per call.
+_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ def serialize_payload(payload: Any, max_bytes: int) -> str:
     larger than ``max_bytes`` in UTF-8.
     """
     try:
-        text = json.dumps(payload, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+        text = _ENCODER.encode(payload)
     except TypeError as exc:
         raise PayloadError(f"payload is not JSON-serialisable: {exc}; pass dicts, lists, str, "
                            "int, float, bool or None (convert sets to lists, bytes to base64 text)") from None
@@ -84,7 +86,8 @@ def serialize_payload(payload: Any, max_bytes: int) -> str:
     except RecursionError:
         raise PayloadError("payload is nested too deeply to serialise; flatten it") from None
     try:
-        size = len(text.encode("utf-8"))
+        # ASCII text is its own UTF-8 (and has no lone surrogate): skip the encoding
+        size = len(text) if text.isascii() else len(text.encode("utf-8"))
     except UnicodeEncodeError:
         raise PayloadError("payload contains a lone surrogate character, which is not valid "
                            "UTF-8; fix the string's encoding") from None
@@ -203,7 +206,8 @@ def enqueue_batch(store: Store, conn: psycopg.Connection, jobs: Sequence[Prepare
         with atomic(conn):
             ids, db_now = store.allocate_ids(conn, len(jobs))
             # run_at from the database clock, as single enqueues do
-            run_ats = [j.run_at or db_now + timedelta(seconds=j.delay_seconds) for j in jobs]
+            run_ats = [j.run_at or (db_now + timedelta(seconds=j.delay_seconds) if j.delay_seconds else db_now)
+                       for j in jobs]
             if not any(j.dedupe_key is not None or j.ordering_key is not None for j in jobs):
                 store.copy_jobs(conn, ((i, j.queue, j.task, j.payload_json, j.priority, r,
                                         j.max_attempts, ctx_json)

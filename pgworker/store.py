@@ -19,7 +19,6 @@ from typing import Any, Iterable, Sequence
 
 import psycopg
 from psycopg import sql
-from psycopg.types.json import Jsonb
 
 from . import sql as sqlfiles
 from .errors import SchemaNotMigrated, SchemaTooNew
@@ -144,17 +143,18 @@ class Store:
         return {r[0]: r[1] for r in cur.fetchall()}
 
     def copy_jobs(self, conn: psycopg.Connection, rows: Iterable[tuple[Any, ...]]) -> None:
-        """COPY jobs without dedupe or ordering keys (ids reserved by :meth:`allocate_ids`)."""
+        """COPY jobs without dedupe or ordering keys (ids reserved by :meth:`allocate_ids`).
+
+        Text format: payload and trace context arrive as JSON text and go in as they are
+        (the server parses jsonb from text in either format), so no row needs a Python
+        jsonb wrapper and psycopg formats each row in C.
+        """
         stmt = sql.SQL("COPY {} (id, queue, task, payload, priority, run_at, max_attempts, trace_context) "
-                       "FROM STDIN (FORMAT BINARY)").format(self._jobs_table)
+                       "FROM STDIN").format(self._jobs_table)
         with conn.cursor() as cur:
             with cur.copy(stmt) as copy:
-                copy.set_types(["int8", "text", "text", "jsonb", "int2", "timestamptz", "int4", "jsonb"])
                 for r in rows:
-                    # payload and trace context arrive as JSON text: wrap them so the
-                    # jsonb dumper does not encode them a second time (as JSON strings)
-                    copy.write_row((r[0], r[1], r[2], Jsonb(r[3], dumps=_as_is), r[4], r[5], r[6],
-                                    None if r[7] is None else Jsonb(r[7], dumps=_as_is)))
+                    copy.write_row(r)
 
     def dedupe_holders(self, conn: psycopg.Connection, keys: Sequence[str]) -> dict[str, int]:
         """{dedupe key: id of the job holding it}, after releasing expired holds; a key
@@ -514,10 +514,6 @@ class Store:
     def list_schedules(self, conn: psycopg.Connection) -> list[dict[str, Any]]:
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)
         return cur.execute(self.queries["schedules_list"]).fetchall()
-
-
-def _as_is(text: str) -> str:
-    return text
 
 
 def json_or_none(value: Any) -> str | None:

@@ -1,0 +1,182 @@
+"""The Markdown table and the target check, from the JSON document of one run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+MiB = 1024 * 1024
+
+
+def _get(doc: dict[str, Any], key: str, name: str = "jobs_per_second") -> float | None:
+    entry = doc["results"].get(key, {}).get(name)
+    return None if entry is None else entry["median"]
+
+
+def _max(doc: dict[str, Any], key: str, name: str) -> float | None:
+    entry = doc["results"].get(key, {}).get(name)
+    vals = [v for v in (entry or {}).get("values", []) if isinstance(v, (int, float))]
+    return max(vals) if vals else None
+
+
+def _n(v: float | None, digits: int = 0) -> str:
+    if v is None:
+        return "—"
+    return f"{v:,.{digits}f}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "—" if a is None or not b else f"{a / b:.2f}"
+
+
+def targets(doc: dict[str, Any], plan: Any) -> list[dict[str, Any]]:
+    """Each target of issue 6 with the measured value and whether it was met (None when
+    the run did not measure it)."""
+    c = max(plan.clients)
+    out: list[dict[str, Any]] = []
+
+    def add(name: str, value: float | None, limit: float, better: str, unit: str = "") -> None:
+        met = None if value is None else (value >= limit if better == "higher" else value <= limit)
+        out.append({"target": name, "value": None if value is None else round(value, 3), "limit": limit,
+                    "unit": unit, "met": met})
+
+    auto, ceil = _get(doc, f"pgworker c{c} auto"), _get(doc, f"ceiling c{c} b100")
+    best_ceil = max((v for v in (_get(doc, f"ceiling c{k} b100") for k in plan.clients) if v), default=None)
+    add(f"drain, defaults, {c} claimers, metrics+tracing on / pgbench batch 100 ({c} clients)",
+        auto / ceil if auto and ceil else None, 0.8, "higher")
+    add(f"drain, defaults, {c} claimers / best pgbench batch 100 (any clients)",
+        auto / best_ceil if auto and best_ceil else None, 0.8, "higher")
+    mine = _get(doc, f"peer pgworker defaults, {c} claimers")
+    for peer, factor in (("pgqueuer", 1.5), ("procrastinate", 20.0)):
+        best = max((v["jobs_per_second"]["median"] for k, v in doc["results"].items()
+                    if k.startswith(f"peer {peer}") and "jobs_per_second" in v), default=None)
+        add(f"pgworker defaults / {peer}'s best (same job count)", mine / best if mine and best else None,
+            factor, "higher")
+    add("enqueue_many jobs/s", _get(doc, "enqueue_many"), 100_000, "higher", "jobs/s")
+    single, base = _get(doc, "enqueue single"), _get(doc, "insert pgbench plain")
+    add("single enqueue / pgbench single-row INSERT (1 client)", single / base if single and base else None,
+        0.8, "higher")
+    add("idle enqueue-to-start with LISTEN, median", _get(doc, "latency listen", "median_ms"), 5, "lower", "ms")
+    add("idle enqueue-to-start with LISTEN, p99", _get(doc, "latency listen", "p99_ms"), 25, "lower", "ms")
+    on, off = _get(doc, "obs metrics+sdk"), _get(doc, "obs off")
+    add("cost of metrics + tracing (1 - on/off)", 1 - on / off if on and off else None, 0.15, "lower")
+    growth = [(due, fin) for due, fin in plan.growth]
+    rates = [_get(doc, f"growth due {d} finished {f}") for d, f in growth]
+    lats = [_get(doc, f"growth due {d} finished {f}", "claim_mean_ms") for d, f in growth]
+    if all(rates) and len(rates) > 1:
+        add("drain rate spread across backlogs (max/min - 1)", max(rates) / min(rates) - 1, 0.2, "lower")  # type: ignore[type-var, operator]
+    if all(lats) and len(lats) > 1:
+        add("claim latency spread across backlogs (max/min - 1)", max(lats) / min(lats) - 1, 0.2, "lower")  # type: ignore[type-var, operator]
+    mem = max((v for k in doc["results"] if k.startswith(("pgworker", "growth due", "obs"))
+               for v in [_max(doc, k, "rss_claimer_max_mib")] if v), default=None)
+    add("claimer resident memory, max over every run", mem, 80, "lower", "MiB")
+    big = max(growth)[0] if growth else None
+    if big is not None:
+        first = _get(doc, f"growth due {big} finished 0", "rss_claimer_first_mib")
+        last = _get(doc, f"growth due {big} finished 0", "rss_claimer_last_mib")
+        add(f"claimer memory growth over {big:,} jobs (last - first)",
+            last - first if first and last else None, 10, "lower", "MiB")
+    return out
+
+
+def markdown(doc: dict[str, Any], plan: Any) -> str:
+    m = doc["machine"]
+    lines = [f"# pgworker benchmark, {doc['started']} ({doc['plan']} plan)", "",
+             f"Machine: {m.get('cpus')} CPUs ({m.get('cpu', '?')}), {m.get('memory_gib', '?')} GiB; "
+             f"PostgreSQL {m.get('pg_server_version')} on the same host, synchronous_commit="
+             f"{m.get('pg_synchronous_commit')}, shared_buffers={m.get('pg_shared_buffers')}; "
+             f"Python {m.get('python')}; pgworker {m.get('pgworker_commit', '?')}; load average "
+             f"{', '.join(f'{x:.1f}' for x in m.get('load_average', []))} before, "
+             f"{', '.join(f'{x:.1f}' for x in m.get('load_average_after', []))} after; "
+             f"{m.get('duration_seconds', '?')} s.", "",
+             f"Every figure is the median of {plan.repeat} repetition(s); no-op jobs; each case on a fresh schema.", ""]
+    r = doc["results"]
+    if any(k.startswith("ceiling ") for k in r):
+        lines += ["## Drain rate (jobs/s)", "",
+                  "pgbench runs pgworker's own `job_claim` and `job_complete` (rendered from queries.sql) on "
+                  "pgworker's table; the plain loop is one psycopg connection per process running the same two "
+                  "statements and nothing else; pgworker is `pgworker run --drain` with metrics on and tracing on "
+                  "(SDK provider, default sampling, spans exported to a discarding exporter).", "",
+                  "| claimers | batch | pgbench (ceiling) | plain psycopg loop | pgworker | pgworker / ceiling | "
+                  "pgworker / plain | claim ms (pgbench / pgworker) |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for c in plan.clients:
+            for b in plan.batches:
+                ce, pl, pw = _get(doc, f"ceiling c{c} b{b}"), _get(doc, f"plain c{c} b{b}"), _get(doc, f"pgworker c{c} b{b}")
+                lines.append(f"| {c} | {b} | {_n(ce)} | {_n(pl)} | {_n(pw)} | {_ratio(pw, ce)} | {_ratio(pw, pl)} | "
+                             f"{_n(_get(doc, f'ceiling c{c} b{b}', 'claim_ms'), 2)} / "
+                             f"{_n(_get(doc, f'pgworker c{c} b{b}', 'claim_mean_ms'), 2)} |")
+            auto = _get(doc, f"pgworker c{c} auto")
+            top = max(plan.batches)
+            lines.append(f"| {c} | auto | {_n(_get(doc, f'ceiling c{c} b{top}'))} (b{top}) | "
+                         f"{_n(_get(doc, f'plain c{c} b{top}'))} (b{top}) | **{_n(auto)}** | "
+                         f"**{_ratio(auto, _get(doc, f'ceiling c{c} b{top}'))}** | "
+                         f"{_ratio(auto, _get(doc, f'plain c{c} b{top}'))} | — / "
+                         f"{_n(_get(doc, f'pgworker c{c} auto', 'claim_mean_ms'), 2)} |")
+        lines.append("")
+    if "enqueue single" in r or "enqueue_many" in r:
+        ji, pi = _get(doc, "insert pgbench job_insert"), _get(doc, "insert pgbench plain")
+        single, many = _get(doc, "enqueue single"), _get(doc, "enqueue_many")
+        lines += ["## Enqueue (jobs/s, one connection)", "",
+                  "| what | jobs/s | / pgbench plain INSERT | / pgbench job_insert |", "|---|---:|---:|---:|",
+                  f"| pgbench: plain single-row INSERT | {_n(pi)} | 1.00 | {_ratio(pi, ji)} |",
+                  f"| pgbench: pgworker's `job_insert` (with its NOTIFY) | {_n(ji)} | {_ratio(ji, pi)} | 1.00 |",
+                  f"| `app.enqueue` | {_n(single)} | {_ratio(single, pi)} | {_ratio(single, ji)} |",
+                  f"| `app.enqueue_many` (COPY, batches of {plan.enqueue_many_batch:,}) | {_n(many)} | "
+                  f"{_ratio(many, pi)} | {_ratio(many, ji)} |", ""]
+    if "latency listen" in r:
+        lines += ["## Idle enqueue-to-start latency (ms; database clock: claim started_at - created_at)", "",
+                  "| wake-up | median | p99 | max | jobs |", "|---|---:|---:|---:|---:|"]
+        for key, label in (("latency listen", "LISTEN/NOTIFY"),
+                           ("latency poll", f"polling only (every {plan.poll_interval:g} s)")):
+            lines.append(f"| {label} | {_n(_get(doc, key, 'median_ms'), 1)} | {_n(_get(doc, key, 'p99_ms'), 1)} | "
+                         f"{_n(_get(doc, key, 'max_ms'), 1)} | {_n(_get(doc, key, 'jobs'))} |")
+        lines.append("")
+    if any(k.startswith("obs ") for k in r):
+        off = _get(doc, "obs off")
+        lines += [f"## Cost of metrics and tracing ({max(plan.clients)} claimers, automatic batch)", "",
+                  "| configuration | jobs/s | / all off | claimer CPU µs per job |", "|---|---:|---:|---:|"]
+        for key, label in (("obs off", "metrics off, tracing off"), ("obs metrics", "metrics on, tracing off"),
+                           ("obs metrics+api", "metrics on, tracing API only (no SDK configured: the default)"),
+                           ("obs metrics+sdk", "metrics on, tracing SDK at default sampling (the target's \"on\")"),
+                           ("obs metrics+sdk 10%", "metrics on, tracing SDK sampling 10% (parentbased_traceidratio)"),
+                           ("obs metrics+sdk sync_commit=off",
+                            "as \"on\", with the opt-in PGWORKER_SYNCHRONOUS_COMMIT=off")):
+            v = _get(doc, key)
+            lines.append(f"| {label} | {_n(v)} | {_ratio(v, off)} | {_n(_get(doc, key, 'cpu_claimers_us_per_job'), 1)} |")
+        lines.append("")
+    if any(k.startswith("growth due") for k in r):
+        lines += [f"## How cost grows ({max(plan.clients)} claimers, automatic batch)", "",
+                  "| due jobs | finished jobs kept | pgworker jobs/s | pgworker claim ms (mean) | "
+                  "pgbench b100 jobs/s | pgbench b100 claim ms | claimer RSS MiB first → last |",
+                  "|---:|---:|---:|---:|---:|---:|---|"]
+        for due, fin in plan.growth:
+            k, g = f"growth due {due} finished {fin}", f"growth ceiling due {due} finished {fin}"
+            lines.append(f"| {due:,} | {fin:,} | {_n(_get(doc, k))} | {_n(_get(doc, k, 'claim_mean_ms'), 2)} | "
+                         f"{_n(_get(doc, g))} | {_n(_get(doc, g, 'claim_ms'), 2)} | "
+                         f"{_n(_get(doc, k, 'rss_claimer_first_mib'), 1)} → {_n(_get(doc, k, 'rss_claimer_last_mib'), 1)} |")
+        lines.append("")
+    rss_keys = [k for k in r if k.startswith(("pgworker", "growth due", "obs"))]
+    if rss_keys:
+        lines += ["## Resident memory (MiB, max over the runs)", "", "| process | RSS |", "|---|---:|",
+                  f"| dispatcher | {_n(max((_max(doc, k, 'rss_dispatcher_max_mib') or 0) for k in rss_keys), 1)} |",
+                  f"| each claimer | {_n(max((_max(doc, k, 'rss_claimer_max_mib') or 0) for k in rss_keys), 1)} |", ""]
+    peers = [k for k in r if k.startswith("peer ")]
+    if peers:
+        auto = _get(doc, f"peer pgworker defaults, {max(plan.clients)} claimers")
+        lines += [f"## Peers ({plan.peer_jobs:,} no-op jobs each, drained; settings in the README)", "",
+                  "| system | settings | jobs/s | pgworker defaults / peer |", "|---|---|---:|---:|"]
+        for k in sorted(peers):
+            _, name, label = k.split(" ", 2)
+            label = label + (" (metrics on, tracing SDK)" if name == "pgworker" else "")
+            v = _get(doc, k)
+            lines.append(f"| {name} | {label} | {_n(v)} | {_ratio(auto, v)} |")
+        lines.append("")
+    ts = targets(doc, plan)
+    lines += ["## Targets (issue 6)", "", "| target | measured | limit | met |", "|---|---:|---:|:---:|"]
+    for t in ts:
+        met = "—" if t["met"] is None else ("yes" if t["met"] else "**no**")
+        lines.append(f"| {t['target']} | {_n(t['value'], 2)} {t['unit']} | {t['limit']:,} {t['unit']} | {met} |")
+    lines.append("")
+    if doc.get("errors"):
+        lines += ["## Errors", ""] + [f"- {e}" for e in doc["errors"]] + [""]
+    return "\n".join(lines)

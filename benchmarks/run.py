@@ -1,0 +1,255 @@
+"""pgworker's benchmark, side by side with the SQL ceiling, in one run.
+
+    python -m benchmarks.run                # the full run (about 25 minutes on 2 cores)
+    python -m benchmarks.run --quick        # a smoke run (a few minutes)
+    python -m benchmarks.run --peers        # also Procrastinate and PGQueuer (own virtualenvs)
+
+Each measurement runs on a fresh schema; every figure is the median of ``--repeat``
+repetitions (3 by default, 1 with --quick), with the ceiling and pgworker measured in
+turn inside each repetition so that a noisy neighbour hurts both alike. Results go to
+``benchmarks/results/<UTC date-time>.json`` and ``.md``; the Markdown table is also
+printed. Timings are never asserted: the tests only run the smallest case (``--smallest``)
+to keep the harness working. See the "Benchmarks" section of the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from benchmarks import cases, report  # noqa: E402
+from benchmarks.common import connect, find_dsn  # noqa: E402
+from benchmarks.drain_runs import Observability  # noqa: E402
+
+SECTIONS = ("drain", "enqueue", "latency", "obs", "growth", "peers")
+
+
+@dataclass
+class Plan:
+    """How much work each measurement does."""
+
+    repeat: int
+    clients: tuple[int, ...]
+    batches: tuple[int, ...]
+    drain_jobs: dict[Any, int]          # by batch size (None = automatic)
+    enqueue_seconds: float
+    enqueue_many_jobs: int
+    enqueue_many_batch: int
+    latency_jobs: int
+    latency_gap: float                  # mean seconds between enqueues with LISTEN
+    poll_jobs: int
+    poll_gap: float
+    poll_interval: float
+    obs_jobs: int
+    growth: tuple[tuple[int, int], ...]  # (due jobs, finished jobs kept)
+    peer_jobs: int
+    memory_jobs: int                     # the drain whose claimer memory is followed
+
+
+FULL = Plan(repeat=3, clients=(1, 2, 4), batches=(1, 10, 100),
+            drain_jobs={1: 6_000, 10: 40_000, 100: 150_000, None: 150_000},
+            enqueue_seconds=5, enqueue_many_jobs=300_000, enqueue_many_batch=10_000,
+            latency_jobs=300, latency_gap=0.02, poll_jobs=200, poll_gap=0.05, poll_interval=2.0,
+            obs_jobs=150_000, growth=((1_000, 0), (100_000, 0), (1_000_000, 0), (100_000, 1_000_000)),
+            peer_jobs=30_000, memory_jobs=1_000_000)
+QUICK = Plan(repeat=1, clients=(1, 4), batches=(1, 10, 100),
+             drain_jobs={1: 1_500, 10: 8_000, 100: 30_000, None: 30_000},
+             enqueue_seconds=2, enqueue_many_jobs=60_000, enqueue_many_batch=10_000,
+             latency_jobs=200, latency_gap=0.01, poll_jobs=200, poll_gap=0.02, poll_interval=0.5,
+             obs_jobs=30_000, growth=((1_000, 0), (30_000, 0), (30_000, 100_000)),
+             peer_jobs=5_000, memory_jobs=30_000)
+SMALLEST = Plan(repeat=1, clients=(1,), batches=(10,),
+                drain_jobs={10: 200, None: 200}, enqueue_seconds=0.3, enqueue_many_jobs=2_000,
+                enqueue_many_batch=1_000, latency_jobs=10, latency_gap=0.01, poll_jobs=5, poll_gap=0.02,
+                poll_interval=0.2, obs_jobs=200, growth=((200, 0), (200, 1_000)), peer_jobs=200,
+                memory_jobs=200)
+
+
+@dataclass
+class Results:
+    rows: dict[str, dict[str, list[Any]]] = field(default_factory=dict)  # key -> field -> values per repetition
+    errors: list[str] = field(default_factory=list)
+
+    def add(self, key: str, values: dict[str, Any]) -> None:
+        slot = self.rows.setdefault(key, {})
+        for k, v in values.items():
+            slot.setdefault(k, []).append(v)
+
+    def median(self, key: str, name: str = "jobs_per_second") -> float | None:
+        values = [v for v in self.rows.get(key, {}).get(name, []) if isinstance(v, (int, float))]
+        return statistics.median(values) if values else None
+
+    def as_json(self) -> dict[str, Any]:
+        out = {}
+        for key, fields in self.rows.items():
+            out[key] = {name: {"median": statistics.median(vals) if all(isinstance(v, (int, float)) for v in vals) else None,
+                               "values": vals} for name, vals in fields.items()}
+        return out
+
+
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _measure(results: Results, key: str, fn: Callable[[], dict[str, Any]]) -> None:
+    t0 = time.monotonic()
+    try:
+        values = fn()
+    except Exception as exc:  # one failed case is reported, the run goes on
+        results.errors.append(f"{key}: {type(exc).__name__}: {exc}")
+        _log(f"{key}: FAILED {type(exc).__name__}: {exc}")
+        if os.environ.get("BENCH_DEBUG"):
+            traceback.print_exc()
+        return
+    results.add(key, values)
+    shown = values.get("jobs_per_second", values.get("median_ms"))
+    _log(f"{key}: {shown:,.1f} ({time.monotonic() - t0:.1f} s)" if isinstance(shown, (int, float)) else key)
+
+
+def run(dsn: str, plan: Plan, sections: tuple[str, ...], peers: bool) -> Results:
+    r = Results()
+    default = Observability("sdk", True)
+    for rep in range(plan.repeat):
+        _log(f"repetition {rep + 1} of {plan.repeat}")
+        if "drain" in sections:
+            for c in plan.clients:
+                for b in plan.batches:
+                    jobs = plan.drain_jobs[b]
+                    _measure(r, f"ceiling c{c} b{b}", lambda: cases.sql_ceiling(dsn, clients=c, batch=b, jobs=jobs))
+                    _measure(r, f"plain c{c} b{b}", lambda: cases.plain(dsn, clients=c, batch=b, jobs=jobs))
+                    _measure(r, f"pgworker c{c} b{b}",
+                             lambda: cases.pgworker_drain(dsn, clients=c, batch=b, jobs=jobs, obs=default))
+                _measure(r, f"pgworker c{c} auto",
+                         lambda: cases.pgworker_drain(dsn, clients=c, batch=None, jobs=plan.drain_jobs[None],
+                                                      obs=default))
+        if "enqueue" in sections:
+            _measure(r, "insert pgbench job_insert", lambda: cases.insert_baseline(
+                dsn, seconds=plan.enqueue_seconds, plain_insert=False))
+            _measure(r, "insert pgbench plain", lambda: cases.insert_baseline(
+                dsn, seconds=plan.enqueue_seconds, plain_insert=True))
+            _measure(r, "enqueue single", lambda: cases.enqueue_single(dsn, seconds=plan.enqueue_seconds))
+            _measure(r, "enqueue_many", lambda: cases.enqueue_many(
+                dsn, jobs=plan.enqueue_many_jobs, batch=plan.enqueue_many_batch))
+        if "obs" in sections:
+            c = max(plan.clients)
+            for label, obs in (("off", Observability("off", False)), ("metrics", Observability("off", True)),
+                               ("metrics+api", Observability("api", True)), ("metrics+sdk", default),
+                               ("metrics+sdk 10%", Observability("sdk", True, sampler_ratio=0.1)),
+                               ("metrics+sdk sync_commit=off", Observability(
+                                   "sdk", True, extra_env={"PGWORKER_SYNCHRONOUS_COMMIT": "off"}))):
+                _measure(r, f"obs {label}", lambda: cases.pgworker_drain(dsn, clients=c, batch=None,
+                                                                         jobs=plan.obs_jobs, obs=obs))
+        if "growth" in sections and rep == 0:  # the big fills run once
+            c = max(plan.clients)
+            for due, finished in plan.growth:
+                _measure(r, f"growth due {due} finished {finished}", lambda: cases.pgworker_drain(
+                    dsn, clients=c, batch=None, jobs=due, finished=finished, obs=default))
+                _measure(r, f"growth ceiling due {due} finished {finished}", lambda: cases.growth_ceiling(
+                    dsn, clients=c, due=due, finished=finished))
+        if "latency" in sections and rep == 0:
+            _measure(r, "latency listen", lambda: cases.wakeup_latency(
+                dsn, listen=True, jobs=plan.latency_jobs, mean_gap=plan.latency_gap, poll_interval=plan.poll_interval))
+            _measure(r, "latency poll", lambda: cases.wakeup_latency(
+                dsn, listen=False, jobs=plan.poll_jobs, mean_gap=plan.poll_gap, poll_interval=plan.poll_interval))
+        if peers and "peers" in sections:
+            from benchmarks import peers as peers_mod
+
+            c = max(plan.clients)
+            _measure(r, f"peer pgworker defaults, {c} claimers", lambda: cases.pgworker_drain(
+                dsn, clients=c, batch=None, jobs=plan.peer_jobs, obs=default))
+            for name in peers_mod.PEERS:
+                for label, settings in peers_mod.configurations(name):
+                    _measure(r, f"peer {name} {label}", lambda: peers_mod.drain(
+                        name, dsn, jobs=plan.peer_jobs, settings=settings))
+    return r
+
+
+def machine(dsn: str) -> dict[str, Any]:
+    info: dict[str, Any] = {"python": platform.python_version(), "cpus": os.cpu_count(),
+                            "platform": platform.platform()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+        with open("/proc/meminfo") as f:
+            info["memory_gib"] = round(int(f.readline().split()[1]) / 1024 / 1024, 1)
+        info["load_average"] = list(os.getloadavg())
+    except OSError:
+        pass
+    with connect(dsn) as conn:
+        for name in ("server_version", "synchronous_commit", "shared_buffers", "fsync", "wal_level",
+                     "max_connections"):
+            info[f"pg_{name}"] = conn.execute(f"SHOW {name}").fetchone()[0]
+    try:
+        info["pgworker_commit"] = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                                                 capture_output=True, text=True).stdout.strip()
+    except OSError:
+        pass
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dsn", help="PostgreSQL to measure (default PGWORKER_BENCH_DSN, PGWORKER_DSN, "
+                                 "else postgresql://postgres@127.0.0.1:5432/test)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: fewer cases, less work, one repetition")
+    p.add_argument("--smallest", action="store_true", help="only the smallest case of each section (for tests)")
+    p.add_argument("--repeat", type=int, help="repetitions (median reported)")
+    p.add_argument("--sections", default=",".join(s for s in SECTIONS if s != "peers"),
+                   help=f"comma-separated subset of {', '.join(SECTIONS)}")
+    p.add_argument("--peers", action="store_true",
+                   help="also Procrastinate and PGQueuer, each in its own virtualenv under benchmarks/.peers/")
+    p.add_argument("--out", default=os.path.join(HERE, "results"), help="folder for the JSON and Markdown results")
+    args = p.parse_args(argv)
+    plan = SMALLEST if args.smallest else QUICK if args.quick else FULL
+    if args.repeat:
+        plan.repeat = args.repeat
+    sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        p.error(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+    if args.peers and "peers" not in sections:
+        sections += ("peers",)
+    dsn = find_dsn(args.dsn)
+    started = dt.datetime.now(dt.timezone.utc)
+    info = machine(dsn)
+    _log(f"benchmarking {info.get('pg_server_version')} on {info.get('cpus')} CPUs "
+         f"({'smallest' if args.smallest else 'quick' if args.quick else 'full'} plan)")
+    results = run(dsn, plan, sections, args.peers)
+    info["load_average_after"] = list(os.getloadavg())
+    info["duration_seconds"] = round((dt.datetime.now(dt.timezone.utc) - started).total_seconds())
+    doc = {"started": started.isoformat(timespec="seconds"),
+           "plan": "smallest" if args.smallest else "quick" if args.quick else "full",
+           "machine": info, "results": results.as_json(), "errors": results.errors}
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, started.strftime("%Y-%m-%dT%H%M%SZ") + ("-" + doc["plan"] if doc["plan"] != "full" else ""))
+    with open(stem + ".json", "w") as f:  # first, so a report bug loses no measurement
+        json.dump(doc, f, indent=2, default=str)
+    doc["targets"] = report.targets(doc, plan)
+    markdown = report.markdown(doc, plan)
+    with open(stem + ".json", "w") as f:
+        json.dump(doc, f, indent=2, default=str)
+    with open(stem + ".md", "w") as f:
+        f.write(markdown)
+    print(markdown)
+    _log(f"wrote {stem}.json and {stem}.md")
+    return 1 if results.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
