@@ -190,6 +190,11 @@ class Claimer:
                     if self.recycle_due():
                         break
                     continue
+                if found is None:
+                    # The claim failed (connection lost, read-only server, a refused
+                    # statement): that is not an empty queue, so never report drained on
+                    # it. The failure path has already waited its backoff; claim again.
+                    continue
                 self.flush()
                 if self.drain and not self.retry_at:  # a rate-limited queue still owes a claim
                     self.table.header.drained = 1
@@ -325,8 +330,9 @@ class Claimer:
             n = int(budget / max(self.avg_run_seconds, 1e-6))
         return max(0, min(n, s.max_batch_size, free))
 
-    def claim_round(self) -> bool:
-        """Claim from each queue in turn until one returns jobs; run them. True if any ran.
+    def claim_round(self) -> bool | None:
+        """Claim from each queue in turn until one returns jobs; run them. True if any ran,
+        False if every queue was asked and gave nothing, None if a claim failed.
 
         A queue whose claim found nothing is not asked again for
         EMPTY_QUEUE_RECHECK_SECONDS while another queue keeps returning jobs: otherwise
@@ -345,11 +351,11 @@ class Claimer:
                 continue
             found = self._claim_and_run(queue)
             if found is not False:
-                return bool(found)
+                return found
         for queue in skipped:
             found = self._claim_and_run(queue)
             if found is not False:
-                return bool(found)
+                return found
         return False
 
     def _claim_and_run(self, queue: str) -> bool | None:

@@ -550,14 +550,17 @@ class Dispatcher:
         if not self.drain:
             log.info("stopped")
             return EXIT_OK
+        # Due jobs left at exit, whatever ended the run: after "drained" it is normally 0
+        # (a job that became due in the last moments, or one a global limit kept from
+        # this run, shows here rather than being hidden).
+        try:
+            with connect(self.settings.dsn, application_name="pgworker:dispatcher",
+                         prepare=self.settings.prepared_statements) as conn:
+                self.summary.left = self.store.due_count(conn, self.queues)
+        except Exception as exc:
+            log.error("could not count the jobs left: %s", type(exc).__name__)
+            self.summary.left = -1
         if self.deadline_hit:
-            try:
-                with connect(self.settings.dsn, application_name="pgworker:dispatcher",
-                             prepare=self.settings.prepared_statements) as conn:
-                    self.summary.left = self.store.due_count(conn, self.queues)
-            except Exception as exc:
-                log.error("could not count the jobs left: %s", type(exc).__name__)
-                self.summary.left = -1
             self.summary.result = "deadline" if self.summary.left else "succeeded"
         if self.signals:
             self.summary.result = "interrupted"

@@ -8,6 +8,7 @@ import signal
 import time
 
 import pytest
+from psycopg import sql
 
 from pg import wait_until
 from worker import ACCEPTANCE_APP, Worker, create_ledger, q
@@ -27,6 +28,10 @@ def env(app, pg_dsn):
 
 def states(conn, schema):
     return dict(q(conn, schema, "SELECT state::text, count(*) FROM {s}.jobs GROUP BY 1"))
+
+
+def ddl(conn, schema, statement):
+    conn.execute(sql.SQL(statement).format(s=sql.Identifier(schema)))
 
 
 def all_finished(conn, schema, n):
@@ -224,6 +229,29 @@ def test_drain_reaps_expired_leases_first(env, pg_dsn, conn):
     with Worker(pg_dsn, schema, "--drain", "--concurrency", "1") as w:
         assert w.wait(60) == 0
     assert q(conn, schema, "SELECT state::text, lease_token FROM {s}.jobs") == [("succeeded", 2)]
+
+
+def test_drain_does_not_report_drained_when_its_claims_fail(env, pg_dsn, conn):
+    """A claim that fails is not an empty queue: a drain run whose claims are refused for
+    a while (here by a trigger, as a failover or a lock timeout would) keeps trying with
+    backoff and finishes the work, rather than reporting success with every job left."""
+    schema = env.settings.schema
+    n = 20
+    env.enqueue_many([("record", i) for i in range(n)])
+    ddl(conn, schema, """CREATE FUNCTION {s}.refuse_claims() RETURNS trigger LANGUAGE plpgsql AS
+                         $$ BEGIN RAISE EXCEPTION 'claims refused by the test'; END $$""")
+    ddl(conn, schema, "CREATE TRIGGER refuse_claims BEFORE UPDATE ON {s}.jobs FOR EACH ROW "
+                      "WHEN (NEW.state = 'running') EXECUTE FUNCTION {s}.refuse_claims()")
+    with Worker(pg_dsn, schema, "--drain", "--concurrency", "2") as w:
+        wait_until(lambda: "claims refused by the test" in w.logs() or w.proc.poll() is not None, 30,
+                   message="a refused claim")
+        time.sleep(1.0)
+        assert w.proc.poll() is None, f"the drain run ended while its claims failed: {w.stdout()}"
+        ddl(conn, schema, "DROP TRIGGER refuse_claims ON {s}.jobs")
+        assert w.wait(120) == 0, w.logs()
+        summary = json.loads(w.stdout().strip().splitlines()[-1])
+    assert states(conn, schema) == {"succeeded": n}
+    assert summary["result"] == "succeeded" and summary["succeeded"] == n and summary["left"] == 0
 
 
 def test_unknown_task_and_undecodable_payload_end_dead_with_a_code(env, pg_dsn, conn):
