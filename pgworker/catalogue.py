@@ -169,7 +169,9 @@ SPANS: tuple[SpanDef, ...] = (
     SpanDef("process", "process {queue}", "CONSUMER", "process", ("process",),
             "One attempt of a job, parented to the enqueuing span and linked to it."),
     SpanDef("settle", "settle {queue}", "CLIENT", "settle", ("complete", "fail", "retry", "release", "snooze", "cancel"),
-            "The fenced write of an attempt's outcome, with pgworker.fence.result."),
+            "The fenced write of an attempt's outcome, with pgworker.fence.result: a child of the "
+            "attempt's process span when written alone or refused; one span per statement (with "
+            "messaging.batch.message_count and a link to each attempt) when several are written together."),
     SpanDef("renew", "renew {queue}", "CLIENT", "renew", ("renew",),
             "A batched lease renewal of the pod's live jobs of one queue."),
     SpanDef("reap", "reap {queue}", "INTERNAL", "reap", ("reap",),
@@ -182,7 +184,7 @@ SPAN_ATTRIBUTES = {
     "messaging.operation.name": "send, claim, process, complete, fail, retry, release, snooze, cancel, renew, reap",
     "messaging.destination.name": "the queue",
     "messaging.message.id": "the job id (single-job spans)",
-    "messaging.batch.message_count": "jobs in a batch (claim, bulk enqueue, renew, reap)",
+    "messaging.batch.message_count": "jobs in a batch (claim, bulk enqueue, batched settle, renew, reap)",
     "messaging.client.id": "the worker id (host:pid:claimer)",
     "error.type": "exception class of a failed attempt, or pgworker.LeaseLost for a fenced-out write",
     "pgworker.task": "the task name",

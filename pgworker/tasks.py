@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .config import DEFAULT_QUEUE
 from .errors import ConfigError, InvalidJob, InvalidPayload
+from .jobs import UndecodablePayload
 from .names import check_queue_name, check_task_name
 from .retry import RetryPolicy
 
@@ -90,8 +91,6 @@ class Task:
 
     def decode(self, payload: Any) -> Any:
         """The payload as the handler wants it; raises :class:`InvalidPayload`."""
-        from .jobs import UndecodablePayload
-
         if isinstance(payload, UndecodablePayload):
             raise InvalidPayload(f"task {self.name!r}: the stored payload cannot be decoded: {payload.reason} "
                                  f"({payload.size} bytes); fix the producer, then replay or cancel the job")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -193,6 +193,44 @@ def settle_span(job: Any, operation: str, accepted: bool, *, parent: trace.Span 
     if not accepted:
         span.set_status(Status(StatusCode.ERROR, "lease lost: the write was refused by the fence"))
     span.end()
+
+
+# Links per batched settle span: the SDK's default span link limit
+# (OTEL_SPAN_LINK_COUNT_LIMIT); a larger batch is split so that no link is dropped.
+SETTLE_LINKS_PER_SPAN = 128
+
+
+def settle_spans(queue: str, operation: str, attempts: Sequence[tuple[Any, trace.Span]], *,
+                 worker_id: str, start_time: int | None = None) -> None:
+    """Trace one batched fenced write that the fence accepted for ``attempts`` (pairs of
+    the job and its attempt's process span), all of ``queue`` and ``operation``.
+
+    One attempt: its ``settle {queue}`` span is a child of the attempt's process span (see
+    :func:`settle_span`), so a job whose outcome is written alone, the common case for
+    jobs that run for more than a moment, has its settle in its own trace. Several: one
+    ``settle {queue}`` span for the statement, a root with ``messaging.batch.message_count``
+    and a link to each traced attempt's process span, as the messaging conventions do for
+    batch operations (a span per attempt would double the cost of tracing a busy worker:
+    the SDK spends tens of microseconds on each span). A refused write is traced per
+    attempt by the caller, as an error child of its process span.
+    """
+    t = _active_tracer()
+    if t is None or not attempts:
+        return
+    if len(attempts) == 1:
+        job, span = attempts[0]
+        settle_span(job, operation, True, parent=span, worker_id=worker_id, start_time=start_time)
+        return
+    contexts = [sc for _, span in attempts if (sc := span.get_span_context()).is_valid and sc.trace_flags.sampled]
+    if not contexts:
+        return  # no attempt of the batch was sampled: neither is its write
+    for i in range(0, len(contexts), SETTLE_LINKS_PER_SPAN):
+        chunk = contexts[i:i + SETTLE_LINKS_PER_SPAN]
+        attrs = _base(queue, "settle", operation)
+        attrs.update({"messaging.batch.message_count": len(chunk), "messaging.client.id": worker_id,
+                      "pgworker.fence.result": "accepted"})
+        t.start_span(f"settle {queue}", context=otel_context.Context(), kind=SpanKind.CLIENT,
+                     attributes=attrs, links=[Link(sc) for sc in chunk], start_time=start_time).end()
 
 
 def batch_span(kind: str, queue: str, count: int, **extra: Any) -> None:

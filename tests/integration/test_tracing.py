@@ -138,6 +138,35 @@ def test_one_trace_from_the_request_through_both_attempts(traced_app, exporter, 
     assert len(claimed) == 2 and all(r.parent is None and r.kind == SpanKind.CLIENT for r in receives)
 
 
+def test_a_batched_write_is_one_settle_span_linked_to_every_attempt(traced_app, exporter, conn, schema):
+    """Outcomes written by one statement make one settle span (a root, with the batch
+    count) that links to each attempt's process span, not a span per attempt; a write of
+    a single outcome stays a child of its process span (the test above)."""
+    app = traced_app
+    # one claim of all ten, and no flush by the timer while the batch runs
+    app.configure(app.settings.replace(batch_size=10, completion_flush_seconds=30))
+    quick = app.task(name="quick")(lambda payload: None)
+    n = 10
+    ids = app.enqueue_many([(quick.name, {"i": i}) for i in range(n)])
+    with InProcessClaimer(app):
+        wait_until(lambda: all(state(conn, schema, i) == "succeeded" for i in ids), 30, message="the jobs")
+        wait_until(lambda: by_name(exporter.get_finished_spans(), "settle default"), 10)
+    spans = exporter.get_finished_spans()
+    process = by_name(spans, "process default")
+    settles = by_name(spans, "settle default")
+    assert len(process) == n
+    assert len(settles) == 1, [dict(s.attributes) for s in settles]
+    [settle] = settles
+    assert settle.parent is None and settle.kind == SpanKind.CLIENT
+    assert settle.attributes["messaging.operation.type"] == "settle"
+    assert settle.attributes["messaging.operation.name"] == "complete"
+    assert settle.attributes["messaging.batch.message_count"] == n
+    assert settle.attributes["pgworker.fence.result"] == "accepted"
+    assert "messaging.message.id" not in settle.attributes
+    assert {link.context.span_id for link in settle.links} == {p.context.span_id for p in process}
+    assert settle.start_time >= max(p.end_time for p in process) - 1  # after the attempts, not during
+
+
 def test_a_fenced_out_completion_carries_lease_lost(traced_app, exporter, conn, schema, pg_dsn):
     """Nobody renews the lease (there is no dispatcher here): the handler outlives it, and
     its completion is refused by the fence."""
