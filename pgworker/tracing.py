@@ -139,7 +139,7 @@ def start_process_span(job: Any, worker_id: str) -> trace.Span:
     if parent_ctx is None:
         parent_ctx = otel_context.Context()  # a new trace, not the claimer's current span
     return t.start_span(f"process {job.queue}", context=parent_ctx, kind=SpanKind.CONSUMER,
-                        attributes=attrs, links=links)
+                        attributes=attrs, links=links or None)  # None: the SDK skips building a link list
 
 
 def attach(span: trace.Span) -> object | None:
