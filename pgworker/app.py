@@ -447,26 +447,28 @@ class App:
         if concurrency_limit is not _UNSET:
             if concurrency_limit is not None and (isinstance(concurrency_limit, bool) or
                                                   not isinstance(concurrency_limit, int) or concurrency_limit < 1):
-                raise ConfigError(f"concurrency_limit must be an integer >= 1 or None, got {concurrency_limit!r}")
+                raise ConfigError(f"concurrency_limit (CLI: --concurrency) must be an integer >= 1, or None ('none') to remove it; "
+                                  f"got {concurrency_limit!r}")
             params.update(concurrency_limit=concurrency_limit, set_concurrency=True)
         if rate_limit is not _UNSET:
             if rate_limit is not None:
                 if isinstance(rate_limit, bool) or not isinstance(rate_limit, (int, float)) or not rate_limit > 0:
-                    raise ConfigError(f"rate_limit must be jobs per second > 0 or None, got {rate_limit!r}")
+                    raise ConfigError(f"rate_limit (CLI: --rate) must be jobs per second > 0, or None ('none') to remove it; "
+                                      f"got {rate_limit!r}")
                 burst = max(1.0, float(rate_limit)) if burst is None else burst
                 if isinstance(burst, bool) or not isinstance(burst, (int, float)) or burst < 1:
-                    raise ConfigError(f"burst must be >= 1 job, got {burst!r}")
+                    raise ConfigError(f"burst (CLI: --burst) must be >= 1 job, got {burst!r}")
                 params.update(rate=float(rate_limit), burst=float(burst))
             elif burst is not None:
-                raise ConfigError("burst without a rate_limit; give rate_limit=jobs per second too")
+                raise ConfigError("burst without a rate limit; give rate_limit (CLI: --rate) in jobs per second too")
             params["set_rate"] = True
         elif burst is not None:
-            raise ConfigError("burst without a rate_limit; give rate_limit=jobs per second too")
+            raise ConfigError("burst without a rate limit; give rate_limit (CLI: --rate) in jobs per second too")
         if aging is not _UNSET:
             seconds = aging.total_seconds() if isinstance(aging, timedelta) else aging
             if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
                                         or not seconds > 0):
-                raise ConfigError(f"aging must be seconds > 0 or None, got {aging!r}")
+                raise ConfigError(f"aging (CLI: --aging) must be seconds > 0, or None ('none') to remove it; got {aging!r}")
             params.update(aging_seconds=None if seconds is None else float(seconds), set_aging=True)
         with self.connection() as c:
             return self.store.configure_queue(c, queue, actor=actor or _actor(), **params)

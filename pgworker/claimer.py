@@ -677,6 +677,11 @@ class Claimer:
             return "lost", None
         if p.kind == "fail":
             outcome = "dead" if report.details.get(job.id) == "dead" else "retried"
+            if outcome == "dead":  # whatever the cause (last attempt, permanent, unknown task): say it once
+                log.error("job %s (%s) is dead after attempt %s/%s: %s: %s; see `pgworker jobs show %s`, "
+                          "replay with `pgworker dead replay %s`", job.id, job.task, job.attempt,
+                          job.max_attempts, p.code, _one_line(p.message[:200]), job.id, job.id,
+                          extra={"action": "job_dead", "job_id": job.id, "queue": job.queue})
         return outcome, {"complete": "complete", "fail": "retry" if outcome == "retried" else "fail"}.get(p.kind, p.kind)
 
 

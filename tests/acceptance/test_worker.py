@@ -259,8 +259,13 @@ def test_unknown_task_and_undecodable_payload_end_dead_with_a_code(env, pg_dsn, 
     unknown = env.enqueue("no.such.task")
     bad = env.enqueue("needs_point", {"x": 1})  # no "y"
     good = env.enqueue("needs_point", {"x": 1, "y": 2})
-    with Worker(pg_dsn, schema, "--concurrency", "1", "--poll-interval", "0.2"):
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--poll-interval", "0.2") as w:
         wait_until(lambda: all_finished(conn, schema, 3), 30)
+        # every death is logged once, with what to do, whatever its cause
+        wait_until(lambda: f"job {bad} (needs_point) is dead after attempt 1/" in w.logs(), 10,
+                   message=lambda: w.logs()[-3000:])
+        assert f"job {unknown} (no.such.task) is dead after attempt 1/" in w.logs()
+        assert f"replay with `pgworker dead replay {unknown}`" in w.logs()
     assert env.get_job(unknown)["last_error_code"] == "UNKNOWN_TASK"
     assert env.get_job(unknown)["attempts"] == 1
     assert (env.get_job(bad)["state"], env.get_job(bad)["last_error_code"], env.get_job(bad)["attempts"]) == \
