@@ -602,12 +602,13 @@ class Claimer:
         in_flight: dict[str, int] = {}
         finished: dict[tuple[str, str, str, str | None], list[float | None]] = {}
         settled: dict[tuple[str, str], list[tuple[ClaimedJob, Any]]] = {}
+        traced = tracing.enabled()
         for p in batch:
             outcome, op = self._account(p, p.job.id in accepted.get(p.kind, ()), results.get(p.kind), started)
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
             in_flight[p.job.queue] = in_flight.get(p.job.queue, 0) + 1
             finished.setdefault((p.job.queue, p.job.task, outcome, p.code), []).append(p.run_seconds)
-            if op is not None and p.span is not None:
+            if traced and op is not None and p.span is not None:
                 settled.setdefault((p.job.queue, op), []).append((p.job, p.span))
         for (queue, op), attempts in settled.items():  # accepted writes; refused ones traced in _account
             tracing.settle_spans(queue, op, attempts, worker_id=self.worker_id, start_time=started)
