@@ -679,7 +679,8 @@ class Claimer:
         if p.kind == "fail":
             outcome = "dead" if report.details.get(job.id) == "dead" else "retried"
             if outcome == "dead":  # whatever the cause (last attempt, permanent, unknown task): say it once
-                log.error("job %s (%s) is dead after attempt %s/%s: %s: %s; see `pgworker jobs show %s`, "
+                # the task name as repr: a name from a raw INSERT may hold line breaks and escapes
+                log.error("job %s (task %r) is dead after attempt %s/%s: %s: %s; see `pgworker jobs show %s`, "
                           "replay with `pgworker dead replay %s`", job.id, job.task, job.attempt,
                           job.max_attempts, p.code, _one_line(p.message[:200]), job.id, job.id,
                           extra={"action": "job_dead", "job_id": job.id, "queue": job.queue})

@@ -262,9 +262,9 @@ def test_unknown_task_and_undecodable_payload_end_dead_with_a_code(env, pg_dsn, 
     with Worker(pg_dsn, schema, "--concurrency", "1", "--poll-interval", "0.2") as w:
         wait_until(lambda: all_finished(conn, schema, 3), 30)
         # every death is logged once, with what to do, whatever its cause
-        wait_until(lambda: f"job {bad} (needs_point) is dead after attempt 1/" in w.logs(), 10,
+        wait_until(lambda: f"job {bad} (task 'needs_point') is dead after attempt 1/" in w.logs(), 10,
                    message=lambda: w.logs()[-3000:])
-        assert f"job {unknown} (no.such.task) is dead after attempt 1/" in w.logs()
+        assert f"job {unknown} (task 'no.such.task') is dead after attempt 1/" in w.logs()
         assert f"replay with `pgworker dead replay {unknown}`" in w.logs()
     assert env.get_job(unknown)["last_error_code"] == "UNKNOWN_TASK"
     assert env.get_job(unknown)["attempts"] == 1
