@@ -327,7 +327,9 @@ class Claimer:
             n = INITIAL_BATCH
         else:
             budget = min(BATCH_TARGET_SECONDS, s.lease_seconds / 2)
-            n = int(budget / max(self.avg_run_seconds, 1e-6))
+            # at least one: jobs longer than the budget are still claimed, one at a time
+            # (0 here once stopped this claimer for good after a single slow job)
+            n = max(1, int(budget / max(self.avg_run_seconds, 1e-6)))
         return max(0, min(n, s.max_batch_size, free))
 
     def claim_round(self) -> bool | None:

@@ -254,6 +254,21 @@ def test_drain_does_not_report_drained_when_its_claims_fail(env, pg_dsn, conn):
     assert summary["result"] == "succeeded" and summary["succeeded"] == n and summary["left"] == 0
 
 
+def test_a_job_longer_than_the_batch_budget_does_not_stop_the_claimer(env, pg_dsn, conn):
+    """Automatic batches aim at about a second of work: after a job that alone ran longer
+    than that, the claimer must still claim (one at a time), not stop claiming. Found by
+    a reviewer: a batch size of 0 made the claimer spin without claiming, for good."""
+    schema = env.settings.schema
+    slow = env.enqueue("sleep", {"seconds": 1.3})  # claimed alone: its run sets the average
+    with Worker(pg_dsn, schema, "--drain", "--concurrency", "1") as w:
+        wait_until(lambda: states(conn, schema) == {"running": 1}, 30, message="the slow job started")
+        quick = env.enqueue_many([("record", i) for i in range(20)])
+        assert w.wait(30) == 0, w.logs()
+        summary = json.loads(w.stdout().strip().splitlines()[-1])
+    assert states(conn, schema) == {"succeeded": 1 + len(quick)}, slow
+    assert summary["succeeded"] == 1 + len(quick) and summary["left"] == 0
+
+
 def test_unknown_task_and_undecodable_payload_end_dead_with_a_code(env, pg_dsn, conn):
     schema = env.settings.schema
     unknown = env.enqueue("no.such.task")
