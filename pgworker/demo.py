@@ -184,13 +184,17 @@ def main(args: argparse.Namespace) -> int:
               f"{len(specs) - distinct} duplicates refused by their dedupe key", flush=True)
 
         env = dict(os.environ, PGWORKER_DSN=dsn, PGWORKER_SCHEMA=schema, PGWORKER_DEMO_DIR=out_dir,
-                   PGWORKER_DEMO_URL=endpoint.url, PGWORKER_LOG_LEVEL=os.environ.get("PGWORKER_LOG_LEVEL", "ERROR"))
+                   PGWORKER_DEMO_URL=endpoint.url, PGWORKER_LOG_LEVEL=os.environ.get("PGWORKER_LOG_LEVEL", "WARNING"))
         cmd = [sys.executable, "-m", "pgworker.cli", "run", "--app", "pgworker.demo_app:app",
                "--concurrency", str(args.concurrency), "--metrics-port", "0", "--poll-interval", "0.5",
                "--shutdown-grace", "10"]
         print(f"starting `pgworker run` with {args.concurrency} claimers...", flush=True)
         started = time.time()
-        worker = subprocess.Popen(cmd, env=env)
+        # The worker's log (every failed attempt, every dead job: some fail on purpose) goes
+        # to a file, so that it does not scroll the progress display away.
+        fd, log_path = tempfile.mkstemp(prefix="pgworker-demo-worker-", suffix=".log")
+        log_file = os.fdopen(fd, "w")
+        worker = subprocess.Popen(cmd, env=env, stderr=log_file)
         tty = sys.stdout.isatty()
         last_print = 0.0
         try:
@@ -205,7 +209,8 @@ def main(args: argparse.Namespace) -> int:
                 if finished >= distinct:
                     break
                 if worker.poll() is not None:
-                    print(f"\nerror: the worker exited early with code {worker.returncode}", file=sys.stderr)
+                    print(f"\nerror: the worker exited early with code {worker.returncode}; its log "
+                          f"({log_path}) ends with:\n{_tail(log_path)}", file=sys.stderr)
                     return 1
                 if now - started > DEMO_TIMEOUT_SECONDS:
                     print("\nerror: the demo did not finish in time", file=sys.stderr)
@@ -217,11 +222,13 @@ def main(args: argparse.Namespace) -> int:
                     worker.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     worker.kill()
+            log_file.close()
         elapsed = time.time() - started
         if tty:
             print()
         summary = _summary(app, distinct, len(specs) - distinct, elapsed, out_dir, endpoint)
         _print_summary(summary)
+        print(f"worker log (failed attempts and dead jobs, as a real worker logs them): {log_path}")
         if not args.keep:
             shutil.rmtree(out_dir, ignore_errors=True)
         else:
@@ -251,6 +258,14 @@ def _summary(app: App, jobs: int, duplicates: int, elapsed: float, out_dir: str,
         "duplicate deliveries": endpoint.duplicates,
         "wall time (s)": round(elapsed, 2),
     }
+
+
+def _tail(path: str, lines: int = 20) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
