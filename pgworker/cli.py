@@ -546,6 +546,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PgworkerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # the reader went away (`pgworker jobs list | head`): exit quietly, as a shell tool
+        # does; stdout goes to devnull so the interpreter's final flush cannot raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as exc:  # a statement the server refused (privileges, constraints): no traceback, no secrets
         import psycopg
 

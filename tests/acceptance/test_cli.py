@@ -100,3 +100,17 @@ def test_version_and_help():
     out = subprocess.run([sys.executable, "-m", "pgworker.cli", "--help"], capture_output=True, text=True)
     for command in ("migrate", "run", "enqueue", "jobs", "dead", "cancel", "prune", "status", "demo"):
         assert command in out.stdout
+
+
+def test_output_cut_short_by_the_reader_exits_quietly(pg_dsn, schema):
+    """`pgworker jobs show 1 | head -1`: the reader closes the pipe early; the command
+    exits 141 like a shell tool, with no traceback."""
+    cli(pg_dsn, schema, "migrate")
+    cli(pg_dsn, schema, "enqueue", "big", "--payload", json.dumps({"text": "x" * 100_000}))
+    e = dict(os.environ, PGWORKER_DSN=pg_dsn, PGWORKER_SCHEMA=schema)
+    proc = subprocess.Popen([sys.executable, "-m", "pgworker.cli", "jobs", "show", "1"], env=e,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.read(10)  # more than a pipe's buffer follows
+    proc.stdout.close()
+    assert proc.wait(60) == 141
+    assert b"Traceback" not in proc.stderr.read()
