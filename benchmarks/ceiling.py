@@ -1,6 +1,6 @@
 """The SQL ceiling: pgbench running pgworker's own statements on pgworker's own table.
 
-The scripts are rendered from ``pgworker/sql/queries.sql`` at run time (one source of
+The scripts are rendered from ``pgworker/sql/queries/*.sql`` at run time (one source of
 truth): the claim is ``job_claim`` verbatim and the completion ``job_complete``
 verbatim, each its own transaction, exactly as a claimer runs them. pgbench can carry a
 value from one statement to the next only from a single row (``\\gset``), so the claim

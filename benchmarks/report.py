@@ -92,7 +92,7 @@ def markdown(doc: dict[str, Any], plan: Any) -> str:
     r = doc["results"]
     if any(k.startswith("ceiling ") for k in r):
         lines += ["## Drain rate (jobs/s)", "",
-                  "pgbench runs pgworker's own `job_claim` and `job_complete` (rendered from queries.sql) on "
+                  "pgbench runs pgworker's own `job_claim` and `job_complete` (rendered from pgworker/sql/queries/) on "
                   "pgworker's table; the plain loop is one psycopg connection per process running the same two "
                   "statements and nothing else; pgworker is `pgworker run --drain` with metrics on and tracing on "
                   "(SDK provider, default sampling, spans exported to a discarding exporter).", "",

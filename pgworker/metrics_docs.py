@@ -155,7 +155,7 @@ def render() -> str:
         "",
         "## Metrics from the database",
         "",
-        "Read by one query (`queue_stats` in `pgworker/sql/queries.sql`) when `/metrics` is",
+        "Read by one query (`queue_stats` in `pgworker/sql/queries/reads.sql`) when `/metrics` is",
         "scraped, in the dispatcher only, under a statement timeout",
         f"(`PGWORKER_STATS_TIMEOUT_SECONDS`, {_g(config.STATS_TIMEOUT_SECONDS)} s) and cached for",
         f"`PGWORKER_STATS_CACHE_SECONDS` ({_g(config.STATS_CACHE_SECONDS)} s), so that several scrapers or replicas do not load",

@@ -1,4 +1,4 @@
-"""The thin database boundary: one method per named statement in ``sql/queries.sql``.
+"""The thin database boundary: one method per named statement in ``sql/queries/*.sql``.
 
 Nothing else in pgworker touches a cursor. Methods take an open psycopg connection and
 leave transaction control to the caller, except where a transition needs more than one

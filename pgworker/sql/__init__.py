@@ -1,7 +1,8 @@
 """Loading the named SQL blocks and the migrations shipped in this package.
 
-``queries.sql`` holds every statement as a block that starts with ``-- name: NAME``
-followed by comment lines describing it. ``{schema}`` in the text is replaced by the
+``queries/*.sql`` hold every statement, one file per area (enqueue, claim, lease,
+ordering, maintenance, operations, reads, schedules), each statement a block that starts
+with ``-- name: NAME`` followed by comment lines describing it. ``{schema}`` in the text is replaced by the
 quoted schema identifier (``psycopg.sql.Identifier``); values are always parameters.
 """
 
@@ -34,11 +35,30 @@ def _read(name: str) -> str:
     return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
+def query_files() -> list[str]:
+    """The statement files, ``queries/<area>.sql``, in name order."""
+    folder = resources.files(__package__).joinpath("queries")
+    return sorted(f"queries/{entry.name}" for entry in folder.iterdir() if entry.name.endswith(".sql"))
+
+
 @lru_cache(maxsize=None)
 def query_templates() -> dict[str, str]:
-    """Every named block of queries.sql, unrendered (``{schema}`` still in place)."""
-    text = _read("queries.sql")
+    """Every named block of ``queries/*.sql``, unrendered (``{schema}`` still in place).
+
+    Raises RuntimeError when two blocks share a name.
+    """
     out: dict[str, str] = {}
+    for path in query_files():
+        for name, statement in _blocks(_read(path)):
+            if name in out:
+                raise RuntimeError(f"statement {name!r} is defined twice (again in {path})")
+            out[name] = statement
+    return out
+
+
+def _blocks(text: str) -> list[tuple[str, str]]:
+    """The (name, statement to send) pairs of one file."""
+    out: list[tuple[str, str]] = []
     matches = list(_NAME.finditer(text))
     for i, m in enumerate(matches):
         end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
@@ -50,7 +70,7 @@ def query_templates() -> dict[str, str]:
         lines = body.rstrip(";").strip().splitlines()
         while lines and lines[0].lstrip().startswith("--"):
             lines.pop(0)
-        out[m.group("name")] = f"/* pgworker:{m.group('name')} */ " + "\n".join(lines).strip()
+        out.append((m.group("name"), f"/* pgworker:{m.group('name')} */ " + "\n".join(lines).strip()))
     return out
 
 

@@ -1,0 +1,126 @@
+-- The claim: FOR UPDATE SKIP LOCKED in one statement that commits at once, and the
+-- queue lock that precedes it on a queue with a global limit.
+-- {schema} is the quoted schema name; values are always %(name)s parameters.
+-- Each block starts with `-- name: NAME` and a comment saying what it is for; the name
+-- is reused as the span suffix, the metric `operation` label and the log `action`.
+-- Lease arithmetic uses the database clock (now()), never the worker's.
+
+-- name: queue_lock
+-- First statement of a claim on a queue with a global concurrency or rate limit: lock
+-- its row, so that claims on the queue run one at a time across every pod. The claim
+-- itself must be a NEW statement of the same transaction: under READ COMMITTED each
+-- statement reads a snapshot taken when it starts, so a statement that waited for this
+-- lock inside itself would still count the running jobs (and read the token bucket) as
+-- they were before the previous holder committed its claim, and could claim past the
+-- limit. A statement started after the lock was granted sees that claim.
+-- FOR NO KEY UPDATE: the claim then updates the row (the token bucket) without
+-- touching its key.
+SELECT name FROM {schema}.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
+
+-- name: job_claim
+-- Claim up to %(limit)s due jobs of one queue and lease them for %(lease_seconds)s.
+-- Returns one "gate" row (the queue's policy verdict: paused, limited, allowance,
+-- retry_after_seconds) joined to each claimed job, so an empty claim still says why.
+--
+-- gate: the queue's row by primary key (no row: no policy). A paused queue gets an
+-- allowance of 0 (enqueues go on; claims stop as soon as the pause commits). A queue with
+-- a concurrency or rate limit is only claimed with %(locked)s, i.e. after queue_lock in
+-- the same transaction (see there); unlocked, the allowance is 0 and the caller retries
+-- locked. The allowance is the batch size, cut to the free concurrency (limit minus the
+-- jobs running now, counted on jobs_running_idx) and to the whole tokens of the bucket,
+-- refilled from tokens_at to this statement's start at rate_per_second and capped at the
+-- burst. CASE evaluates lazily: an unlimited queue never runs the count.
+--
+-- Two arms pick the candidates (priority aging). aged: jobs due for longer than the
+-- aging bound, oldest first, on jobs_due_idx (queue, run_at); with no bound the scan key
+-- is NULL and the index scan returns at once. ranked: the rest of the batch in
+-- priority order (priority DESC, run_at, id) on jobs_claim_idx, excluding the rows the
+-- first arm took (our own locks would not make SKIP LOCKED skip them). Both arms repeat
+-- the partial-index predicate (state = 'pending' AND NOT blocked) so the planner can use
+-- the indexes, and lock with FOR UPDATE SKIP LOCKED inside the CTE where the rows are
+-- chosen: concurrent claimers skip each other's rows instead of waiting (PostgreSQL docs,
+-- SELECT, "The Locking Clause"). Blocked jobs (not the head of their ordering key) are
+-- absent from both indexes, so a claim never comes back short because of them.
+--
+-- Each claimed job gets attempts + 1, a new fencing token and a lease measured from
+-- statement_timestamp() (the claim's own start, after any wait for queue_lock). The
+-- bucket loses one token per claimed job. The caller commits at once and runs the jobs
+-- outside any transaction.
+WITH gate AS (
+    SELECT coalesce(q.paused_at IS NOT NULL, false) AS paused,
+           coalesce(q.concurrency_limit IS NOT NULL OR q.rate_per_second IS NOT NULL, false) AS limited,
+           coalesce(q.aging_seconds, %(aging_seconds)s::float8) AS aging_seconds,
+           q.concurrency_limit, q.rate_per_second,
+           least(q.rate_burst, q.tokens + q.rate_per_second
+                 * greatest(0.0, extract(epoch FROM statement_timestamp() - q.tokens_at)::float8)) AS tokens
+    FROM (VALUES (1)) AS one (x)
+    LEFT JOIN {schema}.queues AS q ON q.name = %(queue)s
+), allowance AS (
+    SELECT g.*,
+           CASE WHEN g.paused OR (g.limited AND NOT %(locked)s::boolean) THEN 0
+                ELSE greatest(0, least(
+                    %(limit)s::int,
+                    CASE WHEN g.concurrency_limit IS NULL THEN %(limit)s::int
+                         ELSE g.concurrency_limit - (SELECT count(*) FROM {schema}.jobs AS r
+                                                     WHERE r.queue = %(queue)s AND r.state = 'running')::int
+                    END,
+                    CASE WHEN g.rate_per_second IS NULL THEN %(limit)s::int
+                         ELSE floor(g.tokens)::int END))
+           END AS n
+    FROM gate AS g
+), aged AS (
+    SELECT id
+    FROM {schema}.jobs
+    WHERE queue = %(queue)s AND state = 'pending' AND NOT blocked
+      AND run_at <= now() - make_interval(secs => (SELECT aging_seconds FROM gate))
+    ORDER BY run_at
+    LIMIT (SELECT n FROM allowance)
+    FOR UPDATE SKIP LOCKED
+), ranked AS (
+    SELECT id
+    FROM {schema}.jobs
+    WHERE queue = %(queue)s AND state = 'pending' AND NOT blocked AND run_at <= now()
+      AND id NOT IN (SELECT id FROM aged)
+    ORDER BY priority DESC, run_at, id
+    LIMIT (SELECT n FROM allowance) - (SELECT count(*) FROM aged)
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    -- The rows are matched through "id = ANY(ARRAY(...))", not by joining the CTEs: the
+    -- arms' LIMIT is an expression, so the planner guesses they return a tenth of the
+    -- table, and a join on that guess becomes a hash join over a sequential scan of jobs.
+    -- An array parameter is estimated at a handful of elements: primary-key probes.
+    UPDATE {schema}.jobs AS j
+    SET state = 'running',
+        attempts = j.attempts + 1,
+        lease_token = j.lease_token + 1,
+        lease_owner = %(owner)s,
+        lease_expires_at = statement_timestamp() + make_interval(secs => %(lease_seconds)s::float8),
+        started_at = statement_timestamp(),
+        heartbeat_at = statement_timestamp(),
+        cancel_requested_at = NULL
+    WHERE j.id = ANY (ARRAY(SELECT id FROM aged UNION ALL SELECT id FROM ranked))
+    RETURNING j.id, j.queue, j.task, j.payload, j.priority, j.attempts, j.max_attempts,
+              j.lease_token, j.lease_expires_at, j.run_at, j.created_at, j.trace_context,
+              j.ordering_key, j.dedupe_key,
+              extract(epoch FROM statement_timestamp() - j.run_at)::float8 AS wait_seconds,
+              j.id = ANY (ARRAY(SELECT id FROM aged)) AS aged
+), bucket AS (
+    UPDATE {schema}.queues AS q
+    SET tokens = a.tokens - (SELECT count(*) FROM claimed),
+        tokens_at = greatest(q.tokens_at, statement_timestamp())
+    FROM allowance AS a
+    WHERE q.name = %(queue)s AND q.rate_per_second IS NOT NULL AND %(locked)s::boolean
+)
+-- UPDATE ... RETURNING follows the join's order, not the CTE's: sort again so the
+-- batch runs in claim order (aged jobs first, oldest first; then by priority).
+SELECT a.paused, a.limited, a.n AS allowance,
+       CASE WHEN a.rate_per_second IS NOT NULL
+                 AND a.tokens - (SELECT count(*) FROM claimed) < 1
+            THEN (1 - (a.tokens - (SELECT count(*) FROM claimed))) / a.rate_per_second
+       END AS retry_after_seconds,
+       c.id, c.queue, c.task, c.payload, c.priority, c.attempts, c.max_attempts, c.lease_token,
+       c.lease_expires_at, c.run_at, c.created_at, c.trace_context, c.ordering_key, c.dedupe_key,
+       c.wait_seconds
+FROM allowance AS a
+LEFT JOIN claimed AS c ON true
+ORDER BY c.aged DESC, CASE WHEN c.aged THEN c.run_at END, c.priority DESC, c.run_at, c.id;

@@ -1,0 +1,103 @@
+-- Enqueueing: single and bulk inserts, their wake-ups, and deduplication.
+-- {schema} is the quoted schema name; values are always %(name)s parameters.
+-- Each block starts with `-- name: NAME` and a comment saying what it is for; the name
+-- is reused as the span suffix, the metric `operation` label and the log `action`.
+-- Lease arithmetic uses the database clock (now()), never the worker's.
+
+-- name: job_insert
+-- Insert one job. A duplicate dedupe_key inserts nothing (the caller then looks up the
+-- job holding it, dedupe_holders); ON CONFLICT DO NOTHING never raises, so the caller's
+-- transaction survives. With an ordering key the caller took ordering_keys_lock in an
+-- earlier statement, so the probe below (this statement's snapshot is newer than that
+-- lock) sees every job of the key committed by writers that held the lock before us: the
+-- job is blocked while any earlier job of its key is unfinished (a dead job counts while
+-- it blocks its key). The probe is the first entry of jobs_ordering_key_idx from the key
+-- on, as in ordering_keys_promote (which says why it is written so). A job that is due now and unblocked wakes listeners: NOTIFY is
+-- delivered at commit, never on rollback.
+WITH ins AS (
+    INSERT INTO {schema}.jobs (queue, task, payload, priority, run_at, max_attempts,
+                               dedupe_key, dedupe_window, ordering_key, dead_blocks_key,
+                               blocked, trace_context)
+    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s,
+            coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+            %(max_attempts)s, %(dedupe_key)s, make_interval(secs => %(dedupe_window)s::float8),
+            %(ordering_key)s::text, %(dead_blocks_key)s::boolean,
+            %(ordering_key)s::text IS NOT NULL AND coalesce((
+                SELECT o.ordering_key = %(ordering_key)s::text FROM {schema}.jobs o
+                WHERE o.ordering_key IS NOT NULL
+                  AND (o.state IN ('pending', 'running') OR (o.state = 'dead' AND o.dead_blocks_key))
+                  AND o.ordering_key >= %(ordering_key)s::text
+                ORDER BY o.ordering_key, o.id
+                LIMIT 1), false),
+            %(trace_context)s::jsonb)
+    ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL
+      AND (state IN ('pending', 'running') OR (state = 'succeeded' AND dedupe_until IS NOT NULL))
+    DO NOTHING
+    RETURNING id, run_at, blocked
+)
+SELECT id,
+       (CASE WHEN run_at <= now() AND NOT blocked
+             THEN pg_notify(%(channel)s, %(notify_payload)s) END) IS NULL AS notified
+FROM ins;
+
+-- name: job_ids_allocate
+-- Reserve ids for a bulk insert, so COPY (which cannot return them) still reports them,
+-- and read the database clock for the batch's run_at.
+SELECT nextval(%(sequence)s::regclass), now() FROM generate_series(1, %(count)s);
+
+-- name: jobs_insert_many
+-- Bulk insert with dedupe and ordering keys (the COPY path takes the rest). Ids were
+-- reserved by job_ids_allocate; the ordering keys were locked by ordering_keys_lock in
+-- an earlier statement (see job_insert, and its probe of jobs_ordering_key_idx). Within
+-- the batch, later jobs of a key wait behind the first (row_number). ON CONFLICT DO NOTHING also absorbs duplicates inside
+-- the batch: the first row with a dedupe key wins.
+INSERT INTO {schema}.jobs (id, queue, task, payload, priority, run_at, max_attempts,
+                           dedupe_key, dedupe_window, ordering_key, dead_blocks_key, blocked,
+                           trace_context)
+SELECT b.id, b.queue, b.task, b.payload, b.priority, b.run_at, b.max_attempts,
+       b.dedupe_key, make_interval(secs => b.dedupe_window), b.ordering_key, b.dead_blocks_key,
+       b.ordering_key IS NOT NULL AND (
+           row_number() OVER (PARTITION BY b.ordering_key ORDER BY b.id) > 1
+           OR coalesce((SELECT o.ordering_key = b.ordering_key FROM {schema}.jobs o
+                        WHERE o.ordering_key IS NOT NULL
+                          AND (o.state IN ('pending', 'running') OR (o.state = 'dead' AND o.dead_blocks_key))
+                          AND o.ordering_key >= b.ordering_key
+                        ORDER BY o.ordering_key, o.id
+                        LIMIT 1), false)),
+       b.trace_context
+FROM unnest(%(ids)s::bigint[], %(queues)s::text[], %(tasks)s::text[], %(payloads)s::jsonb[],
+            %(priorities)s::smallint[], %(run_ats)s::timestamptz[], %(max_attempts)s::int[],
+            %(dedupe_keys)s::text[], %(dedupe_windows)s::float8[], %(ordering_keys)s::text[],
+            %(dead_blocks_keys)s::boolean[], %(trace_contexts)s::jsonb[])
+     AS b(id, queue, task, payload, priority, run_at, max_attempts, dedupe_key, dedupe_window,
+          ordering_key, dead_blocks_key, trace_context)
+ORDER BY b.id
+ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL
+  AND (state IN ('pending', 'running') OR (state = 'succeeded' AND dedupe_until IS NOT NULL))
+DO NOTHING
+RETURNING id, run_at <= now() AND NOT blocked AS due;
+
+-- name: dedupe_holders
+-- The jobs holding these dedupe keys, after an insert found them taken. A succeeded job
+-- holds its key until dedupe_until; an expired hold is released here (dedupe_until set
+-- to NULL takes the row out of the unique index) so that the caller's next insert
+-- succeeds. The data-modifying CTE always runs to completion; the SELECT reads the
+-- snapshot from before it, hence its own dedupe_until > now() test. A key missing from
+-- the result is free now: the caller inserts again (never check-then-insert: the unique
+-- index decides). A concurrent releaser of the same hold waits for our row lock and then
+-- finds the row no longer matches, so a hold is released once.
+WITH released AS (
+    UPDATE {schema}.jobs
+    SET dedupe_until = NULL
+    WHERE dedupe_key = ANY(%(keys)s::text[]) AND state = 'succeeded' AND dedupe_until <= now()
+    RETURNING id
+)
+SELECT dedupe_key, id FROM {schema}.jobs
+WHERE dedupe_key = ANY(%(keys)s::text[]) AND dedupe_key IS NOT NULL
+  AND (state IN ('pending', 'running') OR (state = 'succeeded' AND dedupe_until IS NOT NULL))
+  AND (state <> 'succeeded' OR dedupe_until > now());
+
+-- name: queues_notify
+-- One wake-up per queue for a bulk insert (NOTIFY is delivered at commit).
+SELECT pg_notify(%(channel)s, n.payload) IS NULL
+FROM unnest(%(payloads)s::text[]) AS n(payload);

@@ -1,0 +1,109 @@
+-- The lease and the fenced outcomes of an attempt (the contract: pgworker/worker/lease.py).
+-- {schema} is the quoted schema name; values are always %(name)s parameters.
+-- Each block starts with `-- name: NAME` and a comment saying what it is for; the name
+-- is reused as the span suffix, the metric `operation` label and the log `action`.
+-- Lease arithmetic uses the database clock (now()), never the worker's.
+--
+-- Every transition after the claim is guarded by id + state + lease_token (the fence);
+-- renew and complete also require an unexpired lease. Zero rows = the write was refused.
+--
+-- The batched fenced writes compare `j.state::text = 'running'` on purpose. Written
+-- `j.state = 'running'`, the condition matches the predicate of jobs_lease_expiry_idx,
+-- and the planner (which estimates the running set of the whole table at about one row,
+-- and an unnest() of a parameter at ten) scans every running lease of every worker and
+-- re-runs the unnest for each: the cost grows with running leases x batch size (5 ms
+-- for a batch of 100 beside 400 other running jobs, 200 ms for 1000). Compared as text
+-- the index cannot apply, and each row is found by its primary key: linear in the batch.
+
+-- name: job_renew
+-- Extend live leases by %(lease_seconds)s from now. Fenced: only rows still running
+-- under the same token with an unexpired lease. Rows not returned lost their lease.
+-- Returns whether a cancellation was requested, so the worker learns of it.
+UPDATE {schema}.jobs AS j
+SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s::float8),
+    heartbeat_at = now()
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS f(id, token)
+WHERE j.id = f.id AND j.state::text = 'running' AND j.lease_token = f.token
+  AND j.lease_expires_at > now()
+RETURNING j.id, j.lease_token, j.cancel_requested_at IS NOT NULL AS cancel_requested;
+
+-- name: job_complete
+-- Record successes. Fenced by id + state + token + unexpired lease; rows not returned
+-- were refused by the fence (the lease was lost) and stay untouched. A job with a
+-- dedupe_window keeps its dedupe key held until dedupe_until (it stays in the unique
+-- index); the others release it (a succeeded row without dedupe_until leaves the index).
+UPDATE {schema}.jobs AS j
+SET state = 'succeeded',
+    finished_at = now(),
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    dedupe_until = CASE WHEN j.dedupe_key IS NOT NULL THEN now() + j.dedupe_window END
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS f(id, token)
+WHERE j.id = f.id AND j.state::text = 'running' AND j.lease_token = f.token
+  AND j.lease_expires_at > now()
+RETURNING j.id, j.lease_token, j.ordering_key;
+
+-- name: job_fail
+-- Record failed attempts. Each goes back to pending at now() + its delay (the retry
+-- policy's backoff, computed by the caller), or to dead when the failure is permanent
+-- or its attempts are spent. Fenced by id + state + token. The error joins a history
+-- bounded to %(keep)s entries.
+UPDATE {schema}.jobs AS j
+SET state = CASE WHEN f.permanent OR j.attempts >= j.max_attempts
+                 THEN 'dead'::{schema}.job_state ELSE 'pending'::{schema}.job_state END,
+    run_at = CASE WHEN f.permanent OR j.attempts >= j.max_attempts
+                  THEN j.run_at ELSE now() + make_interval(secs => f.delay) END,
+    finished_at = CASE WHEN f.permanent OR j.attempts >= j.max_attempts THEN now() END,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    last_error_code = f.code,
+    errors = {schema}.bounded_append(j.errors, jsonb_build_object(
+        'attempt', j.attempts, 'at', now(), 'code', f.code, 'message', f.message,
+        'worker', j.lease_owner), %(keep)s)
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(delays)s::float8[],
+            %(permanent)s::boolean[], %(codes)s::text[], %(messages)s::text[])
+     AS f(id, token, delay, permanent, code, message)
+WHERE j.id = f.id AND j.state::text = 'running' AND j.lease_token = f.token
+RETURNING j.id, j.lease_token, j.state::text AS state, j.ordering_key, j.dead_blocks_key;
+
+-- name: job_release
+-- Hand running jobs back to pending without spending an attempt (shutdown, a claimer
+-- that will not start them). The job keeps its place in line. Fenced by id + state + token.
+UPDATE {schema}.jobs AS j
+SET state = 'pending',
+    attempts = greatest(j.attempts - 1, 0),
+    lease_owner = NULL,
+    lease_expires_at = NULL
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS f(id, token)
+WHERE j.id = f.id AND j.state::text = 'running' AND j.lease_token = f.token
+RETURNING j.id, j.lease_token;
+
+-- name: job_snooze
+-- Run jobs again after a delay without spending an attempt. Fenced by id + state + token.
+UPDATE {schema}.jobs AS j
+SET state = 'pending',
+    attempts = greatest(j.attempts - 1, 0),
+    run_at = now() + make_interval(secs => f.delay),
+    lease_owner = NULL,
+    lease_expires_at = NULL
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(delays)s::float8[]) AS f(id, token, delay)
+WHERE j.id = f.id AND j.state::text = 'running' AND j.lease_token = f.token
+RETURNING j.id, j.lease_token;
+
+-- name: job_cancel_finish
+-- A running job whose cancellation was requested ended: record it cancelled.
+-- Fenced by id + state + token.
+UPDATE {schema}.jobs AS j
+SET state = 'cancelled',
+    finished_at = now(),
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    last_error_code = 'CANCELLED'
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS f(id, token)
+WHERE j.id = f.id AND j.state::text = 'running' AND j.lease_token = f.token
+RETURNING j.id, j.lease_token, j.ordering_key;
+
+-- name: job_lease_states
+-- Where these jobs stand now: after a connection failed mid-write, tells a worker
+-- whether its write committed before the reply was lost.
+SELECT id, state::text, lease_token, last_error_code FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[]);
