@@ -20,8 +20,8 @@ from .names import check_queue_name, dsn_password, redact, redact_dsn
 from .producer import JobSpec, enqueue_batch, enqueue_one, prepare, specs_from
 from .retry import Classifier, RetryPolicy, classify
 from .schedules import MISFIRE_GRACE_SECONDS, Periodic
-from .store import BackoffParams, Store
-from .tasks import Task, check_dedupe_window
+from .store import Store
+from .tasks import Task, check_dedupe_window, retry_delays
 
 _UNSET: Any = object()
 
@@ -344,14 +344,17 @@ class App:
 
     def fail(self, job: "ClaimedJob | Lease", error: BaseException, *, attempt: int | None = None,
              retry: RetryPolicy | None = None, conn: psycopg.Connection | None = None) -> str:
-        """Record a failed attempt; returns the job's new state, 'pending' (retry after the
-        policy's backoff) or 'dead'. Raises :class:`LeaseLost` when fenced out."""
+        """Record a failed attempt; returns the job's new state: 'pending' (retry after
+        ``retry``'s backoff, else the job's task's), 'dead', or 'cancelled' when a
+        cancellation was requested. Raises :class:`LeaseLost` when fenced out."""
         lease = self._lease(job)
         s = self.settings
         failure = classify(error, classifier=self.classify_error, max_chars=s.error_message_max_chars,
                            secrets=(dsn_password(s.dsn),))
         attempt = attempt or (job.attempt if isinstance(job, ClaimedJob) else 1)
-        delay = failure.retry_after if failure.retry_after is not None else (retry or RetryPolicy()).delay(attempt)
+        task = self.tasks.get(job.task) if isinstance(job, ClaimedJob) else None
+        policy = retry or (task.retry if task is not None else RetryPolicy())
+        delay = failure.retry_after if failure.retry_after is not None else policy.delay(attempt)
         with self.connection(conn) as c:
             report = self.store.fail(c, [FailRequest(lease, failure.code, failure.message, delay, failure.permanent)])
         if not report.ok:
@@ -367,20 +370,23 @@ class App:
             report = self.store.renew(c, [lease], lease_seconds=lease_seconds or self.settings.lease_seconds)
         if not report.ok:
             raise LeaseLost(job_id=lease.job_id, lease_token=lease.token, operation="renew")
-        return bool(report.details[lease.job_id])
+        return bool(report.details[lease.job_id][0])
 
     def release(self, job: "ClaimedJob | Lease", *, conn: psycopg.Connection | None = None) -> None:
         """Hand a claimed job back without spending an attempt. Raises :class:`LeaseLost`."""
         lease = self._lease(job)
+        keys = [job.ordering_key] if isinstance(job, ClaimedJob) else None  # None: read from the row
         with self.connection(conn) as c:
-            report = self.store.release(c, [lease])
+            report = self.store.release(c, [lease], keys)
         if not report.ok:
             raise LeaseLost(job_id=lease.job_id, lease_token=lease.token, operation="release")
 
-    def reap(self, *, limit: int = 1000, backoff: BackoffParams | None = None) -> ReapResult:
-        """Recover up to ``limit`` expired leases (pending with backoff, or dead)."""
+    def reap(self, *, limit: int = 1000, retry: RetryPolicy | None = None) -> ReapResult:
+        """Recover up to ``limit`` expired leases: back to pending after the retry policy
+        of the job's task (``retry`` overrides it for every job), dead once its attempts
+        are spent, cancelled when a cancellation was requested."""
         with self.connection() as c:
-            return self.store.reap(c, limit=limit, backoff=backoff or BackoffParams())
+            return self.store.reap(c, limit=limit, delay_for=retry_delays(self.tasks, retry))
 
     # -- operator actions -----------------------------------------------------------
 
@@ -403,16 +409,18 @@ class App:
 
     def prune(self, older_than: "float | timedelta", *, batch: int = PRUNE_BATCH) -> int:
         """Delete succeeded and cancelled jobs finished more than ``older_than`` (seconds
-        or timedelta) ago, in batches of ``batch``; returns how many were deleted."""
+        or timedelta) ago, in batches of ``batch``; returns how many were deleted. (The
+        worker's pruner does this by itself, per state: see the ``retention_*`` settings.)"""
         seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else float(older_than)
-        if seconds < 0:
-            raise ConfigError("older_than must be >= 0")
+        if not seconds >= 0:
+            raise ConfigError("older_than must be >= 0 seconds")
         total = 0
         with self.connection() as c:
             while True:
-                n = self.store.prune(c, older_than_seconds=seconds, limit=batch)
-                total += n
-                if n < batch:
+                counts = self.store.prune(c, succeeded_seconds=seconds, cancelled_seconds=seconds,
+                                          dead_seconds=None, limit=batch)
+                total += sum(counts.values())
+                if max(counts.values()) < batch:
                     return total
 
     # -- queues ---------------------------------------------------------------------

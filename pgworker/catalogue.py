@@ -17,8 +17,13 @@ CLAIM_RESULTS = ("claimed", "empty", "error")
 RENEW_RESULTS = ("renewed", "lost", "error")
 EXPIRATION_ACTIONS = ("requeued", "dead", "cancelled")
 FENCED_OPERATIONS = ("renew", "complete", "fail", "release", "snooze", "cancel")
-WAKEUP_REASONS = ("notify", "poll", "reconnect", "sweep")
+WAKEUP_REASONS = ("notify", "poll", "reconnect", "sweep", "claim")
 STATS_STATES = ("pending", "blocked", "running", "dead")
+OUTCOME_WRITE_ERRORS = ("connection", "statement", "invalid_value")
+PRUNED_STATES = ("succeeded", "cancelled", "dead")
+# The task label of a job whose task this worker did not register (a typo, a rolling
+# deploy, hostile input): one bounded value, not a series per unknown name.
+UNREGISTERED_TASK = "unregistered"
 ERROR_CLASS_TOP_N = 20
 # Codes pgworker itself writes: their series exist from the start (and never count
 # against the top-N of handler exception classes).
@@ -82,22 +87,23 @@ METRICS: tuple[MetricDef, ...] = (
               "Handler run time by outcome.", "worker", buckets=RUN_BUCKETS, recorded_by=_CLAIMERS),
     MetricDef("pgworker_jobs_finished_total", "counter", ("queue", "task", "outcome"),
               "Attempts by outcome (succeeded, retried, dead, cancelled, released, snoozed, lost).", "worker",
-              recorded_by="claimers; the dispatcher for a claimer that died or timed out"),
+              recorded_by="claimers; the supervisor for a claimer that died or timed out"),
     MetricDef("pgworker_job_retries_total", "counter", ("queue", "error_class"),
               "Failed attempts scheduled for a retry, by error class.", "worker",
-              recorded_by="claimers; the dispatcher (WORKER_DIED, TIMEOUT)"),
+              recorded_by="claimers; the supervisor (WORKER_DIED, TIMEOUT)"),
     MetricDef("pgworker_jobs_dead_total", "counter", ("queue", "error_class"),
               "Jobs moved to dead by a worker or the reaper, by error class.", "worker",
-              recorded_by="claimers; the dispatcher (WORKER_DIED, TIMEOUT); the reaper (LEASE_EXPIRED)"),
+              recorded_by="claimers; the supervisor (WORKER_DIED, TIMEOUT); the reaper (LEASE_EXPIRED)"),
     MetricDef("pgworker_lease_renewals_total", "counter", ("queue", "result"),
-              "Lease renewals by result (renewed, lost, error).", "worker",
-              recorded_by="the dispatcher (renewer thread)"),
+              "Lease renewals by result: renewed; lost (refused by the fence, or presumed lost after a "
+              "whole lease without an accepted renewal); error (the statement failed).", "worker",
+              recorded_by="the supervisor (renewer, lease clock)"),
     MetricDef("pgworker_lease_expirations_total", "counter", ("queue", "action"),
               "Expired leases recovered by the reaper, by action (requeued, dead, cancelled).", "worker",
-              recorded_by="the reaper (dispatcher)"),
+              recorded_by="the supervisor (reaper)"),
     MetricDef("pgworker_fenced_writes_total", "counter", ("queue", "operation"),
               "Writes refused by the fence because the lease was lost, by operation.", "worker",
-              recorded_by="claimers (outcomes); the dispatcher (renew, and a dead claimer's outcomes)"),
+              recorded_by="claimers (outcomes); the supervisor (renew, and a dead claimer's outcomes)"),
     MetricDef("pgworker_jobs_in_flight", "gauge", ("queue",),
               "Jobs held by live claimers of this pod (running or about to run).", "worker",
               multiprocess_mode="livesum", recorded_by=_CLAIMERS),
@@ -106,11 +112,28 @@ METRICS: tuple[MetricDef, ...] = (
               "iteration and, while a handler runs, about once a second from its flusher thread.",
               "worker", multiprocess_mode="livemin", recorded_by=_CLAIMERS),
     MetricDef("pgworker_dispatcher_wakeups_total", "counter", ("reason",),
-              "Claimer wake-ups sent by the dispatcher, by reason (notify, poll, reconnect, sweep).", "worker",
-              recorded_by="the dispatcher"),
+              "Work announced to the pod's claimers, by reason (notify, poll, reconnect, sweep, claim): each "
+              "wakes at most one idle claimer.", "worker",
+              recorded_by="the supervisor (listener, poll); claimers (a full claim)"),
     MetricDef("pgworker_listener_reconnects_total", "counter", (),
               "LISTEN connection re-established after a loss.", "worker",
-              recorded_by="the dispatcher (listener thread)"),
+              recorded_by="the supervisor (listener)"),
+    MetricDef("pgworker_outcome_write_errors_total", "counter", ("cause",),
+              "Failed outcome writes by cause: connection (lost; written after the reconnect), statement "
+              "(refused for now: a timeout, a lock; written at the next flush), invalid_value (refused for "
+              "its values: recorded as a failure OUTCOME_INVALID instead). A claimer that keeps failing "
+              "makes /readyz fail.", "worker", recorded_by="claimers"),
+    MetricDef("pgworker_reap_skipped_total", "counter", (),
+              "Expired leases a reaper pass left for a later pass because another transaction held their "
+              "ordering key's lock (maintenance never waits for a lock).", "worker",
+              recorded_by="the supervisor (reaper)"),
+    MetricDef("pgworker_jobs_pruned_total", "counter", ("outcome",),
+              "Finished jobs deleted by the pruner once past their retention, by how they ended "
+              "(succeeded, cancelled, dead).", "worker",
+              recorded_by="the supervisor (pruner)"),
+    MetricDef("pgworker_schedule_errors_total", "counter", (),
+              "Failures to fire a periodic job's slot (each logged with the schedule's name and the fix); "
+              "the other schedules still fire.", "worker", recorded_by="the supervisor (scheduler)"),
     MetricDef("pgworker_enqueued_jobs_total", "counter", ("queue",),
               "Jobs enqueued by this process (duplicates refused by a dedupe key excluded).", "worker",
               recorded_by="every process that enqueues"),

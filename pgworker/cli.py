@@ -347,14 +347,14 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     created = _prepare_metrics_dir(args)
     try:
-        from .dispatcher import Dispatcher
+        from .worker import Supervisor
         from .logs import setup_logging
 
         setup_logging(args.log_level, args.log_format)
         if args.max_duration is not None and not args.drain:
             raise ConfigError("--max-duration applies to --drain runs")
         app = _make_app(args, need_app=True)
-        return Dispatcher(app, args.app, drain=args.drain, max_duration=args.max_duration,
+        return Supervisor(app, args.app, drain=args.drain, max_duration=args.max_duration,
                           pushgateway_url=args.pushgateway_url, log_level=args.log_level.upper(),
                           log_format=args.log_format).run()
     finally:

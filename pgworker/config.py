@@ -30,6 +30,12 @@ METRICS_PORT = 9186
 STATS_CACHE_SECONDS = 5.0
 STATS_TIMEOUT_SECONDS = 2.0
 COMPLETION_FLUSH_SECONDS = 0.05
+STATEMENT_TIMEOUT_SECONDS = 30.0
+LOCK_TIMEOUT_SECONDS = 5.0
+PRUNE_INTERVAL_SECONDS = 60.0
+RETENTION_SUCCEEDED_SECONDS = 86400.0
+RETENTION_CANCELLED_SECONDS = 7 * 86400.0
+RETENTION_QUEUE_EVENTS_SECONDS = 90 * 86400.0
 
 
 def _bool(v: str) -> bool:
@@ -127,6 +133,25 @@ class Settings:
     """Per-pod limits: at most N jobs of a queue held at once by this pod's claimers ('emails=2,reports=1')."""
     schedules: bool = field(default=True, metadata=_env("PGWORKER_SCHEDULES", _bool))
     """Whether this worker's dispatcher enqueues the app's periodic jobs."""
+    statement_timeout_seconds: float = field(default=STATEMENT_TIMEOUT_SECONDS,
+                                             metadata=_env("PGWORKER_STATEMENT_TIMEOUT_SECONDS", float))
+    """statement_timeout of every worker session: no statement of a claimer or a service runs longer."""
+    lock_timeout_seconds: float = field(default=LOCK_TIMEOUT_SECONDS, metadata=_env("PGWORKER_LOCK_TIMEOUT_SECONDS", float))
+    """lock_timeout of every worker session: no statement waits longer for a lock (maintenance skips locked keys)."""
+    prune: bool = field(default=True, metadata=_env("PGWORKER_PRUNE", _bool))
+    """Whether this worker deletes finished jobs past their retention (every prune interval; once per drain run)."""
+    prune_interval_seconds: float = field(default=PRUNE_INTERVAL_SECONDS, metadata=_env("PGWORKER_PRUNE_INTERVAL_SECONDS", float))
+    retention_succeeded_seconds: float | None = field(default=RETENTION_SUCCEEDED_SECONDS,
+                                                      metadata=_env("PGWORKER_RETENTION_SUCCEEDED_SECONDS", _opt_float))
+    """How long succeeded jobs are kept after they finished; None (off) keeps them."""
+    retention_cancelled_seconds: float | None = field(default=RETENTION_CANCELLED_SECONDS,
+                                                      metadata=_env("PGWORKER_RETENTION_CANCELLED_SECONDS", _opt_float))
+    """How long cancelled jobs are kept after they finished; None (off) keeps them."""
+    retention_dead_seconds: float | None = field(default=None, metadata=_env("PGWORKER_RETENTION_DEAD_SECONDS", _opt_float))
+    """How long dead jobs are kept; None (the default) keeps them until replayed or discarded."""
+    retention_queue_events_seconds: float | None = field(default=RETENTION_QUEUE_EVENTS_SECONDS,
+                                                         metadata=_env("PGWORKER_RETENTION_QUEUE_EVENTS_SECONDS", _opt_float))
+    """How long the queues' audit trail (pause, resume, configure) is kept; None keeps it."""
 
     def __post_init__(self) -> None:
         check_schema_name(self.schema)
@@ -144,7 +169,8 @@ class Settings:
         if self.max_runtime_seconds <= 0:
             raise ConfigError("max_runtime_seconds must be > 0; set PGWORKER_MAX_RUNTIME_SECONDS")
         for name in ("poll_interval_seconds", "reap_interval_seconds", "stats_cache_seconds",
-                     "stats_timeout_seconds", "completion_flush_seconds"):
+                     "stats_timeout_seconds", "completion_flush_seconds", "statement_timeout_seconds",
+                     "lock_timeout_seconds", "prune_interval_seconds"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.shutdown_grace_seconds < 0:
@@ -171,6 +197,12 @@ class Settings:
                                   "set PGWORKER_QUEUE_CONCURRENCY like 'emails=2,reports=1'")
         if len({q for q, _ in self.queue_concurrency}) != len(self.queue_concurrency):
             raise ConfigError("queue_concurrency names a queue twice; give each queue once")
+        for name in ("retention_succeeded_seconds", "retention_cancelled_seconds", "retention_dead_seconds",
+                     "retention_queue_events_seconds"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ConfigError(f"{name} must be seconds >= 0, or off to keep those rows; "
+                                  f"set PGWORKER_{name.upper()}")
         if self.synchronous_commit is not None and self.synchronous_commit not in (
                 "on", "off", "local", "remote_write", "remote_apply"):
             raise ConfigError("synchronous_commit must be one of on, off, local, remote_write, remote_apply")

@@ -189,8 +189,63 @@ class OutageLog:
             self.failures = 0
 
 
-def is_connection_error(exc: BaseException) -> bool:
-    """True when ``exc`` means the connection (not the statement) failed: reconnect."""
-    if isinstance(exc, (DatabaseUnavailable, psycopg.OperationalError, psycopg.InterfaceError)):
+def connection_lost(exc: BaseException, conn: "psycopg.Connection | None") -> bool:
+    """True when ``exc`` means the connection is gone (reconnect), False when only the
+    statement failed and the connection still works (a data error, a timeout, a lock
+    not granted, a read-only server).
+
+    psycopg classes some statement errors as OperationalError (SQLSTATE classes 55 and
+    57: ``lock_timeout``, ``statement_timeout``), so the class alone does not tell; the
+    connection's own state and the presence of a SQLSTATE (sent by a live server) do.
+    """
+    if conn is None or conn.closed or conn.broken:
         return True
-    return False
+    if isinstance(exc, (DatabaseUnavailable, psycopg.InterfaceError)):
+        return True
+    return isinstance(exc, psycopg.OperationalError) and getattr(exc, "sqlstate", None) is None
+
+
+def sqlstate_class(exc: BaseException) -> str:
+    """The two-character class of the exception's SQLSTATE ('22' data exception, '23'
+    integrity constraint violation, ...; PostgreSQL docs, Appendix A), '' without one."""
+    state = getattr(exc, "sqlstate", None)
+    return state[:2] if isinstance(state, str) else ""
+
+
+def worker_params(lease_seconds: float) -> dict[str, Any]:
+    """libpq parameters that bound how long a worker connection can hang on a dead peer,
+    derived from the lease (PostgreSQL docs 34.1.2, "Parameter Key Words"):
+
+    - TCP keepalives probe an idle connection after a quarter of a lease and give up
+      after three unanswered probes a twelfth of a lease apart (half a lease in all);
+    - ``tcp_user_timeout`` drops a connection whose sent data stays unacknowledged for
+      half a lease (a network path that drops packets).
+
+    A path that acknowledges and then stalls (a proxy that stops forwarding) is not seen
+    by either: the lease clock (pgworker.worker.lease) never waits on the database for
+    that reason, and the renewer gives up on a statement that takes longer than a
+    renewal interval.
+    """
+    return {"keepalives": 1, "keepalives_idle": max(1, int(lease_seconds / 4)),
+            "keepalives_interval": max(1, int(lease_seconds / 12)), "keepalives_count": 3,
+            "tcp_user_timeout": max(1000, int(lease_seconds * 500))}
+
+
+_timeouts_warned = False
+
+
+def set_session_timeouts(conn: psycopg.Connection, *, statement_timeout: float, lock_timeout: float) -> None:
+    """Bound every statement of this session (``statement_timeout``) and every lock wait
+    (``lock_timeout``), in seconds (PostgreSQL docs 20.11.1). Session settings are lost
+    behind a transaction-mode pooler, so there they are left to the role (``ALTER ROLE
+    ... SET statement_timeout = ...``), said once in the log."""
+    global _timeouts_warned
+    if conn in POOLED:
+        if not _timeouts_warned:
+            _timeouts_warned = True
+            log.warning("behind a connection pooler, session settings do not stick: set statement_timeout "
+                        "and lock_timeout on the worker's role (ALTER ROLE ... SET statement_timeout = '30s'; "
+                        "ALTER ROLE ... SET lock_timeout = '5s')", extra={"action": "pooler_timeouts"})
+        return
+    conn.execute("SELECT set_config('statement_timeout', %s, false), set_config('lock_timeout', %s, false)",
+                 [f"{int(statement_timeout * 1000)}ms", f"{int(lock_timeout * 1000)}ms"])

@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Sequence
 
+# The longest delay pgworker accepts anywhere (enqueue, retry, snooze), in seconds: 100
+# years, far inside what a PostgreSQL interval and timestamp can hold (PostgreSQL docs
+# 8.5, "Date/Time Types").
+MAX_DELAY_SECONDS = 100 * 365 * 86400.0
+
 
 class JobState(str, enum.Enum):
     """The job states (the ``job_state`` enum in the schema).
@@ -142,6 +147,9 @@ class ReapResult:
     """Counts keyed by (queue, new state)."""
     candidates: int = 0
     """Expired leases found (some may have been settled or reaped by another reaper meanwhile)."""
+    skipped: int = 0
+    """Expired leases left for a later pass because another transaction held their
+    ordering key's lock (maintenance never waits for a lock)."""
 
     @property
     def total(self) -> int:

@@ -18,12 +18,10 @@ import logging
 import os
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterable, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from . import __version__
 from . import catalogue as cat
@@ -58,6 +56,7 @@ class WorkerMetrics:
         self._kw: dict[str, Any] = {} if registry is None else {"registry": registry}
         self._children: dict[tuple[str, ...], Any] = {}
         self._heartbeat: Any = None
+        self._known_tasks: frozenset[str] | None = None
         m: dict[str, Any] = {}
         for d in cat.METRICS:
             if d.source == "worker" and d.name not in self.LAZY:
@@ -99,9 +98,21 @@ class WorkerMetrics:
                 c("pgworker_jobs_dead_total", q, code)
         for r in cat.WAKEUP_REASONS:
             c("pgworker_dispatcher_wakeups_total", r)
+        for r in cat.OUTCOME_WRITE_ERRORS:
+            c("pgworker_outcome_write_errors_total", r)
+        for st in cat.PRUNED_STATES:
+            c("pgworker_jobs_pruned_total", st)
+
+    def known_tasks(self, names: Iterable[str]) -> None:
+        """The tasks this process registered: any other task name is counted as
+        ``unregistered`` (one bounded label value, whatever names jobs carry)."""
+        self._known_tasks = frozenset(names)
 
     def _task(self, task: str) -> str:
-        return task if self.task_label else ""
+        if not self.task_label:
+            return ""
+        known = self._known_tasks
+        return task if known is None or task in known else cat.UNREGISTERED_TASK
 
     def error_class(self, code: str) -> str:
         """Fold error classes past the first N (catalogue.ERROR_CLASS_TOP_N) that this
@@ -203,6 +214,22 @@ class WorkerMetrics:
 
     def listener_reconnected(self) -> None:
         self.m["pgworker_listener_reconnects_total"].inc()
+
+    def outcome_write_error(self, cause: str) -> None:
+        """One failed outcome write (cause: connection, statement or invalid_value)."""
+        self._child("pgworker_outcome_write_errors_total", cause).inc()
+
+    def reap_skipped(self, count: int) -> None:
+        if count:
+            self.m["pgworker_reap_skipped_total"].inc(count)
+
+    def pruned(self, state: str, count: int) -> None:
+        if count:
+            self._child("pgworker_jobs_pruned_total", state).inc(count)
+
+    def schedule_errors(self, count: int) -> None:
+        if count:
+            self.m["pgworker_schedule_errors_total"].inc(count)
 
 
 def observe_many(histogram: Any, values: Sequence[float]) -> None:
@@ -345,91 +372,3 @@ class _Delegate:
 
     def collect(self) -> Iterable[Any]:
         return self.registry.collect()
-
-
-SUPERVISION_STALL_SECONDS = 30.0
-
-
-class HealthState:
-    """What /healthz and /readyz report. /healthz never touches the database: it fails
-    when the dispatcher's supervision loop stopped ticking (a stuck dispatcher)."""
-
-    def __init__(self) -> None:
-        self.last_tick = time.monotonic()
-        self.stopped = False
-        self.connected = False
-        self.listening = False
-        self.schema_ok = False
-        self.reason = "starting"
-        self.listen_required = True
-        self.writable = True
-
-    def tick(self) -> None:
-        self.last_tick = time.monotonic()
-
-    @property
-    def alive(self) -> bool:
-        return not self.stopped and time.monotonic() - self.last_tick < SUPERVISION_STALL_SECONDS
-
-    @property
-    def ready(self) -> bool:
-        return self.why_not_ready() is None
-
-    def why_not_ready(self) -> str | None:
-        """None when ready (connected, writable, on the current schema version, and
-        listening when LISTEN is on), else what /readyz reports. Reads flags only: no
-        database access."""
-        if self.reason == "shutting down":
-            return self.reason
-        if not self.alive:
-            return "dispatcher loop stalled"
-        if not self.connected:
-            return "starting: connecting to PostgreSQL" if self.reason == "starting" else "database unavailable"
-        if not self.writable:
-            return self.reason if "read-only" in self.reason else "database is read-only"
-        if self.reason.startswith("prepared statements"):
-            return self.reason
-        if not self.schema_ok:
-            return "schema version not checked"
-        if self.listen_required and not self.listening:
-            return "LISTEN connection down (reconnecting)"
-        return None
-
-
-def serve_http(host: str, port: int, registry: CollectorRegistry, health: HealthState) -> ThreadingHTTPServer:
-    """Serve /metrics, /healthz and /readyz on ``host:port`` in a daemon thread."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server API)
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                try:
-                    body = generate_latest(registry)
-                    self._send(200, body, CONTENT_TYPE_LATEST)
-                except Exception as exc:
-                    log.exception("rendering /metrics failed")
-                    self._send(500, f"metrics failed: {type(exc).__name__}\n".encode(), "text/plain")
-            elif path == "/healthz":
-                ok = health.alive
-                self._send(200 if ok else 503, b"ok\n" if ok else b"dispatcher loop stalled\n", "text/plain")
-            elif path == "/readyz":
-                why = health.why_not_ready()
-                msg = "ready\n" if why is None else f"not ready: {why}\n"
-                self._send(200 if why is None else 503, msg.encode(), "text/plain")
-            else:
-                self._send(404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain")
-
-        def _send(self, code: int, body: bytes, ctype: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, fmt: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="pgworker-http", daemon=True).start()
-    return server

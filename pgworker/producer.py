@@ -12,13 +12,14 @@ import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import psycopg
 
 from . import tracing
 from .errors import InvalidJob, PayloadError
+from .jobs import MAX_DELAY_SECONDS
 from .names import check_key, check_queue_name, check_task_name
 from .store import Store, atomic
 from .tasks import (DEFAULT_MAX_ATTEMPTS, ORDERING_ON_DEAD, Task, check_dedupe_window, check_max_attempts,
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
 # An escaped NUL (an odd number of backslashes before u0000): PostgreSQL's jsonb
 # rejects it ("unsupported Unicode escape sequence").
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-_MAX_DELAY_SECONDS = 100 * 365 * 86400.0
 # One encoder for every payload: json.dumps with options builds a new one per call.
 _ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
 
@@ -110,7 +110,7 @@ def _delay_seconds(delay: "float | timedelta | None") -> float:
         seconds = float(delay)
     else:
         raise InvalidJob(f"delay must be seconds (a number) or a timedelta, got {type(delay).__name__}")
-    if not math.isfinite(seconds) or seconds < 0 or seconds > _MAX_DELAY_SECONDS:
+    if not math.isfinite(seconds) or seconds < 0 or seconds > MAX_DELAY_SECONDS:
         raise InvalidJob(f"delay must be between 0 and 100 years in seconds, got {delay!r}")
     return seconds
 

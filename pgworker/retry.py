@@ -8,6 +8,7 @@ do not retry together. ``jitter=0.5`` is "equal jitter", ``jitter=1.0`` "full ji
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -34,6 +35,8 @@ class RetryPolicy:
     jitter: float = RETRY_JITTER
 
     def __post_init__(self) -> None:
+        if not all(math.isfinite(v) for v in (self.base_seconds, self.factor, self.max_seconds, self.jitter)):
+            raise ValueError("RetryPolicy: every value must be a finite number")
         if self.base_seconds < 0 or self.max_seconds < 0:
             raise ValueError("RetryPolicy: base_seconds and max_seconds must be >= 0")
         if self.factor < 1:
@@ -42,14 +45,25 @@ class RetryPolicy:
             raise ValueError("RetryPolicy: jitter must be between 0 and 1")
 
     def delay(self, attempt: int, rng: Callable[[], float] = random.random) -> float:
-        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
-        exponent = max(attempt - 1, 0)
-        try:
-            raw = self.base_seconds * (self.factor ** exponent)
-        except OverflowError:
-            raw = self.max_seconds
-        capped = min(self.max_seconds, raw)
+        """Seconds to wait after failed attempt number ``attempt`` (1-based), between
+        ``(1 - jitter) * d`` and ``d`` where ``d = min(max_seconds, base_seconds *
+        factor ** (attempt - 1))``. Any attempt number is safe: the exponent is compared
+        with the one at which the cap is reached before anything is raised to a power
+        (``max_attempts`` may be a million)."""
+        capped = self.capped_delay(attempt)
         return capped * (1.0 - self.jitter * rng())
+
+    def capped_delay(self, attempt: int) -> float:
+        """The delay before jitter (seconds): ``min(max_seconds, base * factor ** (attempt - 1))``."""
+        exponent = max(attempt - 1, 0)
+        if self.base_seconds == 0 or self.max_seconds == 0:
+            return 0.0
+        if exponent == 0 or self.factor == 1:
+            return min(self.max_seconds, self.base_seconds)
+        at_cap = math.log(self.max_seconds / self.base_seconds) / math.log(self.factor)
+        if exponent >= at_cap:
+            return self.max_seconds
+        return min(self.max_seconds, self.base_seconds * self.factor ** exponent)
 
 
 @dataclass(frozen=True)

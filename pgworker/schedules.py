@@ -7,8 +7,8 @@ in winter; a slot in a skipped DST hour fires at the end of the gap, an hour rep
 at the fall-back fires twice) and compared with the database clock, never the
 worker's.
 
-Every ``pgworker run`` dispatcher runs a :class:`Scheduler` thread; they need not
-coordinate. Each schedule has a row in ``schedules`` whose ``last_slot`` only moves
+Every ``pgworker run`` supervisor runs a :class:`Scheduler` (in its scheduler service,
+:mod:`pgworker.worker.scheduler`); they need not coordinate. Each schedule has a row in ``schedules`` whose ``last_slot`` only moves
 forward by compare-and-set (``schedule_fire``): whichever dispatcher gets to a slot
 first advances the row and inserts the job in the same statement; the others find the
 row advanced and insert nothing. A unique index on (schedule_name, schedule_slot) backs
@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
-import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
@@ -50,7 +48,6 @@ MISFIRE_GRACE_SECONDS = 60.0
 MAX_SLOTS_COUNTED = 10_000
 # The scheduler re-registers its schedules and re-reads their rows at least this often.
 RESYNC_SECONDS = 60.0
-RECONNECT_MAX_SECONDS = 30.0
 # Wake a little after a slot so that the database clock has passed it too.
 WAKE_SLACK_SECONDS = 0.02
 
@@ -209,32 +206,6 @@ class Scheduler:
                         "(missed=%r): %s", p.name, d.missed, more, p.missed,
                         "the latest ran once" if d.enqueue else f"skipped up to {d.slot.isoformat()}",
                         extra=extra)
-
-    def run(self, stop: threading.Event, connect: Callable[[], "psycopg.Connection"]) -> None:
-        """The dispatcher's scheduler thread: register, then fire slots as they fall due,
-        reconnecting with backoff when the database is away."""
-        backoff = 0.5
-        while not stop.is_set():
-            conn = None
-            try:
-                conn = connect()
-                self.register(conn)
-                synced = time.monotonic()
-                backoff = 0.5
-                while not stop.is_set():
-                    wait = self.tick(conn)
-                    if stop.wait(min(wait, RESYNC_SECONDS)):
-                        break
-                    if time.monotonic() - synced > RESYNC_SECONDS:
-                        self.register(conn)
-                        synced = time.monotonic()
-            except Exception as exc:  # noqa: BLE001 - the thread must outlive database outages
-                log.warning("scheduler: %s; retrying in %.1f s", type(exc).__name__, backoff)
-                stop.wait(backoff)
-                backoff = min(RECONNECT_MAX_SECONDS, backoff * 2)
-            finally:
-                if conn is not None:
-                    conn.close()
 
 
 def describe(declared: dict[str, Periodic], rows: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:

@@ -13,16 +13,15 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import psycopg
 from psycopg import sql
 
 from . import sql as sqlfiles
 from .errors import SchemaNotMigrated, SchemaTooNew
-from .jobs import ClaimedJob, ClaimResult, FailRequest, FenceReport, Lease, ReapResult
+from .jobs import MAX_DELAY_SECONDS, ClaimedJob, ClaimResult, FailRequest, FenceReport, Lease, ReapResult
 from .names import check_schema_name
 
 EMPTY_BIGINTS: list[int] = []
@@ -45,15 +44,6 @@ def notify_channel(schema: str) -> str:
     if len(name.encode()) > 63:
         name = "pgworker." + hashlib.sha1(schema.encode()).hexdigest()[:20]
     return name
-
-
-@dataclass(frozen=True)
-class BackoffParams:
-    """Backoff used by the reaper for expired leases (seconds)."""
-
-    base_seconds: float = 5.0
-    max_seconds: float = 600.0
-    jitter: float = 0.5
 
 
 class Store:
@@ -263,13 +253,21 @@ class Store:
 
     def renew(self, conn: psycopg.Connection, leases: Sequence[Lease], *,
               lease_seconds: float) -> FenceReport:
-        """Extend leases; ``details[id]`` is True when a cancellation was requested."""
+        """Extend leases by ``lease_seconds`` from now (fenced; an expired lease is not
+        renewed). ``details[id]`` is (cancellation requested, new expiry in Unix seconds
+        by the database clock)."""
         if not leases:
             return FenceReport("renew")
         cur = self._exec(conn, "job_renew", {"ids": [le.job_id for le in leases],
                                              "tokens": [le.token for le in leases],
                                              "lease_seconds": lease_seconds})
-        return FenceReport.build("renew", leases, cur.fetchall(), detail_column=2)
+        rows = [(r[0], r[1], (r[2], r[3])) for r in cur.fetchall()]
+        return FenceReport.build("renew", leases, rows, detail_column=2)
+
+    def fetch_claimed(self, conn: psycopg.Connection, lease: Lease) -> ClaimedJob | None:
+        """The claimed job under ``lease`` (still running under that token), or None."""
+        row = self._exec(conn, "job_fetch", {"id": lease.job_id, "token": lease.token}).fetchone()
+        return None if row is None else ClaimedJob(*row)
 
     def complete(self, conn: psycopg.Connection, leases: Sequence[Lease],
                  ordering_keys: Iterable[str | None] | None = None) -> FenceReport:
@@ -288,7 +286,9 @@ class Store:
 
     def fail(self, conn: psycopg.Connection, requests: Sequence[FailRequest],
              ordering_keys: Iterable[str | None] | None = None) -> FenceReport:
-        """Record failures (fenced); ``details[id]`` is the new state, 'pending' or 'dead'.
+        """Record failures (fenced); ``details[id]`` is the new state: 'pending' (retry
+        after the request's delay, in seconds), 'dead', or 'cancelled' when a cancellation
+        was requested while the attempt ran.
 
         A job that dies keeps its ordering key blocked until it is replayed or discarded
         (dead-head policy 'block'); with 'skip' (``dead_blocks_key`` false) the next job
@@ -300,30 +300,39 @@ class Store:
         keys = self._keys_for(conn, leases, ordering_keys)
         rows = self._keyed(conn, "job_fail", {
             "ids": [r.lease.job_id for r in requests], "tokens": [r.lease.token for r in requests],
-            "delays": [max(0.0, float(r.delay_seconds)) for r in requests],
+            "delays": [_delay(r.delay_seconds) for r in requests],
             "permanent": [bool(r.permanent) for r in requests],
             "codes": [r.code for r in requests], "messages": [r.message for r in requests],
             "keep": self.error_history_entries},
-            keys, lambda r: r[3] if r[2] == "dead" and not r[4] else None)
+            keys, lambda r: r[3] if r[2] == "cancelled" or (r[2] == "dead" and not r[4]) else None)
         return FenceReport.build("fail", leases, rows, detail_column=2)
 
-    def release(self, conn: psycopg.Connection, leases: Sequence[Lease]) -> FenceReport:
-        """Return running jobs to pending without spending an attempt (fenced)."""
+    def release(self, conn: psycopg.Connection, leases: Sequence[Lease],
+                ordering_keys: Iterable[str | None] | None = None) -> FenceReport:
+        """Return running jobs to pending without spending an attempt (fenced); a job whose
+        cancellation was requested ends cancelled instead (and promotes its key's next
+        job). ``details[id]`` is the new state. ``ordering_keys`` as for :meth:`complete`."""
         if not leases:
             return FenceReport("release")
-        cur = self._exec(conn, "job_release", {"ids": [le.job_id for le in leases],
-                                               "tokens": [le.token for le in leases]})
-        return FenceReport.build("release", leases, cur.fetchall())
+        keys = self._keys_for(conn, leases, ordering_keys)
+        rows = self._keyed(conn, "job_release", {"ids": [le.job_id for le in leases],
+                                                 "tokens": [le.token for le in leases]},
+                           keys, lambda r: r[3] if r[2] == "cancelled" else None)
+        return FenceReport.build("release", leases, rows, detail_column=2)
 
     def snooze(self, conn: psycopg.Connection, leases: Sequence[Lease],
-               delays_seconds: Sequence[float]) -> FenceReport:
-        """Run jobs again after a delay without spending an attempt (fenced)."""
+               delays_seconds: Sequence[float], ordering_keys: Iterable[str | None] | None = None) -> FenceReport:
+        """Run jobs again after a delay (seconds) without spending an attempt (fenced); a
+        job whose cancellation was requested ends cancelled instead. ``details[id]`` is
+        the new state. ``ordering_keys`` as for :meth:`complete`."""
         if not leases:
             return FenceReport("snooze")
-        cur = self._exec(conn, "job_snooze", {"ids": [le.job_id for le in leases],
-                                              "tokens": [le.token for le in leases],
-                                              "delays": [max(0.0, float(d)) for d in delays_seconds]})
-        return FenceReport.build("snooze", leases, cur.fetchall())
+        keys = self._keys_for(conn, leases, ordering_keys)
+        rows = self._keyed(conn, "job_snooze", {"ids": [le.job_id for le in leases],
+                                                "tokens": [le.token for le in leases],
+                                                "delays": [_delay(d) for d in delays_seconds]},
+                           keys, lambda r: r[3] if r[2] == "cancelled" else None)
+        return FenceReport.build("snooze", leases, rows, detail_column=2)
 
     def finish_cancelled(self, conn: psycopg.Connection, leases: Sequence[Lease],
                          ordering_keys: Iterable[str | None] | None = None) -> FenceReport:
@@ -337,22 +346,35 @@ class Store:
                            keys, lambda r: r[2])
         return FenceReport.build("cancel", leases, rows)
 
-    def reap(self, conn: psycopg.Connection, *, limit: int, backoff: BackoffParams) -> ReapResult:
+    def reap(self, conn: psycopg.Connection, *, limit: int,
+             delay_for: Callable[[str, int], float] = lambda task, attempts: 0.0) -> ReapResult:
         """Recover up to ``limit`` expired leases (one short transaction).
 
-        The candidates are read first so that their ordering keys can be locked before
-        their rows; a job that ends cancelled, or dead under the 'skip' policy, promotes
-        the next job of its key.
+        ``delay_for(task, attempts)`` gives the retry delay (seconds) of a job that goes
+        back to pending: its task's retry policy. The candidates are read first so that
+        their ordering keys can be locked before their rows; a key whose lock is held
+        elsewhere (a caller's open transaction) is skipped, never waited for, and counted
+        in ``skipped``. A job that ends cancelled, or dead under the 'skip' policy,
+        promotes the next job of its key.
         """
         candidates = self._exec(conn, "jobs_reap_candidates", {"limit": limit}).fetchall()
         if not candidates:
             return ReapResult()
-        rows = self._keyed(conn, "jobs_reap", {
-            "ids": [r[0] for r in candidates], "backoff_base_seconds": backoff.base_seconds,
-            "backoff_max_seconds": backoff.max_seconds, "backoff_jitter": backoff.jitter,
-            "keep": self.error_history_entries},
-            [r[1] for r in candidates],
-            lambda r: r[4] if r[3] == "cancelled" or (r[3] == "dead" and not r[6]) else None)
+        keys = sorted({r[1] for r in candidates if r[1] is not None})
+        with atomic(conn):
+            skipped = 0
+            if keys:
+                granted = {r[0] for r in self._exec(conn, "ordering_keys_try_lock", {
+                    "namespace": self._ordering_namespace, "keys": keys}).fetchall()}
+                kept = [r for r in candidates if r[1] is None or r[1] in granted]
+                skipped = len(candidates) - len(kept)
+            else:
+                kept = candidates
+            rows = self._exec(conn, "jobs_reap", {
+                "ids": [r[0] for r in kept], "delays": [_delay(delay_for(r[2], r[3])) for r in kept],
+                "keep": self.error_history_entries}).fetchall() if kept else []
+            self._promote(conn, [r[4] for r in rows if r[4] is not None
+                                 and (r[3] == "cancelled" or (r[3] == "dead" and not r[6]))])
         by_queue: dict[tuple[str, str], int] = {}
         for r in rows:
             by_queue[(r[1], r[3])] = by_queue.get((r[1], r[3]), 0) + 1
@@ -360,7 +382,7 @@ class Store:
             requeued=tuple(r[0] for r in rows if r[3] == "pending"),
             dead=tuple(r[0] for r in rows if r[3] == "dead"),
             cancelled=tuple(r[0] for r in rows if r[3] == "cancelled"),
-            by_queue=by_queue, candidates=len(candidates))
+            by_queue=by_queue, candidates=len(candidates), skipped=skipped)
 
     def server_writable(self, conn: psycopg.Connection) -> bool:
         """False on a standby or a server set read-only (no write attempted)."""
@@ -416,9 +438,23 @@ class Store:
             self._promote(conn, keys)
         return replayed
 
-    def prune(self, conn: psycopg.Connection, *, older_than_seconds: float, limit: int) -> int:
-        cur = self._exec(conn, "jobs_prune", {"older_than_seconds": older_than_seconds, "limit": limit})
-        return len(cur.fetchall())
+    def prune(self, conn: psycopg.Connection, *, succeeded_seconds: float | None,
+              cancelled_seconds: float | None, dead_seconds: float | None, limit: int) -> dict[str, int]:
+        """Delete one batch of finished jobs past their state's retention (seconds since
+        they finished; None keeps that state), up to ``limit`` of each state; returns how
+        many of each state went. Repeat while any state's count equals ``limit``."""
+        rows = self._exec(conn, "jobs_prune", {"succeeded_seconds": succeeded_seconds,
+                                               "cancelled_seconds": cancelled_seconds,
+                                               "dead_seconds": dead_seconds, "limit": limit}).fetchall()
+        counts = {"succeeded": 0, "cancelled": 0, "dead": 0}
+        for (state,) in rows:
+            counts[state] += 1
+        return counts
+
+    def prune_queue_events(self, conn: psycopg.Connection, *, older_than_seconds: float, limit: int) -> int:
+        """Delete up to ``limit`` queue audit events older than ``older_than_seconds``."""
+        return len(self._exec(conn, "queue_events_prune", {"older_than_seconds": older_than_seconds,
+                                                           "limit": limit}).fetchall())
 
     # -- reads ----------------------------------------------------------------------
 
@@ -514,6 +550,14 @@ class Store:
     def list_schedules(self, conn: psycopg.Connection) -> list[dict[str, Any]]:
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)
         return cur.execute(self.queries["schedules_list"]).fetchall()
+
+
+def _delay(seconds: Any) -> float:
+    """A delay as the statements take it: seconds, NaN and negatives as 0, at most
+    MAX_DELAY_SECONDS (the callers bound delays where they decide them; this keeps one
+    bad value from failing a whole batched statement)."""
+    value = float(seconds)
+    return min(MAX_DELAY_SECONDS, value) if value > 0 else 0.0
 
 
 def json_or_none(value: Any) -> str | None:

@@ -116,6 +116,22 @@ class Task:
         return self.func(*args, **kwargs)
 
 
+def retry_delays(tasks: dict[str, Task], override: RetryPolicy | None = None) -> Callable[[str, int], float]:
+    """``delay(task_name, attempts)``: seconds before a job of that task retries after its
+    attempt number ``attempts`` failed, by the task's retry policy (the default policy for
+    a task this process does not know), or by ``override`` for every task. The reaper
+    uses it for expired leases, so a job retries on one policy however its attempt ended."""
+    default = RetryPolicy()
+
+    def delay(task_name: str, attempts: int) -> float:
+        if override is not None:
+            return override.delay(attempts)
+        task = tasks.get(task_name)
+        return (task.retry if task is not None else default).delay(attempts)
+
+    return delay
+
+
 def check_max_attempts(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidJob(f"max_attempts must be an integer >= 1, got {value!r}")

@@ -1,4 +1,4 @@
--- The whole pgworker schema as it stands (version 2), in one file, for reading and
+-- The whole pgworker schema as it stands (version 3), in one file, for reading and
 -- review. Installing and upgrading go through the numbered migrations
 -- (pgworker/sql/migrations, `pgworker migrate`); a test applies both to two schemas and
 -- checks that they produce the same catalog, so this file cannot drift from them.
@@ -94,8 +94,13 @@ CREATE INDEX jobs_ordering_key_idx ON {schema}.jobs (ordering_key, id)
 CREATE UNIQUE INDEX jobs_ordering_active_idx ON {schema}.jobs (ordering_key)
     WHERE ordering_key IS NOT NULL AND (state = 'running' OR (state = 'pending' AND NOT blocked));
 
--- Running jobs per queue: the claim's count under a global concurrency limit.
-CREATE INDEX jobs_running_idx ON {schema}.jobs (queue) WHERE state = 'running';
+-- Running jobs per queue with their lease: the claim's count under a global concurrency
+-- limit (unexpired leases only).
+CREATE INDEX jobs_running_idx ON {schema}.jobs (queue, lease_expires_at) WHERE state = 'running';
+
+-- Finished jobs by state and age: retention (the pruner, `pgworker prune`).
+CREATE INDEX jobs_finished_idx ON {schema}.jobs (state, finished_at)
+    WHERE state IN ('succeeded', 'cancelled', 'dead');
 
 -- One key per schedule slot.
 CREATE UNIQUE INDEX jobs_schedule_slot_idx ON {schema}.jobs (schedule_name, schedule_slot)
@@ -142,6 +147,8 @@ CREATE TABLE {schema}.queue_events (
     detail jsonb
 );
 CREATE INDEX queue_events_queue_idx ON {schema}.queue_events (queue, id);
+-- The queues' audit trail by age: its retention.
+CREATE INDEX queue_events_at_idx ON {schema}.queue_events (at);
 
 -- Periodic jobs: one row per schedule; last_slot only moves forward.
 CREATE TABLE {schema}.schedules (

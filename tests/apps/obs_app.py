@@ -72,18 +72,20 @@ def hold(payload, ctx):
 
 @app.task(name="outlive_lease", max_attempts=3, retry=FAST)
 def outlive_lease(payload, ctx):
-    """First attempt: keep running until the database says this attempt's lease has
-    expired (nobody renewed it), then return, so that its completion comes too late.
-    Later attempts succeed at once."""
+    """First attempt: keep running until another worker has taken the job over (its lease
+    expired, nobody renewed it, a reaper requeued it and a claim moved its token on), then
+    return, so that its completion comes too late and the fence refuses it. (An outcome
+    that arrives after the lease expired but before the job was taken over is accepted:
+    the token alone proves ownership, see pgworker/worker/lease.py.) Later attempts
+    succeed at once."""
     ledger(ctx, "start")
     if ctx.attempt == 1:
-        query = sql.SQL("SELECT lease_expires_at < clock_timestamp() FROM {}.jobs "
-                        "WHERE id = %s AND lease_token = %s").format(sql.Identifier(os.environ["PGWORKER_SCHEMA"]))
+        query = sql.SQL("SELECT 1 FROM {}.jobs WHERE id = %s AND lease_token = %s").format(
+            sql.Identifier(os.environ["PGWORKER_SCHEMA"]))
         deadline = time.monotonic() + 120
         with _conn() as c:
             while time.monotonic() < deadline:
-                row = c.execute(query, [ctx.job_id, ctx.lease_token]).fetchone()
-                if row is None or row[0]:
+                if c.execute(query, [ctx.job_id, ctx.lease_token]).fetchone() is None:
                     break
                 time.sleep(0.1)
     ledger(ctx, "end")

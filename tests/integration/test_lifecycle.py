@@ -10,10 +10,10 @@ from psycopg import sql
 
 from pgworker import LeaseLost, Permanent
 from pgworker.jobs import FailRequest, Lease
-from pgworker.store import BackoffParams
+from pgworker import RetryPolicy
 
 pytestmark = pytest.mark.integration
-NO_BACKOFF = BackoffParams(base_seconds=0, max_seconds=0, jitter=0)
+NO_BACKOFF = RetryPolicy(base_seconds=0, max_seconds=0, jitter=0)
 
 
 def expire(conn, schema, job_id):
@@ -52,7 +52,7 @@ def test_stale_completion_renewal_failure_and_release_are_all_refused(app, conn)
     app.enqueue("t")
     [old] = app.claim()
     expire(conn, schema, old.id)
-    assert app.reap(backoff=NO_BACKOFF).requeued == (old.id,)
+    assert app.reap(retry=NO_BACKOFF).requeued == (old.id,)
     [new] = app.claim()
     assert new.id == old.id and new.lease_token == old.lease_token + 1
     for op in (app.complete, app.renew, app.release):
@@ -69,7 +69,9 @@ def test_batched_fence_reports_exactly_the_refused_rows(app, conn):
     schema = app.settings.schema
     app.enqueue_many([("t", i) for i in range(4)])
     jobs = app.claim(limit=4)
-    expire(conn, schema, jobs[1].id)
+    expire(conn, schema, jobs[1].id)  # its lease expires, the reaper moves it, another claim takes it:
+    assert app.reap(retry=NO_BACKOFF).requeued == (jobs[1].id,)  # (an expired lease alone no longer
+    assert [j.id for j in app.claim()] == [jobs[1].id]  # refuses an outcome: the token proves ownership)
     forged = Lease(jobs[2].id, jobs[2].lease_token + 7)
     report = app.store.complete(conn, [jobs[0].lease, jobs[1].lease, forged, jobs[3].lease])
     assert set(report.accepted) == {jobs[0].id, jobs[3].id}
@@ -144,7 +146,7 @@ def test_reap_requeues_then_kills_with_lease_expired(app, conn):
         conn.execute(sql.SQL("UPDATE {}.jobs SET run_at = now() WHERE id = %s").format(sql.Identifier(schema)), [job_id])
         [job] = app.claim()
         expire(conn, schema, job.id)
-        result = app.reap(backoff=NO_BACKOFF)
+        result = app.reap(retry=NO_BACKOFF)
         assert result.total == 1
         assert row(conn, schema, job_id)[0] == expected
     record = app.get_job(job_id)
@@ -164,7 +166,7 @@ def test_concurrent_reapers_reap_each_job_once(app, pg_dsn):
         with psycopg.connect(pg_dsn, autocommit=True) as c:
             total = []
             while True:
-                r = app.store.reap(c, limit=100, backoff=NO_BACKOFF)
+                r = app.store.reap(c, limit=100, delay_for=lambda task, attempts: 0.0)
                 if not r.total:
                     break
                 total.extend(r.requeued)

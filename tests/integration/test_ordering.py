@@ -10,12 +10,12 @@ import time
 import psycopg
 import pytest
 
+import pgworker
 from pgworker import JobSpec, Permanent
-from pgworker.store import BackoffParams
 from worker import q
 
 pytestmark = pytest.mark.integration
-NO_BACKOFF = BackoffParams(0, 0, 0)
+NO_BACKOFF = pgworker.RetryPolicy(base_seconds=0, max_seconds=0, jitter=0)
 
 
 def due_now(conn, schema, *ids):
@@ -160,7 +160,7 @@ def test_reaper_kills_a_head_and_applies_the_policy(app, conn):
     jobs = app.claim(limit=10)
     assert sorted(j.id for j in jobs) == sorted([blocking[0], skipping[0]])
     q(conn, schema, "UPDATE {s}.jobs SET lease_expires_at = now() - interval '1s' WHERE state = 'running' RETURNING id")
-    result = app.reap(backoff=NO_BACKOFF)
+    result = app.reap(retry=NO_BACKOFF)
     assert sorted(result.dead) == sorted([blocking[0], skipping[0]])
     assert [j.id for j in app.claim(limit=10)] == [skipping[1]]  # 'rb' stays blocked
 

@@ -10,7 +10,7 @@ import pytest
 from psycopg import sql
 from prometheus_client import CollectorRegistry
 
-from pgworker.dispatcher import Dispatcher
+from pgworker.worker.stats import StatsSource
 from pgworker.metrics import QueueStatsCollector
 from worker import q
 
@@ -20,22 +20,21 @@ CACHE_SECONDS = 1.0
 
 @pytest.fixture
 def stats(app):
-    """The dispatcher's real statistics fetch (its own connection, its timeout) behind a
+    """The supervisor's real statistics fetch (its own connection, its timeout) behind a
     collector; calls counts the queries that reached the database."""
     app.configure(app.settings.replace(stats_timeout_seconds=0.5))
-    dispatcher = Dispatcher(app, "unused:app")
+    source = StatsSource(app.store, app.settings)
     calls: list[float] = []
 
     def fetch(queues):
         calls.append(time.monotonic())
-        return dispatcher._fetch_stats(queues)
+        return source.fetch(queues)
 
     collector = QueueStatsCollector(fetch, lambda: ["default", "emails"], cache_seconds=CACHE_SECONDS)
     registry = CollectorRegistry()
     registry.register(collector)
     yield registry, calls
-    if dispatcher._stats_conn is not None:
-        dispatcher._stats_conn.close()
+    source.close()
 
 
 def test_figures_come_from_the_database(app, stats, conn):

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from pgworker import App, Settings
-from pgworker.claimer import Claimer
-from pgworker.lease import SlotTable
+from pgworker.worker.claimer import Claimer
+from pgworker.worker.slots import SlotTable
 
 
 def _claimer(pg_dsn, schema, **overrides):

@@ -1,6 +1,6 @@
 """OpenTelemetry spans of real claims, runs and fenced writes against PostgreSQL.
 
-The claimer logic runs in-process (a :class:`pgworker.claimer.Claimer` with its slot
+The claimer logic runs in-process (a :class:`pgworker.worker.claimer.Claimer` with its slot
 table, in a thread, in drain mode), so that an injected TracerProvider with an in-memory
 exporter sees its spans; the database is the real one.
 """
@@ -19,8 +19,9 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 import pgworker
 from pg import wait_until
-from pgworker import lease, tracing
-from pgworker.claimer import Claimer
+from pgworker import tracing
+from pgworker.worker import slots as lease
+from pgworker.worker.claimer import Claimer
 from worker import q
 
 pytestmark = pytest.mark.integration
@@ -168,8 +169,10 @@ def test_a_batched_write_is_one_settle_span_linked_to_every_attempt(traced_app, 
 
 
 def test_a_fenced_out_completion_carries_lease_lost(traced_app, exporter, conn, schema, pg_dsn):
-    """Nobody renews the lease (there is no dispatcher here): the handler outlives it, and
-    its completion is refused by the fence."""
+    """Nobody renews the lease (there is no supervisor here): the handler outlives it,
+    another worker takes the job over (its token moves on, as a reap and a new claim would
+    do: an expired lease alone no longer refuses a late outcome), and the completion is
+    refused by the fence."""
     from prometheus_client import REGISTRY
 
     app = traced_app
@@ -184,6 +187,8 @@ def test_a_fenced_out_completion_carries_lease_lost(traced_app, exporter, conn, 
         with psycopg.connect(pg_dsn, autocommit=True) as c:
             wait_until(lambda: q(c, schema, "SELECT lease_expires_at < clock_timestamp() FROM {s}.jobs "
                                             "WHERE id = %s", ctx.job_id)[0][0], 30, 0.05)
+            q(c, schema, "UPDATE {s}.jobs SET lease_token = lease_token + 1, lease_expires_at = now() + "
+                         "interval '1 hour' WHERE id = %s RETURNING id", ctx.job_id)
 
     before = fenced_completions()
     job_id = app.enqueue("outlives")
@@ -252,7 +257,7 @@ def test_no_sdk_no_spans_and_no_work():
 
 
 def test_the_reaper_records_a_reap_span_with_its_counts(traced_app, exporter, conn, schema):
-    from pgworker.reaper import ReaperConfig, reap_pass
+    from pgworker.worker.reaper import ReaperConfig, reap_pass
 
     app = traced_app
     ids = app.enqueue_many([("t", i) for i in range(3)])

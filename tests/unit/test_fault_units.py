@@ -13,7 +13,7 @@ from pgworker import db
 from pgworker.errors import ConfigError, DatabaseReadOnly, DatabaseUnavailable, InvalidName
 from pgworker.grants import grant_statements, render
 from pgworker.jobs import UndecodablePayload, safe_json_loads
-from pgworker.lease import WakeUp
+from pgworker.worker.slots import WakeUp
 
 pytestmark = pytest.mark.unit
 
@@ -92,7 +92,7 @@ def test_a_slot_table_whose_claimer_died_holding_the_lock_gets_a_new_one():
     import os
     import signal
 
-    from pgworker.lease import SlotTable, SlotTableBusy
+    from pgworker.worker.slots import SlotTable, SlotTableBusy
 
     ctx = multiprocessing.get_context("fork")
     table = SlotTable(4, ctx)

@@ -15,7 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pgworker import catalogue as cat
 from pgworker import metrics_docs
-from pgworker.metrics import HealthState, WorkerMetrics
+from pgworker.metrics import WorkerMetrics
+from pgworker.worker.health import HealthState
 
 pytestmark = pytest.mark.unit
 
@@ -72,7 +73,7 @@ def test_every_documented_query_uses_catalogued_metrics():
 def test_prometheus_client_is_not_imported_before_the_multiprocess_directory_is_set():
     """prometheus_client reads PROMETHEUS_MULTIPROC_DIR when it is imported: the CLI must
     import nothing that imports it before `pgworker run` has set the directory."""
-    code = ("import sys, pgworker, pgworker.cli, pgworker.claimer, pgworker.dispatcher, pgworker.tracing; "
+    code = ("import sys, pgworker, pgworker.cli, pgworker.worker, pgworker.worker.claimer, pgworker.tracing; "
             "print(sorted(m for m in sys.modules if m.startswith('prometheus_client')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

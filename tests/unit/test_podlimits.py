@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pgworker.podlimits import PodQueueLimits
+from pgworker.worker.podlimits import PodQueueLimits
 
 pytestmark = pytest.mark.unit
 

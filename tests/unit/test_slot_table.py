@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from pgworker import lease
+from pgworker.worker import slots as lease
 
 pytestmark = pytest.mark.unit
 CTX = multiprocessing.get_context("spawn")
@@ -94,7 +94,7 @@ def test_slot_protocol():
     assert table.mark(i, 7, 3, cancel=True) and table.flags(i, 7) == (False, True)
     assert not table.mark(i, 7, 4, lost=True)  # another token: not this lease
     assert table.start(i, 7)
-    table.set_state(i, 7, lease.FLUSHING)
+    table.set_state(i, 7, lease.WRITING)
     assert not table.mark(i, 7, 3, lost=True)  # an outcome write in flight is never marked lost
     table.clear(i, 7)
     assert table.free_count() == 2 and table.flags(i, 7) == (True, False)  # a gone job reads as lost

@@ -27,7 +27,9 @@ SELECT name FROM {schema}.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 -- a concurrency or rate limit is only claimed with %(locked)s, i.e. after queue_lock in
 -- the same transaction (see there); unlocked, the allowance is 0 and the caller retries
 -- locked. The allowance is the batch size, cut to the free concurrency (limit minus the
--- jobs running now, counted on jobs_running_idx) and to the whole tokens of the bucket,
+-- jobs running now under a lease that has not expired, counted on jobs_running_idx
+-- (queue, lease_expires_at): a job whose worker died holds no slot while it waits for
+-- the reaper) and to the whole tokens of the bucket,
 -- refilled from tokens_at to this statement's start at rate_per_second and capped at the
 -- burst. CASE evaluates lazily: an unlimited queue never runs the count.
 --
@@ -62,7 +64,8 @@ WITH gate AS (
                     %(limit)s::int,
                     CASE WHEN g.concurrency_limit IS NULL THEN %(limit)s::int
                          ELSE g.concurrency_limit - (SELECT count(*) FROM {schema}.jobs AS r
-                                                     WHERE r.queue = %(queue)s AND r.state = 'running')::int
+                                                     WHERE r.queue = %(queue)s AND r.state = 'running'
+                                                       AND r.lease_expires_at > statement_timestamp())::int
                     END,
                     CASE WHEN g.rate_per_second IS NULL THEN %(limit)s::int
                          ELSE floor(g.tokens)::int END))
@@ -124,3 +127,13 @@ SELECT a.paused, a.limited, a.n AS allowance,
 FROM allowance AS a
 LEFT JOIN claimed AS c ON true
 ORDER BY c.aged DESC, CASE WHEN c.aged THEN c.run_at END, c.priority DESC, c.run_at, c.id;
+
+-- name: job_fetch
+-- One claimed job by id and token, with the claim's columns: an idle claimer of the pod
+-- taking over a job that waits unstarted in a peer's batch reads it here (the peer's
+-- process holds the payload, not shared memory). No row: the lease was lost meanwhile.
+SELECT j.id, j.queue, j.task, j.payload, j.priority, j.attempts, j.max_attempts, j.lease_token,
+       j.lease_expires_at, j.run_at, j.created_at, j.trace_context, j.ordering_key, j.dedupe_key,
+       extract(epoch FROM statement_timestamp() - j.run_at)::float8 AS wait_seconds
+FROM {schema}.jobs AS j
+WHERE j.id = %(id)s AND j.state = 'running' AND j.lease_token = %(token)s;

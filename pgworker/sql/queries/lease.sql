@@ -5,7 +5,16 @@
 -- Lease arithmetic uses the database clock (now()), never the worker's.
 --
 -- Every transition after the claim is guarded by id + state + lease_token (the fence);
--- renew and complete also require an unexpired lease. Zero rows = the write was refused.
+-- renewals also require an unexpired lease. Zero rows = the write was refused. An
+-- outcome is accepted after its lease expired as long as the row is still running under
+-- the same token (nobody else can own it until the reaper moves it): the rules are the
+-- lease contract's, in pgworker/worker/lease.py.
+--
+-- A cancellation requested while the job ran (cancel_requested_at) ends it cancelled
+-- whatever the attempt's outcome, success apart: a failure, a snooze or a release would
+-- otherwise put it back to pending, and the next claim would run it again. Each such
+-- CASE reads the row being updated (the latest version, re-read if it changed while we
+-- waited for its lock), not a snapshot taken earlier in the statement.
 --
 -- The batched fenced writes compare `j.state::text = 'running'` on purpose. Written
 -- `j.state = 'running'`, the condition matches the predicate of jobs_lease_expiry_idx,
@@ -17,19 +26,23 @@
 
 -- name: job_renew
 -- Extend live leases by %(lease_seconds)s from now. Fenced: only rows still running
--- under the same token with an unexpired lease. Rows not returned lost their lease.
--- Returns whether a cancellation was requested, so the worker learns of it.
+-- under the same token with an unexpired lease (an expired lease is never revived: the
+-- pod has told its handler it may be lost). Rows not returned lost their lease. Returns
+-- whether a cancellation was requested, so the worker learns of it, and the new expiry
+-- (Unix seconds, database clock).
 UPDATE {schema}.jobs AS j
 SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s::float8),
     heartbeat_at = now()
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS f(id, token)
 WHERE j.id = f.id AND j.state::text = 'running' AND j.lease_token = f.token
   AND j.lease_expires_at > now()
-RETURNING j.id, j.lease_token, j.cancel_requested_at IS NOT NULL AS cancel_requested;
+RETURNING j.id, j.lease_token, j.cancel_requested_at IS NOT NULL AS cancel_requested,
+          extract(epoch FROM j.lease_expires_at)::float8 AS expires_at;
 
 -- name: job_complete
--- Record successes. Fenced by id + state + token + unexpired lease; rows not returned
--- were refused by the fence (the lease was lost) and stay untouched. A job with a
+-- Record successes. Fenced by id + state + token, expired lease or not (the token proves
+-- ownership while the row is still running: a late success is kept, not run again).
+-- Rows not returned were refused by the fence and stay untouched. A job with a
 -- dedupe_window keeps its dedupe key held until dedupe_until (it stays in the unique
 -- index); the others release it (a succeeded row without dedupe_until leaves the index).
 UPDATE {schema}.jobs AS j
@@ -40,23 +53,24 @@ SET state = 'succeeded',
     dedupe_until = CASE WHEN j.dedupe_key IS NOT NULL THEN now() + j.dedupe_window END
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS f(id, token)
 WHERE j.id = f.id AND j.state::text = 'running' AND j.lease_token = f.token
-  AND j.lease_expires_at > now()
 RETURNING j.id, j.lease_token, j.ordering_key;
 
 -- name: job_fail
--- Record failed attempts. Each goes back to pending at now() + its delay (the retry
--- policy's backoff, computed by the caller), or to dead when the failure is permanent
--- or its attempts are spent. Fenced by id + state + token. The error joins a history
--- bounded to %(keep)s entries.
+-- Record failed attempts. Each goes back to pending at now() + its delay (the task's
+-- backoff, computed and bounded by the caller), to dead when the failure is permanent
+-- or its attempts are spent, or to cancelled when a cancellation was requested. Fenced
+-- by id + state + token. The error joins a history bounded to %(keep)s entries.
 UPDATE {schema}.jobs AS j
-SET state = CASE WHEN f.permanent OR j.attempts >= j.max_attempts
-                 THEN 'dead'::{schema}.job_state ELSE 'pending'::{schema}.job_state END,
-    run_at = CASE WHEN f.permanent OR j.attempts >= j.max_attempts
+SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'::{schema}.job_state
+                 WHEN f.permanent OR j.attempts >= j.max_attempts THEN 'dead'::{schema}.job_state
+                 ELSE 'pending'::{schema}.job_state END,
+    run_at = CASE WHEN j.cancel_requested_at IS NOT NULL OR f.permanent OR j.attempts >= j.max_attempts
                   THEN j.run_at ELSE now() + make_interval(secs => f.delay) END,
-    finished_at = CASE WHEN f.permanent OR j.attempts >= j.max_attempts THEN now() END,
+    finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL OR f.permanent OR j.attempts >= j.max_attempts
+                       THEN now() END,
     lease_owner = NULL,
     lease_expires_at = NULL,
-    last_error_code = f.code,
+    last_error_code = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'CANCELLED' ELSE f.code END,
     errors = {schema}.bounded_append(j.errors, jsonb_build_object(
         'attempt', j.attempts, 'at', now(), 'code', f.code, 'message', f.message,
         'worker', j.lease_owner), %(keep)s)
@@ -67,28 +81,36 @@ WHERE j.id = f.id AND j.state::text = 'running' AND j.lease_token = f.token
 RETURNING j.id, j.lease_token, j.state::text AS state, j.ordering_key, j.dead_blocks_key;
 
 -- name: job_release
--- Hand running jobs back to pending without spending an attempt (shutdown, a claimer
--- that will not start them). The job keeps its place in line. Fenced by id + state + token.
+-- Hand running jobs back to pending without spending an attempt (shutdown, a job whose
+-- lease was lost before it started); the job keeps its place in line. A job whose
+-- cancellation was requested ends cancelled instead. Fenced by id + state + token.
 UPDATE {schema}.jobs AS j
-SET state = 'pending',
-    attempts = greatest(j.attempts - 1, 0),
+SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'::{schema}.job_state
+                 ELSE 'pending'::{schema}.job_state END,
+    attempts = CASE WHEN j.cancel_requested_at IS NOT NULL THEN j.attempts ELSE greatest(j.attempts - 1, 0) END,
+    finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL THEN now() END,
+    last_error_code = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'CANCELLED' ELSE j.last_error_code END,
     lease_owner = NULL,
     lease_expires_at = NULL
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS f(id, token)
 WHERE j.id = f.id AND j.state::text = 'running' AND j.lease_token = f.token
-RETURNING j.id, j.lease_token;
+RETURNING j.id, j.lease_token, j.state::text AS state, j.ordering_key;
 
 -- name: job_snooze
--- Run jobs again after a delay without spending an attempt. Fenced by id + state + token.
+-- Run jobs again after a delay without spending an attempt; a job whose cancellation
+-- was requested ends cancelled instead (cancel beats snooze). Fenced by id + state + token.
 UPDATE {schema}.jobs AS j
-SET state = 'pending',
-    attempts = greatest(j.attempts - 1, 0),
-    run_at = now() + make_interval(secs => f.delay),
+SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'::{schema}.job_state
+                 ELSE 'pending'::{schema}.job_state END,
+    attempts = CASE WHEN j.cancel_requested_at IS NOT NULL THEN j.attempts ELSE greatest(j.attempts - 1, 0) END,
+    run_at = CASE WHEN j.cancel_requested_at IS NOT NULL THEN j.run_at ELSE now() + make_interval(secs => f.delay) END,
+    finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL THEN now() END,
+    last_error_code = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'CANCELLED' ELSE j.last_error_code END,
     lease_owner = NULL,
     lease_expires_at = NULL
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(delays)s::float8[]) AS f(id, token, delay)
 WHERE j.id = f.id AND j.state::text = 'running' AND j.lease_token = f.token
-RETURNING j.id, j.lease_token;
+RETURNING j.id, j.lease_token, j.state::text AS state, j.ordering_key;
 
 -- name: job_cancel_finish
 -- A running job whose cancellation was requested ended: record it cancelled.

@@ -11,41 +11,37 @@
 SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off';
 
 -- name: jobs_reap_candidates
--- Expired leases, oldest first, with their ordering keys. Read without locks: the
--- caller then takes the ordering-key locks (before any row lock, the lock order of every
--- keyed transition) and reaps these ids with jobs_reap, which re-checks each one.
-SELECT id, ordering_key
+-- Expired leases, oldest first, with their ordering keys, tasks and attempts. Read
+-- without locks: the caller computes each job's retry delay from its task's retry policy
+-- (the same policy as a handler's failure), try-locks the ordering keys (before any row
+-- lock, the lock order of every keyed transition; a key held by someone else is skipped
+-- this pass, never waited for), and reaps these ids with jobs_reap, which re-checks each.
+SELECT id, ordering_key, task, attempts
 FROM {schema}.jobs
 WHERE state = 'running' AND lease_expires_at <= now()
 ORDER BY lease_expires_at
 LIMIT %(limit)s;
 
 -- name: jobs_reap
--- Recover the given jobs whose lease expired: back to pending after a backoff with
--- jitter, to dead with LEASE_EXPIRED once attempts are spent, or to cancelled when a
--- cancellation was requested. Re-checks the expiry (the job may have been settled since
--- jobs_reap_candidates); SKIP LOCKED makes concurrent reapers share the work instead of
--- colliding. The token is not changed: the next claim increments it.
+-- Recover the given jobs whose lease expired: back to pending after the delay computed
+-- for each (%(delays)s, seconds, bounded by the caller), to dead with LEASE_EXPIRED once
+-- attempts are spent, or to cancelled when a cancellation was requested. Re-checks the
+-- expiry (the job may have been settled since jobs_reap_candidates); SKIP LOCKED makes
+-- concurrent reapers share the work instead of colliding, and the outcome is computed
+-- from the locked row. The token is not changed: the next claim increments it.
 WITH expired AS (
-    SELECT id
-    FROM {schema}.jobs
-    WHERE id = ANY(%(ids)s::bigint[]) AND state = 'running' AND lease_expires_at <= now()
+    SELECT j.id
+    FROM {schema}.jobs AS j
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'running' AND j.lease_expires_at <= now()
     FOR UPDATE SKIP LOCKED
-), decided AS (
-    SELECT j.id,
-           CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'::{schema}.job_state
-                WHEN j.attempts >= j.max_attempts THEN 'dead'::{schema}.job_state
-                ELSE 'pending'::{schema}.job_state END AS next_state
-    FROM {schema}.jobs AS j JOIN expired USING (id)
 )
 UPDATE {schema}.jobs AS j
-SET state = d.next_state,
-    run_at = CASE WHEN d.next_state = 'pending'
-                  THEN now() + make_interval(secs => least(%(backoff_max_seconds)s::float8,
-                           %(backoff_base_seconds)s::float8 * power(2.0, greatest(j.attempts - 1, 0)))
-                           * (1.0 - %(backoff_jitter)s::float8 * random()))
-                  ELSE j.run_at END,
-    finished_at = CASE WHEN d.next_state = 'pending' THEN NULL ELSE now() END,
+SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'::{schema}.job_state
+                 WHEN j.attempts >= j.max_attempts THEN 'dead'::{schema}.job_state
+                 ELSE 'pending'::{schema}.job_state END,
+    run_at = CASE WHEN j.cancel_requested_at IS NULL AND j.attempts < j.max_attempts
+                  THEN now() + make_interval(secs => d.delay) ELSE j.run_at END,
+    finished_at = CASE WHEN j.cancel_requested_at IS NULL AND j.attempts < j.max_attempts THEN NULL ELSE now() END,
     lease_owner = NULL,
     lease_expires_at = NULL,
     last_error_code = 'LEASE_EXPIRED',
@@ -53,22 +49,50 @@ SET state = d.next_state,
         'attempt', j.attempts, 'at', now(), 'code', 'LEASE_EXPIRED',
         'message', 'lease expired at ' || j.lease_expires_at || ' without a renewal or an outcome',
         'worker', j.lease_owner), %(keep)s)
-FROM decided AS d
-WHERE j.id = d.id
+FROM expired AS e
+JOIN unnest(%(ids)s::bigint[], %(delays)s::float8[]) AS d(id, delay) ON d.id = e.id
+WHERE j.id = e.id
 RETURNING j.id, j.queue, j.task, j.state::text AS state, j.ordering_key, j.lease_token, j.dead_blocks_key;
 
 -- name: jobs_prune
--- Delete up to %(limit)s succeeded and cancelled jobs that finished more than
--- %(older_than_seconds)s ago (their events go with them), except succeeded jobs still
--- holding their dedupe key (dedupe_until in the future). Bounded, so each batch is a
--- short transaction; the caller loops.
-DELETE FROM {schema}.jobs
-WHERE id IN (
+-- Retention: delete up to %(limit)s jobs of each finished state that finished longer
+-- ago than that state's retention (seconds; NULL keeps them all), their audit events
+-- with them (ON DELETE CASCADE, on job_events_job_idx). Succeeded jobs still holding
+-- their dedupe key (dedupe_until in the future) stay. Each arm is a range scan of
+-- jobs_finished_idx (state, finished_at), oldest first, so a batch costs its own rows
+-- however much history is kept; SKIP LOCKED lets the pruners of several pods share the
+-- work. The caller repeats while an arm comes back full; each batch is a short
+-- transaction.
+WITH succeeded AS (
     SELECT id FROM {schema}.jobs
-    WHERE state IN ('succeeded', 'cancelled')
-      AND finished_at < now() - make_interval(secs => %(older_than_seconds)s::float8)
+    WHERE state = 'succeeded'
+      AND finished_at < now() - make_interval(secs => %(succeeded_seconds)s::float8)
       AND (dedupe_until IS NULL OR dedupe_until <= now())
-    ORDER BY id
+    ORDER BY finished_at LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), cancelled AS (
+    SELECT id FROM {schema}.jobs
+    WHERE state = 'cancelled' AND finished_at < now() - make_interval(secs => %(cancelled_seconds)s::float8)
+    ORDER BY finished_at LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), dead AS (
+    SELECT id FROM {schema}.jobs
+    WHERE state = 'dead' AND finished_at < now() - make_interval(secs => %(dead_seconds)s::float8)
+    ORDER BY finished_at LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {schema}.jobs
+WHERE id = ANY (ARRAY(SELECT id FROM succeeded UNION ALL SELECT id FROM cancelled UNION ALL SELECT id FROM dead))
+RETURNING state::text;
+
+-- name: queue_events_prune
+-- Retention of the queues' audit trail: delete up to %(limit)s events older than
+-- %(older_than_seconds)s, oldest first, on queue_events_at_idx.
+DELETE FROM {schema}.queue_events
+WHERE id IN (
+    SELECT id FROM {schema}.queue_events
+    WHERE at < now() - make_interval(secs => %(older_than_seconds)s::float8)
+    ORDER BY at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )

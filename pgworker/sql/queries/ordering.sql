@@ -15,6 +15,15 @@
 SELECT count(pg_advisory_xact_lock(hashtext(%(namespace)s), k.h))
 FROM (SELECT DISTINCT hashtext(key) AS h FROM unnest(%(keys)s::text[]) AS key ORDER BY 1) AS k;
 
+-- name: ordering_keys_try_lock
+-- The same locks as ordering_keys_lock, for maintenance, which never waits: returns the
+-- keys whose lock was granted at once; the caller skips the others this time (a
+-- caller's open transaction that enqueued for a key holds its lock until it commits).
+-- No waiting means no deadlock, so the order does not matter here.
+SELECT k.key
+FROM (SELECT DISTINCT key FROM unnest(%(keys)s::text[]) AS key) AS k
+WHERE pg_try_advisory_xact_lock(hashtext(%(namespace)s), hashtext(k.key));
+
 -- name: ordering_keys_promote
 -- For each key with no active job (claimable or running), unblock its head: the oldest
 -- unfinished job, when it is pending and blocked. A dead job that blocks its key

@@ -1,0 +1,278 @@
+"""The completer: a claimer's batched, fenced outcome writes, their confirmation and accounting.
+
+Outcomes wait in a list and are written together, one fenced statement per kind
+(:func:`pgworker.worker.outcome.write_outcomes`): before the next claim, at the end of
+a batch, and from a small thread when one has waited longer than the flush interval
+(a finished job is recorded promptly even while the next job of its batch runs).
+
+What can go wrong with a write, and what happens:
+
+- **The connection is lost** (:func:`pgworker.db.connection_lost`): the outcomes stay
+  queued and are written after the reconnect, where the fence decides. A write whose
+  reply was lost may have committed: a refused row is then confirmed by re-reading its
+  token, state and code (``_confirm``).
+- **A statement fails on a live connection.** Never taken for a lost connection. The
+  batch is written again one outcome at a time, so one bad row cannot block the others.
+  An outcome PostgreSQL refuses for its values (SQLSTATE class 22 or 23) is replaced by
+  a failure with code ``OUTCOME_INVALID`` naming the error; one refused for the moment
+  (a lock or statement timeout, a read-only server) waits for the next flush.
+- **Writes keep failing**: the claimer's slot table says so (``write_health``), which the
+  supervisor's /readyz reports, and ``pgworker_outcome_write_errors_total`` counts each
+  failure by reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+import psycopg
+
+from ... import tracing
+from ...db import connection_lost, describe_failure, sqlstate_class
+from ...jobs import ClaimedJob, FenceReport
+from .. import slots as s
+from ..outcome import FAIL, OUTCOME_INVALID, Outcome, Write, write_outcomes, written_outcome
+from .connection import ClaimerConnection
+
+log = logging.getLogger("pgworker.claimer")
+
+HANDLER_BEAT_SECONDS = 1.0
+INVALID_VALUE_CLASSES = ("22", "23")  # data exception, integrity constraint violation
+
+
+class Completer:
+    """The outcome writes of one claimer process (see the module)."""
+
+    def __init__(self, *, app: Any, db: ClaimerConnection, table: s.SlotTable, metrics: Any, worker_id: str,
+                 flush_seconds: float, error_message_max_chars: int,
+                 on_settled: Callable[[], None] = lambda: None) -> None:
+        self.app = app
+        self.store = app.store
+        self.db = db
+        self.table = table
+        self.metrics = metrics
+        self.worker_id = worker_id
+        self.flush_seconds = flush_seconds
+        self.max_chars = error_message_max_chars
+        self.on_settled = on_settled
+        self.pending: list[Outcome] = []
+        self.pending_lock = threading.Lock()
+        self.stop_event = threading.Event()
+
+    def add(self, outcome: Outcome) -> None:
+        with self.pending_lock:
+            self.pending.append(outcome)
+
+    # -- the flusher thread ---------------------------------------------------------------
+
+    def start(self, handler_running: Callable[[], bool]) -> None:
+        threading.Thread(target=self._flusher, args=(handler_running,), name="pgworker-flusher",
+                         daemon=True).start()
+
+    def _flusher(self, handler_running: Callable[[], bool]) -> None:
+        next_beat = 0.0
+        while not self.stop_event.wait(self.flush_seconds):
+            if handler_running() and time.monotonic() >= next_beat:
+                # A long handler holds the main loop: beat for it while this process still
+                # gets the GIL (a handler holding it in a C call stops the beats, as it should).
+                self.metrics.loop_heartbeat()
+                next_beat = time.monotonic() + HANDLER_BEAT_SECONDS
+            with self.pending_lock:
+                due = bool(self.pending) and time.monotonic() - self.pending[0].decided_at >= self.flush_seconds
+            if due:
+                try:
+                    self.flush()
+                except Exception:  # noqa: BLE001 - the thread must go on
+                    log.exception("writing outcomes failed")
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    # -- writing --------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Write every queued outcome (see the module for what happens on failure)."""
+        with self.db.lock:
+            with self.pending_lock:
+                batch, self.pending = self.pending, []
+            if not batch:
+                return
+            conn = self.db.conn
+            if conn is None:
+                self._requeue(batch)
+                return
+            held = [(o.slot, o.job.id) for o in batch]
+            self.table.set_state_many(held, s.WRITING)
+            started = time.time_ns()
+            try:
+                reports, later = self._write(conn, batch)
+                deferred = {o.job.id for o in later}
+                unsure = [o for o in batch if o.retries and o.job.id not in deferred
+                          and o.job.id not in reports.get(o.kind, FenceReport("")).accepted]
+                confirmed = self._confirm(conn, unsure) if unsure else set()
+            except psycopg.Error as exc:  # the connection is gone (statement errors are handled inside)
+                self.table.set_state_many(held, s.DECIDED)
+                self._requeue(batch)
+                self._write_failed("connection", describe_failure(exc))
+                self.db.failed(exc, "writing outcomes")
+                return
+        if later:
+            self.table.set_state_many([(o.slot, o.job.id) for o in later], s.DECIDED)
+            self._requeue(later)
+        else:
+            self.table.write_health(None)
+        self._account([o for o in batch if o.job.id not in deferred], reports, confirmed, started)
+
+    def _requeue(self, outcomes: list[Outcome]) -> None:
+        for o in outcomes:
+            o.retries += 1
+        with self.pending_lock:
+            self.pending[:0] = outcomes
+
+    def _write(self, conn: psycopg.Connection, batch: list[Outcome]) -> tuple[dict[int, FenceReport], list[Outcome]]:
+        """Write the batch; returns the fence reports by kind and the outcomes to write
+        later. Raises psycopg errors only when the connection is lost."""
+        try:
+            return write_outcomes(self.store, conn, [_write(o) for o in batch]), []
+        except psycopg.Error as exc:
+            if connection_lost(exc, conn):
+                raise
+            log.warning("an outcome write was refused (%s); writing the batch's %s outcomes one at a time",
+                        describe_failure(exc), len(batch), extra={"action": "outcome_write_split"})
+        reports: dict[int, FenceReport] = {}
+        later: list[Outcome] = []
+        for o in batch:
+            try:
+                report = write_outcomes(self.store, conn, [_write(o)])[o.kind]
+            except psycopg.Error as exc:
+                if connection_lost(exc, conn):
+                    raise
+                if sqlstate_class(exc) not in INVALID_VALUE_CLASSES:
+                    self._write_failed("statement", describe_failure(exc))
+                    later.append(o)  # refused for now (a timeout, a lock): the next flush tries again
+                    continue
+                self._write_failed("invalid_value", describe_failure(exc))
+                report = self._replace_invalid(conn, o, exc)
+                if report is None:
+                    continue
+            _merge(reports, o.kind, report)
+        return reports, later
+
+    def _replace_invalid(self, conn: psycopg.Connection, o: Outcome, exc: psycopg.Error) -> FenceReport | None:
+        """The database refused this outcome's values: record a plain failure instead, with
+        a code and message that say so. None when even that is refused (the lease then
+        expires and the reaper recovers the job)."""
+        text = describe_failure(exc)[: self.max_chars]
+        log.error("job %s: its outcome (%s) could not be stored: %s; recording a failure %s instead",
+                  o.job.id, o.kind_name, text, OUTCOME_INVALID,
+                  extra={"action": "outcome_invalid", "job_id": o.job.id, "queue": o.job.queue})
+        task = self.app.tasks.get(o.job.task)
+        o.kind, o.code, o.permanent = FAIL, OUTCOME_INVALID, False
+        o.message = f"the attempt's outcome could not be stored ({text}); recorded as a failure instead"
+        o.delay = task.retry.delay(o.job.attempt) if task is not None else 1.0
+        try:
+            return write_outcomes(self.store, conn, [_write(o)])[FAIL]
+        except psycopg.Error as again:
+            if connection_lost(again, conn):
+                raise
+            log.error("job %s: not even a failure could be stored (%s); its lease will expire and the reaper "
+                      "will recover it", o.job.id, describe_failure(again), extra={"action": "outcome_invalid"})
+            return None
+
+    def _confirm(self, conn: psycopg.Connection, unsure: list[Outcome]) -> set[int]:
+        """After a connection failed mid-write, a refused row may be our own earlier write
+        that committed before the reply was lost: the same token with the state (and error
+        code) this outcome writes proves it. The reaper never writes these codes."""
+        rows = {r[0]: r for r in self.store.lease_states(conn, [o.job.id for o in unsure])}
+        ok = set()
+        for o in unsure:
+            r = rows.get(o.job.id)
+            if r is None or r[2] != o.job.lease_token:
+                continue
+            state, code, kind = r[1], r[3], o.kind_name
+            if (kind == "complete" and state == "succeeded") or \
+                    (kind == "fail" and state in ("pending", "dead") and code == o.code) or \
+                    (kind != "complete" and state == "cancelled" and code == "CANCELLED") or \
+                    (kind in ("release", "snooze") and state == "pending" and code != "LEASE_EXPIRED"):
+                ok.add(o.job.id)
+        return ok
+
+    def _write_failed(self, reason: str, text: str) -> None:
+        self.metrics.outcome_write_error(reason)
+        self.table.write_health(f"{reason}: {text}")
+
+    # -- accounting ---------------------------------------------------------------------
+
+    def _account(self, written: list[Outcome], reports: dict[int, FenceReport], confirmed: set[int],
+                 started_ns: int) -> None:
+        """Count a flush at once: one pass over the slot table, one update of each shared
+        counter, gauge and histogram per label set."""
+        outcomes: dict[str, int] = {}
+        in_flight: dict[str, int] = {}
+        finished: dict[tuple[str, str, str, str | None], list[float | None]] = {}
+        settled: dict[tuple[str, str], list[tuple[ClaimedJob, Any]]] = {}
+        traced = tracing.enabled()
+        for o in written:
+            report = reports.get(o.kind, FenceReport(""))
+            accepted = o.job.id in report.accepted or o.job.id in confirmed
+            outcome = written_outcome(o.kind, report.details.get(o.job.id)) if accepted else "lost"
+            if accepted:
+                if outcome == "dead":
+                    _log_dead(o)
+                if traced and o.span is not None:
+                    op = {"complete": "complete", "fail": "retry" if outcome == "retried" else "fail"}.get(
+                        o.kind_name, o.kind_name)
+                    settled.setdefault((o.job.queue, op), []).append((o.job, o.span))
+            else:
+                self._fenced(o, started_ns)
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+            in_flight[o.job.queue] = in_flight.get(o.job.queue, 0) + 1
+            finished.setdefault((o.job.queue, o.job.task, outcome, o.code), []).append(o.run_seconds)
+        for (queue, op), attempts in settled.items():
+            tracing.settle_spans(queue, op, attempts, worker_id=self.worker_id, start_time=started_ns)
+        self.table.clear_many([(o.slot, o.job.id) for o in written])
+        for outcome, n in outcomes.items():
+            self.table.count(outcome, n)
+        for queue, n in in_flight.items():
+            self.metrics.in_flight(queue, -n)
+        for (queue, task, outcome, code), seconds in finished.items():
+            self.metrics.finished_many(queue, task, outcome, seconds, code)
+        self.on_settled()
+
+    def _fenced(self, o: Outcome, started_ns: int) -> None:
+        """A write the fence refused: the lease was lost; count, log, trace it."""
+        self.metrics.fenced(o.job.queue, o.kind_name)
+        log.warning("fenced out: %s of job %s (token %s) was refused, the lease was lost",
+                    o.kind_name, o.job.id, o.job.lease_token,
+                    extra={"action": "fenced", "job_id": o.job.id, "queue": o.job.queue,
+                           "lease_token": o.job.lease_token})
+        tracing.settle_span(o.job, o.kind_name, False, parent=o.span, worker_id=self.worker_id,
+                            start_time=started_ns)
+
+
+def _write(o: Outcome) -> Write:
+    return Write(o.job.lease, o.kind, o.job.ordering_key, o.code, o.message, o.delay, o.permanent)
+
+
+def _merge(reports: dict[int, FenceReport], kind: int, report: FenceReport) -> None:
+    old = reports.get(kind)
+    if old is None:
+        reports[kind] = report
+        return
+    reports[kind] = FenceReport(report.operation, old.accepted + report.accepted, old.refused + report.refused,
+                                {**old.details, **report.details})
+
+
+def _log_dead(o: Outcome) -> None:
+    """Whatever the cause (last attempt, permanent, unknown task): say it once, with the
+    commands to inspect and replay (the task name as repr: a name from a raw INSERT may
+    hold line breaks and escapes)."""
+    message = o.message[:200].replace("\r", "\\r").replace("\n", "\\n")
+    log.error("job %s (task %r) is dead after attempt %s/%s: %s: %s; see `pgworker jobs show %s`, "
+              "replay with `pgworker dead replay %s`", o.job.id, o.job.task, o.job.attempt,
+              o.job.max_attempts, o.code, message, o.job.id, o.job.id,
+              extra={"action": "job_dead", "job_id": o.job.id, "queue": o.job.queue})
+

@@ -1,0 +1,103 @@
+"""The claimer's one database connection, shared by its claim loop and its completer.
+
+One statement sequence at a time (``lock``); opened with the worker's session bounds
+(keepalives and ``tcp_user_timeout`` from the lease, ``statement_timeout``,
+``lock_timeout``), the opt-in ``synchronous_commit``, and a JSON decoder that turns a
+payload Python cannot decode into a value its job fails on, instead of failing every
+claim of its queue. After a lost connection it reconnects with the runtime's one
+backoff, and logs the outage once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+import psycopg
+from psycopg.types.json import set_json_loads
+
+from ...config import Settings
+from ...db import POOLED, OutageLog, connect, set_session_timeouts, worker_params
+from ...errors import DatabaseUnavailable
+from ...jobs import safe_json_loads
+from ..service import Backoff
+
+log = logging.getLogger("pgworker.claimer")
+
+
+class ClaimerConnection:
+    """``ensure()`` before use; ``failed(exc, action)`` after a lost connection (logs once
+    per outage, closes, waits the backoff); ``ok()`` after a statement went through."""
+
+    def __init__(self, settings: Settings, index: int, should_stop: Callable[[], bool]) -> None:
+        self.settings = settings
+        self.index = index
+        self.should_stop = should_stop
+        self.lock = threading.RLock()
+        self.conn: psycopg.Connection | None = None
+        self.backoff = Backoff()
+        self.outage = OutageLog(log, f"claimer {index}", settings.dsn)
+
+    def ensure(self, block: bool = True) -> bool:
+        """An open connection, reconnecting if needed; False (after the backoff when
+        ``block``) when the database cannot be reached."""
+        with self.lock:
+            if self.conn is not None and not self.conn.closed and not self.conn.broken:
+                return True
+            try:
+                self.conn = self._open()
+                # the backoff is reset by the first statement that succeeds, not by the
+                # connect: a read-only server accepts connections and refuses every claim
+                return True
+            except (DatabaseUnavailable, psycopg.Error) as exc:
+                self.close()
+                self.outage.failed(exc, "connect")
+        if block:
+            self.sleep(self.backoff.next())
+        return False
+
+    def _open(self) -> psycopg.Connection:
+        s = self.settings
+        conn = connect(s.dsn, application_name=f"pgworker:claimer:{self.index}", prepare=s.prepared_statements,
+                       **worker_params(s.lease_seconds))
+        try:
+            set_json_loads(safe_json_loads, conn)
+            set_session_timeouts(conn, statement_timeout=s.statement_timeout_seconds,
+                                 lock_timeout=s.lock_timeout_seconds)
+            if s.synchronous_commit:
+                if conn in POOLED:
+                    log.warning("claimer %s: synchronous_commit is a session setting, which a transaction "
+                                "pooler does not keep: set it on the role instead (ALTER ROLE ... SET "
+                                "synchronous_commit = ...) and unset PGWORKER_SYNCHRONOUS_COMMIT", self.index)
+                else:
+                    conn.execute("SELECT set_config('synchronous_commit', %s, false)", [s.synchronous_commit])
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def ok(self) -> None:
+        self.outage.ok()
+        self.backoff.reset()
+
+    def failed(self, exc: BaseException, action: str) -> None:
+        """The connection is gone: log (once per outage), close, wait the backoff."""
+        self.outage.failed(exc, action)
+        with self.lock:
+            self.close()
+        self.sleep(self.backoff.next())
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
+            self.conn = None
+
+    def sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and not self.should_stop():
+            time.sleep(min(0.2, max(0.0, end - time.monotonic())))

@@ -1,0 +1,233 @@
+"""The executor: run one handler, and turn what it returned or raised into an outcome.
+
+Decision order (:meth:`Executor.decide`), with the reasons:
+
+1. Success wins: the work was done (even if a cancellation arrived meanwhile, or the
+   lease was presumed lost; the fence decides whether the success is recorded).
+2. A cancellation beats everything else: an operator asked for the job to end, so a
+   failure, a retry or a snooze of a job whose cancellation was requested (or that
+   raised :class:`pgworker.JobCancelled`) ends it cancelled.
+3. A snooze runs the job again later without spending an attempt.
+4. A handler that stopped because it was told its lease was lost
+   (:class:`pgworker.LeaseLost`) records a failure ``LEASE_LOST`` (the fence decides).
+5. Any other exception is classified (:func:`pgworker.retry.classify`): retry after the
+   task's backoff (or the delay it asked for), or dead when permanent or its attempts
+   are spent.
+
+Every value is bounded here (:mod:`.outcome`), never in the write.
+
+Async handlers run on an event loop kept across jobs, each as a task that is cancelled
+when a cancellation request reaches its slot. A ``SystemExit`` or ``KeyboardInterrupt``
+raised inside a handler is caught inside its own task and recorded as that job's
+failure, and a loop that an exception still escaped is discarded: nothing of one job
+can reach another job's outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from ... import tracing
+from ...context import JobContext
+from ...errors import InvalidPayload, JobCancelled, LeaseLost, Permanent, Retry, Snooze
+from ...jobs import ClaimedJob
+from ...names import redact
+from ...retry import classify, error_code
+from ...tasks import Task
+from ..slots import SlotTable
+from ..outcome import (CANCEL, COMPLETE, FAIL, SNOOZE, Outcome, bounded_code, bounded_delay,
+                      bounded_message)
+
+log = logging.getLogger("pgworker.claimer")
+
+UNKNOWN_TASK = "UNKNOWN_TASK"
+TIMEOUT = "TIMEOUT"
+LEASE_LOST = "LEASE_LOST"
+# An async handler's task is cancelled within this long of a cancellation request
+# reaching its slot (the request itself arrives with the next lease renewal).
+CANCEL_POLL_SECONDS = 0.1
+
+
+class HandlerTimeout(Exception):
+    """An async handler ran past its task's timeout."""
+
+    pgworker_code = TIMEOUT
+
+
+class _HandlerExit(Exception):
+    """Carries a SystemExit or KeyboardInterrupt out of a handler's task as an ordinary
+    exception, so that asyncio never sees it (it would leave the task pending)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(type(exc).__name__)
+        self.exc = exc
+
+
+class Executor:
+    """Runs the handlers of one claimer process. ``run(job, slot)`` returns the decided
+    :class:`Outcome` and records it in the slot table (for the supervisor, should this
+    process die before the write)."""
+
+    def __init__(self, app: Any, table: SlotTable, *, worker_id: str, error_message_max_chars: int,
+                 secrets: tuple[str | None, ...] = ()) -> None:
+        self.app = app
+        self.table = table
+        self.worker_id = worker_id
+        self.max_chars = error_message_max_chars
+        self.secrets = secrets
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.running = False  # a handler runs (the completer's thread then beats for the loop)
+        self.avg_run_seconds: float | None = None
+
+    def run(self, job: ClaimedJob, slot: int) -> Outcome:
+        task: Task | None = self.app.tasks.get(job.task)
+        span = tracing.start_process_span(job, self.worker_id)
+        if task is None:
+            known = ", ".join(sorted(self.app.tasks)) or "none"
+            out = Outcome(job, slot, FAIL, "dead", 0.0, code=UNKNOWN_TASK, permanent=True,
+                          message=(f"no handler for task {job.task!r} in this worker (registered: {known[:300]}); "
+                                   f"deploy a worker that has it, then `pgworker dead replay {job.id}`"))
+            tracing.record_outcome(span, "dead", LookupError(job.task), UNKNOWN_TASK)
+            return self._record(out, span)
+        ctx = JobContext(job, self.table, slot)
+        token = tracing.attach(span)  # the handler's own spans (and SQL spans) become children
+        self.running = True
+        t0 = time.perf_counter()
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            payload = task.decode(job.payload)
+            args = (payload, ctx) if task.takes_context else (payload,)
+            result = self._run_async(task, args, ctx) if task.is_async else task.func(*args)
+        except _HandlerExit as exc:
+            error = exc.exc
+        except BaseException as exc:  # noqa: BLE001 - every handler failure is recorded, even SystemExit
+            error = exc
+        elapsed = time.perf_counter() - t0
+        self.running = False
+        tracing.detach(token)
+        self.avg_run_seconds = elapsed if self.avg_run_seconds is None else 0.8 * self.avg_run_seconds + 0.2 * elapsed
+        out = self.decide(job, task, slot, result, error, elapsed)
+        tracing.record_outcome(span, out.outcome, error, out.code if error is not None else None)
+        return self._record(out, span)
+
+    def _record(self, out: Outcome, span: Any) -> Outcome:
+        out.span = span
+        span.end()
+        self.table.decide(out.slot, out.job.id, out.kind, delay=out.delay, permanent=out.permanent,
+                          code=out.code or "", message=out.message)
+        return out
+
+    # -- async handlers -----------------------------------------------------------------
+
+    def _run_async(self, task: Task, args: tuple[Any, ...], ctx: JobContext) -> Any:
+        if self.loop is None or self.loop.is_closed():
+            self.loop = asyncio.new_event_loop()
+        coro = _guarded(task.func(*args))
+        timeout = task.timeout_seconds
+        if timeout is not None:
+            coro = asyncio.wait_for(coro, timeout)
+        try:
+            return self.loop.run_until_complete(_cancellable(coro, ctx))
+        except asyncio.TimeoutError:
+            raise HandlerTimeout(f"handler exceeded its timeout of {timeout} s") from None
+        except BaseException:
+            self._discard_loop_if_dirty()
+            raise
+
+    def _discard_loop_if_dirty(self) -> None:
+        """A loop with tasks left over (an exception escaped ``run_until_complete``) would
+        resume them inside the next job: cancel them and start the next job on a new loop."""
+        loop = self.loop
+        if loop is None or not asyncio.all_tasks(loop):
+            return
+        self.loop = None
+        for t in asyncio.all_tasks(loop):
+            t.cancel()
+        try:
+            loop.run_until_complete(asyncio.gather(*asyncio.all_tasks(loop), return_exceptions=True))
+        except BaseException:  # noqa: BLE001 - a handler that refuses to end; the loop goes anyway
+            log.warning("an async handler did not end when cancelled; its event loop is discarded")
+        finally:
+            loop.close()
+
+    def close(self) -> None:
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.close()
+
+    # -- deciding -------------------------------------------------------------------------
+
+    def decide(self, job: ClaimedJob, task: Task, slot: int, result: Any, error: BaseException | None,
+               elapsed: float) -> Outcome:
+        """Turn a handler's return value or exception into the outcome to write (see the
+        module's decision order)."""
+        _, cancel = self.table.flags(slot, job.id)
+        if isinstance(result, (Retry, Snooze)):
+            error, result = result, None
+        if error is None:
+            return Outcome(job, slot, COMPLETE, "succeeded", elapsed)
+        if cancel or isinstance(error, JobCancelled):
+            return Outcome(job, slot, CANCEL, "cancelled", elapsed, code="CANCELLED")
+        if isinstance(error, Snooze):
+            delay = bounded_delay(error.seconds, job, "Snooze", 0.0)
+            return Outcome(job, slot, SNOOZE, "snoozed", elapsed, delay=delay)
+        policy_delay = task.retry.delay(job.attempt)
+        if isinstance(error, LeaseLost):
+            log.warning("job %s stopped: its lease was lost (attempt %s, token %s); the failure is written "
+                        "only if the job is still ours", job.id, job.attempt, job.lease_token,
+                        extra={"action": "lease_lost", "job_id": job.id, "queue": job.queue})
+            return Outcome(job, slot, FAIL, "retried" if job.attempt < job.max_attempts else "dead", elapsed,
+                           code=LEASE_LOST, message=bounded_message(str(error), self.max_chars),
+                           delay=policy_delay)
+        failure = classify(error, permanent_types=task.permanent_errors, classifier=self.app.classify_error,
+                           max_chars=self.max_chars, secrets=self.secrets)
+        code = bounded_code(failure.code, job, error_code(error)[:64])
+        permanent = bool(failure.permanent)
+        if isinstance(error, HandlerTimeout):
+            code, permanent = TIMEOUT, False
+        if isinstance(error, InvalidPayload):
+            code, permanent = "PAYLOAD_INVALID", True
+        message = bounded_message(redact(failure.message if isinstance(failure.message, str) else
+                                         repr(failure.message), *self.secrets), self.max_chars)
+        delay = policy_delay if failure.retry_after is None else \
+            bounded_delay(failure.retry_after, job, "retry delay", policy_delay)
+        dead = permanent or job.attempt >= job.max_attempts
+        if not isinstance(error, (Permanent, Retry)):
+            log.warning("job %s (%s) attempt %s/%s failed: %s: %s", job.id, job.task, job.attempt,
+                        job.max_attempts, code, _one_line(message[:200]),
+                        extra={"action": "job_failed", "job_id": job.id, "queue": job.queue})
+        return Outcome(job, slot, FAIL, "dead" if dead else "retried", elapsed, code=code, message=message,
+                       delay=delay, permanent=permanent)
+
+
+def _one_line(text: str) -> str:
+    """Text for a log line: line breaks escaped, so an error message cannot forge lines."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+async def _guarded(coro: Any) -> Any:
+    try:
+        return await coro
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise _HandlerExit(exc) from None
+
+
+async def _cancellable(coro: Any, ctx: JobContext) -> Any:
+    """Run an async handler as a task and cancel it when its job's cancellation is
+    requested (``ctx.cancel_requested``, set by the lease renewal). The handler sees
+    ``asyncio.CancelledError`` at its current await; if it lets it propagate, the job
+    ends cancelled (it may catch it to clean up, and then raise or return)."""
+    task = asyncio.ensure_future(coro)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=CANCEL_POLL_SECONDS)
+        if done:
+            return task.result()
+        if ctx.cancel_requested:
+            task.cancel()
+            try:
+                return await task
+            except asyncio.CancelledError:
+                raise JobCancelled(f"job {ctx.job_id} was cancelled; its task was cancelled") from None

@@ -1,0 +1,51 @@
+"""The entry point of a claimer process (multiprocessing, ``spawn``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ... import tracing
+from ...config import Settings
+from ..podlimits import PodQueueLimits
+from ..slots import SlotTable
+from ..wakeups import PodSignals
+
+
+@dataclass(frozen=True)
+class ClaimerSpec:
+    """Everything a claimer process needs, picklable for ``spawn``: its index, every slot
+    table of the pod (its own at ``index``), the pod's wake-up state and limits."""
+
+    app_ref: str
+    settings: Settings
+    index: int
+    tables: tuple[SlotTable, ...]
+    queues: tuple[str, ...]
+    drain: bool
+    log_level: int | str
+    log_format: str
+    signals: PodSignals
+    pod_limits: PodQueueLimits | None = None
+    supervisor_pid: int = 0
+
+
+def claimer_main(spec: ClaimerSpec) -> None:
+    """Run one claimer until it is asked to stop (or is recycled)."""
+    from ...loader import load_app
+    from ...logs import setup_logging
+    from .loop import Claimer
+
+    setup_logging(spec.log_level, spec.log_format)
+    # Each claimer sets up its own SDK (spawned processes share no exporter threads).
+    provider = tracing.setup_process(spec.settings.tracing, trace_sql=spec.settings.trace_sql)
+    app = load_app(spec.app_ref)
+    app.configure(spec.settings)
+    claimer = Claimer(app, spec.settings, spec.index, spec.tables[spec.index], spec.queues, drain=spec.drain,
+                      peers=spec.tables, signals=spec.signals, pod_limits=spec.pod_limits,
+                      supervisor_pid=spec.supervisor_pid)
+    try:
+        code = claimer.run()
+    finally:
+        tracing.flush(provider)
+    if code:
+        raise SystemExit(code)

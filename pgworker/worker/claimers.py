@@ -1,0 +1,199 @@
+"""The pod's claimer processes: start, watch, stop, restart, and say what a dead one held.
+
+Each claimer is a ``spawn``ed process with its slot table in shared memory. The pool
+restarts a claimer that exits (at once when it was recycled, with a backoff when it
+keeps crashing), stops one whose handler runs past its hard limit (a sync handler cannot
+be interrupted: the process is killed and the attempt fails ``TIMEOUT``), and tells the
+renewer whether the process holding a slot is alive and not stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from . import slots as s
+from .lease import past_hard_limit
+from .service import Backoff
+from .settler import TIMEOUT
+from ..retry import RetryPolicy
+
+log = logging.getLogger("pgworker.worker")
+
+# A claimer that dies within this long of its start is crashing: restart it after a
+# backoff (0.5 s doubling to 30 s) rather than at once.
+QUICK_EXIT_SECONDS = 5.0
+RESTART_POLICY = RetryPolicy(base_seconds=0.5, factor=2.0, max_seconds=30.0, jitter=0.0)
+
+
+@dataclass
+class ClaimerHandle:
+    index: int
+    table: s.SlotTable
+    process: Any = None
+    started_at: float = 0.0
+    restart_at: float = 0.0
+    restarts: Backoff = field(default_factory=lambda: Backoff(RESTART_POLICY))
+    kill_reasons: dict[int, str] = field(default_factory=dict)
+
+
+def process_stopped(pid: int) -> bool:
+    """True when the process is stopped (SIGSTOP) or a zombie: alive but not working.
+
+    Reads the state letter of /proc/<pid>/stat (Linux, proc(5)); elsewhere returns False.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    state = data[data.rfind(b")") + 2:][:1]
+    return state in (b"T", b"t", b"Z")
+
+
+class ClaimerPool:
+    """``count`` claimer processes; ``start_process(handle)`` spawns one."""
+
+    def __init__(self, *, mp: Any, count: int, capacity: int, start_process: Callable[[ClaimerHandle], Any]) -> None:
+        self.mp = mp
+        self.handles = [ClaimerHandle(i, s.SlotTable(capacity, mp)) for i in range(count)]
+        self.tables = [h.table for h in self.handles]
+        self.start_process = start_process
+
+    def start(self) -> None:
+        for h in self.handles:
+            self.spawn(h)
+
+    def spawn(self, h: ClaimerHandle) -> None:
+        h.process = self.start_process(h)
+        h.started_at = time.monotonic()
+        h.kill_reasons = {}
+
+    def sentinels(self) -> list[Any]:
+        return [h.process.sentinel for h in self.handles if h.process is not None]
+
+    def exited(self) -> list[ClaimerHandle]:
+        """Handles whose process has exited (joined; ``process`` still set for its exit code)."""
+        out = []
+        for h in self.handles:
+            if h.process is not None and not h.process.is_alive():
+                h.process.join()
+                out.append(h)
+        return out
+
+    def all_stopped(self) -> bool:
+        return all(h.process is None for h in self.handles)
+
+    def holder_alive(self, table: s.SlotTable, v: s.SlotView) -> bool:
+        """Whether the process holding a slot is alive and not stopped (a slot being taken
+        over is held by the claimer taking it)."""
+        index = v.moved_to if v.state == s.STOLEN and 0 <= v.moved_to < len(self.handles) else self.tables.index(table)
+        p = self.handles[index].process
+        return p is not None and p.is_alive() and not process_stopped(p.pid)
+
+    def held_by(self, h: ClaimerHandle) -> tuple[list[s.SlotView], list[tuple[s.SlotTable, s.SlotView]]]:
+        """What a gone claimer held: its own slots, and the slots of other tables it was
+        taking over. If it died holding its table's lock (kill -9 in those few
+        microseconds), nobody can release it: the table gets a new lock."""
+        try:
+            held = h.table.held()
+        except s.SlotTableBusy:
+            log.error("claimer %s died holding its slot table's lock; the table gets a new lock", h.index)
+            h.table.replace_lock(self.mp)
+            held = h.table.held()
+        in_transit = []
+        for other in self.handles:
+            if other is h:
+                continue
+            try:
+                in_transit += [(other.table, v) for v in other.table.held()
+                               if v.state == s.STOLEN and v.moved_to == h.index]
+            except s.SlotTableBusy:
+                continue
+        return held, in_transit
+
+    def schedule_restart(self, h: ClaimerHandle, exitcode: int | None, pid: int | None, held: int) -> None:
+        now = time.monotonic()
+        if exitcode == 0:
+            # recycled (max jobs or memory per child), however soon: not a crash, no backoff
+            h.restart_at = now
+            h.restarts.reset()
+            return
+        if now - h.started_at < QUICK_EXIT_SECONDS:
+            delay = h.restarts.next()
+        else:
+            h.restarts.reset()
+            delay = 0.0
+        h.restart_at = now + delay
+        log.error("claimer %s (pid %s) exited with code %s; restarting in %.1f s (held %s job(s))",
+                  h.index, pid, exitcode, delay, held)
+
+    def restart_due(self, now: float) -> None:
+        for h in self.handles:
+            if h.process is None and now >= h.restart_at:
+                self.spawn(h)
+
+    def enforce_hard_limits(self, now: float) -> None:
+        """Stop attempts past their hard limit (the lease contract, rule 4)."""
+        for h in self.handles:
+            if h.process is None or not h.process.is_alive():
+                continue
+            try:
+                views = h.table.live()
+            except s.SlotTableBusy:
+                continue
+            for v in views:
+                if past_hard_limit(v, now):
+                    log.error("job %s ran %.0f s, past its limit of %.0f s: stopping claimer %s",
+                              v.job_id, now - v.started_at, v.hard_limit, h.index,
+                              extra={"action": "timeout", "job_id": v.job_id})
+                    h.kill_reasons[v.job_id] = TIMEOUT
+                    _kill(h.process.pid, signal.SIGKILL)
+                    break
+
+    def drained(self) -> bool:
+        """Drain mode: every claimer's last round found nothing, it waits, and holds nothing."""
+        for h in self.handles:
+            hdr = h.table.header
+            if h.process is None or not hdr.drained or not hdr.idle:
+                return False
+            try:
+                if h.table.live():
+                    return False
+            except s.SlotTableBusy:
+                return False
+        return True
+
+    def ask_to_stop(self) -> None:
+        for h in self.handles:
+            h.table.header.stopping = 1
+            h.table.wake.set()
+            if h.process is not None and h.process.is_alive():
+                _kill(h.process.pid, signal.SIGTERM)
+
+    def kill_all(self) -> None:
+        for h in self.handles:
+            if h.process is not None:
+                _kill(h.process.pid, signal.SIGKILL)
+
+    def write_problem(self, stall_seconds: float) -> str | None:
+        """A claimer whose outcome writes have failed for longer than ``stall_seconds``."""
+        now = time.monotonic()
+        for h in self.handles:
+            hdr = h.table.header
+            since = hdr.write_failing_since
+            if h.process is not None and since and now - since > stall_seconds:
+                reason = bytes(hdr.write_failure).decode("utf-8", "replace")
+                return f"claimer {h.index} cannot write job outcomes for {now - since:.0f} s ({reason})"
+        return None
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,100 @@
+"""Drain mode (``pgworker run --drain``): what a run does before it claims, and its report.
+
+A drain run is what a Kubernetes CronJob runs against a compute that must be allowed to
+suspend: no LISTEN, no poll, no timers, no statistics queries, no HTTP server. So the
+maintenance that an always-on worker does on timers happens once, before claiming:
+reap expired leases (their jobs are due at once: the gap between runs is their
+backoff), enqueue the due slots of the app's periodic jobs, and prune finished jobs
+past their retention. At exit it prints one JSON summary line and can push it to a
+Pushgateway.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import psycopg
+
+from ..schedules import Scheduler
+from .pruner import Retention, prune_pass
+from .reaper import ReaperConfig, reap_pass
+from .slots import OUTCOME_FIELDS
+
+log = logging.getLogger("pgworker.worker")
+
+
+@dataclass
+class RunSummary:
+    """What a run did, for the drain-mode JSON line and the Pushgateway."""
+
+    counts: dict[str, int] = field(default_factory=lambda: {f: 0 for f in OUTCOME_FIELDS})
+    left: int = 0
+    started: float = field(default_factory=time.time)
+    result: str = "succeeded"
+
+    def add(self, counts: dict[str, int]) -> None:
+        for k, v in counts.items():
+            self.counts[k] = self.counts.get(k, 0) + v
+
+    def as_json(self) -> str:
+        c = self.counts
+        return json.dumps({
+            "event": "drain_summary", "result": self.result,
+            "processed": sum(c.values()), "succeeded": c["succeeded"], "retried": c["retried"],
+            "dead": c["dead"], "cancelled": c["cancelled"], "released": c["released"],
+            "snoozed": c["snoozed"], "lost": c["lost"], "left": self.left,
+            "duration_seconds": round(time.time() - self.started, 3)}, sort_keys=False)
+
+
+def before_claiming(app: Any, connect: Callable[[str], psycopg.Connection], metrics: Any, *,
+                    schedules: bool, prune: bool) -> None:
+    """The maintenance of a drain run, once: reap, fire due schedules, prune. A failure
+    of one step is logged and the run goes on (claiming is what it is for)."""
+    settings = app.settings
+    steps: list[tuple[str, Callable[[psycopg.Connection], str | None]]] = [
+        ("reaper", lambda c: _reaped(reap_pass(app.store, c, ReaperConfig(), metrics)))]
+    if schedules:
+        steps.append(("scheduler", lambda c: _fired(app, c)))
+    if prune:
+        steps.append(("pruner", lambda c: _pruned(prune_pass(app.store, c, Retention.from_settings(settings),
+                                                              metrics))))
+    for name, step in steps:
+        try:
+            with connect(f"pgworker:{name}") as conn:
+                said = step(conn)
+            if said:
+                log.info("drain: %s before claiming", said)
+        except Exception as exc:  # noqa: BLE001 - the run goes on
+            log.error("drain: %s failed before claiming: %s", name, type(exc).__name__)
+
+
+def _reaped(n: int) -> str | None:
+    return f"reaped {n} expired lease(s)" if n else None
+
+
+def _fired(app: Any, conn: psycopg.Connection) -> str | None:
+    scheduler = Scheduler(app.store, list(app.schedules.values()))
+    scheduler.register(conn)
+    scheduler.tick(conn)
+    return f"enqueued {scheduler.fired} periodic job(s)" if scheduler.fired else None
+
+
+def _pruned(counts: dict[str, int]) -> str | None:
+    n = sum(counts.values())
+    return f"pruned {n} finished row(s)" if n else None
+
+
+def report(summary: RunSummary, pushgateway_url: str | None, schema: str) -> None:
+    """Print the JSON summary line; push it to the Pushgateway when one is configured."""
+    print(summary.as_json(), flush=True)
+    if pushgateway_url:
+        from ..metrics_push import push_drain_summary
+
+        try:
+            push_drain_summary(pushgateway_url, summary, schema)
+        except Exception as exc:  # noqa: BLE001 - the run's outcome stands
+            log.error("pushing the drain summary to %s failed: %s", pushgateway_url, exc)

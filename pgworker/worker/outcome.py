@@ -1,0 +1,161 @@
+"""An attempt's outcome: what will be written for it, validated and bounded where it is decided.
+
+Values that reach the database come from user code (a handler's ``Retry(after=...)`` or
+``Snooze(...)``, a custom classifier's code and message). Each is checked here, before
+it is recorded, so a value PostgreSQL would refuse (an interval or timestamp out of
+range, a NUL byte, a code too long for a metric label) never reaches the batched write:
+delays are finite and within ``MAX_DELAY_SECONDS``, codes are short printable text,
+messages bounded, printable and free of secrets. A problem is logged once per outcome
+with the job id and the fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import psycopg
+
+from ..jobs import MAX_DELAY_SECONDS, ClaimedJob, FailRequest, FenceReport, Lease
+from ..names import bounded_text
+from ..store import Store
+
+log = logging.getLogger("pgworker.claimer")
+
+# What will be written (the slot table records these numbers for the supervisor).
+COMPLETE, FAIL, SNOOZE, CANCEL, RELEASE = 1, 2, 3, 4, 5
+KIND_NAMES = {COMPLETE: "complete", FAIL: "fail", SNOOZE: "snooze", CANCEL: "cancel", RELEASE: "release"}
+# The metric outcome each kind counts as once written (a failure: retried or dead, as
+# the statement decided; any kind but complete: cancelled when a cancellation was requested).
+PROVISIONAL = {COMPLETE: "succeeded", FAIL: "retried", SNOOZE: "snoozed", CANCEL: "cancelled", RELEASE: "released"}
+
+CODE_MAX_CHARS = 64
+OUTCOME_INVALID = "OUTCOME_INVALID"
+
+
+@dataclass(slots=True)
+class Outcome:
+    """One attempt's decided outcome, waiting for the batched, fenced write.
+
+    ``slot`` is the job's index in the claimer's slot table; ``run_seconds`` the
+    handler's run time (None when it never ran); ``delay`` seconds before a retry or a
+    snooze; ``outcome`` the metric outcome expected before the write decides.
+    """
+
+    job: ClaimedJob
+    slot: int
+    kind: int
+    outcome: str
+    run_seconds: float | None
+    code: str | None = None
+    message: str = ""
+    delay: float = 0.0
+    permanent: bool = False
+    span: Any = None
+    decided_at: float = field(default_factory=time.monotonic)
+    retries: int = 0  # writes attempted before (a connection failed, or a statement was refused for now)
+
+    @property
+    def kind_name(self) -> str:
+        return KIND_NAMES[self.kind]
+
+
+def bounded_delay(value: Any, job: ClaimedJob, what: str, fallback: float) -> float:
+    """``value`` (seconds) as a delay the database can hold.
+
+    Negative values become 0; values past ``MAX_DELAY_SECONDS`` (infinity included)
+    become ``MAX_DELAY_SECONDS``; anything that is not a number, or NaN, takes
+    ``fallback`` (the task's backoff). Each correction is logged with the job id.
+    """
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if math.isnan(seconds):
+        _warn(job, f"{what} {value!r} is not a number of seconds; using {fallback:.1f} s instead")
+        return fallback
+    if seconds < 0:
+        _warn(job, f"{what} {value!r} is negative; using 0 s")
+        return 0.0
+    if seconds > MAX_DELAY_SECONDS:
+        _warn(job, f"{what} {value!r} is longer than {MAX_DELAY_SECONDS:.0f} s (100 years); using that")
+        return MAX_DELAY_SECONDS
+    return seconds
+
+
+def bounded_code(code: Any, job: ClaimedJob, fallback: str) -> str:
+    """``code`` if it is 1 to 64 printable characters (it is stored, and becomes the
+    ``error_class`` label of the metrics), else ``fallback`` with a warning."""
+    if isinstance(code, str) and 0 < len(code) <= CODE_MAX_CHARS and code.isprintable() and code == code.strip():
+        return code
+    _warn(job, f"error code {code!r:.80} is not 1-{CODE_MAX_CHARS} printable characters; "
+               f"recorded as {fallback!r} (fix the classifier or the exception's pgworker_code)")
+    return fallback
+
+
+def bounded_message(message: Any, max_chars: int) -> str:
+    """A message for the error history: text, printable, NUL-free, at most ``max_chars``."""
+    if not isinstance(message, str):
+        message = repr(message)
+    return bounded_text(message, max_chars)
+
+
+def _warn(job: ClaimedJob, text: str) -> None:
+    log.warning("job %s (task %r): %s", job.id, job.task, text,
+                extra={"action": "outcome_corrected", "job_id": job.id, "queue": job.queue})
+
+
+@dataclass(frozen=True)
+class Write:
+    """One fenced outcome write: the lease, the kind, and the values of a failure,
+    retry or snooze. ``ordering_key``: the job's key when known (a claimer knows it);
+    None for all of a batch makes the store read the keys first (the supervisor)."""
+
+    lease: Lease
+    kind: int
+    ordering_key: str | None = None
+    code: str | None = None
+    message: str = ""
+    delay: float = 0.0
+    permanent: bool = False
+
+
+def write_outcomes(store: Store, conn: psycopg.Connection, writes: Sequence[Write], *,
+                   keys_known: bool = True) -> dict[int, FenceReport]:
+    """Write outcomes: one fenced statement per kind (pgworker/sql/queries/lease.sql).
+
+    Returns a :class:`pgworker.jobs.FenceReport` per kind: which leases took effect (with
+    the state each job went to) and which the fence refused. Raises psycopg errors as
+    they come: the caller tells a lost connection from a refused statement.
+    """
+    groups: dict[int, list[Write]] = {}
+    for w in writes:
+        groups.setdefault(w.kind, []).append(w)
+    out: dict[int, FenceReport] = {}
+    for kind, items in groups.items():
+        leases = [w.lease for w in items]
+        keys = [w.ordering_key for w in items] if keys_known else None
+        if kind == COMPLETE:
+            out[kind] = store.complete(conn, leases, keys)
+        elif kind == FAIL:
+            out[kind] = store.fail(conn, [FailRequest(w.lease, w.code or "ERROR", w.message, w.delay, w.permanent)
+                                          for w in items], keys)
+        elif kind == SNOOZE:
+            out[kind] = store.snooze(conn, leases, [w.delay for w in items], keys)
+        elif kind == CANCEL:
+            out[kind] = store.finish_cancelled(conn, leases, keys)
+        elif kind == RELEASE:
+            out[kind] = store.release(conn, leases, keys)
+    return out
+
+
+def written_outcome(kind: int, state: Any) -> str:
+    """The metric outcome of an accepted write, from the state the job went to."""
+    if state == "cancelled":
+        return "cancelled"
+    if kind == FAIL:
+        return "dead" if state == "dead" else "retried"
+    return PROVISIONAL[kind]

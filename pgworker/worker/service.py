@@ -1,0 +1,213 @@
+"""The base of the supervisor's background services (renewer, reaper, pruner, scheduler,
+settler, listener): a thread with its own connection that stops when asked, reconnects
+with one backoff (exponential, with jitter, capped), and reports an outage once.
+
+A service implements :meth:`Service.run_once` (one pass on an open connection) and says
+when to run next (:meth:`Service.next_delay`, seconds). A pass that fails is logged once
+per outage (:class:`pgworker.db.OutageLog`), retried after the backoff, and its
+connection is replaced only when the error says the connection is gone
+(:func:`pgworker.db.connection_lost`): a statement that fails on a live connection (a
+timeout, a refused lock) keeps it. Every worker connection bounds its statements and
+lock waits (``statement_timeout``, ``lock_timeout``) and notices a dead peer within a
+bound derived from the lease (:func:`pgworker.db.worker_params`), so no service waits
+forever on the database.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable
+
+import psycopg
+
+from ..db import OutageLog, connection_lost
+from ..errors import DatabaseUnavailable
+from ..retry import RetryPolicy
+
+log = logging.getLogger("pgworker.worker")
+
+# The one reconnect backoff of the runtime (services, the listener, the claimers):
+# 0.5 s doubling to a cap of 10 s, less up to half at random so that a fleet does not
+# reconnect in step. The cap is the worst-case delay between the database's return and
+# a component noticing it.
+RECONNECT_MAX_SECONDS = 10.0
+RECONNECT_POLICY = RetryPolicy(base_seconds=0.5, factor=2.0, max_seconds=RECONNECT_MAX_SECONDS, jitter=0.5)
+
+Connect = Callable[[str], psycopg.Connection]
+
+
+class PassStalled(DatabaseUnavailable):
+    """A pass took longer than its deadline (a stalled network path): its connection was
+    abandoned and the pass will be retried on a new one."""
+
+
+class Backoff:
+    """The delays of one run of failures: ``next()`` gives the next one (seconds),
+    ``reset()`` starts over after a success. Built on :class:`pgworker.RetryPolicy`."""
+
+    def __init__(self, policy: RetryPolicy = RECONNECT_POLICY) -> None:
+        self.policy = policy
+        self.failures = 0
+
+    def next(self) -> float:
+        self.failures += 1
+        return self.policy.delay(self.failures)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+class Health:
+    """What a service reports to the pod's /readyz (see pgworker.worker.health)."""
+
+    def db_ok(self) -> None: ...
+
+    def db_failed(self, kind: str, reason: str = "") -> None: ...
+
+
+class Service:
+    """One background duty of the supervisor, in a thread of its own.
+
+    ``connect(application_name)`` opens a worker connection; ``stop`` ends every service
+    of the pod; ``health`` receives the database's state as this service sees it.
+    """
+
+    name = "service"
+    action = ""  # what a failed pass was doing, for the outage log
+
+    def __init__(self, *, connect: Connect, stop: threading.Event, health: Any = None,
+                 dsn: str | None = None, pass_timeout: float = 60.0) -> None:
+        self.connect = connect
+        self.stop = stop
+        self.health = health or Health()
+        self.pass_timeout = pass_timeout
+        self.backoff = Backoff()
+        self.outage = OutageLog(log, self.name, dsn)
+        self.conn: psycopg.Connection | None = None
+        self.thread: threading.Thread | None = None
+
+    # -- what a service defines -------------------------------------------------------
+
+    def run_once(self, conn: psycopg.Connection) -> None:
+        raise NotImplementedError
+
+    def first_delay(self) -> float:
+        """Seconds before the first pass."""
+        return 0.0
+
+    def next_delay(self) -> float:
+        """Seconds from the end of a successful pass to the next one."""
+        raise NotImplementedError
+
+    def on_failure(self, exc: BaseException) -> None:
+        """Called after a failed pass (besides the outage log and the backoff)."""
+
+    def has_work(self) -> bool:
+        """False skips a pass without touching the database (a service fed by a queue)."""
+        return True
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def start(self) -> "Service":
+        self.thread = threading.Thread(target=self.run, name=f"pgworker-{self.name}", daemon=True)
+        self.thread.start()
+        return self
+
+    def join(self, timeout: float) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout)
+
+    def run(self) -> None:
+        delay = self.first_delay()
+        try:
+            while not self.stop.wait(delay):
+                delay = self.pass_once()
+        finally:
+            self.close()
+
+    def pass_once(self) -> float:
+        """One pass with its error handling; returns the delay before the next one."""
+        if not self.has_work():
+            return self.next_delay()
+        try:
+            self.bounded(self._connect_and_run, self.pass_timeout)
+        except Exception as exc:  # noqa: BLE001 - a service must outlive any failure
+            self.health.db_failed(self.outage.failed(exc, self.action))
+            if connection_lost(exc, self.conn):
+                self.close()
+            self.on_failure(exc)
+            return self.backoff.next()
+        self.backoff.reset()
+        self.outage.ok()
+        self.health.db_ok()
+        return self.next_delay()
+
+    def _connect_and_run(self) -> None:
+        if self.conn is None or self.conn.closed or self.conn.broken:
+            self.conn = self.connect(f"pgworker:{self.name}")
+        self.run_once(self.conn)
+
+    def bounded(self, fn: Callable[[], Any], seconds: float) -> Any:
+        """Run ``fn`` with a deadline of ``seconds``. Statements already carry a
+        ``statement_timeout``, but a path that acknowledges packets and then stalls (a
+        proxy, a half-open NAT) never lets the server see them: past the deadline the
+        pass is abandoned with its connection (closed by the stuck call when it returns)
+        and :class:`PassStalled` is raised, so the service goes on with a new one."""
+        outcome: dict[str, Any] = {}
+        done = threading.Event()
+        abandoned = threading.Event()
+
+        def call() -> None:
+            try:
+                outcome["value"] = fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                outcome["error"] = exc
+            finally:
+                done.set()
+                if abandoned.is_set() and conn is not None:
+                    try:
+                        conn.close()
+                    except Exception:  # noqa: BLE001
+                        pass
+
+        conn = None
+        worker = threading.Thread(target=call, name=f"pgworker-{self.name}-pass", daemon=True)
+        worker.start()
+        if not done.wait(seconds):
+            conn, self.conn = self.conn, None
+            abandoned.set()
+            if done.is_set() and conn is not None:  # finished just now: close it here
+                conn.close()
+            raise PassStalled(f"{self.name}: no answer from PostgreSQL within {seconds:.1f} s "
+                              "(a stalled network path?); trying again on a new connection")
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome.get("value")
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
+            self.conn = None
+
+
+def worker_connect(settings: Any) -> Connect:
+    """``connect(application_name)`` for the pod's services: a worker connection (the
+    session bounds of the module docstring), autocommit, prepared statements as set."""
+    from ..db import connect, set_session_timeouts, worker_params
+
+    def open_connection(application_name: str) -> psycopg.Connection:
+        conn = connect(settings.dsn, application_name=application_name, prepare=settings.prepared_statements,
+                       **worker_params(settings.lease_seconds))
+        try:
+            set_session_timeouts(conn, statement_timeout=settings.statement_timeout_seconds,
+                                 lock_timeout=settings.lock_timeout_seconds)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    return open_connection

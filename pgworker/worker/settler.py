@@ -1,0 +1,162 @@
+"""The settler: the supervisor's own fenced writes, for the jobs of a claimer that is gone.
+
+A claimer that dies (kill -9, a segfault, the OOM killer, a timeout) leaves its slot
+table behind, and the supervisor knows every lease in it, so its jobs are settled at
+once rather than when their leases expire:
+
+- a job that waited unstarted is released (no attempt spent);
+- a job whose handler was running fails ``WORKER_DIED`` (or ``TIMEOUT`` when the
+  supervisor stopped it), with its task's retry delay: the attempt counts, so a job that
+  kills its worker every time ends dead; at shutdown, one still running is released;
+- a job whose outcome was decided, but not yet written, gets that outcome written as
+  decided (the handler's success is not turned into a failure);
+- a job a peer was taking over (STOLEN) is the peer's to settle, unless the peer is the
+  one that died before the job reached its table: then it is released.
+
+Every write is fenced; a refused write whose outcome turns out to be already recorded
+(the claimer's own write committed just before it died) is counted as that outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue as queue_mod
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import psycopg
+
+from ..tasks import retry_delays
+from . import slots as s
+from .outcome import FAIL, PROVISIONAL, RELEASE, Write, write_outcomes, written_outcome
+from .service import Service
+
+log = logging.getLogger("pgworker.worker")
+
+WORKER_DIED = "WORKER_DIED"
+TIMEOUT = "TIMEOUT"
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """One write for a slot of a gone claimer, with what the accounting needs."""
+
+    write: Write
+    queue: str
+    task: str
+    clear: Callable[[], None]  # empties the slot once settled
+
+
+def settlements(held: list[s.SlotView], in_transit: list[tuple[s.SlotTable, s.SlotView]], *, app: Any,
+                queue_name: Callable[[s.SlotView], str], kill_reasons: dict[int, str], release_running: bool,
+                clear: Callable[[s.SlotView], None]) -> list[Settlement]:
+    """What to write for a gone claimer: its own ``held`` slots, and ``in_transit``, the
+    slots of other tables it was taking over (see the module)."""
+    task_names = sorted(app.tasks)
+    delay = retry_delays(app.tasks)
+    out = []
+    own = {v.job_id for v in held}
+    for v in held:
+        task = task_names[v.task_index] if 0 <= v.task_index < len(task_names) else "unknown"
+        lease = _lease(v)
+        if v.state == s.STOLEN:
+            continue  # a live peer takes it over and settles it
+        if v.state in (s.DECIDED, s.WRITING) and v.outcome:
+            w = Write(lease, v.outcome, None, v.code or None, v.message, v.delay, v.permanent)
+        elif v.state == s.CLAIMED or (v.state == s.RUNNING and release_running and v.job_id not in kill_reasons):
+            w = Write(lease, RELEASE)
+        else:
+            code = kill_reasons.get(v.job_id, WORKER_DIED)
+            w = Write(lease, FAIL, None, code, _abandon_message(code), delay(task, max(v.attempt, 1)))
+        out.append(Settlement(w, queue_name(v), task, lambda v=v: clear(v)))
+    for table, v in in_transit:
+        if v.job_id not in own:
+            out.append(Settlement(Write(_lease(v), RELEASE), queue_name(v), "unknown",
+                                  lambda table=table, v=v: _clear(table, v)))
+    return out
+
+
+def _lease(v: s.SlotView) -> Any:
+    from ..jobs import Lease
+
+    return Lease(v.job_id, v.token)
+
+
+def _clear(table: s.SlotTable, v: s.SlotView) -> None:
+    try:
+        table.clear_slots([v])
+    except s.SlotTableBusy:
+        pass
+
+
+def _abandon_message(code: str) -> str:
+    if code == TIMEOUT:
+        return "the attempt ran past its timeout or max runtime; its claimer process was stopped"
+    return "the claimer process running this attempt died before recording an outcome"
+
+
+def settle(store: Any, conn: psycopg.Connection, items: list[Settlement], metrics: Any,
+           count: Callable[[str, int], None]) -> None:
+    """Write ``items`` (fenced), count each outcome (``count(outcome, n)`` for the run's
+    summary), and empty their slots. Raises psycopg errors (the caller retries)."""
+    reports = write_outcomes(store, conn, [i.write for i in items], keys_known=False)
+    refused = [i for i in items if i.write.lease.job_id not in reports[i.write.kind].accepted]
+    recorded = _already_recorded(store, conn, refused) if refused else set()
+    for i in items:
+        job_id = i.write.lease.job_id
+        report = reports[i.write.kind]
+        if job_id in report.accepted:
+            outcome = written_outcome(i.write.kind, report.details.get(job_id))
+        elif job_id in recorded:
+            outcome = PROVISIONAL[i.write.kind]
+        else:
+            outcome = "lost"
+            metrics.fenced(i.queue, report.operation)
+        metrics.finished(i.queue, i.task, outcome, None, i.write.code if outcome in ("retried", "dead") else None)
+        count(outcome, 1)
+        i.clear()
+    log.warning("settled %s job(s) of a stopped claimer", len(items), extra={"action": "settle_abandoned"})
+
+
+def _already_recorded(store: Any, conn: psycopg.Connection, refused: list[Settlement]) -> set[int]:
+    """Refused writes whose job already went, under the same token, where the write would
+    have put it: the claimer's own write committed before it died."""
+    rows = {r[0]: r for r in store.lease_states(conn, [i.write.lease.job_id for i in refused])}
+    done = set()
+    for i in refused:
+        r = rows.get(i.write.lease.job_id)
+        if r is not None and r[2] == i.write.lease.token and r[1] != "running" and r[3] != "LEASE_EXPIRED":
+            done.add(r[0])
+    return done
+
+
+class Settler(Service):
+    """Writes settlements queued by the supervisor, on its own connection."""
+
+    name = "settler"
+    action = "settling a stopped claimer's jobs"
+
+    def __init__(self, *, store: Any, metrics: Any, count: Callable[[str, int], None], **kw: Any) -> None:
+        super().__init__(**kw)
+        self.store = store
+        self.metrics = metrics
+        self.count = count
+        self.queue: "queue_mod.Queue[list[Settlement]]" = queue_mod.Queue()
+
+    def has_work(self) -> bool:
+        return not self.queue.empty()
+
+    def next_delay(self) -> float:
+        return 0.2
+
+    def run_once(self, conn: psycopg.Connection) -> None:
+        while True:
+            try:
+                items = self.queue.get_nowait()
+            except queue_mod.Empty:
+                return
+            try:
+                settle(self.store, conn, items, self.metrics, self.count)
+            except BaseException:
+                self.queue.put(items)  # written again after the backoff, where the fence decides
+                raise

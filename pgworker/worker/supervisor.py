@@ -1,0 +1,403 @@
+"""The supervisor: the parent process of ``pgworker run``.
+
+It starts the pod's claimer processes and its services, then watches: every tick it
+runs the lease clock (leases presumed lost without waiting on the database), stops
+attempts past their hard limit, replaces claimers that exited and has what they held
+settled, announces work on the fallback poll, and decides when to stop. Its services,
+each a thread with its own connection: the renewer, the settler, the listener, the
+reaper, the pruner and the scheduler (the last four not in drain mode). /metrics,
+/healthz and /readyz are served from here.
+
+Shutdown (SIGTERM or SIGINT): stop claiming, give running jobs ``shutdown_grace``
+seconds, then release what still runs (fenced, no attempt spent) and exit 0. A second
+signal exits at once with 128 + the signal's number; leases then expire and a reaper
+recovers the jobs.
+
+Drain mode (``--drain``): maintenance once (:mod:`.drain`), then claim until nothing is
+due and nothing is in flight, and exit 0; with ``max_duration`` and due work left at the
+deadline, exit ``EXIT_DRAIN_DEADLINE``.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from .. import tracing
+from ..config import Settings
+from ..db import POOLED, connect, describe_failure
+from ..errors import DatabaseUnavailable, PoolerError, SchemaVersionError
+from ..schedules import Scheduler
+from . import drain as drain_mode
+from .claimer import ClaimerSpec, claimer_main
+from .claimers import ClaimerHandle, ClaimerPool
+from .health import HealthState, serve_http
+from .lease import LeaseClock, LeaseTerms
+from .listener import Listener
+from .podlimits import PodQueueLimits
+from .pruner import Pruner, Retention
+from .reaper import Reaper, ReaperConfig
+from .renewer import Renewer
+from .scheduler import SchedulerService
+from .service import Backoff, worker_connect
+from .settler import Settler, settle, settlements
+from .slots import SlotView
+from .stats import StatsSource
+from .wakeups import PodSignals
+from ..tasks import retry_delays
+
+log = logging.getLogger("pgworker.supervisor")
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_DRAIN_DEADLINE = 75  # EX_TEMPFAIL: the deadline passed with due work left; run again
+SUPERVISE_TICK_SECONDS = 0.2
+DRAIN_DATABASE_WAIT_SECONDS = 60.0  # a drain run without --max-duration gives up on the database after this
+DATABASE_WAIT_LOG_SECONDS = 60.0    # while waiting for the database, say so again this often
+OUTCOME_WRITE_STALL_SECONDS = 10.0  # /readyz fails when a claimer's outcome writes fail for this long
+
+
+class Supervisor:
+    """Runs one pod's worth of claimers. ``run()`` returns the process exit code."""
+
+    def __init__(self, app: Any, app_ref: str, *, drain: bool = False, max_duration: float | None = None,
+                 pushgateway_url: str | None = None, log_level: int | str = logging.INFO,
+                 log_format: str = "text") -> None:
+        self.app = app
+        self.settings: Settings = app.settings
+        self.app_ref = app_ref
+        self.drain = drain
+        self.max_duration = max_duration
+        self.pushgateway_url = pushgateway_url
+        self.log_level = log_level
+        self.log_format = log_format
+        self.store = app.store
+        self.queues = app.queues()
+        self.mp = multiprocessing.get_context("spawn")
+        self.stop_services = threading.Event()
+        self.summary = drain_mode.RunSummary()
+        self.phase = "starting"
+        self.run_started = time.monotonic()  # the drain deadline counts from here
+        self.received: list[int] = []
+        self.stop_deadline = 0.0
+        self.deadline_hit = False
+        self.connect = worker_connect(self.settings)
+        self.health = HealthState()
+        self.metrics: Any = None
+        self.http: Any = None
+        self.services: list[Any] = []
+        self.stats: StatsSource | None = None
+        self.pool: ClaimerPool | None = None
+        self.signals = PodSignals(self.mp)
+        self.pod_limits: PodQueueLimits | None = None
+        self.settler: Settler | None = None
+
+    # -- the run ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        from ..metrics import process_metrics
+
+        self.metrics = process_metrics(task_label=self.settings.metrics_task_label)
+        tasks_by_queue: dict[str, list[str]] = {}
+        for t in self.app.tasks.values():
+            tasks_by_queue.setdefault(t.queue, []).append(t.name)
+        self.metrics.init_queues(self.queues, tasks_by_queue)
+        self.metrics.known_tasks(self.app.tasks)
+        self.health.listen_required = self.settings.listen and not self.drain
+        provider = tracing.setup_process(self.settings.tracing, trace_sql=False)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        try:
+            if not self.drain and self.settings.metrics_port:
+                self._start_http()
+            return self._run()
+        finally:
+            self.stop_services.set()
+            for service in self.services:
+                service.join(5)
+            if self.http is not None:
+                self.http.shutdown()
+            if self.stats is not None:
+                self.stats.close()
+            if self.pod_limits is not None:
+                self.pod_limits.close()
+            tracing.flush(provider)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.received.append(signum)
+        if len(self.received) >= 2:
+            # second signal: exit at once; leases expire and a reaper recovers the jobs
+            if self.pool is not None:
+                self.pool.kill_all()
+            log.warning("second signal: exiting now without releasing jobs (leases will expire)")
+            os._exit(128 + signum)
+
+    def _start_http(self) -> None:
+        from ..metrics import QueueStatsCollector, exposition_registry
+
+        extra = []
+        if self.settings.stats:
+            self.stats = StatsSource(self.store, self.settings)
+            extra.append(QueueStatsCollector(self.stats.fetch, lambda: self.queues, self.settings.stats_cache_seconds))
+        self.http = serve_http(self.settings.metrics_host, self.settings.metrics_port,
+                               exposition_registry(extra), self.health)
+        log.info("serving /metrics, /healthz and /readyz on %s:%s", self.settings.metrics_host,
+                 self.http.server_address[1])
+
+    def _run(self) -> int:
+        n = self.settings.concurrency
+        log.info("pgworker %s: %s claimer%s on queues %s (schema %r)%s", _version(), n, "" if n == 1 else "s",
+                 ", ".join(self.queues), self.settings.schema, ", drain mode" if self.drain else "")
+        try:
+            if not self._wait_for_database():
+                if self.drain:
+                    self.summary.result = "failed"
+                    drain_mode.report(self.summary, self.pushgateway_url, self.settings.schema)
+                    return EXIT_ERROR
+                return EXIT_OK
+        except (SchemaVersionError, PoolerError) as exc:
+            log.error("%s", exc)
+            if self.drain:
+                self.summary.result = "failed"
+                drain_mode.report(self.summary, self.pushgateway_url, self.settings.schema)
+            return EXIT_ERROR
+        if self.drain:
+            drain_mode.before_claiming(self.app, self.connect, self.metrics, schedules=self._schedules_on(),
+                                       prune=self.settings.prune)
+        limits = {q: c for q, c in self.settings.queue_concurrency if q in self.queues}
+        if limits:
+            self.pod_limits = PodQueueLimits(limits, n, self.mp)
+        self.pool = ClaimerPool(mp=self.mp, count=n, capacity=self.settings.max_batch_size,
+                                start_process=self._start_claimer)
+        self.health.claimer_problem = lambda: self.pool.write_problem(OUTCOME_WRITE_STALL_SECONDS)
+        self._start_services()
+        self.pool.start()
+        self.phase = "running"
+        return self._supervise()
+
+    def _supervise(self) -> int:
+        clock = LeaseClock(self._terms(), lambda: self.pool.tables, self._queue_name, self.metrics)
+        next_poll = time.monotonic() + self.settings.poll_interval_seconds
+        while True:
+            now = time.monotonic()
+            self.health.tick()
+            if self.phase == "running":
+                if self.received:
+                    self._begin_stop(f"signal {signal.Signals(self.received[0]).name}")
+                elif self.max_duration is not None and now - self.run_started > self.max_duration:
+                    self.deadline_hit = True
+                    self._begin_stop("drain deadline")
+                elif self.drain and self.pool.drained():
+                    self._begin_stop("drained")
+            for h in self.pool.exited():
+                self._claimer_gone(h)
+            clock.tick(now)
+            if self.phase == "running":
+                self.pool.enforce_hard_limits(now)
+                self.pool.restart_due(now)
+                if not self.drain and now >= next_poll:
+                    next_poll = now + self.settings.poll_interval_seconds
+                    self.announce(-1, "poll")
+            elif self.phase == "stopping":
+                if self.pool.all_stopped():
+                    break
+                if now >= self.stop_deadline:
+                    self._force_stop()
+                    break
+            multiprocessing.connection.wait(self.pool.sentinels(), timeout=SUPERVISE_TICK_SECONDS)
+        return self._finish()
+
+    def announce(self, queue_index: int, reason: str) -> None:
+        """Work is due on a queue (-1: any): wake one idle claimer (pgworker.worker.wakeups)."""
+        if self.pool is not None:
+            self.signals.announce(self.pool.tables, queue_index)
+            self.metrics.wakeup(reason)
+
+    # -- start-up -------------------------------------------------------------------------
+
+    def _wait_for_database(self) -> bool:
+        """Connect and check the schema version, retrying while the server is away (a
+        database may come up later): logged at once, then again every
+        DATABASE_WAIT_LOG_SECONDS; /readyz says why. Returns False when asked to stop,
+        or, in drain mode, past its deadline (``max_duration``, else a minute)."""
+        backoff = Backoff()
+        limit = self.max_duration if self.max_duration is not None else DRAIN_DATABASE_WAIT_SECONDS
+        deadline = time.monotonic() + (limit if self.drain else float("inf"))
+        next_log = 0.0
+        while not self.received:
+            try:
+                with connect(self.settings.dsn, application_name="pgworker:supervisor",
+                             prepare=self.settings.prepared_statements) as conn:
+                    self.store.check_schema_version(conn)
+                    pooled = conn in POOLED
+                if pooled and self.health.listen_required and not self.settings.listen_dsn:
+                    raise PoolerError(
+                        "PGWORKER_DSN goes through a connection pooler, and LISTEN needs a session of "
+                        "its own (a transaction-mode pooler would drop its notifications): set "
+                        "PGWORKER_LISTEN_DSN (--listen-dsn) to a direct connection to PostgreSQL, "
+                        "or run with --no-listen to rely on the poll")
+                self.health.db_ok()
+                self.health.schema_ok = True
+                return True
+            except DatabaseUnavailable as exc:
+                reason = describe_failure(exc, self.settings.dsn)
+                self.health.db_failed("unreachable", reason[:200])
+                if time.monotonic() >= next_log:
+                    log.error("%s; retrying with backoff (said again every %.0f s while it lasts)",
+                              reason, DATABASE_WAIT_LOG_SECONDS, extra={"action": "db_unavailable"})
+                    next_log = time.monotonic() + DATABASE_WAIT_LOG_SECONDS
+                if time.monotonic() > deadline:
+                    log.error("drain run gave up: PostgreSQL stayed unreachable for %.0f s", limit)
+                    return False
+                self._sleep(backoff.next())
+        return False
+
+    def _sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and not self.received:
+            self.health.tick()  # waiting for the database is not being stuck
+            time.sleep(min(0.1, max(0.0, end - time.monotonic())))
+
+    def _schedules_on(self) -> bool:
+        return bool(self.settings.schedules and getattr(self.app, "schedules", None))
+
+    def _terms(self) -> LeaseTerms:
+        return LeaseTerms(self.settings.lease_seconds, self.settings.effective_renew_interval)
+
+    def _start_services(self) -> None:
+        st = self.settings
+        common = {"connect": self.connect, "stop": self.stop_services, "health": self.health, "dsn": st.dsn,
+                  "pass_timeout": st.statement_timeout_seconds + 5.0}
+        self.settler = Settler(store=self.store, metrics=self.metrics, count=self._count, **common)
+        renewer = Renewer(terms=self._terms(), tables=lambda: self.pool.tables, holder_alive=self.pool.holder_alive,
+                          queue_name=self._queue_name, store=self.store, metrics=self.metrics,
+                          **{k: v for k, v in common.items() if k != "pass_timeout"})
+        self.services = [renewer, self.settler]
+        if not self.drain:
+            self.services.append(Reaper(store=self.store, interval=st.reap_interval_seconds, metrics=self.metrics,
+                                        config=ReaperConfig(delay_for=retry_delays(self.app.tasks)), **common))
+            if st.prune:
+                self.services.append(Pruner(store=self.store, retention=Retention.from_settings(st),
+                                            interval=st.prune_interval_seconds, metrics=self.metrics, **common))
+            if self._schedules_on():
+                self.services.append(SchedulerService(
+                    scheduler=Scheduler(self.store, list(self.app.schedules.values())),
+                    **common))
+            if st.listen:
+                self.services.append(Listener(dsn=st.effective_listen_dsn, channel=self.store.channel,
+                                              queues=self.queues, lease_seconds=st.lease_seconds,
+                                              announce=self.announce, health=self.health, metrics=self.metrics,
+                                              stop=self.stop_services))
+        for service in self.services:
+            service.start()
+
+    def _start_claimer(self, h: ClaimerHandle) -> Any:
+        spec = ClaimerSpec(self.app_ref, self.settings, h.index, tuple(self.pool.tables), tuple(self.queues),
+                           self.drain, self.log_level, self.log_format, self.signals, self.pod_limits, os.getpid())
+        process = self.mp.Process(target=claimer_main, args=(spec,), name=f"pgworker-claimer-{h.index}")
+        process.start()
+        return process
+
+    # -- claimers that are gone -----------------------------------------------------------
+
+    def _claimer_gone(self, h: ClaimerHandle) -> None:
+        exitcode, pid = h.process.exitcode, h.process.pid
+        held, in_transit = self.pool.held_by(h)
+        stopping = self.phase != "running"
+        items = settlements(held, in_transit, app=self.app, queue_name=self._queue_name,
+                            kill_reasons=h.kill_reasons, release_running=stopping, clear=lambda v: None)
+        h.process = None
+        if pid and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            from prometheus_client import multiprocess
+
+            multiprocess.mark_process_dead(pid)
+        if items:
+            if stopping:
+                self._settle_now(items)
+            else:
+                self.settler.queue.put(items)
+        if self.pod_limits is not None:
+            self.pod_limits.clear(h.index)  # its jobs are being settled: no longer the pod's
+        self.summary.add(h.table.reset())
+        if not stopping:
+            self.pool.schedule_restart(h, exitcode, pid, len(held))
+
+    def _settle_now(self, items: list[Any]) -> None:
+        """At shutdown, settle on a connection of its own: the services are stopping."""
+        try:
+            with self.connect("pgworker:settler") as conn:
+                settle(self.store, conn, items, self.metrics, self._count)
+        except Exception as exc:  # noqa: BLE001 - the leases expire and a reaper recovers the jobs
+            log.error("could not settle jobs at shutdown (%s): their leases will expire and a reaper "
+                      "will recover them", type(exc).__name__)
+
+    def _count(self, outcome: str, n: int) -> None:
+        self.summary.add({outcome: n})
+
+    def _queue_name(self, v: SlotView) -> str:
+        return self.queues[v.queue_index] if 0 <= v.queue_index < len(self.queues) else "default"
+
+    # -- shutdown -------------------------------------------------------------------------
+
+    def _begin_stop(self, reason: str) -> None:
+        log.info("stopping (%s): no new claims; running jobs have %.0f s to finish", reason,
+                 self.settings.shutdown_grace_seconds)
+        self.phase = "stopping"
+        self.health.reason = "shutting down"  # not ready; still alive until the exit
+        self.health.schema_ok = False
+        self.stop_deadline = time.monotonic() + self.settings.shutdown_grace_seconds
+        self.pool.ask_to_stop()
+
+    def _force_stop(self) -> None:
+        alive = [h for h in self.pool.handles if h.process is not None]
+        log.warning("shutdown grace over: stopping %s claimer(s) and releasing their jobs", len(alive))
+        self.pool.kill_all()
+        for h in alive:
+            h.process.join(timeout=5)
+            self._claimer_gone(h)
+
+    def _finish(self) -> int:
+        self.stop_services.set()
+        if self.settler is not None:  # what the settler had not written yet
+            self.settler.join(5)
+            while not self.settler.queue.empty():
+                self._settle_now(self.settler.queue.get_nowait())
+        for h in self.pool.handles:
+            held, in_transit = self.pool.held_by(h)
+            items = settlements(held, in_transit, app=self.app, queue_name=self._queue_name, kill_reasons={},
+                                release_running=True, clear=lambda v: None)
+            if items:
+                self._settle_now(items)
+            self.summary.add(h.table.reset())
+        if not self.drain:
+            log.info("stopped")
+            return EXIT_OK
+        # Due jobs left at exit, whatever ended the run: after "drained" it is normally 0
+        # (a job that became due in the last moments, or one a global limit kept from
+        # this run, shows here rather than being hidden).
+        try:
+            with self.connect("pgworker:supervisor") as conn:
+                self.summary.left = self.store.due_count(conn, self.queues)
+        except Exception as exc:  # noqa: BLE001
+            log.error("could not count the jobs left: %s", type(exc).__name__)
+            self.summary.left = -1
+        if self.deadline_hit:
+            self.summary.result = "deadline" if self.summary.left else "succeeded"
+        if self.received:
+            self.summary.result = "interrupted"
+        drain_mode.report(self.summary, self.pushgateway_url, self.settings.schema)
+        if self.deadline_hit and self.summary.left:
+            return EXIT_DRAIN_DEADLINE
+        return EXIT_OK
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__

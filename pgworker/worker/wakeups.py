@@ -1,0 +1,78 @@
+"""Wake-ups inside a pod: work announced once starts one claim, by one idle claimer.
+
+A NOTIFY for queue Q, the fallback poll, a LISTEN reconnect, and a claimer whose claim
+came back full (more may be due) or holding several jobs (idle peers may take the
+waiting ones) all *announce work*: :meth:`PodSignals.announce` bumps the pod's work
+generation and wakes ONE idle claimer, telling it which queue to ask first. Busy
+claimers need no wake-up: a claimer always claims again after it ran something. So an
+idle fleet costs one claim round per pod per poll, and an enqueue one claim per pod,
+whatever the number of claimers (before: every claimer of every pod, each time).
+
+The lost wake-up (a claimer going idle just as work is announced, and no idle claimer
+seen) is closed by the generation: a claimer reads it before its claim round, and on
+its way to sleep, after raising its idle flag, reads it again; if it moved, it claims
+again instead of sleeping. The announcer bumps the generation before it looks for idle
+claimers. A fence between each side's store and load (a lock's acquire and release,
+which are atomic read-modify-writes) keeps either side from reading a stale value, so
+one of the two always sees the other.
+
+Wake-ups remain hints: the table is the truth, and a lost wake-up costs at most one
+poll interval.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any, Sequence
+
+from .slots import SlotTable
+
+_fence_lock = threading.Lock()
+
+
+def fence() -> None:
+    """A full memory barrier for this process's stores to shared memory (see the module)."""
+    with _fence_lock:
+        pass
+
+
+class PodSignals:
+    """The pod's work generation and the round-robin cursor of wake-ups, in shared memory.
+
+    Created by the supervisor before the claimers, passed to each at spawn; the claimers'
+    idle flags, hints and semaphores live in their slot tables' headers.
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        self._generation = ctx.RawValue(ctypes.c_int64)
+        self._cursor = ctx.RawValue(ctypes.c_int64)
+
+    @property
+    def generation(self) -> int:
+        return self._generation.value
+
+    def announce(self, tables: Sequence[SlotTable], queue_index: int = -1, *, exclude: int = -1) -> bool:
+        """Work is due (on ``queue_index``, or unknown: -1): wake one idle claimer, not
+        ``exclude`` (the announcing claimer itself). Returns whether one was woken; with
+        none idle, the busy ones claim again when they finish, and any on its way to
+        sleep sees the new generation."""
+        self._generation.value += 1  # racing bumps may merge: only a change matters
+        fence()
+        n = len(tables)
+        start = self._cursor.value
+        for k in range(n):
+            i = (start + k) % n
+            header = tables[i].header
+            if i != exclude and header.idle and not header.stopping:
+                self._cursor.value = i + 1
+                header.hint_queue = queue_index
+                tables[i].wake.set()
+                return True
+        return False
+
+    def wake_all(self, tables: Sequence[SlotTable]) -> None:
+        """Wake every claimer (shutdown, or a test)."""
+        self._generation.value += 1
+        for t in tables:
+            t.wake.set()
