@@ -23,19 +23,21 @@ policy: in a scale-to-zero deployment the CronJob's own schedule bounds the late
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
-from .errors import ConfigError
+from .config import MAX_PAYLOAD_BYTES
+from .errors import ConfigError, InvalidJob, PayloadError
 from .names import check_queue_name, check_task_name
+from .producer import serialize_payload
+from .tasks import check_max_attempts, check_priority
 
 if TYPE_CHECKING:
     import psycopg
@@ -63,8 +65,12 @@ class Periodic:
     ``timezone``: an IANA name (e.g. 'Europe/Paris'); slots are wall-clock times there.
     ``missed``: 'latest' (after downtime, run the latest missed slot once) or 'skip'
     (run it only if less than ``misfire_grace_seconds`` late). ``payload``, ``queue``,
-    ``priority`` and ``max_attempts`` are those of every job it enqueues.
-    Raises :class:`ConfigError` naming the fix for an invalid expression, zone or policy.
+    ``priority`` and ``max_attempts`` are those of every job it enqueues, checked here by
+    enqueue's own checks (``serialize_payload`` with ``max_payload_bytes``, the app's
+    ``PGWORKER_MAX_PAYLOAD_BYTES``; ``check_priority``; ``check_max_attempts``), so that a
+    bad value fails the declaration instead of every slot.
+    Raises :class:`ConfigError` naming the schedule and the fix for an invalid
+    expression, zone, policy, payload, queue, priority or max_attempts.
     """
 
     name: str
@@ -77,11 +83,23 @@ class Periodic:
     priority: int = 0
     max_attempts: int = 5
     misfire_grace_seconds: float = MISFIRE_GRACE_SECONDS
+    max_payload_bytes: int = field(default=MAX_PAYLOAD_BYTES, compare=False, repr=False)
+    # The payload as enqueue would store it (compact JSON), made once at declaration.
+    _payload_json: str = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_task_name(self.name)
-        check_task_name(self.task)
-        check_queue_name(self.queue)
+        try:
+            check_task_name(self.task)
+            check_queue_name(self.queue)
+            check_priority(self.priority)
+            check_max_attempts(self.max_attempts)
+            payload_json = serialize_payload(self.payload, self.max_payload_bytes)
+        except (ConfigError, InvalidJob, PayloadError) as exc:
+            # enqueue's message names the fix; this says which declaration to apply it to
+            raise (type(exc) if isinstance(exc, ConfigError) else ConfigError)(
+                f"schedule {self.name!r}: {exc}") from exc
+        object.__setattr__(self, "_payload_json", payload_json)
         if not isinstance(self.cron, str) or len(self.cron.split()) != 5 or not croniter.is_valid(self.cron):
             raise ConfigError(f"schedule {self.name!r}: {self.cron!r} is not a cron expression; use five "
                               "fields, minute hour day-of-month month day-of-week, e.g. '*/5 * * * *'")
@@ -102,7 +120,8 @@ class Periodic:
 
     @property
     def payload_json(self) -> str:
-        return json.dumps(self.payload, separators=(",", ":"))
+        """The payload as compact JSON text (checked at declaration)."""
+        return self._payload_json
 
     def next_after(self, t: datetime) -> datetime:
         """The first slot strictly after ``t`` (aware, in UTC)."""

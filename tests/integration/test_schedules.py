@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import psycopg
 import pytest
 
-from pgworker import App, ConfigError
+from pgworker import App, ConfigError, Settings
 from pgworker.schedules import Periodic, Scheduler, decide
 from pg import wait_until
 from worker import q
@@ -81,6 +81,46 @@ def test_declaring_schedules_on_an_app():
     assert app.schedules["report-hourly"].payload == {"scope": "hour"}
     with pytest.raises(ConfigError, match="twice"):
         app.periodic("report", "* * * * *")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("options, match", [
+    ({"payload": {"ratio": float("nan")}}, "NaN"),
+    ({"payload": [float("inf")]}, "NaN and infinities"),
+    ({"payload": {"tags": {"a", "b"}}}, "not JSON-serialisable"),
+    ({"payload": "nul\x00char"}, "NUL"),
+    ({"payload": "x" * 200}, "over the limit of 100.*PGWORKER_MAX_PAYLOAD_BYTES"),
+    ({"priority": 40_000}, "priority must be an integer between -32768 and 32767"),
+    ({"priority": True}, "priority must be an integer"),
+    ({"priority": 1.5}, "priority must be an integer"),
+    ({"max_attempts": 0}, "max_attempts must be an integer >= 1"),
+    ({"max_attempts": -3}, "max_attempts must be an integer >= 1"),
+    ({"max_attempts": 2_000_000}, "max_attempts must be <= 1000000"),
+    ({"queue": ""}, "queue name is empty"),
+])
+def test_periodic_jobs_are_checked_like_enqueue_when_declared(options, match):
+    """What enqueue refuses, a schedule refuses when it is declared (reusing enqueue's
+    checks), instead of failing in the scheduler at every slot."""
+    app = App(settings=Settings(dsn="postgresql://x@localhost/db", max_payload_bytes=100))
+    with pytest.raises(ConfigError, match=f"schedule 'nightly': .*{match}"):
+        app.periodic("report", "0 3 * * *", name="nightly", **options)
+    assert "nightly" not in app.schedules  # nothing half-declared
+
+
+@pytest.mark.unit
+def test_periodic_checks_apply_to_a_schedule_built_directly_and_to_task_schedules():
+    with pytest.raises(ConfigError, match="schedule 'p': payload is not valid JSON"):
+        Periodic("p", "t", "* * * * *", payload=float("nan"))
+    with pytest.raises(ConfigError, match="schedule 'p': priority"):
+        Periodic("p", "t", "* * * * *", priority=-40_000)
+    with pytest.raises(ConfigError, match="schedule 'p': payload is 12 bytes of JSON, over the limit of 10"):
+        Periodic("p", "t", "* * * * *", payload="x" * 10, max_payload_bytes=10)
+    p = Periodic("p", "t", "* * * * *", payload={"é": [1, 2.5, None]})
+    assert p.payload_json == '{"é":[1,2.5,null]}'  # the text enqueue would store
+    app = App("postgresql://x@localhost/db")
+    with pytest.raises(ConfigError, match="not a cron expression"):
+        app.task(name="bad", schedule="every day")(lambda payload: None)
+    assert "bad" not in app.tasks and not app.schedules
 
 
 def rewind(conn, schema, name, minutes):
