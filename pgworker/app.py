@@ -21,7 +21,7 @@ from .producer import JobSpec, enqueue_batch, enqueue_one, prepare, specs_from
 from .retry import Classifier, RetryPolicy, classify
 from .schedules import MISFIRE_GRACE_SECONDS, Periodic
 from .store import Store
-from .tasks import Task, check_dedupe_window, retry_delays
+from .tasks import DEFAULT_MAX_ATTEMPTS, Task, check_dedupe_window, retry_delays
 
 _UNSET: Any = object()
 
@@ -131,20 +131,24 @@ class App:
         it only if it is less than ``misfire_grace`` seconds late. Each slot is enqueued at
         most once however many dispatchers run (``pgworker run``; a ``--drain`` run fires
         due slots at its start). ``payload``, ``queue``, ``priority``, ``max_attempts``
-        default to the task's. Raises :class:`ConfigError` for an invalid expression,
-        zone or policy, or a name declared twice.
+        default to the task's, and are checked now as :meth:`enqueue` checks them (JSON
+        without NaN, at most ``max_payload_bytes``; priority -32768..32767; max_attempts
+        1..1000000). Raises :class:`ConfigError` naming the schedule and the fix for an
+        invalid expression, zone, policy or job option, or a name declared twice.
         """
         registered = task if isinstance(task, Task) else self.tasks.get(task)
         task_name = task.name if isinstance(task, Task) else task
         schedule_name = name or task_name
         if schedule_name in self.schedules:
             raise ConfigError(f"schedule {schedule_name!r} is declared twice; give one of them name=...")
+        # `is not None`, not `or`: an explicit 0 or '' is checked (and refused), not replaced
         p = Periodic(
             name=schedule_name, task=task_name, cron=cron, timezone=tz, missed=missed, payload=payload,
-            queue=queue or (registered.queue if registered else "default"),
+            queue=queue if queue is not None else (registered.queue if registered else "default"),
             priority=priority if priority is not None else (registered.priority if registered else 0),
-            max_attempts=max_attempts or (registered.max_attempts if registered else 5),
-            misfire_grace_seconds=misfire_grace)
+            max_attempts=max_attempts if max_attempts is not None else (
+                registered.max_attempts if registered else DEFAULT_MAX_ATTEMPTS),
+            misfire_grace_seconds=misfire_grace, max_payload_bytes=self.settings.max_payload_bytes)
         self.schedules[schedule_name] = p
         return p
 

@@ -4,7 +4,9 @@ Queue and task names, dedupe and ordering keys are stored as values (always quer
 parameters), so any printable text is safe; the limits below keep them readable in
 tables, metric labels and NOTIFY payloads. The schema name is an SQL identifier: it is
 always quoted with ``psycopg.sql.Identifier`` and limited to PostgreSQL's identifier
-length (NAMEDATALEN - 1 = 63 bytes, PostgreSQL docs, "Identifiers and Key Words").
+length (NAMEDATALEN - 1 = 63 bytes, PostgreSQL docs, "Identifiers and Key Words"). It
+becomes part of the statement text, which psycopg scans for ``%`` placeholders; ``%``
+is therefore the one printable character it cannot contain.
 """
 
 from __future__ import annotations
@@ -56,11 +58,17 @@ def check_key(kind: str, key: object) -> str | None:
 
 
 def check_schema_name(name: object) -> str:
-    """Return ``name`` if PostgreSQL accepts it as a schema name when quoted.
+    """Return ``name`` if PostgreSQL accepts it as a schema name when quoted and every
+    statement that names it can be sent as is.
 
     Raises :class:`InvalidName` for an empty name, one longer than 63 bytes in UTF-8
-    (PostgreSQL would silently truncate it), one with NUL or control characters, or one
-    starting with ``pg_`` (reserved for system schemas, PostgreSQL docs 5.9.5).
+    (PostgreSQL would silently truncate it), one with NUL or control characters, one
+    starting with ``pg_`` (reserved for system schemas, PostgreSQL docs 5.9.5), or one
+    containing ``%``: the quoted name is part of the statement text, and psycopg reads
+    ``%`` there as a parameter placeholder (``%s``, ``%(name)s``, ``%%``; psycopg docs,
+    "Passing parameters to SQL queries"), so every statement with parameters would fail
+    or, for ``%%``, name another schema. Other characters are safe: the name is quoted
+    by ``psycopg.sql.Identifier`` and substituted once, never parsed again.
     """
     fix = "set PGWORKER_SCHEMA (or --schema) to a name like 'pgworker'"
     if not isinstance(name, str) or not name:
@@ -69,6 +77,9 @@ def check_schema_name(name: object) -> str:
         raise InvalidName(f"schema name {name!r} is longer than {SCHEMA_NAME_MAX_BYTES} bytes; {fix}")
     if not name.isprintable():
         raise InvalidName(f"schema name {name!r} contains control characters; {fix}")
+    if "%" in name:
+        raise InvalidName(f"schema name {name!r} contains '%', which psycopg reads as a query parameter "
+                          f"placeholder in every statement that names the schema; {fix} (without '%')")
     if name.lower().startswith("pg_"):
         raise InvalidName(f"schema name {name!r} starts with 'pg_', which PostgreSQL reserves; {fix}")
     return name

@@ -23,17 +23,22 @@ policy: in a scale-to-zero deployment the CronJob's own schedule bounds the late
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Sequence
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
+from psycopg import sql
 
-from .errors import ConfigError
-from .names import check_queue_name, check_task_name
+from .config import MAX_PAYLOAD_BYTES
+from .errors import ConfigError, InvalidJob, PayloadError
+from .names import bounded_text, check_queue_name, check_task_name
+from .producer import serialize_payload
+from .tasks import check_max_attempts, check_priority
 
 if TYPE_CHECKING:
     import psycopg
@@ -60,8 +65,12 @@ class Periodic:
     ``timezone``: an IANA name (e.g. 'Europe/Paris'); slots are wall-clock times there.
     ``missed``: 'latest' (after downtime, run the latest missed slot once) or 'skip'
     (run it only if less than ``misfire_grace_seconds`` late). ``payload``, ``queue``,
-    ``priority`` and ``max_attempts`` are those of every job it enqueues.
-    Raises :class:`ConfigError` naming the fix for an invalid expression, zone or policy.
+    ``priority`` and ``max_attempts`` are those of every job it enqueues, checked here by
+    enqueue's own checks (``serialize_payload`` with ``max_payload_bytes``, the app's
+    ``PGWORKER_MAX_PAYLOAD_BYTES``; ``check_priority``; ``check_max_attempts``), so that a
+    bad value fails the declaration instead of every slot.
+    Raises :class:`ConfigError` naming the schedule and the fix for an invalid
+    expression, zone, policy, payload, queue, priority or max_attempts.
     """
 
     name: str
@@ -74,11 +83,23 @@ class Periodic:
     priority: int = 0
     max_attempts: int = 5
     misfire_grace_seconds: float = MISFIRE_GRACE_SECONDS
+    max_payload_bytes: int = field(default=MAX_PAYLOAD_BYTES, compare=False, repr=False)
+    # The payload as enqueue would store it (compact JSON), made once at declaration.
+    _payload_json: str = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_task_name(self.name)
-        check_task_name(self.task)
-        check_queue_name(self.queue)
+        try:
+            check_task_name(self.task)
+            check_queue_name(self.queue)
+            check_priority(self.priority)
+            check_max_attempts(self.max_attempts)
+            payload_json = serialize_payload(self.payload, self.max_payload_bytes)
+        except (ConfigError, InvalidJob, PayloadError) as exc:
+            # enqueue's message names the fix; this says which declaration to apply it to
+            raise (type(exc) if isinstance(exc, ConfigError) else ConfigError)(
+                f"schedule {self.name!r}: {exc}") from exc
+        object.__setattr__(self, "_payload_json", payload_json)
         if not isinstance(self.cron, str) or len(self.cron.split()) != 5 or not croniter.is_valid(self.cron):
             raise ConfigError(f"schedule {self.name!r}: {self.cron!r} is not a cron expression; use five "
                               "fields, minute hour day-of-month month day-of-week, e.g. '*/5 * * * *'")
@@ -99,7 +120,8 @@ class Periodic:
 
     @property
     def payload_json(self) -> str:
-        return json.dumps(self.payload, separators=(",", ":"))
+        """The payload as compact JSON text (checked at declaration)."""
+        return self._payload_json
 
     def next_after(self, t: datetime) -> datetime:
         """The first slot strictly after ``t`` (aware, in UTC)."""
@@ -155,14 +177,27 @@ def decide(p: Periodic, last_slot: datetime | None, now: datetime) -> SlotDecisi
     return SlotDecision(latest, True, max(0, due - 1), nxt)
 
 
+class UnusableScheduleRow(Exception):
+    """A schedule's row holds a value the scheduler cannot work from (set by hand)."""
+
+
 class Scheduler:
-    """Fires the due slots of ``periodics``; one per dispatcher (any number may run)."""
+    """Fires the due slots of ``periodics``; one per pod (any number may run).
+
+    ``fired`` and ``skipped`` count the slots this scheduler enqueued and skipped;
+    ``errors`` counts, by schedule name, the ticks in which that schedule failed (their
+    sum is ``pgworker_schedule_errors_total``).
+    """
 
     def __init__(self, store: "Store", periodics: Sequence[Periodic]) -> None:
         self.store = store
         self.periodics = {p.name: p for p in periodics}
         self.fired = 0
         self.skipped = 0
+        self.errors: Counter[str] = Counter()
+        # Schedules failing now, with the failures of the current streak: the first
+        # failure of a streak is logged, the others only counted.
+        self._failing: dict[str, int] = {}
 
     def register(self, conn: "psycopg.Connection") -> None:
         """Record the declared schedules (new ones start at their latest past slot)."""
@@ -173,24 +208,81 @@ class Scheduler:
                 missed=p.missed, initial_slot=p.latest_at_or_before(now), next_slot=p.next_after(now))
 
     def tick(self, conn: "psycopg.Connection") -> float:
-        """Fire what is due; returns seconds until the next slot of any schedule."""
-        state, now = self.store.schedules_state(conn, list(self.periodics))
-        missing = [name for name in self.periodics if name not in state]
+        """Fire what is due; returns seconds until the next slot of any schedule (at most
+        RESYNC_SECONDS).
+
+        Each schedule fires on its own: one that fails (a statement error for it, or a
+        row a manual change made unusable) is logged once per failure streak with its
+        name and the fix, counted in ``errors``, and tried again at the next tick, while
+        the others still fire. Errors of the connection itself (lost, closed) propagate:
+        the caller reconnects.
+        """
+        state, now, unusable = self.store.schedules_state(conn, list(self.periodics))
+        missing = [name for name in self.periodics if name not in state and name not in unusable]
         if missing:  # a row was deleted by hand: record it again
             self.register(conn)
-            state, now = self.store.schedules_state(conn, list(self.periodics))
+            state, now, unusable = self.store.schedules_state(conn, list(self.periodics))
         wait = RESYNC_SECONDS
         for p in self.periodics.values():
-            d = decide(p, state.get(p.name), now)
-            if d.slot is not None:
-                advanced, job_id = self.store.fire_schedule(
-                    conn, name=p.name, slot=d.slot, next_slot=d.next_slot, skipped=d.missed,
-                    enqueue=d.enqueue, task=p.task, queue=p.queue, payload_json=p.payload_json,
-                    priority=p.priority, max_attempts=p.max_attempts)
-                if advanced:
-                    self._report(p, d, job_id)
+            try:
+                if p.name in unusable:
+                    raise UnusableScheduleRow(unusable[p.name])
+                d = decide(p, state.get(p.name), now)
+                if d.slot is not None:
+                    with self._own_statement(conn):
+                        advanced, job_id = self.store.fire_schedule(
+                            conn, name=p.name, slot=d.slot, next_slot=d.next_slot, skipped=d.missed,
+                            enqueue=d.enqueue, task=p.task, queue=p.queue, payload_json=p.payload_json,
+                            priority=p.priority, max_attempts=p.max_attempts)
+                    if advanced:
+                        self._report(p, d, job_id)
+            except Exception as exc:  # noqa: BLE001 - one schedule must not stop the others
+                if conn.closed or conn.broken:
+                    raise
+                self._failed(p, exc)
+                continue
+            self._succeeded(p)
             wait = min(wait, (d.next_slot - now).total_seconds())
         return max(0.0, wait) + WAKE_SLACK_SECONDS
+
+    @staticmethod
+    def _own_statement(conn: "psycopg.Connection") -> contextlib.AbstractContextManager[Any]:
+        """On an autocommit connection (the scheduler's own) a failed statement fails
+        alone; inside a transaction, a savepoint keeps it from aborting the transaction
+        and with it the next schedules' statements."""
+        return contextlib.nullcontext() if conn.autocommit else conn.transaction()
+
+    def _failed(self, p: Periodic, exc: Exception) -> None:
+        self.errors[p.name] += 1
+        streak = self._failing.get(p.name, 0) + 1
+        self._failing[p.name] = streak
+        if streak > 1:
+            log.debug("schedule %r failed again (%s failures in a row): %s", p.name, streak, type(exc).__name__)
+            return
+        # The statements of the fix, quoted, ready to paste into psql.
+        table, name = sql.Identifier(self.store.schema), sql.Literal(p.name)
+        row = sql.SQL("{}.schedules WHERE name = {}").format(table, name).as_string(None)
+        if isinstance(exc, UnusableScheduleRow):
+            what = f"its row's last_slot is {exc}, which no slot can follow (a manual change?)"
+            reset = sql.SQL("UPDATE {}.schedules SET last_slot = NULL WHERE name = {}").format(table, name)
+            fix = f"run `{reset.as_string(None)}`: the schedule then starts afresh at its next slot"
+        else:
+            what = f"{type(exc).__name__}: {bounded_text(' '.join(str(exc).split()), 500)}"
+            if getattr(exc, "sqlstate", None) == "42501":
+                fix = "grant this role what `pgworker sql grants --worker ROLE` lists"
+            else:
+                fix = (f"if a manual change to its row caused it (`SELECT * FROM {row}`), run "
+                       f"`DELETE FROM {row}`: the scheduler records it again from the code and "
+                       "starts at its next slot")
+        log.error("schedule %r could not fire: %s; the other schedules go on and this one is tried "
+                  "again at every tick; fix: %s", p.name, what, fix,
+                  extra={"action": "schedule_error", "queue": p.queue, "task": p.task})
+
+    def _succeeded(self, p: Periodic) -> None:
+        streak = self._failing.pop(p.name, 0)
+        if streak:
+            log.info("schedule %r fires again after %s failed tick(s)", p.name, streak,
+                     extra={"action": "schedule_recovered", "queue": p.queue, "task": p.task})
 
     def _report(self, p: Periodic, d: SlotDecision, job_id: int | None) -> None:
         extra = {"action": "schedule", "queue": p.queue}

@@ -530,11 +530,15 @@ class Store:
         initial_slot, next_slot)."""
         self._exec(conn, "schedule_register", params)
 
-    def schedules_state(self, conn: psycopg.Connection, names: Sequence[str]) -> tuple[dict[str, Any], datetime]:
-        """({name: last slot}, database now) for the recorded schedules among ``names``."""
+    def schedules_state(self, conn: psycopg.Connection,
+                        names: Sequence[str]) -> tuple[dict[str, Any], datetime, dict[str, str]]:
+        """({name: last slot}, database now, {name: unusable last slot as text}) for the
+        recorded schedules among ``names``. A last slot no datetime can hold ('infinity',
+        a year past 9999) is in the third dict only."""
         rows = self._exec(conn, "schedules_state", {"names": list(names)}).fetchall()
-        now = rows[0][2] if rows else self.db_now(conn)
-        return {r[0]: r[1] for r in rows}, now
+        now = rows[0][3] if rows else self.db_now(conn)
+        unusable = {r[0]: r[2] for r in rows if r[2] is not None}
+        return {r[0]: r[1] for r in rows if r[0] not in unusable}, now, unusable
 
     def fire_schedule(self, conn: psycopg.Connection, *, name: str, slot: datetime, next_slot: datetime | None,
                       skipped: int, enqueue: bool, task: str, queue: str, payload_json: str,

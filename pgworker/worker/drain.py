@@ -58,7 +58,7 @@ def before_claiming(app: Any, connect: Callable[[str], psycopg.Connection], metr
     steps: list[tuple[str, Callable[[psycopg.Connection], str | None]]] = [
         ("reaper", lambda c: _reaped(reap_pass(app.store, c, ReaperConfig(), metrics)))]
     if schedules:
-        steps.append(("scheduler", lambda c: _fired(app, c)))
+        steps.append(("scheduler", lambda c: _fired(app, c, metrics)))
     if prune:
         steps.append(("pruner", lambda c: _pruned(prune_pass(app.store, c, Retention.from_settings(settings),
                                                               metrics))))
@@ -76,10 +76,12 @@ def _reaped(n: int) -> str | None:
     return f"reaped {n} expired lease(s)" if n else None
 
 
-def _fired(app: Any, conn: psycopg.Connection) -> str | None:
+def _fired(app: Any, conn: psycopg.Connection, metrics: Any) -> str | None:
+    from .scheduler import tick
+
     scheduler = Scheduler(app.store, list(app.schedules.values()))
     scheduler.register(conn)
-    scheduler.tick(conn)
+    tick(scheduler, conn, metrics)
     return f"enqueued {scheduler.fired} periodic job(s)" if scheduler.fired else None
 
 

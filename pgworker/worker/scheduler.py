@@ -21,9 +21,10 @@ class SchedulerService(Service):
     name = "scheduler"
     action = "firing schedules"
 
-    def __init__(self, *, scheduler: Scheduler, **kw: Any) -> None:
+    def __init__(self, *, scheduler: Scheduler, metrics: Any, **kw: Any) -> None:
         super().__init__(**kw)
         self.scheduler = scheduler
+        self.metrics = metrics
         self.wait = 0.0
         self.registered_at: float | None = None
 
@@ -31,10 +32,20 @@ class SchedulerService(Service):
         if self.registered_at is None or time.monotonic() - self.registered_at > RESYNC_SECONDS:
             self.scheduler.register(conn)
             self.registered_at = time.monotonic()
-        self.wait = self.scheduler.tick(conn)
+        self.wait = tick(self.scheduler, conn, self.metrics)
 
     def next_delay(self) -> float:
         return min(self.wait, RESYNC_SECONDS)
 
     def on_failure(self, exc: BaseException) -> None:
         self.registered_at = None  # register again on the next connection
+
+
+def tick(scheduler: Scheduler, conn: psycopg.Connection, metrics: Any) -> float:
+    """One tick of ``scheduler``, counting its schedules' failures in the metrics; returns
+    the seconds until the next slot."""
+    before = sum(scheduler.errors.values())
+    try:
+        return scheduler.tick(conn)
+    finally:
+        metrics.schedule_errors(sum(scheduler.errors.values()) - before)

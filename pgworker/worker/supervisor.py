@@ -156,10 +156,10 @@ class Supervisor:
                  ", ".join(self.queues), self.settings.schema, ", drain mode" if self.drain else "")
         try:
             if not self._wait_for_database():
-                if self.drain:
-                    self.summary.result = "failed"
+                if self.drain:  # a signal while waiting is a stop, not a failure
+                    self.summary.result = "interrupted" if self.received else "failed"
                     drain_mode.report(self.summary, self.pushgateway_url, self.settings.schema)
-                    return EXIT_ERROR
+                    return EXIT_OK if self.received else EXIT_ERROR
                 return EXIT_OK
         except (SchemaVersionError, PoolerError) as exc:
             log.error("%s", exc)
@@ -287,7 +287,7 @@ class Supervisor:
                                             interval=st.prune_interval_seconds, metrics=self.metrics, **common))
             if self._schedules_on():
                 self.services.append(SchedulerService(
-                    scheduler=Scheduler(self.store, list(self.app.schedules.values())),
+                    scheduler=Scheduler(self.store, list(self.app.schedules.values())), metrics=self.metrics,
                     **common))
             if st.listen:
                 self.services.append(Listener(dsn=st.effective_listen_dsn, channel=self.store.channel,

@@ -5,13 +5,15 @@ gets a clear error naming the fix, or works; nothing is lost and nothing else br
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 
 import psycopg
 import pytest
 
-from pgworker import App
+from pgworker import App, Settings
 from pgworker.errors import InvalidName, PayloadError
 from pgworker.store import notify_channel
 
@@ -57,6 +59,10 @@ def test_names_over_the_limits_or_with_control_characters_are_refused(app, conn,
 
 @pytest.mark.parametrize("schema_name", [
     'sch"ema', "s'; DROP SCHEMA public CASCADE; --", "схема 🚀", "x" * 63, "é" * 31 + "x", "Mixed.Case $1",
+    # what the rendering path could misread besides '%': str.format-style braces (the
+    # statements are rendered with psycopg.sql.SQL.format), a dollar quote (a function body
+    # of the migrations is $$-quoted), backslashes, comment starts, other placeholder styles
+    "{schema}{}{0}", "a$$b$fn$", "back\\slash", "c/*d*/--e", "q?:x;",
 ])
 def test_odd_schema_names_work_end_to_end(pg_dsn, conn, schema_name):
     a = App(settings=make_settings(pg_dsn, schema_name))
@@ -75,6 +81,27 @@ def test_odd_schema_names_work_end_to_end(pg_dsn, conn, schema_name):
         from pgworker.migrate import drop_schema
 
         drop_schema(conn, schema_name)
+
+
+@pytest.mark.parametrize("schema_name", ["a%b", "%", "100%", "a%%b", "a%sb", "a%(x)sb"])
+def test_a_percent_sign_in_the_schema_name_is_refused_with_the_fix(pg_dsn, conn, schema_name):
+    """psycopg reads '%' in a statement as a parameter placeholder (%s, %b, %t, %(name)s,
+    %%), and the quoted schema name is part of every statement: 'a%b' breaks them all,
+    'a%%b' would create one schema and then name another. Refused before anything runs."""
+    fix = r"contains '%'.*placeholder.*PGWORKER_SCHEMA \(or --schema\)"
+    with pytest.raises(InvalidName, match=fix):
+        Settings(dsn=pg_dsn, schema=schema_name)
+    with pytest.raises(InvalidName, match=fix):
+        App(pg_dsn, schema=schema_name)
+    with pytest.raises(InvalidName, match=fix):
+        App(settings=make_settings(pg_dsn, "ok")).configure(make_settings(pg_dsn, schema_name))
+    for args, env in ((["--schema", schema_name], {}), ([], {"PGWORKER_SCHEMA": schema_name})):
+        out = subprocess.run([sys.executable, "-m", "pgworker.cli", "migrate", "--dsn", pg_dsn, *args],
+                             env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1, (out.returncode, out.stderr)  # the CLI's exit code for a ConfigError
+        assert "Traceback" not in out.stderr and re.search(fix, out.stderr), out.stderr
+    # nothing was created: neither the name given nor the one psycopg would have read
+    assert q(conn, "public", "SELECT nspname FROM pg_namespace WHERE nspname LIKE '%%\\%%%%'") == []
 
 
 @pytest.mark.parametrize("schema_name", ["x" * 64, "é" * 32, "pg_jobs", "", "nul\x00"])

@@ -3,13 +3,15 @@ enqueued once however many schedulers fire at the same moment."""
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
 
-from pgworker import App, ConfigError
+from pgworker import App, ConfigError, Settings
 from pgworker.schedules import Periodic, Scheduler, decide
 from pg import wait_until
 from worker import q
@@ -81,6 +83,46 @@ def test_declaring_schedules_on_an_app():
     assert app.schedules["report-hourly"].payload == {"scope": "hour"}
     with pytest.raises(ConfigError, match="twice"):
         app.periodic("report", "* * * * *")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("options, match", [
+    ({"payload": {"ratio": float("nan")}}, "NaN"),
+    ({"payload": [float("inf")]}, "NaN and infinities"),
+    ({"payload": {"tags": {"a", "b"}}}, "not JSON-serialisable"),
+    ({"payload": "nul\x00char"}, "NUL"),
+    ({"payload": "x" * 200}, "over the limit of 100.*PGWORKER_MAX_PAYLOAD_BYTES"),
+    ({"priority": 40_000}, "priority must be an integer between -32768 and 32767"),
+    ({"priority": True}, "priority must be an integer"),
+    ({"priority": 1.5}, "priority must be an integer"),
+    ({"max_attempts": 0}, "max_attempts must be an integer >= 1"),
+    ({"max_attempts": -3}, "max_attempts must be an integer >= 1"),
+    ({"max_attempts": 2_000_000}, "max_attempts must be <= 1000000"),
+    ({"queue": ""}, "queue name is empty"),
+])
+def test_periodic_jobs_are_checked_like_enqueue_when_declared(options, match):
+    """What enqueue refuses, a schedule refuses when it is declared (reusing enqueue's
+    checks), instead of failing in the scheduler at every slot."""
+    app = App(settings=Settings(dsn="postgresql://x@localhost/db", max_payload_bytes=100))
+    with pytest.raises(ConfigError, match=f"schedule 'nightly': .*{match}"):
+        app.periodic("report", "0 3 * * *", name="nightly", **options)
+    assert "nightly" not in app.schedules  # nothing half-declared
+
+
+@pytest.mark.unit
+def test_periodic_checks_apply_to_a_schedule_built_directly_and_to_task_schedules():
+    with pytest.raises(ConfigError, match="schedule 'p': payload is not valid JSON"):
+        Periodic("p", "t", "* * * * *", payload=float("nan"))
+    with pytest.raises(ConfigError, match="schedule 'p': priority"):
+        Periodic("p", "t", "* * * * *", priority=-40_000)
+    with pytest.raises(ConfigError, match="schedule 'p': payload is 12 bytes of JSON, over the limit of 10"):
+        Periodic("p", "t", "* * * * *", payload="x" * 10, max_payload_bytes=10)
+    p = Periodic("p", "t", "* * * * *", payload={"é": [1, 2.5, None]})
+    assert p.payload_json == '{"é":[1,2.5,null]}'  # the text enqueue would store
+    app = App("postgresql://x@localhost/db")
+    with pytest.raises(ConfigError, match="not a cron expression"):
+        app.task(name="bad", schedule="every day")(lambda payload: None)
+    assert "bad" not in app.tasks and not app.schedules
 
 
 def rewind(conn, schema, name, minutes):
@@ -156,3 +198,76 @@ def test_a_changed_expression_starts_afresh(app, conn):
     Scheduler(app.store, [Periodic("c", "t", "*/2 * * * *")]).register(conn)
     [(last, now)] = q(conn, schema, "SELECT last_slot, now() FROM {s}.schedules")
     assert now - last < timedelta(minutes=2)  # not an hour of owed slots
+
+
+# A row a manual UPDATE broke, two ways: a last_slot no slot can follow that Python cannot
+# even read ('infinity'), and a counter pushed to the top of bigint, so that firing the
+# schedule fails with a statement error (bigint out of range) for that schedule only.
+BREAKAGES = {
+    "unreadable last_slot": ("UPDATE {s}.schedules SET last_slot = 'infinity' WHERE name = 'a-broken' RETURNING name",
+                             r"(UPDATE \S+\.schedules SET last_slot = NULL WHERE name = 'a-broken')"),
+    "statement error": ("UPDATE {s}.schedules SET skipped_slots = 9223372036854775807 WHERE name = 'a-broken' "
+                        "RETURNING name", r"(DELETE FROM \S+\.schedules WHERE name = 'a-broken')"),
+}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("breakage", sorted(BREAKAGES))
+def test_a_failing_schedule_is_logged_once_counted_and_the_others_still_fire(app, conn, caplog, breakage):
+    schema = app.settings.schema
+    # declared first: before the fix its error ended the tick before the others fired
+    broken = app.periodic("t", "* * * * *", name="a-broken")
+    fine = app.periodic("t", "* * * * *", name="b-fine", payload={"n": 1})
+    s = Scheduler(app.store, [broken, fine])
+    s.register(conn)
+    rewind(conn, schema, "a-broken", 3)
+    rewind(conn, schema, "b-fine", 3)
+    damage, fix_pattern = BREAKAGES[breakage]
+    q(conn, schema, damage)
+    with caplog.at_level(logging.DEBUG, logger="pgworker.schedules"):
+        s.tick(conn)
+        s.tick(conn)  # still broken: counted again, not logged again
+    assert q(conn, schema, "SELECT schedule_name FROM {s}.jobs") == [("b-fine",)]
+    assert s.fired == 1 and s.errors == {"a-broken": 2}
+    [logged] = [r for r in caplog.records if r.levelno >= logging.WARNING and "a-broken" in r.getMessage()]
+    assert logged.levelno == logging.ERROR and "schedule 'a-broken' could not fire" in logged.getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR and "b-fine" in r.getMessage()]
+    # the fix the log names, run as it is, lets the schedule fire again (afresh: from its next slot)
+    fix = re.search(fix_pattern, logged.getMessage())
+    assert fix, logged.getMessage()
+    conn.execute(fix.group(1))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pgworker.schedules"):
+        s.tick(conn)
+    assert s.errors == {"a-broken": 2}
+    assert any("schedule 'a-broken'" in r.getMessage() and "again" in r.getMessage() for r in caplog.records)
+    [(last_slot, now)] = q(conn, schema, "SELECT last_slot, now() FROM {s}.schedules WHERE name = 'a-broken'")
+    assert last_slot is not None and timedelta(0) <= now - last_slot < timedelta(minutes=2)
+    assert q(conn, schema, "SELECT count(*) FROM {s}.jobs WHERE schedule_name = 'a-broken'") == [(0,)]
+    # a new failure streak is logged again
+    rewind(conn, schema, "a-broken", 3)
+    q(conn, schema, damage)
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="pgworker.schedules"):
+        s.tick(conn)
+    assert s.errors == {"a-broken": 3}
+    assert len([r for r in caplog.records if r.levelno == logging.ERROR and "a-broken" in r.getMessage()]) == 1
+
+
+@pytest.mark.integration
+def test_a_schedule_failing_inside_a_callers_transaction_leaves_it_usable(app, pg_dsn, conn):
+    """On a connection in a transaction, the failed statement is rolled back to a savepoint:
+    the transaction is not aborted and the next schedule fires in it."""
+    schema = app.settings.schema
+    broken = app.periodic("t", "* * * * *", name="a-broken")
+    fine = app.periodic("t", "* * * * *", name="b-fine")
+    s = Scheduler(app.store, [broken, fine])
+    s.register(conn)
+    rewind(conn, schema, "a-broken", 3)
+    rewind(conn, schema, "b-fine", 3)
+    q(conn, schema, BREAKAGES["statement error"][0])
+    with psycopg.connect(pg_dsn) as tx:  # not autocommit: the tick runs inside a transaction
+        s.tick(tx)
+        tx.commit()
+    assert q(conn, schema, "SELECT schedule_name FROM {s}.jobs") == [("b-fine",)]
+    assert s.errors == {"a-broken": 1}

@@ -94,13 +94,22 @@ grace, so a run that hits its deadline can still finish its jobs and report.
 {{- end }}
 
 {{/*
-The due-jobs count KEDA polls. It matches pgworker's claim index
-jobs_claim_idx (queue, priority DESC, run_at, id) WHERE state = 'pending' AND NOT blocked,
-the same predicate as the jobs_due_count query of drain mode. Queue and schema names are
-restricted by values.schema.json so that they need no quoting here.
+The count KEDA polls: the work a pod must start for, or stay for, in worker.queues.
+- Due, claimable jobs outside paused queues: the predicate of pgworker's claim index
+  jobs_claim_idx (queue, priority DESC, run_at, id) WHERE state = 'pending' AND NOT
+  blocked, as the jobs_due_count query of drain mode counts them.
+- Running jobs (jobs_running_idx (queue) WHERE state = 'running'), whether their lease is
+  valid or expired: with a valid lease a pod is running them, and the count must stay
+  above zero so that KEDA does not scale it away mid-job after cooldownPeriod; with an
+  expired lease their pod died, and only a running pgworker reaps them.
+Both terms read partial indexes only: KEDA runs this every pollingInterval. Queue and
+schema names are restricted by values.schema.json so that they need no quoting here.
 */}}
 {{- define "pgworker.kedaQuery" -}}
-{{- printf "SELECT count(*) FROM \"%s\".jobs WHERE queue = ANY('{%s}'::text[]) AND state = 'pending' AND NOT blocked AND run_at <= now()" .Values.database.schema (join "," .Values.worker.queues) }}
+{{- $jobs := printf "\"%s\".jobs" .Values.database.schema }}
+{{- $queues := printf "queue = ANY('{%s}'::text[])" (join "," .Values.worker.queues) }}
+{{- $paused := printf "SELECT name FROM \"%s\".queues WHERE paused_at IS NOT NULL" .Values.database.schema }}
+{{- printf "SELECT (SELECT count(*) FROM %s WHERE %s AND state = 'pending' AND NOT blocked AND run_at <= now() AND queue NOT IN (%s)) + (SELECT count(*) FROM %s WHERE %s AND state = 'running')" $jobs $queues $paused $jobs $queues }}
 {{- end }}
 
 {{/*

@@ -24,8 +24,16 @@ WHERE (s.task, s.queue, s.cron, s.timezone, s.missed)
 
 -- name: schedules_state
 -- Where these schedules stand (the last slot enqueued or skipped), and the database clock.
-SELECT name, last_slot, statement_timestamp() AS now
-FROM {schema}.schedules WHERE name = ANY(%(names)s::text[]);
+-- A last_slot outside the years a Python datetime holds (1-9999, a day's margin for the
+-- session's time zone), such as 'infinity' written by a manual UPDATE, cannot be read:
+-- it comes back as text in unusable_slot instead, so that only its schedule fails.
+SELECT s.name, CASE WHEN NOT u.unusable THEN s.last_slot END AS last_slot,
+       CASE WHEN u.unusable THEN s.last_slot::text END AS unusable_slot,
+       statement_timestamp() AS now
+FROM {schema}.schedules AS s,
+     LATERAL (SELECT s.last_slot NOT BETWEEN '0001-01-02 00:00+00' AND '9999-12-30 00:00+00'
+              AS unusable) AS u
+WHERE s.name = ANY(%(names)s::text[]);
 
 -- name: schedule_fire
 -- Advance a schedule to %(slot)s and, when %(enqueue)s, enqueue its job, in one
