@@ -2,7 +2,8 @@
 dispatcher's real statistics fetch (its session, its statement timeout) on a real
 PostgreSQL: who holds the vacuum horizon (a session left idle in a REPEATABLE READ
 transaction, as another role, a prepared transaction, a standby's replication slot),
-and dead rows a VACUUM cannot remove while it is held."""
+dead rows a VACUUM cannot remove while it is held; and the autovacuum settings of
+migration 0003 (present, overridable, kept by later migrations)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ from pgcluster import Cluster, free_port, missing_tools, require
 
 from pgworker import App
 from pgworker import grants
+from pgworker import sql as sqlfiles
 from pgworker.dispatcher import Dispatcher
 from pgworker.metrics import QueueStatsCollector
+from pgworker.migrate import migrate
 
 pytestmark = pytest.mark.integration
 SCHEMA = "jobs health"  # a schema name that needs quoting, on purpose
@@ -272,3 +275,55 @@ def test_a_standby_query_holds_the_horizon_through_its_replication_slot(cluster,
         shutil.rmtree(standby, ignore_errors=True)
         cluster.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
                         "WHERE slot_name = 'standby_one'")
+
+
+# -- migration 0003: the autovacuum settings ------------------------------------------
+
+
+AUTOVACUUM = {"autovacuum_vacuum_scale_factor": "0.01", "autovacuum_vacuum_threshold": "1000",
+              "autovacuum_vacuum_insert_scale_factor": "0.01", "autovacuum_analyze_scale_factor": "0.02"}
+
+
+def reloptions(conn: psycopg.Connection, schema: str) -> dict[str, str]:
+    [(options,)] = conn.execute("SELECT reloptions FROM pg_class WHERE oid = %s::regclass",
+                                [sql.Identifier(schema, "jobs").as_string(conn)]).fetchall()
+    return dict(o.split("=", 1) for o in options or [])
+
+
+def test_the_jobs_table_has_the_migrations_autovacuum_settings(app, conn):
+    assert reloptions(conn, app.settings.schema) == AUTOVACUUM  # and no fillfactor
+
+
+def test_an_operators_override_survives_the_migrations_after_0003(pg_dsn, schema):
+    """Migrations 1..3 by hand, an operator's ALTER TABLE ... SET, then `migrate` applies
+    whatever came later: the override stays (later migrations never SET or RESET these)."""
+    ident = sql.Identifier(schema)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        with conn.transaction():
+            conn.execute(sql.SQL("CREATE SCHEMA {}").format(ident))
+            conn.execute(sql.SQL("CREATE TABLE {}.migrations (version integer PRIMARY KEY, name text NOT NULL, "
+                                 "checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
+                         .format(ident))
+            for mig in sqlfiles.migrations()[:3]:
+                conn.execute(sqlfiles.render(mig.template, schema))
+                conn.execute(sql.SQL("INSERT INTO {}.migrations (version, name, checksum) VALUES (%s, %s, %s)")
+                             .format(ident), [mig.version, mig.name, mig.checksum])
+        assert reloptions(conn, schema) == AUTOVACUUM
+        conn.execute(sql.SQL("ALTER TABLE {}.jobs SET (autovacuum_vacuum_scale_factor = 0.05, fillfactor = 90)")
+                     .format(ident))
+        conn.execute(sql.SQL("ALTER TABLE {}.jobs RESET (autovacuum_analyze_scale_factor)").format(ident))
+        report = migrate(conn, schema)
+        assert report.version_after == len(sqlfiles.migrations())
+        expected = {k: v for k, v in AUTOVACUUM.items() if k != "autovacuum_analyze_scale_factor"}
+        assert reloptions(conn, schema) == {**expected, "autovacuum_vacuum_scale_factor": "0.05", "fillfactor": "90"}
+
+
+def test_no_later_migration_sets_or_resets_the_storage_parameters():
+    """The static side of the test above, for migrations it cannot foresee: after 0003, no
+    migration mentions the jobs table's storage parameters."""
+    words = ("autovacuum_", "fillfactor", "toast.")
+    for mig in sqlfiles.migrations()[3:]:
+        text = mig.template.lower()
+        assert not [w for w in words if w in text], (
+            f"migration {mig.version:04d}_{mig.name} changes the jobs table's storage parameters, "
+            "which operators may have overridden (docs/deploy.md, \"Vacuum and the jobs table\")")
