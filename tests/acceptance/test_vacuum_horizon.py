@@ -126,3 +126,15 @@ def test_a_held_horizon_is_named_in_a_real_scrape_and_fires_the_table_alerts_in_
                              "the dead rows removed")
             assert w.stop() == 0
         app.close()
+
+
+def test_no_stats_turns_the_table_gauges_off_with_the_queue_statistics(app, pg_dsn):
+    """--no-stats (PGWORKER_STATS=false) switches off the one collector that reads both."""
+    port = free_port()
+    with Worker(pg_dsn, app.settings.schema, "--concurrency", "1", "--no-stats", "--metrics-port", str(port),
+                "--metrics-host", "127.0.0.1", name="nostats") as w:
+        wait_ready(port)
+        text = wait_for_metrics(port, lambda t: "pgworker_build_info" in t, 30, "the exposition")
+        assert not [line for line in text.splitlines()
+                    if line.startswith(("pgworker_table_", "pgworker_queue_"))], table_lines(text)
+        assert w.stop() == 0
