@@ -29,6 +29,13 @@ ERROR_CLASS_TOP_N = 20
 # against the top-N of handler exception classes).
 KNOWN_ERROR_CODES = ("LEASE_EXPIRED", "WORKER_DIED", "TIMEOUT", "UNKNOWN_TASK", "PAYLOAD_INVALID", "PERMANENT")
 OTHER = "other"
+# The jobs table's health (pgworker_table_*): which vacuum, and what holds the horizon.
+VACUUM_KINDS = ("manual", "auto")
+HORIZON_HOLDERS = ("backend", "replication_slot", "prepared_transaction", "none")
+HORIZON_LABELS = ("holder", "holder_name", "holder_state")
+# holder_name and holder_state come from outside pgworker (an application_name, a slot or
+# prepared transaction name): printable ASCII, at most this many characters.
+HOLDER_LABEL_MAX_CHARS = 64
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
@@ -50,6 +57,7 @@ class MetricDef:
 _STATS = "the dispatcher, at scrape time (one cached query)"
 _CLAIMERS = "claimers"
 _DRAIN = "a `--drain` run, at exit"
+_TABLE = "the dispatcher, at scrape time (a second cached query, with the queue statistics)"
 
 METRICS: tuple[MetricDef, ...] = (
     # read from PostgreSQL at scrape time, in the exporting process only
@@ -151,6 +159,37 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("pgworker_drain_jobs_left", "gauge", (),
               "Due jobs left when the last drain run ended (non-zero after a deadline).", "drain",
               recorded_by=_DRAIN),
+    # the jobs table's health, read from PostgreSQL at scrape time with the queue
+    # statistics (sql/queries/health.sql; PostgreSQL docs, "Routine Vacuuming")
+    MetricDef("pgworker_table_live_tuples", "gauge", (),
+              "Live rows of the jobs table, as PostgreSQL's statistics estimate them "
+              "(pg_stat_user_tables.n_live_tup).", "database", recorded_by=_TABLE),
+    MetricDef("pgworker_table_dead_tuples", "gauge", (),
+              "Dead row versions of the jobs table not removed yet (pg_stat_user_tables.n_dead_tup, "
+              "an estimate; after a vacuum, the dead rows it could not remove because a snapshot "
+              "may still see them).", "database", recorded_by=_TABLE),
+    MetricDef("pgworker_table_last_vacuum_age_seconds", "gauge", ("vacuum",),
+              "Seconds since the last vacuum of the jobs table finished, by vacuum (manual: a VACUUM "
+              "command; auto: autovacuum), database clock; +Inf when never since the statistics "
+              "were reset.", "database", recorded_by=_TABLE),
+    MetricDef("pgworker_table_size_bytes", "gauge", (),
+              "Disk size of the jobs table with its indexes and TOAST (pg_total_relation_size).",
+              "database", recorded_by=_TABLE),
+    MetricDef("pgworker_table_horizon_age_seconds", "gauge", HORIZON_LABELS,
+              "How long the oldest holder of the jobs table's vacuum horizon has held it: a "
+              "session's transaction age (xact_start) or a prepared transaction's; for a "
+              "replication slot, or a session whose xact_start this role may not read, the time "
+              "since this process first saw it hold the horizon at the same xid (a lower bound). "
+              "Only the single oldest holder is exported; holder=\"none\" and 0 when nothing holds it.",
+              "database", recorded_by=_TABLE),
+    MetricDef("pgworker_table_horizon_lag_transactions", "gauge", HORIZON_LABELS,
+              "Transactions started since the xid at which the oldest holder holds the vacuum "
+              "horizon (age() of its xmin): VACUUM cannot remove rows that any of them deleted "
+              "or updated. Same single holder and labels as pgworker_table_horizon_age_seconds.",
+              "database", recorded_by=_TABLE),
+    MetricDef("pgworker_table_stats_up", "gauge", (),
+              "1 when the last jobs table health query succeeded, else 0 (the other "
+              "pgworker_table_* gauges are then absent, not stale).", "database", recorded_by=_TABLE),
 )
 
 METRICS_BY_NAME = {m.name: m for m in METRICS}

@@ -90,6 +90,27 @@ QUESTIONS: tuple[tuple[str, tuple[Query, ...]], ...] = (
         Query("max by (instance) (pgworker_queue_stats_duration_seconds)",
               "Time the statistics query took; close to `PGWORKER_STATS_TIMEOUT_SECONDS` "
               "means it is about to time out (a huge backlog, or a missing index)."),
+        Query("min by (instance) (pgworker_table_stats_up)",
+              "0 when the last jobs table health query failed (the pgworker_table_* gauges are then "
+              "absent; the queue statistics do not depend on it)."),
+    )),
+    ("Is vacuum keeping up with the jobs table?", (
+        Query("max by (job) (pgworker_table_dead_tuples)",
+              "Dead row versions of the jobs table not removed yet. Falling back after each vacuum "
+              "is health; still rising across vacuums means something holds the horizon back."),
+        Query("min by (job) (pgworker_table_last_vacuum_age_seconds)",
+              "Seconds since the jobs table was last vacuumed, by autovacuum or by hand (`+Inf`: "
+              "never, since the statistics were reset)."),
+        Query("max by (job, holder, holder_name, holder_state) (pgworker_table_horizon_age_seconds)",
+              "How long the oldest snapshot has held the vacuum horizon back, and what holds it: a "
+              "session (its application_name and state, such as `idle in transaction`), a "
+              "replication slot or a prepared transaction."),
+        Query("max by (job) (pgworker_table_horizon_lag_transactions)",
+              "Transactions started since that snapshot: dead rows that any of them left cannot be "
+              "removed until it goes."),
+        Query("max by (job) (deriv(pgworker_table_size_bytes[1h]))",
+              "Bytes per second by which the jobs table (with indexes and TOAST) grows; lasting "
+              "growth with a steady backlog is bloat, or history that `pgworker prune` should remove."),
     )),
     ("Did the last drain run work? (Pushgateway)", (
         Query("time() - max by (schema) (pgworker_drain_last_run_timestamp_seconds)",
@@ -120,10 +141,10 @@ def _type(m: cat.MetricDef) -> str:
     return m.kind
 
 
-def _metric_table(source: str) -> list[str]:
+def _metric_table(source: str, prefix: str = "pgworker_") -> list[str]:
     out = ["| name | type | labels | meaning | recorded by |", "|---|---|---|---|---|"]
     for m in cat.METRICS:
-        if m.source == source:
+        if m.source == source and m.name.startswith(prefix):
             out.append(f"| `{m.name}` | {_type(m)} | {_labels(m)} | {_cell(m.help)} | {_cell(m.recorded_by)} |")
     return out
 
@@ -164,7 +185,57 @@ def render() -> str:
         "compute that should suspend when idle, every periodic query keeps it awake. Every pod",
         "reports the same figures: aggregate them with `max`, not `sum`.",
         "",
-        *_metric_table("database"),
+        *_metric_table("database", "pgworker_queue_"),
+        "",
+        "### The jobs table's health",
+        "",
+        "A queue table is all updates and deletes, and VACUUM may only remove a dead row version",
+        "once no snapshot can still see it (PostgreSQL docs, \"Routine Vacuuming\"). One old snapshot",
+        "anywhere in the database (a session left `idle in transaction`, a long report, a",
+        "replication slot fed by a standby's `hot_standby_feedback`, a forgotten prepared",
+        "transaction) holds that horizon back for every table: dead rows pile up, and each claim",
+        "walks more of them. These gauges show it before it hurts; the alerts",
+        "`PgworkerJobsTableHorizonHeld`, `PgworkerJobsTableDeadTuplesNotReclaimed` and",
+        "`PgworkerJobsTableNotVacuumed` watch them (docs/deploy.md, \"Alert runbook\"), and",
+        "migration 0003 gives the table autovacuum settings for its churn (docs/deploy.md,",
+        "\"Vacuum and the jobs table\").",
+        "",
+        "They are read by a second statement (`table_health` in `pgworker/sql/queries/health.sql`)",
+        "in the same transaction as the queue statistics: the same timeout, the same cache, the",
+        "same switch (`--no-stats`), and `pgworker_queue_stats_duration_seconds` covers both. It",
+        "runs in a savepoint: when it fails, `pgworker_table_stats_up` is 0 and the other",
+        "`pgworker_table_*` gauges are absent, while the queue gauges stay.",
+        "",
+        *_metric_table("database", "pgworker_table_"),
+        "",
+        "What holds the horizon: the single oldest of",
+        "",
+        "- the sessions of this database (`pg_stat_activity`: the older of `backend_xmin`, its",
+        "  snapshot, and `backend_xid`, its own transaction once it wrote), and processes attached to",
+        "  no database (a physical walsender carrying a standby's `hot_standby_feedback`), except a",
+        "  running lazy VACUUM, whose xmin PostgreSQL ignores, and the statistics session itself;",
+        "- replication slots by their `xmin` (`pg_replication_slots`; a slot's `catalog_xmin` holds",
+        "  back the system catalogs only, not the jobs table);",
+        "- prepared transactions of this database (`pg_prepared_xacts`).",
+        "",
+        "Only that one holder is exported, so the two horizon gauges have one series each: when",
+        "the holder changes, the series with its labels is replaced by the new holder's. The",
+        "labels are `holder` (what kind), `holder_name` (a session's `application_name`, or its",
+        "backend type when it set none; a slot's name; a prepared transaction's gid) and",
+        "`holder_state` (a session's state, such as `idle in transaction`; `active` or `inactive`",
+        "for a slot; `prepared`). Names come from outside pgworker: they are cut to",
+        f"{cat.HOLDER_LABEL_MAX_CHARS} printable ASCII characters (others become `?`). With nothing holding the",
+        "horizon the gauges are 0 with `holder=\"none\"`. The session's pid is not a label",
+        "(it would make a series per session); the runbook's query finds it.",
+        "",
+        "Privileges: `pg_stat_activity` shows every session's `application_name`, `backend_xmin`",
+        "and `backend_xid` to any role, but the `state` and `xact_start` of another role's session",
+        "only to that role and to members of `pg_read_all_stats` (or `pg_monitor`). Without them,",
+        "`holder_state` is `unknown` and the age in seconds is the time since this dispatcher first",
+        "saw that session hold the horizon at the same xid (a lower bound, restarting with the",
+        "dispatcher), as it always is for a replication slot, which records no time. Granting",
+        "`pg_read_all_stats` to the worker role also shows it every session's query text: weigh",
+        "that before you do.",
         "",
         "## Metrics from the workers",
         "",
@@ -222,6 +293,9 @@ def render() -> str:
         f"| `state` | {_values(cat.STATS_STATES)} (finished states are counted by the counters, not the database) |",
         f"| `error_class` | the stored error code: an exception's `pgworker_code`, else its class name (module-qualified outside builtins); pgworker's own codes ({_values(cat.KNOWN_ERROR_CODES)}) always; past the first {cat.ERROR_CLASS_TOP_N} other classes a process sees, `{cat.OTHER}` |",
         "| `version` | pgworker's version |",
+        f"| `vacuum` | {_values(cat.VACUUM_KINDS)} |",
+        f"| `holder` | {_values(cat.HORIZON_HOLDERS)} |",
+        f"| `holder_name`, `holder_state` | the single oldest horizon holder's name and state (see [the jobs table's health](#the-jobs-tables-health)): printable ASCII, at most {cat.HOLDER_LABEL_MAX_CHARS} characters, one value at a time |",
         "",
         "## Processes and multiprocess mode",
         "",

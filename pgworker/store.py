@@ -46,6 +46,24 @@ def notify_channel(schema: str) -> str:
     return name
 
 
+class QueueStats(list):  # type: ignore[type-arg]
+    """What :meth:`Store.queue_stats` returns: the per-queue rows (a list of dicts with
+    the columns of the ``queue_stats`` statement, as before), plus
+
+    - ``table``: the ``table_health`` row (a dict), or None when it could not be read;
+    - ``table_error``: the exception class name of that failure, else None.
+
+    A list, so that the callers that only want the per-queue rows see no difference; the
+    metrics collector reads ``table`` too (pgworker.metrics.TableHealthGauges).
+    """
+
+    def __init__(self, rows: Iterable[dict[str, Any]], *, table: dict[str, Any] | None = None,
+                 table_error: str | None = None) -> None:
+        super().__init__(rows)
+        self.table = table
+        self.table_error = table_error
+
+
 class Store:
     """Named statements of one schema, rendered once (schema quoted as an identifier)."""
 
@@ -473,9 +491,33 @@ class Store:
         return cur.execute(self.queries["jobs_list"], {"queue": queue, "state": state,
                                                        "limit": limit}).fetchall()
 
-    def queue_stats(self, conn: psycopg.Connection, queues: Sequence[str]) -> list[dict[str, Any]]:
+    def queue_stats(self, conn: psycopg.Connection, queues: Sequence[str]) -> QueueStats:
+        """The statistics behind /metrics: one row per queue (``queue_stats``), then the
+        jobs table's health (:meth:`table_health`) in the same transaction, so that both
+        run under the caller's statement timeout and are cached together.
+
+        Returns a :class:`QueueStats`. The table statement runs in a savepoint: when it
+        fails (a timeout, a lock), the per-queue rows still come back, with ``table``
+        None and ``table_error`` naming the exception class. Errors of the per-queue
+        statement, and a broken connection, propagate (``psycopg.Error``).
+        """
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-        return cur.execute(self.queries["queue_stats"], {"queues": list(queues)}).fetchall()
+        rows = cur.execute(self.queries["queue_stats"], {"queues": list(queues)}).fetchall()
+        try:
+            with conn.transaction():  # a savepoint: a failure here keeps the rows above
+                table = self.table_health(conn)
+        except psycopg.Error as exc:
+            if conn.broken:
+                raise
+            return QueueStats(rows, table_error=type(exc).__name__)
+        return QueueStats(rows, table=table)
+
+    def table_health(self, conn: psycopg.Connection) -> dict[str, Any] | None:
+        """The jobs table's tuples, vacuums, size and the oldest holder of its vacuum
+        horizon: the ``table_health`` row (sql/queries/health.sql documents each column
+        and which holders count), or None if the table is missing."""
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["table_health"], {"schema": self.schema}).fetchone()
 
     def queue_status(self, conn: psycopg.Connection) -> list[dict[str, Any]]:
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)

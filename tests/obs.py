@@ -14,7 +14,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import pytest
 import requests
@@ -154,9 +154,10 @@ class Server:
         self.stop()
 
 
-def prometheus_server(scrape_port: int) -> Server:
+def prometheus_server(scrape_port: int, rule_files: Sequence[str] = ()) -> Server:
     """A real Prometheus scraping 127.0.0.1:``scrape_port`` every second (loopback only,
-    storage in a temporary directory)."""
+    storage in a temporary directory), evaluating the rules of ``rule_files`` (absolute
+    paths) every second."""
     binary = require_tool("prometheus", "Debian: apt-get install -y prometheus")
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="pgworker-test-prometheus-")
@@ -165,6 +166,8 @@ def prometheus_server(scrape_port: int) -> Server:
         f.write("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
                 "scrape_configs:\n  - job_name: pgworker\n    static_configs:\n"
                 f"      - targets: ['127.0.0.1:{scrape_port}']\n")
+        if rule_files:
+            f.write("rule_files:\n" + "".join(f"  - '{path}'\n" for path in rule_files))
     return Server([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp}/data",
                    f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
                   port, "/-/ready", "prometheus", workdir=tmp)

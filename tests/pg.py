@@ -12,17 +12,21 @@ When none is found the tests fail (they never silently skip the database).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import glob
+import itertools
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from typing import Iterator
 
 import psycopg
 
 LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+_own_counter = itertools.count()
 
 
 def _can_connect(dsn: str) -> bool:
@@ -132,3 +136,23 @@ def make_settings(dsn: str, schema: str, **overrides):
     base = dict(dsn=dsn, schema=schema, metrics_port=0, concurrency=2, tracing=False)
     base.update(overrides)
     return Settings.from_env(environ={}, **base)
+
+
+@contextlib.contextmanager
+def own_database(dsn: str) -> Iterator[str]:
+    """A database of its own on the server of ``dsn`` (which must allow CREATE DATABASE),
+    dropped afterwards with whoever is still connected; yields its DSN.
+
+    For what PostgreSQL keeps per database, such as the vacuum horizon of its tables: a
+    session of another test, or of another suite sharing the server, holding a snapshot in
+    the shared database would otherwise be the oldest holder instead of the test's own."""
+    from psycopg import conninfo, sql
+
+    name = f"pgworker_own_{os.getpid()}_{next(_own_counter)}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield conninfo.make_conninfo(dsn, dbname=name)
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

@@ -1,4 +1,4 @@
--- The whole pgworker schema as it stands (version 3), in one file, for reading and
+-- The whole pgworker schema as it stands (version 4), in one file, for reading and
 -- review. Installing and upgrading go through the numbered migrations
 -- (pgworker/sql/migrations, `pgworker migrate`); a test applies both to two schemas and
 -- checks that they produce the same catalog, so this file cannot drift from them.
@@ -61,6 +61,13 @@ CREATE TABLE {schema}.jobs (
     CONSTRAINT jobs_running_has_lease CHECK (state <> 'running' OR lease_expires_at IS NOT NULL),
     CONSTRAINT jobs_dedupe_window_positive CHECK (dedupe_window IS NULL OR dedupe_window > interval '0'),
     CONSTRAINT jobs_schedule_slot_pair CHECK ((schedule_name IS NULL) = (schedule_slot IS NULL))
+) WITH (
+    -- Autovacuum for a high-churn table; no fillfactor, since no frequent update can be
+    -- HOT (migration 0003 and docs/deploy.md, "Vacuum and the jobs table", say why).
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_insert_scale_factor = 0.01,
+    autovacuum_analyze_scale_factor = 0.02
 );
 
 -- The claimable set in claim order: the claim's priority arm.

@@ -123,7 +123,26 @@ REQUIRED_PANELS = {
     "Drain run duration": {"pgworker_drain_duration_seconds"},
     "Drain jobs processed": {"pgworker_drain_jobs_processed"},
     "Drain jobs left": {"pgworker_drain_jobs_left"},
+    "Dead and live rows": {"pgworker_table_dead_tuples", "pgworker_table_live_tuples"},
+    "Since the last vacuum": {"pgworker_table_last_vacuum_age_seconds"},
+    "Vacuum horizon": {"pgworker_table_horizon_age_seconds"},
+    "Horizon lag": {"pgworker_table_horizon_lag_transactions"},
+    "Jobs table size": {"pgworker_table_size_bytes"},
+    "Table statistics query": {"pgworker_table_stats_up"},
 }
+
+
+def test_table_health_panels_sit_in_their_row():
+    """The jobs table's panels come after a row of their own, and the horizon panel's
+    legend names the holder (the alert's labels)."""
+    panels = _dashboard()["panels"]
+    [row] = [i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == "Jobs table health"]
+    after = [p["title"] for p in panels[row + 1:]]
+    assert {"Dead and live rows", "Since the last vacuum", "Vacuum horizon", "Horizon lag", "Jobs table size",
+            "Table statistics query"} <= set(after)
+    [horizon] = [p for p in panels if p["title"] == "Vacuum horizon"]
+    legend = horizon["targets"][0]["legendFormat"]
+    assert "{{holder_name}}" in legend and "{{holder_state}}" in legend
 
 
 def test_required_panels():

@@ -53,6 +53,13 @@ CATALOG = {
                s.seqcache, s.seqcycle
         FROM pg_sequence s JOIN pg_class c ON c.oid = s.seqrelid
         WHERE c.relnamespace = %(ns)s::regnamespace ORDER BY 1""",
+    # Storage parameters (autovacuum settings, fillfactor) of tables and indexes, sorted:
+    # CREATE TABLE ... WITH and ALTER TABLE ... SET may list them in any order.
+    "reloptions": """
+        SELECT c.relname, c.relkind::text, array(SELECT o FROM unnest(c.reloptions) AS o ORDER BY o)
+        FROM pg_class c
+        WHERE c.relnamespace = %(ns)s::regnamespace AND c.reloptions IS NOT NULL
+        ORDER BY 1""",
     "triggers": """
         SELECT t.tgname, pg_get_triggerdef(t.oid) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
         WHERE c.relnamespace = %(ns)s::regnamespace AND NOT t.tgisinternal ORDER BY 1""",

@@ -1,4 +1,4 @@
--- pgworker schema, version 3: indexes for the worker's own services.
+-- pgworker schema, version 4: indexes for the worker's own services.
 --   * a queue's global concurrency limit counts only running jobs whose lease has not
 --     expired (a job whose worker died holds no slot while it waits for the reaper):
 --     jobs_running_idx gains lease_expires_at, so the count is a range scan;
