@@ -244,3 +244,70 @@ def leak(payload, ctx):
     """Leaks payload['mb'] megabytes per job (a handler with a memory leak)."""
     _LEAK.append(os.urandom(payload["mb"] * 1024 * 1024))
     ledger(ctx, "leak")
+
+
+# -- outcomes a worker must bound, and cancellations (tests/acceptance/test_outcome_writes.py) --
+
+
+class CodeWithNulError(Exception):
+    """Classified by the app's classifier into values PostgreSQL refuses as they are."""
+
+
+def _classify(exc):
+    if isinstance(exc, CodeWithNulError):
+        return pgworker.retry.FailureClass("BAD\x00CODE", "a message with a NUL \x00 byte", False,
+                                           retry_after=float("inf"))
+    return None
+
+
+app.classify_error = _classify
+
+
+@app.task(name="bad_retry", max_attempts=3)
+def bad_retry(payload, ctx):
+    """Asks for a retry after payload seconds ('inf', 'nan' or a number) on its first
+    attempt; succeeds on the next."""
+    ledger(ctx, "run")
+    if ctx.attempt == 1:
+        raise pgworker.Retry(after=float(payload))
+
+
+@app.task(name="bad_snooze", max_attempts=3)
+def bad_snooze(payload, ctx):
+    ledger(ctx, "run")
+    raise pgworker.Snooze(float(payload))
+
+
+@app.task(name="nul_code", max_attempts=3)
+def nul_code(payload, ctx):
+    ledger(ctx, "run")
+    raise CodeWithNulError("classified into a code with a NUL byte")
+
+
+@app.task(name="short_timeout", timeout=1.0, renew="progress", max_attempts=1)
+def short_timeout(payload, ctx):
+    """A quick job whose timeout and progress-tied renewal are shorter than the wait of a
+    job queued behind a slow one."""
+    ledger(ctx, "run")
+
+
+@app.task(name="after_cancel", max_attempts=3, retry=FAST)
+def after_cancel(payload, ctx):
+    """Works until a cancellation is requested, then ends as payload says: 'fail' raises,
+    'snooze' snoozes, 'return' succeeds."""
+    ledger(ctx, "start")
+    end = time.monotonic() + 60
+    while time.monotonic() < end and not ctx.cancel_requested:
+        time.sleep(0.05)
+    ledger(ctx, "cancel_seen")
+    if payload == "fail":
+        raise RuntimeError("failing after the cancellation request")
+    if payload == "snooze":
+        raise pgworker.Snooze(0.1)
+
+
+@app.task(name="async_exit", max_attempts=1)
+async def async_exit(payload, ctx):
+    """Awaits once, then raises SystemExit (or KeyboardInterrupt) from the handler."""
+    await asyncio.sleep(0.01)
+    raise {"SystemExit": SystemExit, "KeyboardInterrupt": KeyboardInterrupt}[payload](0)

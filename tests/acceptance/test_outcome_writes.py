@@ -1,0 +1,133 @@
+"""Outcome writes that must not stop a claimer: values PostgreSQL would refuse, a row the
+database refuses for now or for good, and a claimer that dies with outcomes decided but
+not yet written. Real `pgworker run` processes; the database refuses through a trigger
+the test installs on the jobs table, as a constraint or a broken value would."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import requests
+from psycopg import sql
+
+from obs import free_port, total, try_scrape
+from pg import wait_until
+from worker import Worker, q
+
+pytestmark = pytest.mark.acceptance
+FAST = ["--lease", "3", "--poll-interval", "0.3", "--reap-interval", "0.5"]
+
+
+def state(conn, schema, job_id):
+    return q(conn, schema, "SELECT state::text, attempts, last_error_code, run_at > now() + interval '1 day' "
+                           "FROM {s}.jobs WHERE id = %s", job_id)[0]
+
+
+def refuse_success(conn, schema, job_id, errcode):
+    """Make the database refuse the success of one job (SQLSTATE ``errcode``), and nothing else."""
+    s = sql.Identifier(schema)
+    conn.execute(sql.SQL(
+        "CREATE FUNCTION {s}.refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "RAISE EXCEPTION 'the test refuses this row' USING ERRCODE = {code}; END $$").format(
+        s=s, code=sql.Literal(errcode)))
+    conn.execute(sql.SQL("CREATE TRIGGER refuse BEFORE UPDATE ON {s}.jobs FOR EACH ROW "
+                         "WHEN (OLD.id = {id} AND NEW.state = 'succeeded') EXECUTE FUNCTION {s}.refuse()").format(
+        s=s, id=sql.Literal(job_id)))
+
+
+def allow(conn, schema):
+    conn.execute(sql.SQL("DROP TRIGGER refuse ON {s}.jobs").format(s=sql.Identifier(schema)))
+
+
+def test_out_of_range_retry_and_snooze_values_are_bounded_and_the_claimer_goes_on(env, pg_dsn, conn):
+    """Retry(after=inf / 1e20 / nan), Snooze(1e20) and a classifier's NUL-bearing code and
+    infinite delay, in one batch with ordinary jobs: every outcome is written (bounded),
+    the ordinary jobs succeed, and the claimer claims again afterwards."""
+    schema = env.settings.schema
+    bad = [env.enqueue("bad_retry", "inf"), env.enqueue("bad_retry", "1e20"), env.enqueue("bad_retry", "nan"),
+           env.enqueue("bad_snooze", "1e20"), env.enqueue("nul_code")]
+    good = env.enqueue_many([("record", i) for i in range(5)])
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--batch-size", "10", *FAST) as w:
+        wait_until(lambda: all(state(conn, schema, j)[0] == "succeeded" for j in good), 30,
+                   message=lambda: f"the ordinary jobs of the batch to succeed; log:\n{w.logs()[-3000:]}")
+        wait_until(lambda: all(state(conn, schema, j)[0] == "pending" for j in bad), 30,
+                   message=lambda: f"the bounded outcomes: {[state(conn, schema, j) for j in bad]}")
+        later = env.enqueue("record", "after")
+        wait_until(lambda: state(conn, schema, later)[0] == "succeeded", 30,
+                   message="a job enqueued afterwards: the claimer still claims")
+        assert w.stop() == 0
+        logs = w.logs()
+    inf_retry, big_retry, nan_retry, big_snooze, nul = (state(conn, schema, j) for j in bad)
+    assert inf_retry[3] and big_retry[3] and big_snooze[3]  # clamped to 100 years, not refused
+    assert not nan_retry[3]  # not a number: the task's backoff instead
+    assert nul[2] == "tests.apps.acceptance_app.CodeWithNulError" or "CodeWithNulError" in nul[2]
+    assert nul[3]  # its infinite delay bounded too
+    assert "statement failed" not in logs and "is not a number of seconds" in logs
+
+
+def test_a_refused_row_never_blocks_the_others_and_shows_in_readyz_and_a_metric(env, pg_dsn, conn):
+    """The database refuses one job's success for now (SQLSTATE P0001): the rest of its
+    batch is written, the claimer reports that it cannot write (/readyz, the metric), and
+    once the database accepts the row again it is written and the claimer is ready."""
+    schema = env.settings.schema
+    stuck = env.enqueue("record", "stuck")
+    refuse_success(conn, schema, stuck, "P0001")
+    others = env.enqueue_many([("record", i) for i in range(5)])
+    port = free_port()
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--batch-size", "10", "--metrics-port", str(port),
+                "--metrics-host", "127.0.0.1", *FAST) as w:
+        wait_until(lambda: all(state(conn, schema, j)[0] == "succeeded" for j in others), 30,
+                   message=lambda: f"the batch's other jobs; log:\n{w.logs()[-3000:]}")
+        ready = lambda: requests.get(f"http://127.0.0.1:{port}/readyz", timeout=5)  # noqa: E731
+        not_ready = wait_until(lambda: (r := ready()).status_code == 503 and "cannot write job outcomes" in r.text
+                               and r.text, 30, message="/readyz to name the claimer that cannot write")
+        assert "claimer 0" in not_ready
+        text = try_scrape(port)
+        assert total(text, "pgworker_outcome_write_errors_total", cause="statement") >= 1
+        assert state(conn, schema, stuck)[0] == "running"  # kept leased meanwhile, not run again
+        allow(conn, schema)
+        wait_until(lambda: state(conn, schema, stuck)[0] == "succeeded", 30, message="the refused row, once accepted")
+        wait_until(lambda: ready().status_code == 200, 30, message="/readyz back to ready")
+        assert w.stop() == 0
+    assert len(q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", stuck)) == 1  # it ran once
+
+
+def test_a_row_refused_for_its_values_is_recorded_as_a_failure_instead(env, pg_dsn, conn):
+    """The database refuses one job's success for its values (SQLSTATE 22008): that job is
+    recorded as a failure OUTCOME_INVALID (retried), and the claimer goes on."""
+    schema = env.settings.schema
+    bad = env.enqueue("record", "bad")
+    refuse_success(conn, schema, bad, "22008")
+    others = env.enqueue_many([("record", i) for i in range(3)])
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--batch-size", "10", *FAST) as w:
+        wait_until(lambda: all(state(conn, schema, j)[0] == "succeeded" for j in others), 30,
+                   message=lambda: f"the batch's other jobs; log:\n{w.logs()[-3000:]}")
+        wait_until(lambda: q(conn, schema, "SELECT errors @> %s::jsonb FROM {s}.jobs WHERE id = %s",
+                             '[{"code": "OUTCOME_INVALID"}]', bad)[0][0], 30, message="the failure OUTCOME_INVALID")
+        allow(conn, schema)
+        wait_until(lambda: state(conn, schema, bad)[0] == "succeeded", 30, message="its retry")
+        assert w.stop() == 0
+        assert "could not be stored" in w.logs()
+
+
+def test_a_claimer_that_dies_with_a_decided_success_gets_it_written_as_decided(env, pg_dsn, conn):
+    """The handler succeeded, the write is refused for now, the claimer is killed: the
+    supervisor writes the decided success (not WORKER_DIED) once the database accepts it."""
+    schema = env.settings.schema
+    job = env.enqueue("record", "decided")
+    refuse_success(conn, schema, job, "P0001")
+    with Worker(pg_dsn, schema, "--concurrency", "1", *FAST) as w:
+        wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", job), 30,
+                   message="the handler ran")
+        wait_until(lambda: "refuses this row" in w.logs(), 30, message="the write to be refused")
+        [claimer] = w.claimer_pids()
+        os.kill(claimer, signal.SIGKILL)
+        wait_until(lambda: w.claimer_pids() and w.claimer_pids() != [claimer], 30, message="a new claimer")
+        allow(conn, schema)
+        wait_until(lambda: state(conn, schema, job)[0] != "running", 30,
+                   message=lambda: f"the supervisor to settle the job; log:\n{w.logs()[-3000:]}")
+        assert w.stop() == 0
+    assert state(conn, schema, job)[:3] == ("succeeded", 1, None)
+    assert len(q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", job)) == 1  # never run again
