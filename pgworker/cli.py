@@ -41,8 +41,19 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse without abbreviations: with them, a typo such as ``--queue`` for ``--queues``
+    or ``--prio`` for ``--priority`` silently picks whichever flag it prefixes (or fails as
+    "ambiguous"), and adding a flag later can change what an old command line means.
+    Subparsers are made with the parser's own class, so every command inherits this."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pgworker", description="PostgreSQL-backed job queue and worker.")
+    parser = _Parser(prog="pgworker", description="PostgreSQL-backed job queue and worker.")
     parser.add_argument("--version", action="version", version=f"pgworker {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
