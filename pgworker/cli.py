@@ -37,7 +37,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dsn", help="PostgreSQL DSN (env PGWORKER_DSN)")
     g.add_argument("--schema", help="pgworker's schema (env PGWORKER_SCHEMA, default pgworker)")
     g.add_argument("--app", default=os.environ.get("PGWORKER_APP"),
-                   help="your App: 'package.module:app' or 'path/file.py:app' (env PGWORKER_APP)")
+                   help="your App: 'package.module:app' or 'path/file.py:app'; 'package.module:create_app()' "
+                        "calls a factory that returns it (env PGWORKER_APP)")
     g.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
