@@ -272,11 +272,15 @@ class App:
                 delay: "float | timedelta | None" = None, max_attempts: int | None = None,
                 dedupe_key: str | None = None, ordering_key: str | None = None,
                 dedupe_window: "float | timedelta | None" = None, ordering_on_dead: str | None = None,
-                conn: psycopg.Connection | None = None) -> int:
+                any_task: bool = False, conn: psycopg.Connection | None = None) -> int:
         """Enqueue one job and return its id.
 
-        ``task``: a registered :class:`Task` or any task name (the handler need not be
-        importable here). ``payload``: JSON-serialisable, at most ``max_payload_bytes``
+        ``task``: a :class:`Task`, or a task name. When this App has registered tasks, a
+        name must be one of them: a typo raises :class:`UnknownTask` with the closest
+        names instead of making a job no worker can run. ``any_task=True`` enqueues a
+        name this App does not register (a task another service's worker handles), as an
+        App with no tasks (a pure producer) always does; such a job takes the queue
+        'default' unless one is given, and 5 attempts. ``payload: JSON-serialisable, at most ``max_payload_bytes``
         (default 1 MiB). ``run_at`` (timezone-aware) or ``delay`` (seconds, or a
         timedelta) defers it. ``priority``: higher runs first. ``dedupe_key``: while a
         job with this key is pending or running (and, with ``dedupe_window`` seconds, for
@@ -288,26 +292,28 @@ class App:
         ``conn``: run inside the caller's transaction (a rollback leaves no job and no
         wake-up); otherwise a pooled connection commits at once.
 
-        Raises :class:`InvalidName`, :class:`PayloadError` or :class:`InvalidJob`
-        (all ``ValueError``) before touching the database, and
-        :class:`DatabaseUnavailable` when PostgreSQL cannot be reached.
+        Raises :class:`InvalidName`, :class:`PayloadError` or :class:`InvalidJob` (its
+        subclass :class:`UnknownTask` included; all ``ValueError``) before touching the
+        database, and :class:`DatabaseUnavailable` when PostgreSQL cannot be reached.
         """
         job = prepare(JobSpec(task, payload, queue, priority, run_at, delay, max_attempts,
                               dedupe_key, ordering_key, dedupe_window, ordering_on_dead),
-                      self.tasks, self.settings.max_payload_bytes)
+                      self.tasks, self.settings.max_payload_bytes, any_task=any_task)
         with self.connection(conn) as c:
             return enqueue_one(self.store, c, job, self.metrics)
 
     def enqueue_many(self, jobs: Iterable["JobSpec | dict[str, Any] | tuple[Any, Any]"], *,
-                     conn: psycopg.Connection | None = None) -> list[int]:
+                     any_task: bool = False, conn: psycopg.Connection | None = None) -> list[int]:
         """Enqueue many jobs in one transaction and return their ids in input order.
 
         Items are :class:`JobSpec`, dicts of its fields, or ``(task, payload)`` tuples.
         Jobs without dedupe or ordering keys go in through COPY; one NOTIFY per queue.
-        Every job is validated before anything is written: one bad item raises and
-        inserts nothing.
+        Every job is validated before anything is written: one bad item (a task name
+        this App does not register included, unless ``any_task=True``: see
+        :meth:`enqueue`) raises and inserts nothing.
         """
-        prepared = [prepare(s, self.tasks, self.settings.max_payload_bytes) for s in specs_from(jobs)]
+        prepared = [prepare(s, self.tasks, self.settings.max_payload_bytes, any_task=any_task)
+                    for s in specs_from(jobs)]
         with self.connection(conn) as c:
             return enqueue_batch(self.store, c, prepared, self.metrics)
 

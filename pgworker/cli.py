@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the dedupe key held this long after the job succeeded")
     p.add_argument("--ordering-key")
     p.add_argument("--ordering-on-dead", choices=("block", "skip"))
+    p.add_argument("--any-task", action="store_true",
+                   help="enqueue a task name the --app does not register (one another service's "
+                        "worker handles); without it, such a name is refused as a likely typo")
 
     p = sub.add_parser("jobs", help="list jobs, or show one with its error history")
     _common(p)
@@ -385,9 +388,27 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     job_id = app.enqueue(args.task, payload, queue=args.queue, priority=args.priority, delay=args.delay,
                          max_attempts=args.max_attempts, dedupe_key=args.dedupe_key,
                          ordering_key=args.ordering_key, dedupe_window=args.dedupe_window,
-                         ordering_on_dead=args.ordering_on_dead)
+                         ordering_on_dead=args.ordering_on_dead, any_task=args.any_task)
+    if args.task not in app.tasks:
+        _note_enqueue_defaults(args)
     emit(args, {"id": job_id}) if args.json else print(job_id)
     return 0
+
+
+def _note_enqueue_defaults(args: argparse.Namespace) -> None:
+    """Say on stderr which of pgworker's defaults a job of a task unknown here took: the
+    task's own queue and attempts are declared in code this process did not load, and a
+    job in the wrong queue waits for a worker that never claims it."""
+    from .config import DEFAULT_QUEUE
+    from .tasks import DEFAULT_MAX_ATTEMPTS
+
+    used = [f"{name}={value!r} ({flag})" for name, flag, given, value in (
+        ("queue", "--queue", args.queue, DEFAULT_QUEUE),
+        ("max_attempts", "--max-attempts", args.max_attempts, DEFAULT_MAX_ATTEMPTS)) if given is None]
+    if used:
+        why = "no --app" if not args.app else f"--app does not register {args.task!r}"
+        print(f"note: {why}, so the task's own settings are unknown here; used the defaults "
+              f"{', '.join(used)}", file=sys.stderr)
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:

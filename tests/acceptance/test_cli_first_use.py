@@ -102,3 +102,37 @@ def test_a_missing_app_module_still_points_at_the_path(app, pg_dsn, project):
     proc = cli(pg_dsn, app.settings.schema, "status", "--app", "myproj.nosuch:app", cwd=project)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "cannot import 'myproj.nosuch'" in proc.stderr and "PYTHONPATH" in proc.stderr
+
+
+# -- item 5: a task name the App could have caught ----------------------------------------
+
+
+def test_enqueue_with_an_app_refuses_a_typo_with_the_closest_names(app, pg_dsn, project):
+    schema = app.settings.schema
+    typo = cli(pg_dsn, schema, "enqueue", "greeet", "--app", "myproj.tasks:app", cwd=project)
+    assert typo.returncode == 1 and "Traceback" not in typo.stderr
+    assert "task 'greeet' is not registered on this App (did you mean 'greet'?)" in typo.stderr
+    assert "--any-task" in typo.stderr
+    assert app.list_jobs() == []
+    ok = cli(pg_dsn, schema, "enqueue", "greet", "--app", "myproj.tasks:app", "--json", cwd=project)
+    assert ok.returncode == 0 and ok.stderr == ""  # the task's own queue and attempts: nothing to note
+    on_purpose = cli(pg_dsn, schema, "enqueue", "billing.charge", "--any-task", "--app", "myproj.tasks:app",
+                     cwd=project)
+    assert on_purpose.returncode == 0, on_purpose.stderr
+    assert "--app does not register 'billing.charge'" in on_purpose.stderr
+    jobs = {j["task"]: j for j in app.list_jobs()}
+    assert (jobs["greet"]["queue"], jobs["greet"]["max_attempts"]) == ("greetings", 3)
+    assert (jobs["billing.charge"]["queue"], jobs["billing.charge"]["max_attempts"]) == ("default", 5)
+
+
+def test_enqueue_without_an_app_says_which_defaults_it_used(app, pg_dsn):
+    schema = app.settings.schema
+    plain = cli(pg_dsn, schema, "enqueue", "greet")
+    assert plain.returncode == 0
+    assert ("note: no --app, so the task's own settings are unknown here; used the defaults "
+            "queue='default' (--queue), max_attempts=5 (--max-attempts)") in plain.stderr
+    assert plain.stdout.strip().isdigit()  # stdout stays the id alone
+    given = cli(pg_dsn, schema, "enqueue", "greet", "--queue", "greetings")
+    assert "queue=" not in given.stderr and "max_attempts=5 (--max-attempts)" in given.stderr
+    both = cli(pg_dsn, schema, "enqueue", "greet", "--queue", "greetings", "--max-attempts", "3")
+    assert both.returncode == 0 and both.stderr == ""

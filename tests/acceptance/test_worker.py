@@ -271,7 +271,7 @@ def test_a_job_longer_than_the_batch_budget_does_not_stop_the_claimer(env, pg_ds
 
 def test_unknown_task_and_undecodable_payload_end_dead_with_a_code(env, pg_dsn, conn):
     schema = env.settings.schema
-    unknown = env.enqueue("no.such.task")
+    unknown = env.enqueue("no.such.task", any_task=True)  # a name this app does not register
     bad = env.enqueue("needs_point", {"x": 1})  # no "y"
     good = env.enqueue("needs_point", {"x": 1, "y": 2})
     with Worker(pg_dsn, schema, "--concurrency", "1", "--poll-interval", "0.2") as w:
