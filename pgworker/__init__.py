@@ -21,6 +21,7 @@ from .errors import (  # noqa: E402
     PayloadError,
     Permanent,
     PgworkerError,
+    QueuePaused,
     Retry,
     SchemaNotMigrated,
     SchemaTooNew,
@@ -39,5 +40,6 @@ __all__ = [
     "PgworkerError", "ConfigError", "InvalidName", "InvalidJob", "PayloadError", "InvalidPayload",
     "DatabaseUnavailable", "SchemaVersionError", "SchemaNotMigrated", "SchemaTooNew",
     "LeaseLost", "Permanent", "Retry", "Snooze", "JobCancelled", "UnknownTask",
+    "QueuePaused",
     "__version__",
 ]

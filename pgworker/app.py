@@ -13,7 +13,8 @@ import psycopg
 
 from . import db
 from .config import Settings
-from .errors import ConfigError, DatabaseReadOnly, DatabaseUnavailable, LeaseLost, PoolerError, SchemaNotMigrated
+from .errors import (ConfigError, DatabaseReadOnly, DatabaseUnavailable, LeaseLost, PoolerError, QueuePaused,
+                     SchemaNotMigrated)
 from .jobs import ClaimedJob, FailRequest, Lease, ReapResult
 from .migrate import MigrationReport, migrate
 from .names import check_queue_name, dsn_password, redact, redact_dsn
@@ -478,6 +479,39 @@ class App:
             params.update(aging_seconds=None if seconds is None else float(seconds), set_aging=True)
         with self.connection() as c:
             return self.store.configure_queue(c, queue, actor=actor or _actor(), **params)
+
+    def delete_queue(self, queue: str, *, actor: str | None = None) -> dict[str, Any] | None:
+        """Delete ``queue``'s settings row: its limits, token bucket and aging bound (a
+        row is made by :meth:`pause_queue` or :meth:`configure_queue`, for a typo too).
+        Jobs are not touched; those of the queue then run without its policies. Audited
+        with ``actor``, the removed settings in the event's detail. Returns the removed
+        settings (concurrency_limit, rate_per_second, rate_burst, aging_seconds), or None
+        when the queue had no row.
+
+        Raises :class:`QueuePaused` for a paused queue: deleting its row would resume it
+        with no 'resumed' event and no wake-up; :meth:`resume_queue` first.
+        """
+        check_queue_name(queue)
+        with self.connection() as c:
+            row = self.store.delete_queue(c, queue, actor=actor or _actor())
+        if row is not None and not row["deleted"]:
+            raise QueuePaused(f"queue {queue!r} is paused (since {row['paused_at'].isoformat(timespec='seconds')}, by "
+                              f"{row['paused_by']}): resume it first with `pgworker queue resume {queue}` "
+                              "(App.resume_queue), then delete it; nothing was changed")
+        if row is None:
+            return None
+        return {k: row[k] for k in ("concurrency_limit", "rate_per_second", "rate_burst", "aging_seconds")}
+
+    def queue_usage(self, queue: str) -> dict[str, bool]:
+        """Whether anything uses the queue name: ``has_jobs`` (claimable, running or
+        dead jobs; finished ones are not counted), ``scheduled`` (a recorded schedule
+        enqueues into it), ``configured`` (it has a settings row), ``in_app`` (it is one
+        of :meth:`queues`: a registered task's, or a configured one)."""
+        check_queue_name(queue)
+        with self.connection() as c:
+            usage = dict(self.store.queue_usage(c, queue))
+        usage["in_app"] = queue in self.queues()
+        return usage
 
     def queue_settings(self) -> list[dict[str, Any]]:
         """Every configured queue: pause, limits, aging, and its running jobs."""

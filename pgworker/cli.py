@@ -157,11 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("queue", help="queue policies: list, pause, resume, set limits, events")
     _common(p)
-    qsub = p.add_subparsers(dest="queue_command", metavar="list|pause|resume|set|events")
+    qsub = p.add_subparsers(dest="queue_command", metavar="list|pause|resume|set|delete|events")
     ql = qsub.add_parser("list", help="configured queues (default)")
     _common(ql)
     for verb, text in (("pause", "stop every pod claiming from a queue (enqueues go on)"),
-                       ("resume", "resume a paused queue")):
+                       ("resume", "resume a paused queue"),
+                       ("delete", "delete a queue's settings (limits, aging; one made by a typo, say); "
+                                  "jobs are untouched; a paused queue must be resumed first")):
         qp = qsub.add_parser(verb, help=text)
         _common(qp)
         qp.add_argument("name")
@@ -496,11 +498,22 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_queue(args: argparse.Namespace) -> int:
     app = _make_app(args)
     verb = getattr(args, "queue_command", None) or "list"
+    warning = _unused_queue_warning(app, args) if verb in ("pause", "set") else None
     if verb == "pause":
         row = app.pause_queue(args.name)
         emit(args, row) if args.json else print(
             f"queue {args.name!r} paused at {_fmt(row['paused_at'])} by {row['paused_by']}: no pod claims "
             "from it any more; running jobs finish; enqueues go on")
+    elif verb == "delete":
+        removed = app.delete_queue(args.name)
+        if args.json:
+            emit(args, {"queue": args.name, "deleted": removed is not None, "settings": removed})
+        elif removed is None:
+            print(f"queue {args.name!r} has no settings: nothing to delete")
+        else:
+            had = ", ".join(f"{k} {v:g}" for k, v in removed.items() if v is not None)
+            print(f"queue {args.name!r} deleted" + (f" (it had {had})" if had else "")
+                  + "; its jobs, if any, are untouched and run without its limits")
     elif verb == "resume":
         resumed = app.resume_queue(args.name)
         if args.json:
@@ -524,7 +537,26 @@ def cmd_queue(args: argparse.Namespace) -> int:
     else:
         emit(args, app.queue_settings(), ["name", "paused_at", "paused_by", "concurrency_limit", "running",
                                           "rate_per_second", "rate_burst", "aging_seconds"])
+    if warning:
+        print(warning, file=sys.stderr)
     return 0
+
+
+def _unused_queue_warning(app: Any, args: argparse.Namespace) -> str | None:
+    """The warning for pausing or configuring a queue nothing uses, or None: no claimable,
+    running or dead job, no schedule, no settings row yet, and not a queue of the --app's
+    tasks (or 'default'). The name is then likely a typo, and the command would make a
+    row nobody uses. Only a warning: limiting a queue ahead of its first job is fine.
+    Asked before the command runs (the command makes the row)."""
+    usage = app.queue_usage(args.name)
+    if any(usage.values()):
+        return None
+    name = args.name
+    tasks = "no task of the --app uses it" if args.app else "no --app was given to check its tasks' queues"
+    undo = (f"`pgworker queue resume {name}` then `pgworker queue delete {name}`"
+            if args.queue_command == "pause" else f"`pgworker queue delete {name}`")
+    return (f"warning: queue {name!r} has no pending, running or dead jobs and no schedule, and {tasks}: "
+            f"a typo? Undo with {undo}")
 
 
 def cmd_schedules(args: argparse.Namespace) -> int:

@@ -79,6 +79,10 @@ class LeaseLost(PgworkerError):
         super().__init__(message)
 
 
+class QueuePaused(PgworkerError):
+    """The queue is paused: resume it first (`pgworker queue resume NAME`)."""
+
+
 class JobNotFound(PgworkerError, LookupError):
     """No job has this id."""
 

@@ -136,3 +136,47 @@ def test_enqueue_without_an_app_says_which_defaults_it_used(app, pg_dsn):
     assert "queue=" not in given.stderr and "max_attempts=5 (--max-attempts)" in given.stderr
     both = cli(pg_dsn, schema, "enqueue", "greet", "--queue", "greetings", "--max-attempts", "3")
     assert both.returncode == 0 and both.stderr == ""
+
+
+# -- item 7: pausing a queue nobody uses, and deleting a queue's row ----------------------
+
+
+def test_pausing_a_queue_nothing_uses_warns_and_queue_delete_removes_it(app, pg_dsn, project):
+    schema = app.settings.schema
+    env = {"PGWORKER_ACTOR": "tester@ci"}
+    typo = cli(pg_dsn, schema, "queue", "pause", "emials", env=env)
+    assert typo.returncode == 0 and "paused" in typo.stdout  # done: pausing ahead of use is allowed
+    assert ("warning: queue 'emials' has no pending, running or dead jobs and no schedule, and no --app "
+            "was given to check its tasks' queues: a typo? Undo with `pgworker queue resume emials` then "
+            "`pgworker queue delete emials`") in typo.stderr
+    for args in (("queue", "pause", "default"),  # always a queue of every worker
+                 ("queue", "pause", "emails", "--app", "myproj.tasks:app"),  # a queue of a task of the app
+                 ("queue", "pause", "emials"),  # it has a row now: the first warning said so
+                 ("queue", "set", "emails", "--rate", "5")):
+        proc = cli(pg_dsn, schema, *args, cwd=project, env=env)
+        assert proc.returncode == 0 and "warning" not in proc.stderr, (args, proc.stderr)
+    app.enqueue("anything", queue="used")
+    assert "warning" not in cli(pg_dsn, schema, "queue", "pause", "used").stderr
+    unused_set = cli(pg_dsn, schema, "queue", "set", "reprots", "--concurrency", "2", "--app", "myproj.tasks:app",
+                     cwd=project)
+    assert unused_set.returncode == 0
+    assert "no task of the --app uses it: a typo? Undo with `pgworker queue delete reprots`" in unused_set.stderr
+
+    paused = cli(pg_dsn, schema, "queue", "delete", "emials", env=env)
+    assert paused.returncode == 1 and "Traceback" not in paused.stderr
+    assert "queue 'emials' is paused" in paused.stderr and "`pgworker queue resume emials`" in paused.stderr
+    assert "emials" in {q["name"] for q in app.queue_settings()}  # nothing was changed
+    assert cli(pg_dsn, schema, "queue", "resume", "emials", env=env).returncode == 0
+    deleted = cli(pg_dsn, schema, "queue", "delete", "emials", env=env)
+    assert deleted.returncode == 0 and "queue 'emials' deleted" in deleted.stdout
+    limited = cli(pg_dsn, schema, "queue", "delete", "reprots", "--json", env=env)
+    assert json.loads(limited.stdout) == {"queue": "reprots", "deleted": True, "settings": {
+        "concurrency_limit": 2, "rate_per_second": None, "rate_burst": None, "aging_seconds": None}}
+    assert {q["name"] for q in app.queue_settings()} == {"default", "emails", "used"}
+    again = cli(pg_dsn, schema, "queue", "delete", "emials")
+    assert again.returncode == 0 and "has no settings: nothing to delete" in again.stdout
+    events = json.loads(cli(pg_dsn, schema, "queue", "events", "emials", "--json").stdout)
+    assert [(e["kind"], e["actor"]) for e in events] == [
+        ("deleted", "tester@ci"), ("resumed", "tester@ci"), ("paused", "tester@ci"), ("paused", "tester@ci")]
+    assert json.loads(cli(pg_dsn, schema, "queue", "events", "reprots", "--json").stdout)[0]["detail"] == {
+        "concurrency_limit": 2, "rate_per_second": None, "rate_burst": None, "aging_seconds": None}
