@@ -387,10 +387,19 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     except RecursionError:
         raise ConfigError("--payload is nested too deeply for Python's JSON decoder; flatten it") from None
     app = _make_app(args)
-    job_id = app.enqueue(args.task, payload, queue=args.queue, priority=args.priority, delay=args.delay,
-                         max_attempts=args.max_attempts, dedupe_key=args.dedupe_key,
-                         ordering_key=args.ordering_key, dedupe_window=args.dedupe_window,
-                         ordering_on_dead=args.ordering_on_dead, any_task=args.any_task)
+    # A traced producer like the library: the SDK from the OTEL_* variables, as `pgworker
+    # run` sets it up, so the job carries the send span's context to its attempts. The
+    # console exporter writes to stderr: stdout is the job id, which scripts capture.
+    from . import tracing
+
+    provider = tracing.setup_process(app.settings.tracing, console_out=sys.stderr)
+    try:
+        job_id = app.enqueue(args.task, payload, queue=args.queue, priority=args.priority, delay=args.delay,
+                             max_attempts=args.max_attempts, dedupe_key=args.dedupe_key,
+                             ordering_key=args.ordering_key, dedupe_window=args.dedupe_window,
+                             ordering_on_dead=args.ordering_on_dead, any_task=args.any_task)
+    finally:
+        tracing.flush(provider)  # a one-shot process: export before exit, not at the next batch
     if args.task not in app.tasks:
         _note_enqueue_defaults(args)
     emit(args, {"id": job_id}) if args.json else print(job_id)

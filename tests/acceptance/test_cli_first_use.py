@@ -180,3 +180,27 @@ def test_pausing_a_queue_nothing_uses_warns_and_queue_delete_removes_it(app, pg_
         ("deleted", "tester@ci"), ("resumed", "tester@ci"), ("paused", "tester@ci"), ("paused", "tester@ci")]
     assert json.loads(cli(pg_dsn, schema, "queue", "events", "reprots", "--json").stdout)[0]["detail"] == {
         "concurrency_limit": 2, "rate_per_second": None, "rate_burst": None, "aging_seconds": None}
+
+
+# -- item 9: the CLI as a traced producer ---------------------------------------------------
+
+
+def test_enqueue_is_traced_from_the_otel_variables(app, pg_dsn):
+    """With OTEL_TRACES_EXPORTER=console, `pgworker enqueue` exports its send span (to
+    stderr: stdout stays the job id) and stores its context in the job row, so the job's
+    attempts join the trace; PGWORKER_TRACING=false turns it off."""
+    schema = app.settings.schema
+    otel = {"OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "cli-test"}
+    proc = cli(pg_dsn, schema, "enqueue", "reports.build", "--queue", "reports", "--json", env=otel)
+    assert proc.returncode == 0, proc.stderr
+    job_id = json.loads(proc.stdout)["id"]  # nothing but the result on stdout
+    assert '"name": "send reports"' in proc.stderr and '"kind": "SpanKind.PRODUCER"' in proc.stderr
+    assert '"service.name": "cli-test"' in proc.stderr
+    stored = app.get_job(job_id)["trace_context"]
+    assert stored is not None
+    trace_id = stored["traceparent"].split("-")[1]
+    assert f'"trace_id": "0x{trace_id}"' in proc.stderr  # the row carries the exported span's trace
+    off = cli(pg_dsn, schema, "enqueue", "reports.build", "--queue", "reports", "--json",
+              env=dict(otel, PGWORKER_TRACING="false"))
+    assert off.returncode == 0 and "send reports" not in off.stderr
+    assert app.get_job(json.loads(off.stdout)["id"])["trace_context"] is None
