@@ -32,11 +32,22 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
+#: Flags whose default is an environment variable other than a Settings field's: dest ->
+#: (variable, default when it is unset). Resolved after parsing, so that the parser (and
+#: the reference generated from it, docs/configuration.md) does not depend on the
+#: environment it was built in.
+ENV_FLAGS: dict[str, tuple[str, str | None]] = {
+    "app": ("PGWORKER_APP", None),
+    "log_level": ("PGWORKER_LOG_LEVEL", "INFO"),
+    "log_format": ("PGWORKER_LOG_FORMAT", "text"),
+}
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("connection")
     g.add_argument("--dsn", help="PostgreSQL DSN (env PGWORKER_DSN)")
     g.add_argument("--schema", help="pgworker's schema (env PGWORKER_SCHEMA, default pgworker)")
-    g.add_argument("--app", default=os.environ.get("PGWORKER_APP"),
+    g.add_argument("--app",
                    help="your App: 'package.module:app' or 'path/file.py:app'; 'package.module:create_app()' "
                         "calls a factory that returns it (env PGWORKER_APP)")
     g.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -92,22 +103,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--priority-aging", type=parse_duration,
                    help="claim a job due for longer than this before higher-priority work (default off)")
     p.add_argument("--no-schedules", action="store_true", help="do not enqueue the app's periodic jobs")
-    p.add_argument("--log-format", choices=("text", "json"), default=os.environ.get("PGWORKER_LOG_FORMAT", "text"))
-    p.add_argument("--log-level", default=os.environ.get("PGWORKER_LOG_LEVEL", "INFO"))
+    p.add_argument("--log-format", choices=("text", "json"),
+                   help="log lines as text, or one JSON object a line (env PGWORKER_LOG_FORMAT, default text)")
+    p.add_argument("--log-level", metavar="LEVEL",
+                   help="DEBUG, INFO, WARNING or ERROR (env PGWORKER_LOG_LEVEL, default INFO)")
 
     p = sub.add_parser("enqueue", help="enqueue one job by task name")
     _common(p)
-    p.add_argument("task")
+    p.add_argument("task", help="the task's name, as registered with @app.task(name=...)")
     p.add_argument("--payload", default="null", help="JSON payload (default null)")
-    p.add_argument("--queue")
-    p.add_argument("--priority", type=int)
-    p.add_argument("--delay", type=parse_duration)
-    p.add_argument("--max-attempts", type=int)
-    p.add_argument("--dedupe-key")
-    p.add_argument("--dedupe-window", type=parse_duration,
+    p.add_argument("--queue", help="queue (default: the task's, with --app; else 'default')")
+    p.add_argument("--priority", type=int, metavar="N",
+                   help="higher runs first, -32768 to 32767 (default: the task's, else 0)")
+    p.add_argument("--delay", type=parse_duration, metavar="DURATION",
+                   help="run no sooner than this from now, e.g. 90s, 15m (default: now)")
+    p.add_argument("--max-attempts", type=int, metavar="N",
+                   help="attempts before the job is dead (default: the task's, else 5)")
+    p.add_argument("--dedupe-key", metavar="KEY",
+                   help="while a job with this key is pending or running, return its id instead")
+    p.add_argument("--dedupe-window", type=parse_duration, metavar="DURATION",
                    help="keep the dedupe key held this long after the job succeeded")
-    p.add_argument("--ordering-key")
-    p.add_argument("--ordering-on-dead", choices=("block", "skip"))
+    p.add_argument("--ordering-key", metavar="KEY",
+                   help="jobs sharing this key run one at a time, in enqueue order")
+    p.add_argument("--ordering-on-dead", choices=("block", "skip"),
+                   help="if this job dies: block its key's later jobs until replayed or discarded, "
+                        "or skip it (default: the task's, else block)")
     p.add_argument("--any-task", action="store_true",
                    help="enqueue a task name the --app does not register (one another service's "
                         "worker handles); without it, such a name is refused as a likely typo")
@@ -118,38 +138,40 @@ def build_parser() -> argparse.ArgumentParser:
     jl = jsub.add_parser("list", help="list jobs (default)")
     _common(jl)
     for q in (p, jl):
-        q.add_argument("--queue")
-        q.add_argument("--state", choices=("pending", "running", "succeeded", "dead", "cancelled"))
-        q.add_argument("--limit", type=int, default=50)
+        q.add_argument("--queue", help="only this queue's jobs")
+        q.add_argument("--state", choices=("pending", "running", "succeeded", "dead", "cancelled"),
+                       help="only jobs in this state")
+        q.add_argument("--limit", type=int, default=50, metavar="N", help="at most N jobs, newest first")
     js = jsub.add_parser("show", help="one job in full")
     _common(js)
-    js.add_argument("id", type=int)
+    js.add_argument("id", type=int, help="the job's id")
 
     p = sub.add_parser("dead", help="dead jobs: list or replay")
     _common(p)
     dsub = p.add_subparsers(dest="dead_command", metavar="list|replay|keys")
-    dl = dsub.add_parser("list")
+    dl = dsub.add_parser("list", help="dead jobs with their last error code (default)")
     _common(dl)
-    dl.add_argument("--queue")
-    dl.add_argument("--limit", type=int, default=50)
+    dl.add_argument("--queue", help="only this queue's dead jobs")
+    dl.add_argument("--limit", type=int, default=50, metavar="N", help="at most N jobs, newest first")
     dk = dsub.add_parser("keys", help="ordering keys held by a dead job, with the jobs waiting behind each")
     _common(dk)
-    dk.add_argument("--limit", type=int, default=100)
+    dk.add_argument("--limit", type=int, default=100, metavar="N", help="at most N keys, oldest first")
     dr = dsub.add_parser("replay", help="replay dead jobs by id, or --queue Q --all")
     _common(dr)
-    dr.add_argument("ids", nargs="*", type=int)
-    dr.add_argument("--queue")
+    dr.add_argument("ids", nargs="*", type=int, metavar="ID", help="dead jobs to put back to pending")
+    dr.add_argument("--queue", help="with --all: the queue whose dead jobs to replay")
     dr.add_argument("--all", action="store_true", help="every dead job of --queue")
-    dr.add_argument("--limit", type=int, default=10_000)
+    dr.add_argument("--limit", type=int, default=10_000, metavar="N", help="with --all: at most N jobs")
 
     p = sub.add_parser("cancel", help="cancel a job (a running one is asked to stop)")
     _common(p)
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=int, help="the job's id")
 
     p = sub.add_parser("prune", help="delete succeeded and cancelled jobs older than a retention")
     _common(p)
-    p.add_argument("--older-than", type=parse_duration, required=True, help="e.g. 7d")
-    p.add_argument("--batch", type=int, default=10_000)
+    p.add_argument("--older-than", type=parse_duration, required=True, metavar="DURATION",
+                   help="finished longer ago than this, e.g. 7d")
+    p.add_argument("--batch", type=int, default=10_000, metavar="N", help="rows deleted per statement")
 
     p = sub.add_parser("status", help="jobs by queue and state, oldest due job's age, running leases, "
                                       "paused queues, ordering keys held by a dead job")
@@ -166,23 +188,25 @@ def build_parser() -> argparse.ArgumentParser:
                                   "jobs are untouched; a paused queue must be resumed first")):
         qp = qsub.add_parser(verb, help=text)
         _common(qp)
-        qp.add_argument("name")
+        qp.add_argument("name", help="the queue's name")
     qs = qsub.add_parser("set", help="set a queue's global concurrency limit, rate limit or aging bound")
     _common(qs)
-    qs.add_argument("name")
+    qs.add_argument("name", help="the queue's name")
     # absent (left as it is) and 'none' (removed) differ: absent options keep the default _ABSENT
-    # (dest names apart from the settings' own: --concurrency of `run` is another thing)
-    qs.add_argument("--concurrency", dest="limit_concurrency", type=_int_or_none, default=_ABSENT,
+    # (dest names apart from the settings' own: --concurrency of `run` is another thing; the
+    # metavars keep those internal names out of --help)
+    qs.add_argument("--concurrency", dest="limit_concurrency", type=_int_or_none, default=_ABSENT, metavar="N",
                     help="most running jobs across all pods ('none' removes)")
-    qs.add_argument("--rate", dest="limit_rate", type=_float_or_none, default=_ABSENT,
+    qs.add_argument("--rate", dest="limit_rate", type=_float_or_none, default=_ABSENT, metavar="JOBS_PER_SECOND",
                     help="jobs per second ('none' removes)")
-    qs.add_argument("--burst", dest="limit_burst", type=float, help="token bucket size in jobs (default max(1, rate))")
-    qs.add_argument("--aging", dest="limit_aging", type=_duration_or_none, default=_ABSENT,
+    qs.add_argument("--burst", dest="limit_burst", type=float, metavar="JOBS",
+                    help="token bucket size in jobs (default max(1, rate))")
+    qs.add_argument("--aging", dest="limit_aging", type=_duration_or_none, default=_ABSENT, metavar="DURATION",
                     help="priority-aging bound, e.g. 5m ('none' removes)")
-    qe = qsub.add_parser("events", help="who paused, resumed or reconfigured a queue")
+    qe = qsub.add_parser("events", help="who paused, resumed, reconfigured or deleted a queue")
     _common(qe)
-    qe.add_argument("name")
-    qe.add_argument("--limit", type=int, default=50)
+    qe.add_argument("name", help="the queue's name")
+    qe.add_argument("--limit", type=int, default=50, metavar="N", help="at most N events, newest first")
 
     p = sub.add_parser("schedules", help="periodic jobs with their next run (--app adds the declared ones)")
     _common(p)
@@ -197,8 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="run a realistic workload end to end (embedded PostgreSQL without --dsn)")
     _common(p)
-    p.add_argument("--jobs", type=int, default=400)
-    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--jobs", type=int, default=400, metavar="N", help="jobs in the workload")
+    p.add_argument("--concurrency", type=int, default=4, metavar="N", help="claimer processes of its worker")
     p.add_argument("--keep", action="store_true", help="keep the demo schema afterwards")
     return parser
 
@@ -608,6 +632,9 @@ COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "enqueue": cmd_enqueue, "job
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    for dest, (variable, default) in ENV_FLAGS.items():
+        if hasattr(args, dest) and getattr(args, dest) is None:
+            setattr(args, dest, os.environ.get(variable) or default)
     if not args.command:
         parser.print_help()
         return EXIT_USAGE

@@ -58,3 +58,29 @@ def test_flags_the_readme_pairs_with_a_variable_are_flags_of_run():
     run = _subparsers(build_parser())["run"]
     for flag, variable in pairs:
         assert flag in run._option_string_actions, f"README: {flag} (with {variable}) is not a flag of `pgworker run`"
+
+
+def test_every_command_and_flag_has_help():
+    for path, p in _subparsers(build_parser()).items():
+        for action in p._actions:
+            if action.__class__.__name__ == "_SubParsersAction":
+                listed = {a.dest for a in action._choices_actions}
+                assert listed == set(action.choices), f"`pgworker {path}`: no help line for " \
+                                                      f"{sorted(set(action.choices) - listed)}"
+                continue
+            assert action.help, f"`pgworker {path}`: {action.option_strings or action.dest} has no help"
+
+
+def test_help_shows_no_internal_names(tmp_path):
+    """`queue set --help` used to show `--concurrency LIMIT_CONCURRENCY`: the dest names
+    that keep it apart from `run --concurrency`, not what to type."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "pgworker.cli", "queue", "set", "--help"], capture_output=True,
+                         text=True, check=True).stdout
+    assert "LIMIT_" not in out
+    assert "--concurrency N" in out and "--aging DURATION" in out
+    dead = subprocess.run([sys.executable, "-m", "pgworker.cli", "dead", "--help"], capture_output=True,
+                          text=True, check=True).stdout
+    assert "    list " in dead  # the default subcommand has its line too
