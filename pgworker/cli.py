@@ -259,39 +259,48 @@ def _version() -> str:
     return __version__
 
 
-def _settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    get = lambda name: getattr(args, name, None)  # noqa: E731
-    o: dict[str, Any] = {
-        "dsn": get("dsn"), "schema": get("schema"), "concurrency": get("concurrency"),
-        "listen_dsn": get("listen_dsn"), "poll_interval_seconds": get("poll_interval"),
-        "lease_seconds": get("lease"), "max_runtime_seconds": get("max_runtime"),
-        "reap_interval_seconds": get("reap_interval"), "shutdown_grace_seconds": get("shutdown_grace"),
-        "batch_size": get("batch_size"), "metrics_port": get("metrics_port"), "metrics_host": get("metrics_host"),
-        "max_jobs_per_child": get("max_jobs_per_child"), "max_memory_per_child_bytes": get("max_memory_per_child"),
-        "priority_aging_seconds": get("priority_aging"),
-    }
-    if get("queue_concurrency"):
-        from .config import _queue_counts
+#: Flags that set a Settings field (dest -> field); unset, the field's PGWORKER_* variable
+#: applies. `pgworker run` has them all; --dsn and --schema are on every command. The
+#: reference (docs/configuration.md) is generated from this table and the parser.
+SETTING_FLAGS: dict[str, str] = {
+    "dsn": "dsn", "schema": "schema", "queues": "queues", "concurrency": "concurrency",
+    "listen_dsn": "listen_dsn", "poll_interval": "poll_interval_seconds", "lease": "lease_seconds",
+    "max_runtime": "max_runtime_seconds", "reap_interval": "reap_interval_seconds",
+    "shutdown_grace": "shutdown_grace_seconds", "batch_size": "batch_size", "metrics_port": "metrics_port",
+    "metrics_host": "metrics_host", "max_jobs_per_child": "max_jobs_per_child",
+    "max_memory_per_child": "max_memory_per_child_bytes", "priority_aging": "priority_aging_seconds",
+    "queue_concurrency": "queue_concurrency",
+}
+#: Switches that set a boolean Settings field: dest -> (field, the value they set).
+SETTING_SWITCHES: dict[str, tuple[str, bool]] = {
+    "no_listen": ("listen", False), "no_stats": ("stats", False), "no_tracing": ("tracing", False),
+    "trace_sql": ("trace_sql", True), "no_prepared_statements": ("prepared_statements", False),
+    "no_schedules": ("schedules", False),
+}
 
+def _settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    from .config import _queue_counts, _queues
+
+    o: dict[str, Any] = {}
+    for dest, name in SETTING_FLAGS.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            o[name] = value
+    for dest, (name, value) in SETTING_SWITCHES.items():
+        if getattr(args, dest, False):
+            o[name] = value
+    if o.get("queues") is not None:
+        o["queues"] = _queues(o["queues"])
+    if o.get("queue_concurrency"):
         try:
-            o["queue_concurrency"] = _queue_counts(args.queue_concurrency)
+            o["queue_concurrency"] = _queue_counts(o["queue_concurrency"])
         except ValueError as exc:
             raise ConfigError(f"--queue-concurrency: {exc}; example: --queue-concurrency emails=2,reports=1") from None
-    if get("no_schedules"):
-        o["schedules"] = False
-    if get("queues"):
-        o["queues"] = tuple(q.strip() for q in args.queues.split(",") if q.strip())
-    if get("no_listen"):
-        o["listen"] = False
-    if get("no_stats"):
-        o["stats"] = False
-    if get("no_tracing"):
-        o["tracing"] = False
-    if get("trace_sql"):
-        o["trace_sql"] = True
-    if get("no_prepared_statements"):
-        o["prepared_statements"] = False
-    return {k: v for k, v in o.items() if v is not None}
+    else:
+        o.pop("queue_concurrency", None)
+    if o.get("queues") == ():
+        del o["queues"]  # `--queues ''`: as if not given
+    return o
 
 
 def _make_app(args: argparse.Namespace, *, need_app: bool = False) -> Any:

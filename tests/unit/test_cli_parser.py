@@ -52,12 +52,18 @@ def test_every_command_line_in_the_readme_parses():
 
 def test_flags_the_readme_pairs_with_a_variable_are_flags_of_run():
     """'`--queues`/`PGWORKER_QUEUES`': the README names a worker setting by its flag and its
-    variable; the flag must be one of `pgworker run`."""
+    variable; the flag must be one of `pgworker run`, and set that variable's setting."""
+    from pgworker.cli import ENV_FLAGS, SETTING_FLAGS
+    from pgworker.config import env_var_names
+
     pairs = re.findall(r"`(--[a-z-]+)`/`(PGWORKER_[A-Z_]+)`", README.read_text())
     assert pairs
     run = _subparsers(build_parser())["run"]
     for flag, variable in pairs:
         assert flag in run._option_string_actions, f"README: {flag} (with {variable}) is not a flag of `pgworker run`"
+        dest = run._option_string_actions[flag].dest
+        named = env_var_names().get(SETTING_FLAGS.get(dest, "")) or ENV_FLAGS.get(dest, ("",))[0]
+        assert named == variable, f"README: {flag} sets {named or 'no variable'}, not {variable}"
 
 
 def test_every_command_and_flag_has_help():
