@@ -223,7 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--jobs", type=int, default=400, metavar="N", help="jobs in the workload")
     p.add_argument("--concurrency", type=int, default=4, metavar="N", help="claimer processes of its worker")
-    p.add_argument("--keep", action="store_true", help="keep the demo schema afterwards")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the outputs and, without --dsn, the embedded PostgreSQL running (to inspect "
+                        "the jobs)")
     return parser
 
 
