@@ -355,7 +355,8 @@ def emit(args: argparse.Namespace, rows: Any, columns: Sequence[str] | None = No
         width = max((len(k) for k in rows), default=0)
         for k, v in rows.items():
             if isinstance(v, (list, dict)):
-                v = json.dumps(v, default=_jsonable, indent=2)
+                # continuation lines start under the value's first line, not at column 0
+                v = json.dumps(v, default=_jsonable, indent=2).replace("\n", "\n" + " " * (width + 2))
             print(f"{k.rjust(width)}  {_fmt(v)}")
         return
     if not rows:
@@ -464,6 +465,10 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         if job is None:
             print(f"error: no job {args.id}", file=sys.stderr)
             return 1
+        if job.get("ordering_key") is None and not args.json:
+            # what a dead job does to its ordering key: meaningless without one (JSON keeps
+            # every column, for scripts)
+            job.pop("dead_blocks_key", None)
         emit(args, job)
         return 0
     rows = app.list_jobs(queue=args.queue, state=args.state, limit=args.limit)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -204,3 +205,21 @@ def test_enqueue_is_traced_from_the_otel_variables(app, pg_dsn):
               env=dict(otel, PGWORKER_TRACING="false"))
     assert off.returncode == 0 and "send reports" not in off.stderr
     assert app.get_job(json.loads(off.stdout)["id"])["trace_context"] is None
+
+
+# -- item 11: cosmetics of the output --------------------------------------------------------
+
+
+def test_jobs_show_aligns_nested_values_and_hides_what_does_not_apply(app, pg_dsn):
+    schema = app.settings.schema
+    plain = app.enqueue("t", {"a": 1, "b": [1, 2]})
+    keyed = app.enqueue("t", ordering_key="k", ordering_on_dead="skip")
+    out = cli(pg_dsn, schema, "jobs", "show", str(plain)).stdout.splitlines()
+    start = next(i for i, line in enumerate(out) if line.split()[:1] == ["payload"])
+    column = out[start].index("{")  # where values start
+    assert out[start + 1:start + 7] == [" " * column + text for text in (
+        '  "a": 1,', '  "b": [', "    1,", "    2", "  ]", "}")], out[start:start + 7]
+    assert not any(line.split()[:1] == ["dead_blocks_key"] for line in out)  # no ordering key
+    shown = cli(pg_dsn, schema, "jobs", "show", str(keyed)).stdout
+    assert re.search(r"^ *dead_blocks_key  False$", shown, re.MULTILINE)
+    assert json.loads(cli(pg_dsn, schema, "jobs", "show", str(plain), "--json").stdout)["dead_blocks_key"] is True
