@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any, Sequence
 
 from .errors import ConfigError, PgworkerError
+from .names import quantity
 
 EXIT_USAGE = 2
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
@@ -492,7 +493,7 @@ def cmd_dead(args: argparse.Namespace) -> int:
         if args.json:
             emit(args, {"replayed": ids})
         else:
-            print(f"replayed {len(ids)} job(s)" + (f": {', '.join(map(str, ids[:50]))}" if ids else ""))
+            print(f"replayed {quantity(len(ids), 'job')}" + (f": {', '.join(map(str, ids[:50]))}" if ids else ""))
         missing = sorted(set(args.ids) - set(ids))
         if missing:
             print(f"not dead (or unknown), left as they were: {', '.join(map(str, missing))}", file=sys.stderr)
@@ -517,7 +518,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_prune(args: argparse.Namespace) -> int:
     app = _make_app(args)
     n = app.prune(args.older_than, batch=args.batch)
-    emit(args, {"deleted": n}) if args.json else print(f"deleted {n} finished job(s)")
+    emit(args, {"deleted": n}) if args.json else print(f"deleted {quantity(n, 'finished job')}")
     return 0
 
 

@@ -29,7 +29,7 @@ from typing import Any, Iterator
 from .app import App
 from .config import Settings
 from .errors import ConfigError
-from .names import redact_dsn
+from .names import quantity, redact_dsn
 from .producer import JobSpec
 
 DEMO_SCHEMA = "pgworker_demo"
@@ -163,8 +163,10 @@ def _progress(counts: dict[str, int], total: int, elapsed: float, tty: bool) -> 
     done = counts.get("succeeded", 0) + counts.get("dead", 0) + counts.get("cancelled", 0)
     width = 30
     filled = int(width * done / max(total, 1))
+    # 'claimed': the jobs in state running, which includes those a claimer holds in its
+    # batch before their handler starts; "running" would overstate what runs
     line = (f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} finished  "
-            f"running {counts.get('running', 0):3d}  pending {counts.get('pending', 0):4d}  "
+            f"claimed {counts.get('running', 0):3d}  pending {counts.get('pending', 0):4d}  "
             f"dead {counts.get('dead', 0):3d}  {elapsed:5.1f}s")
     if tty:
         print("\r" + line, end="", flush=True)
@@ -203,15 +205,15 @@ def main(args: argparse.Namespace) -> int:
         ids += [app.enqueue(s.task, s.payload, priority=s.priority, dedupe_key=s.dedupe_key)
                 for s in specs[len(specs) // 2:]]
         distinct = len(set(ids))
-        print(f"enqueued {len(specs)} requests in {time.time() - t0:.2f}s: {distinct} jobs, "
-              f"{len(specs) - distinct} duplicates refused by their dedupe key", flush=True)
+        print(f"enqueued {quantity(len(specs), 'request')} in {time.time() - t0:.2f}s: {quantity(distinct, 'job')}, "
+              f"{quantity(len(specs) - distinct, 'duplicate')} refused by their dedupe key", flush=True)
 
         env = dict(os.environ, PGWORKER_DSN=dsn, PGWORKER_SCHEMA=schema, PGWORKER_DEMO_DIR=out_dir,
                    PGWORKER_DEMO_URL=endpoint.url, PGWORKER_LOG_LEVEL=os.environ.get("PGWORKER_LOG_LEVEL", "WARNING"))
         cmd = [sys.executable, "-m", "pgworker.cli", "run", "--app", "pgworker.demo_app:app",
                "--concurrency", str(args.concurrency), "--metrics-port", "0", "--poll-interval", "0.5",
                "--shutdown-grace", "10"]
-        print(f"starting `pgworker run` with {args.concurrency} claimers...", flush=True)
+        print(f"starting `pgworker run` with {quantity(args.concurrency, 'claimer')}...", flush=True)
         started = time.time()
         # The worker's log (every failed attempt, every dead job: some fail on purpose) goes
         # to a file, so that it does not scroll the progress display away.

@@ -223,3 +223,17 @@ def test_jobs_show_aligns_nested_values_and_hides_what_does_not_apply(app, pg_ds
     shown = cli(pg_dsn, schema, "jobs", "show", str(keyed)).stdout
     assert re.search(r"^ *dead_blocks_key  False$", shown, re.MULTILINE)
     assert json.loads(cli(pg_dsn, schema, "jobs", "show", str(plain), "--json").stdout)["dead_blocks_key"] is True
+
+
+def test_counts_are_worded_in_the_singular_for_one(app, pg_dsn):
+    from pgworker import Permanent
+
+    schema = app.settings.schema
+    app.enqueue("t")
+    [job] = app.claim()
+    app.fail(job, Permanent("broken"))
+    replayed = cli(pg_dsn, schema, "dead", "replay", "--queue", "default", "--all")
+    assert replayed.stdout.startswith("replayed 1 job: "), replayed.stdout
+    app.cancel(app.list_jobs()[0]["id"])
+    assert cli(pg_dsn, schema, "prune", "--older-than", "0s").stdout == "deleted 1 finished job\n"
+    assert cli(pg_dsn, schema, "prune", "--older-than", "0s").stdout == "deleted 0 finished jobs\n"

@@ -58,6 +58,12 @@ def test_a_kept_embedded_database_answers_the_printed_commands(tmp_path):
 def test_with_a_server_of_ones_own_the_hint_names_the_schema(tmp_path, pg_dsn, schema):
     out = demo(tmp_path, "--schema", schema, dsn=pg_dsn)  # the demo takes --schema only, not PGWORKER_SCHEMA
     assert f"`pgworker jobs show ID --schema {schema}` (same DSN)" in out
+    # its wording: one claimer, not "1 claimers"; jobs held by claimers counted as claimed
+    # (a claimed job's handler may not have started yet), not as running
+    assert "starting `pgworker run` with 1 claimer..." in out
+    progress = [line for line in out.splitlines() if line.startswith("[")]
+    assert progress and all(re.search(r"finished  claimed +\d+  pending", line) for line in progress)
+    assert not any("running" in line for line in progress)
     job = dead_job_in_the_log(out)
     shown = subprocess.run([sys.executable, "-m", "pgworker.cli", "jobs", "show", job, "--schema", schema],
                            env=dict(os.environ, PGWORKER_DSN=pg_dsn), capture_output=True, text=True, timeout=60)
