@@ -21,11 +21,13 @@ from .errors import (  # noqa: E402
     PayloadError,
     Permanent,
     PgworkerError,
+    QueuePaused,
     Retry,
     SchemaNotMigrated,
     SchemaTooNew,
     SchemaVersionError,
     Snooze,
+    UnknownTask,
 )
 from .jobs import ClaimedJob, FenceReport, JobState, Lease, Outcome  # noqa: E402
 from .producer import JobSpec  # noqa: E402
@@ -37,6 +39,7 @@ __all__ = [
     "ClaimedJob", "Lease", "FenceReport", "JobState", "Outcome",
     "PgworkerError", "ConfigError", "InvalidName", "InvalidJob", "PayloadError", "InvalidPayload",
     "DatabaseUnavailable", "SchemaVersionError", "SchemaNotMigrated", "SchemaTooNew",
-    "LeaseLost", "Permanent", "Retry", "Snooze", "JobCancelled",
+    "LeaseLost", "Permanent", "Retry", "Snooze", "JobCancelled", "UnknownTask",
+    "QueuePaused",
     "__version__",
 ]

@@ -13,7 +13,8 @@ import psycopg
 
 from . import db
 from .config import Settings
-from .errors import ConfigError, DatabaseReadOnly, DatabaseUnavailable, LeaseLost, PoolerError, SchemaNotMigrated
+from .errors import (ConfigError, DatabaseReadOnly, DatabaseUnavailable, LeaseLost, PoolerError, QueuePaused,
+                     SchemaNotMigrated)
 from .jobs import ClaimedJob, FailRequest, Lease, ReapResult
 from .migrate import MigrationReport, migrate
 from .names import check_queue_name, dsn_password, redact, redact_dsn
@@ -276,11 +277,15 @@ class App:
                 delay: "float | timedelta | None" = None, max_attempts: int | None = None,
                 dedupe_key: str | None = None, ordering_key: str | None = None,
                 dedupe_window: "float | timedelta | None" = None, ordering_on_dead: str | None = None,
-                conn: psycopg.Connection | None = None) -> int:
+                any_task: bool = False, conn: psycopg.Connection | None = None) -> int:
         """Enqueue one job and return its id.
 
-        ``task``: a registered :class:`Task` or any task name (the handler need not be
-        importable here). ``payload``: JSON-serialisable, at most ``max_payload_bytes``
+        ``task``: a :class:`Task`, or a task name. When this App has registered tasks, a
+        name must be one of them: a typo raises :class:`UnknownTask` with the closest
+        names instead of making a job no worker can run. ``any_task=True`` enqueues a
+        name this App does not register (a task another service's worker handles), as an
+        App with no tasks (a pure producer) always does; such a job takes the queue
+        'default' unless one is given, and 5 attempts. ``payload: JSON-serialisable, at most ``max_payload_bytes``
         (default 1 MiB). ``run_at`` (timezone-aware) or ``delay`` (seconds, or a
         timedelta) defers it. ``priority``: higher runs first. ``dedupe_key``: while a
         job with this key is pending or running (and, with ``dedupe_window`` seconds, for
@@ -292,26 +297,28 @@ class App:
         ``conn``: run inside the caller's transaction (a rollback leaves no job and no
         wake-up); otherwise a pooled connection commits at once.
 
-        Raises :class:`InvalidName`, :class:`PayloadError` or :class:`InvalidJob`
-        (all ``ValueError``) before touching the database, and
-        :class:`DatabaseUnavailable` when PostgreSQL cannot be reached.
+        Raises :class:`InvalidName`, :class:`PayloadError` or :class:`InvalidJob` (its
+        subclass :class:`UnknownTask` included; all ``ValueError``) before touching the
+        database, and :class:`DatabaseUnavailable` when PostgreSQL cannot be reached.
         """
         job = prepare(JobSpec(task, payload, queue, priority, run_at, delay, max_attempts,
                               dedupe_key, ordering_key, dedupe_window, ordering_on_dead),
-                      self.tasks, self.settings.max_payload_bytes)
+                      self.tasks, self.settings.max_payload_bytes, any_task=any_task)
         with self.connection(conn) as c:
             return enqueue_one(self.store, c, job, self.metrics)
 
     def enqueue_many(self, jobs: Iterable["JobSpec | dict[str, Any] | tuple[Any, Any]"], *,
-                     conn: psycopg.Connection | None = None) -> list[int]:
+                     any_task: bool = False, conn: psycopg.Connection | None = None) -> list[int]:
         """Enqueue many jobs in one transaction and return their ids in input order.
 
         Items are :class:`JobSpec`, dicts of its fields, or ``(task, payload)`` tuples.
         Jobs without dedupe or ordering keys go in through COPY; one NOTIFY per queue.
-        Every job is validated before anything is written: one bad item raises and
-        inserts nothing.
+        Every job is validated before anything is written: one bad item (a task name
+        this App does not register included, unless ``any_task=True``: see
+        :meth:`enqueue`) raises and inserts nothing.
         """
-        prepared = [prepare(s, self.tasks, self.settings.max_payload_bytes) for s in specs_from(jobs)]
+        prepared = [prepare(s, self.tasks, self.settings.max_payload_bytes, any_task=any_task)
+                    for s in specs_from(jobs)]
         with self.connection(conn) as c:
             return enqueue_batch(self.store, c, prepared, self.metrics)
 
@@ -484,6 +491,39 @@ class App:
             params.update(aging_seconds=None if seconds is None else float(seconds), set_aging=True)
         with self.connection() as c:
             return self.store.configure_queue(c, queue, actor=actor or _actor(), **params)
+
+    def delete_queue(self, queue: str, *, actor: str | None = None) -> dict[str, Any] | None:
+        """Delete ``queue``'s settings row: its limits, token bucket and aging bound (a
+        row is made by :meth:`pause_queue` or :meth:`configure_queue`, for a typo too).
+        Jobs are not touched; those of the queue then run without its policies. Audited
+        with ``actor``, the removed settings in the event's detail. Returns the removed
+        settings (concurrency_limit, rate_per_second, rate_burst, aging_seconds), or None
+        when the queue had no row.
+
+        Raises :class:`QueuePaused` for a paused queue: deleting its row would resume it
+        with no 'resumed' event and no wake-up; :meth:`resume_queue` first.
+        """
+        check_queue_name(queue)
+        with self.connection() as c:
+            row = self.store.delete_queue(c, queue, actor=actor or _actor())
+        if row is not None and not row["deleted"]:
+            raise QueuePaused(f"queue {queue!r} is paused (since {row['paused_at'].isoformat(timespec='seconds')}, by "
+                              f"{row['paused_by']}): resume it first with `pgworker queue resume {queue}` "
+                              "(App.resume_queue), then delete it; nothing was changed")
+        if row is None:
+            return None
+        return {k: row[k] for k in ("concurrency_limit", "rate_per_second", "rate_burst", "aging_seconds")}
+
+    def queue_usage(self, queue: str) -> dict[str, bool]:
+        """Whether anything uses the queue name: ``has_jobs`` (claimable, running or
+        dead jobs; finished ones are not counted), ``scheduled`` (a recorded schedule
+        enqueues into it), ``configured`` (it has a settings row), ``in_app`` (it is one
+        of :meth:`queues`: a registered task's, or a configured one)."""
+        check_queue_name(queue)
+        with self.connection() as c:
+            usage = dict(self.store.queue_usage(c, queue))
+        usage["in_app"] = queue in self.queues()
+        return usage
 
     def queue_settings(self) -> list[dict[str, Any]]:
         """Every configured queue: pause, limits, aging, and its running jobs."""

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any, Sequence
 
 from .errors import ConfigError, PgworkerError
+from .names import quantity
 
 EXIT_USAGE = 2
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
@@ -32,17 +33,40 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
+#: Flags whose default is an environment variable other than a Settings field's: dest ->
+#: (variable, default when it is unset). Resolved after parsing, so that the parser (and
+#: the reference generated from it, docs/configuration.md) does not depend on the
+#: environment it was built in.
+ENV_FLAGS: dict[str, tuple[str, str | None]] = {
+    "app": ("PGWORKER_APP", None),
+    "log_level": ("PGWORKER_LOG_LEVEL", "INFO"),
+    "log_format": ("PGWORKER_LOG_FORMAT", "text"),
+}
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("connection")
     g.add_argument("--dsn", help="PostgreSQL DSN (env PGWORKER_DSN)")
     g.add_argument("--schema", help="pgworker's schema (env PGWORKER_SCHEMA, default pgworker)")
-    g.add_argument("--app", default=os.environ.get("PGWORKER_APP"),
-                   help="your App: 'package.module:app' or 'path/file.py:app' (env PGWORKER_APP)")
+    g.add_argument("--app",
+                   help="your App: 'package.module:app' or 'path/file.py:app'; 'package.module:create_app()' "
+                        "calls a factory that returns it (env PGWORKER_APP)")
     g.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse without abbreviations: with them, a typo such as ``--queue`` for ``--queues``
+    or ``--prio`` for ``--priority`` silently picks whichever flag it prefixes (or fails as
+    "ambiguous"), and adding a flag later can change what an old command line means.
+    Subparsers are made with the parser's own class, so every command inherits this."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pgworker", description="PostgreSQL-backed job queue and worker.")
+    parser = _Parser(prog="pgworker", description="PostgreSQL-backed job queue and worker.")
     parser.add_argument("--version", action="version", version=f"pgworker {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -80,22 +104,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--priority-aging", type=parse_duration,
                    help="claim a job due for longer than this before higher-priority work (default off)")
     p.add_argument("--no-schedules", action="store_true", help="do not enqueue the app's periodic jobs")
-    p.add_argument("--log-format", choices=("text", "json"), default=os.environ.get("PGWORKER_LOG_FORMAT", "text"))
-    p.add_argument("--log-level", default=os.environ.get("PGWORKER_LOG_LEVEL", "INFO"))
+    p.add_argument("--log-format", choices=("text", "json"),
+                   help="log lines as text, or one JSON object a line (env PGWORKER_LOG_FORMAT, default text)")
+    p.add_argument("--log-level", metavar="LEVEL",
+                   help="DEBUG, INFO, WARNING or ERROR (env PGWORKER_LOG_LEVEL, default INFO)")
 
     p = sub.add_parser("enqueue", help="enqueue one job by task name")
     _common(p)
-    p.add_argument("task")
+    p.add_argument("task", help="the task's name, as registered with @app.task(name=...)")
     p.add_argument("--payload", default="null", help="JSON payload (default null)")
-    p.add_argument("--queue")
-    p.add_argument("--priority", type=int)
-    p.add_argument("--delay", type=parse_duration)
-    p.add_argument("--max-attempts", type=int)
-    p.add_argument("--dedupe-key")
-    p.add_argument("--dedupe-window", type=parse_duration,
+    p.add_argument("--queue", help="queue (default: the task's, with --app; else 'default')")
+    p.add_argument("--priority", type=int, metavar="N",
+                   help="higher runs first, -32768 to 32767 (default: the task's, else 0)")
+    p.add_argument("--delay", type=parse_duration, metavar="DURATION",
+                   help="run no sooner than this from now, e.g. 90s, 15m (default: now)")
+    p.add_argument("--max-attempts", type=int, metavar="N",
+                   help="attempts before the job is dead (default: the task's, else 5)")
+    p.add_argument("--dedupe-key", metavar="KEY",
+                   help="while a job with this key is pending or running, return its id instead")
+    p.add_argument("--dedupe-window", type=parse_duration, metavar="DURATION",
                    help="keep the dedupe key held this long after the job succeeded")
-    p.add_argument("--ordering-key")
-    p.add_argument("--ordering-on-dead", choices=("block", "skip"))
+    p.add_argument("--ordering-key", metavar="KEY",
+                   help="jobs sharing this key run one at a time, in enqueue order")
+    p.add_argument("--ordering-on-dead", choices=("block", "skip"),
+                   help="if this job dies: block its key's later jobs until replayed or discarded, "
+                        "or skip it (default: the task's, else block)")
+    p.add_argument("--any-task", action="store_true",
+                   help="enqueue a task name the --app does not register (one another service's "
+                        "worker handles); without it, such a name is refused as a likely typo")
 
     p = sub.add_parser("jobs", help="list jobs, or show one with its error history")
     _common(p)
@@ -103,38 +139,40 @@ def build_parser() -> argparse.ArgumentParser:
     jl = jsub.add_parser("list", help="list jobs (default)")
     _common(jl)
     for q in (p, jl):
-        q.add_argument("--queue")
-        q.add_argument("--state", choices=("pending", "running", "succeeded", "dead", "cancelled"))
-        q.add_argument("--limit", type=int, default=50)
+        q.add_argument("--queue", help="only this queue's jobs")
+        q.add_argument("--state", choices=("pending", "running", "succeeded", "dead", "cancelled"),
+                       help="only jobs in this state")
+        q.add_argument("--limit", type=int, default=50, metavar="N", help="at most N jobs, newest first")
     js = jsub.add_parser("show", help="one job in full")
     _common(js)
-    js.add_argument("id", type=int)
+    js.add_argument("id", type=int, help="the job's id")
 
     p = sub.add_parser("dead", help="dead jobs: list or replay")
     _common(p)
     dsub = p.add_subparsers(dest="dead_command", metavar="list|replay|keys")
-    dl = dsub.add_parser("list")
+    dl = dsub.add_parser("list", help="dead jobs with their last error code (default)")
     _common(dl)
-    dl.add_argument("--queue")
-    dl.add_argument("--limit", type=int, default=50)
+    dl.add_argument("--queue", help="only this queue's dead jobs")
+    dl.add_argument("--limit", type=int, default=50, metavar="N", help="at most N jobs, newest first")
     dk = dsub.add_parser("keys", help="ordering keys held by a dead job, with the jobs waiting behind each")
     _common(dk)
-    dk.add_argument("--limit", type=int, default=100)
+    dk.add_argument("--limit", type=int, default=100, metavar="N", help="at most N keys, oldest first")
     dr = dsub.add_parser("replay", help="replay dead jobs by id, or --queue Q --all")
     _common(dr)
-    dr.add_argument("ids", nargs="*", type=int)
-    dr.add_argument("--queue")
+    dr.add_argument("ids", nargs="*", type=int, metavar="ID", help="dead jobs to put back to pending")
+    dr.add_argument("--queue", help="with --all: the queue whose dead jobs to replay")
     dr.add_argument("--all", action="store_true", help="every dead job of --queue")
-    dr.add_argument("--limit", type=int, default=10_000)
+    dr.add_argument("--limit", type=int, default=10_000, metavar="N", help="with --all: at most N jobs")
 
     p = sub.add_parser("cancel", help="cancel a job (a running one is asked to stop)")
     _common(p)
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=int, help="the job's id")
 
     p = sub.add_parser("prune", help="delete succeeded and cancelled jobs older than a retention")
     _common(p)
-    p.add_argument("--older-than", type=parse_duration, required=True, help="e.g. 7d")
-    p.add_argument("--batch", type=int, default=10_000)
+    p.add_argument("--older-than", type=parse_duration, required=True, metavar="DURATION",
+                   help="finished longer ago than this, e.g. 7d")
+    p.add_argument("--batch", type=int, default=10_000, metavar="N", help="rows deleted per statement")
 
     p = sub.add_parser("status", help="jobs by queue and state, oldest due job's age, running leases, "
                                       "paused queues, ordering keys held by a dead job")
@@ -142,30 +180,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("queue", help="queue policies: list, pause, resume, set limits, events")
     _common(p)
-    qsub = p.add_subparsers(dest="queue_command", metavar="list|pause|resume|set|events")
+    qsub = p.add_subparsers(dest="queue_command", metavar="list|pause|resume|set|delete|events")
     ql = qsub.add_parser("list", help="configured queues (default)")
     _common(ql)
     for verb, text in (("pause", "stop every pod claiming from a queue (enqueues go on)"),
-                       ("resume", "resume a paused queue")):
+                       ("resume", "resume a paused queue"),
+                       ("delete", "delete a queue's settings (limits, aging; one made by a typo, say); "
+                                  "jobs are untouched; a paused queue must be resumed first")):
         qp = qsub.add_parser(verb, help=text)
         _common(qp)
-        qp.add_argument("name")
+        qp.add_argument("name", help="the queue's name")
     qs = qsub.add_parser("set", help="set a queue's global concurrency limit, rate limit or aging bound")
     _common(qs)
-    qs.add_argument("name")
+    qs.add_argument("name", help="the queue's name")
     # absent (left as it is) and 'none' (removed) differ: absent options keep the default _ABSENT
-    # (dest names apart from the settings' own: --concurrency of `run` is another thing)
-    qs.add_argument("--concurrency", dest="limit_concurrency", type=_int_or_none, default=_ABSENT,
+    # (dest names apart from the settings' own: --concurrency of `run` is another thing; the
+    # metavars keep those internal names out of --help)
+    qs.add_argument("--concurrency", dest="limit_concurrency", type=_int_or_none, default=_ABSENT, metavar="N",
                     help="most running jobs across all pods ('none' removes)")
-    qs.add_argument("--rate", dest="limit_rate", type=_float_or_none, default=_ABSENT,
+    qs.add_argument("--rate", dest="limit_rate", type=_float_or_none, default=_ABSENT, metavar="JOBS_PER_SECOND",
                     help="jobs per second ('none' removes)")
-    qs.add_argument("--burst", dest="limit_burst", type=float, help="token bucket size in jobs (default max(1, rate))")
-    qs.add_argument("--aging", dest="limit_aging", type=_duration_or_none, default=_ABSENT,
+    qs.add_argument("--burst", dest="limit_burst", type=float, metavar="JOBS",
+                    help="token bucket size in jobs (default max(1, rate))")
+    qs.add_argument("--aging", dest="limit_aging", type=_duration_or_none, default=_ABSENT, metavar="DURATION",
                     help="priority-aging bound, e.g. 5m ('none' removes)")
-    qe = qsub.add_parser("events", help="who paused, resumed or reconfigured a queue")
+    qe = qsub.add_parser("events", help="who paused, resumed, reconfigured or deleted a queue")
     _common(qe)
-    qe.add_argument("name")
-    qe.add_argument("--limit", type=int, default=50)
+    qe.add_argument("name", help="the queue's name")
+    qe.add_argument("--limit", type=int, default=50, metavar="N", help="at most N events, newest first")
 
     p = sub.add_parser("schedules", help="periodic jobs with their next run (--app adds the declared ones)")
     _common(p)
@@ -180,9 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="run a realistic workload end to end (embedded PostgreSQL without --dsn)")
     _common(p)
-    p.add_argument("--jobs", type=int, default=400)
-    p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--keep", action="store_true", help="keep the demo schema afterwards")
+    p.add_argument("--jobs", type=int, default=400, metavar="N", help="jobs in the workload")
+    p.add_argument("--concurrency", type=int, default=4, metavar="N", help="claimer processes of its worker")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the outputs and, without --dsn, the embedded PostgreSQL running (to inspect "
+                        "the jobs)")
     return parser
 
 
@@ -218,39 +262,48 @@ def _version() -> str:
     return __version__
 
 
-def _settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    get = lambda name: getattr(args, name, None)  # noqa: E731
-    o: dict[str, Any] = {
-        "dsn": get("dsn"), "schema": get("schema"), "concurrency": get("concurrency"),
-        "listen_dsn": get("listen_dsn"), "poll_interval_seconds": get("poll_interval"),
-        "lease_seconds": get("lease"), "max_runtime_seconds": get("max_runtime"),
-        "reap_interval_seconds": get("reap_interval"), "shutdown_grace_seconds": get("shutdown_grace"),
-        "batch_size": get("batch_size"), "metrics_port": get("metrics_port"), "metrics_host": get("metrics_host"),
-        "max_jobs_per_child": get("max_jobs_per_child"), "max_memory_per_child_bytes": get("max_memory_per_child"),
-        "priority_aging_seconds": get("priority_aging"),
-    }
-    if get("queue_concurrency"):
-        from .config import _queue_counts
+#: Flags that set a Settings field (dest -> field); unset, the field's PGWORKER_* variable
+#: applies. `pgworker run` has them all; --dsn and --schema are on every command. The
+#: reference (docs/configuration.md) is generated from this table and the parser.
+SETTING_FLAGS: dict[str, str] = {
+    "dsn": "dsn", "schema": "schema", "queues": "queues", "concurrency": "concurrency",
+    "listen_dsn": "listen_dsn", "poll_interval": "poll_interval_seconds", "lease": "lease_seconds",
+    "max_runtime": "max_runtime_seconds", "reap_interval": "reap_interval_seconds",
+    "shutdown_grace": "shutdown_grace_seconds", "batch_size": "batch_size", "metrics_port": "metrics_port",
+    "metrics_host": "metrics_host", "max_jobs_per_child": "max_jobs_per_child",
+    "max_memory_per_child": "max_memory_per_child_bytes", "priority_aging": "priority_aging_seconds",
+    "queue_concurrency": "queue_concurrency",
+}
+#: Switches that set a boolean Settings field: dest -> (field, the value they set).
+SETTING_SWITCHES: dict[str, tuple[str, bool]] = {
+    "no_listen": ("listen", False), "no_stats": ("stats", False), "no_tracing": ("tracing", False),
+    "trace_sql": ("trace_sql", True), "no_prepared_statements": ("prepared_statements", False),
+    "no_schedules": ("schedules", False),
+}
 
+def _settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    from .config import _queue_counts, _queues
+
+    o: dict[str, Any] = {}
+    for dest, name in SETTING_FLAGS.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            o[name] = value
+    for dest, (name, value) in SETTING_SWITCHES.items():
+        if getattr(args, dest, False):
+            o[name] = value
+    if o.get("queues") is not None:
+        o["queues"] = _queues(o["queues"])
+    if o.get("queue_concurrency"):
         try:
-            o["queue_concurrency"] = _queue_counts(args.queue_concurrency)
+            o["queue_concurrency"] = _queue_counts(o["queue_concurrency"])
         except ValueError as exc:
             raise ConfigError(f"--queue-concurrency: {exc}; example: --queue-concurrency emails=2,reports=1") from None
-    if get("no_schedules"):
-        o["schedules"] = False
-    if get("queues"):
-        o["queues"] = tuple(q.strip() for q in args.queues.split(",") if q.strip())
-    if get("no_listen"):
-        o["listen"] = False
-    if get("no_stats"):
-        o["stats"] = False
-    if get("no_tracing"):
-        o["tracing"] = False
-    if get("trace_sql"):
-        o["trace_sql"] = True
-    if get("no_prepared_statements"):
-        o["prepared_statements"] = False
-    return {k: v for k, v in o.items() if v is not None}
+    else:
+        o.pop("queue_concurrency", None)
+    if o.get("queues") == ():
+        del o["queues"]  # `--queues ''`: as if not given
+    return o
 
 
 def _make_app(args: argparse.Namespace, *, need_app: bool = False) -> Any:
@@ -303,7 +356,8 @@ def emit(args: argparse.Namespace, rows: Any, columns: Sequence[str] | None = No
         width = max((len(k) for k in rows), default=0)
         for k, v in rows.items():
             if isinstance(v, (list, dict)):
-                v = json.dumps(v, default=_jsonable, indent=2)
+                # continuation lines start under the value's first line, not at column 0
+                v = json.dumps(v, default=_jsonable, indent=2).replace("\n", "\n" + " " * (width + 2))
             print(f"{k.rjust(width)}  {_fmt(v)}")
         return
     if not rows:
@@ -370,12 +424,39 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     except RecursionError:
         raise ConfigError("--payload is nested too deeply for Python's JSON decoder; flatten it") from None
     app = _make_app(args)
-    job_id = app.enqueue(args.task, payload, queue=args.queue, priority=args.priority, delay=args.delay,
-                         max_attempts=args.max_attempts, dedupe_key=args.dedupe_key,
-                         ordering_key=args.ordering_key, dedupe_window=args.dedupe_window,
-                         ordering_on_dead=args.ordering_on_dead)
+    # A traced producer like the library: the SDK from the OTEL_* variables, as `pgworker
+    # run` sets it up, so the job carries the send span's context to its attempts. The
+    # console exporter writes to stderr: stdout is the job id, which scripts capture.
+    from . import tracing
+
+    provider = tracing.setup_process(app.settings.tracing, console_out=sys.stderr)
+    try:
+        job_id = app.enqueue(args.task, payload, queue=args.queue, priority=args.priority, delay=args.delay,
+                             max_attempts=args.max_attempts, dedupe_key=args.dedupe_key,
+                             ordering_key=args.ordering_key, dedupe_window=args.dedupe_window,
+                             ordering_on_dead=args.ordering_on_dead, any_task=args.any_task)
+    finally:
+        tracing.flush(provider)  # a one-shot process: export before exit, not at the next batch
+    if args.task not in app.tasks:
+        _note_enqueue_defaults(args)
     emit(args, {"id": job_id}) if args.json else print(job_id)
     return 0
+
+
+def _note_enqueue_defaults(args: argparse.Namespace) -> None:
+    """Say on stderr which of pgworker's defaults a job of a task unknown here took: the
+    task's own queue and attempts are declared in code this process did not load, and a
+    job in the wrong queue waits for a worker that never claims it."""
+    from .config import DEFAULT_QUEUE
+    from .tasks import DEFAULT_MAX_ATTEMPTS
+
+    used = [f"{name}={value!r} ({flag})" for name, flag, given, value in (
+        ("queue", "--queue", args.queue, DEFAULT_QUEUE),
+        ("max_attempts", "--max-attempts", args.max_attempts, DEFAULT_MAX_ATTEMPTS)) if given is None]
+    if used:
+        why = "no --app" if not args.app else f"--app does not register {args.task!r}"
+        print(f"note: {why}, so the task's own settings are unknown here; used the defaults "
+              f"{', '.join(used)}", file=sys.stderr)
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
@@ -385,6 +466,10 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         if job is None:
             print(f"error: no job {args.id}", file=sys.stderr)
             return 1
+        if job.get("ordering_key") is None and not args.json:
+            # what a dead job does to its ordering key: meaningless without one (JSON keeps
+            # every column, for scripts)
+            job.pop("dead_blocks_key", None)
         emit(args, job)
         return 0
     rows = app.list_jobs(queue=args.queue, state=args.state, limit=args.limit)
@@ -408,7 +493,7 @@ def cmd_dead(args: argparse.Namespace) -> int:
         if args.json:
             emit(args, {"replayed": ids})
         else:
-            print(f"replayed {len(ids)} job(s)" + (f": {', '.join(map(str, ids[:50]))}" if ids else ""))
+            print(f"replayed {quantity(len(ids), 'job')}" + (f": {', '.join(map(str, ids[:50]))}" if ids else ""))
         missing = sorted(set(args.ids) - set(ids))
         if missing:
             print(f"not dead (or unknown), left as they were: {', '.join(map(str, missing))}", file=sys.stderr)
@@ -433,7 +518,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_prune(args: argparse.Namespace) -> int:
     app = _make_app(args)
     n = app.prune(args.older_than, batch=args.batch)
-    emit(args, {"deleted": n}) if args.json else print(f"deleted {n} finished job(s)")
+    emit(args, {"deleted": n}) if args.json else print(f"deleted {quantity(n, 'finished job')}")
     return 0
 
 
@@ -463,11 +548,22 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_queue(args: argparse.Namespace) -> int:
     app = _make_app(args)
     verb = getattr(args, "queue_command", None) or "list"
+    warning = _unused_queue_warning(app, args) if verb in ("pause", "set") else None
     if verb == "pause":
         row = app.pause_queue(args.name)
         emit(args, row) if args.json else print(
             f"queue {args.name!r} paused at {_fmt(row['paused_at'])} by {row['paused_by']}: no pod claims "
             "from it any more; running jobs finish; enqueues go on")
+    elif verb == "delete":
+        removed = app.delete_queue(args.name)
+        if args.json:
+            emit(args, {"queue": args.name, "deleted": removed is not None, "settings": removed})
+        elif removed is None:
+            print(f"queue {args.name!r} has no settings: nothing to delete")
+        else:
+            had = ", ".join(f"{k} {v:g}" for k, v in removed.items() if v is not None)
+            print(f"queue {args.name!r} deleted" + (f" (it had {had})" if had else "")
+                  + "; its jobs, if any, are untouched and run without its limits")
     elif verb == "resume":
         resumed = app.resume_queue(args.name)
         if args.json:
@@ -491,7 +587,26 @@ def cmd_queue(args: argparse.Namespace) -> int:
     else:
         emit(args, app.queue_settings(), ["name", "paused_at", "paused_by", "concurrency_limit", "running",
                                           "rate_per_second", "rate_burst", "aging_seconds"])
+    if warning:
+        print(warning, file=sys.stderr)
     return 0
+
+
+def _unused_queue_warning(app: Any, args: argparse.Namespace) -> str | None:
+    """The warning for pausing or configuring a queue nothing uses, or None: no claimable,
+    running or dead job, no schedule, no settings row yet, and not a queue of the --app's
+    tasks (or 'default'). The name is then likely a typo, and the command would make a
+    row nobody uses. Only a warning: limiting a queue ahead of its first job is fine.
+    Asked before the command runs (the command makes the row)."""
+    usage = app.queue_usage(args.name)
+    if any(usage.values()):
+        return None
+    name = args.name
+    tasks = "no task of the --app uses it" if args.app else "no --app was given to check its tasks' queues"
+    undo = (f"`pgworker queue resume {name}` then `pgworker queue delete {name}`"
+            if args.queue_command == "pause" else f"`pgworker queue delete {name}`")
+    return (f"warning: queue {name!r} has no pending, running or dead jobs and no schedule, and {tasks}: "
+            f"a typo? Undo with {undo}")
 
 
 def cmd_schedules(args: argparse.Namespace) -> int:
@@ -534,6 +649,9 @@ COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "enqueue": cmd_enqueue, "job
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    for dest, (variable, default) in ENV_FLAGS.items():
+        if hasattr(args, dest) and getattr(args, dest) is None:
+            setattr(args, dest, os.environ.get(variable) or default)
     if not args.command:
         parser.print_help()
         return EXIT_USAGE

@@ -72,8 +72,13 @@ def _opt_float(v: str) -> float | None:
     return None if v.strip().lower() in ("", "none", "off") else float(v)
 
 
-def _env(name: str, parse: Any = str) -> dict[str, Any]:
-    return {"env": name, "parse": parse}
+def _env(name: str, parse: Any = str, *, help: str, unit: str | None = None,
+         default_text: str | None = None) -> dict[str, Any]:
+    """A field's metadata: its environment variable and parser, and for the reference
+    (docs/configuration.md, ``python -m pgworker.settings_docs``) its ``help`` (one
+    sentence or two), ``unit`` (for numbers whose name does not end in ``_seconds`` or
+    ``_bytes``) and ``default_text`` (for a default that is not a plain value)."""
+    return {"env": name, "parse": parse, "help": help, "unit": unit, "default_text": default_text}
 
 
 @dataclass(frozen=True)
@@ -81,77 +86,135 @@ class Settings:
     """Worker and client settings. Durations are in seconds, sizes in bytes.
 
     Build with :meth:`from_env` to read ``PGWORKER_*`` variables; keyword overrides win
-    over the environment. Raises :class:`ConfigError` naming the setting to fix.
+    over the environment. Raises :class:`ConfigError` naming the setting to fix. Each
+    field's meaning is in its metadata (``help``), rendered in docs/configuration.md.
     """
 
-    dsn: str | None = field(default=None, metadata=_env("PGWORKER_DSN"))
-    """libpq connection string or URL for enqueue, claims and outcomes (may be a pooler)."""
-    listen_dsn: str | None = field(default=None, metadata=_env("PGWORKER_LISTEN_DSN"))
-    """Direct (non-pooled) connection for LISTEN; defaults to ``dsn``."""
-    schema: str = field(default=DEFAULT_SCHEMA, metadata=_env("PGWORKER_SCHEMA"))
-    queues: tuple[str, ...] = field(default=(), metadata=_env("PGWORKER_QUEUES", _queues))
-    """Queues this worker claims from; empty means the queues of the registered tasks."""
+    dsn: str | None = field(default=None, metadata=_env(
+        "PGWORKER_DSN", unit="libpq DSN", default_text="none: required by every command that uses the database",
+        help="libpq connection string or URL for enqueues, claims and outcomes (may be a pooler)."))
+    listen_dsn: str | None = field(default=None, metadata=_env(
+        "PGWORKER_LISTEN_DSN", unit="libpq DSN", default_text="the DSN",
+        help="Direct (non-pooled) connection for LISTEN, when the DSN is a transaction pooler."))
+    schema: str = field(default=DEFAULT_SCHEMA, metadata=_env(
+        "PGWORKER_SCHEMA", unit="name",
+        help="PostgreSQL schema of pgworker's tables; apps sharing a database each take their own."))
+    queues: tuple[str, ...] = field(default=(), metadata=_env(
+        "PGWORKER_QUEUES", _queues, unit="comma-separated names",
+        default_text="the queues of the registered tasks, and `default`",
+        help="Queues this worker claims from."))
     concurrency: int = field(default_factory=lambda: os.cpu_count() or 1,
-                             metadata=_env("PGWORKER_CONCURRENCY", int))
-    lease_seconds: float = field(default=LEASE_SECONDS, metadata=_env("PGWORKER_LEASE_SECONDS", float))
-    renew_interval_seconds: float | None = field(default=None, metadata=_env("PGWORKER_RENEW_INTERVAL_SECONDS", _opt_float))
-    """How often live leases are renewed; default a third of the lease."""
-    max_runtime_seconds: float = field(default=MAX_RUNTIME_SECONDS, metadata=_env("PGWORKER_MAX_RUNTIME_SECONDS", float))
-    poll_interval_seconds: float = field(default=POLL_INTERVAL_SECONDS, metadata=_env("PGWORKER_POLL_INTERVAL_SECONDS", float))
-    listen: bool = field(default=True, metadata=_env("PGWORKER_LISTEN", _bool))
-    reap_interval_seconds: float = field(default=REAP_INTERVAL_SECONDS, metadata=_env("PGWORKER_REAP_INTERVAL_SECONDS", float))
-    shutdown_grace_seconds: float = field(default=SHUTDOWN_GRACE_SECONDS, metadata=_env("PGWORKER_SHUTDOWN_GRACE_SECONDS", float))
-    batch_size: int | None = field(default=None, metadata=_env("PGWORKER_BATCH_SIZE", _opt_int))
-    """Jobs per claim; None sizes batches automatically from measured run times."""
-    max_batch_size: int = field(default=MAX_BATCH_SIZE, metadata=_env("PGWORKER_MAX_BATCH_SIZE", int))
-    max_payload_bytes: int = field(default=MAX_PAYLOAD_BYTES, metadata=_env("PGWORKER_MAX_PAYLOAD_BYTES", int))
-    error_history_entries: int = field(default=ERROR_HISTORY_ENTRIES, metadata=_env("PGWORKER_ERROR_HISTORY_ENTRIES", int))
-    error_message_max_chars: int = field(default=ERROR_MESSAGE_MAX_CHARS, metadata=_env("PGWORKER_ERROR_MESSAGE_MAX_CHARS", int))
-    metrics_port: int = field(default=METRICS_PORT, metadata=_env("PGWORKER_METRICS_PORT", int))
-    """Port of /metrics, /healthz and /readyz; 0 turns the HTTP server off."""
-    metrics_host: str = field(default="0.0.0.0", metadata=_env("PGWORKER_METRICS_HOST"))
-    stats: bool = field(default=True, metadata=_env("PGWORKER_STATS", _bool))
-    """Query queue statistics from PostgreSQL at scrape time (keeps a suspending compute awake)."""
-    stats_cache_seconds: float = field(default=STATS_CACHE_SECONDS, metadata=_env("PGWORKER_STATS_CACHE_SECONDS", float))
-    stats_timeout_seconds: float = field(default=STATS_TIMEOUT_SECONDS, metadata=_env("PGWORKER_STATS_TIMEOUT_SECONDS", float))
-    metrics_task_label: bool = field(default=True, metadata=_env("PGWORKER_METRICS_TASK_LABEL", _bool))
-    tracing: bool = field(default=True, metadata=_env("PGWORKER_TRACING", _bool))
-    trace_sql: bool = field(default=False, metadata=_env("PGWORKER_TRACE_SQL", _bool))
-    """Instrument psycopg for SQL child spans (opentelemetry-instrumentation-psycopg)."""
-    prepared_statements: bool = field(default=True, metadata=_env("PGWORKER_PREPARED_STATEMENTS", _bool))
-    """Server-side prepared statements; turn off behind pgbouncer older than 1.21 in transaction mode."""
-    synchronous_commit: str | None = field(default=None, metadata=_env("PGWORKER_SYNCHRONOUS_COMMIT"))
-    """Opt-in ``synchronous_commit`` for claims and outcomes (e.g. 'off'); None keeps the server's."""
-    completion_flush_seconds: float = field(default=COMPLETION_FLUSH_SECONDS, metadata=_env("PGWORKER_COMPLETION_FLUSH_SECONDS", float))
-    max_jobs_per_child: int | None = field(default=None, metadata=_env("PGWORKER_MAX_JOBS_PER_CHILD", _opt_int))
-    max_memory_per_child_bytes: int | None = field(default=None, metadata=_env("PGWORKER_MAX_MEMORY_PER_CHILD_BYTES", _opt_int))
-    worker_id: str | None = field(default=None, metadata=_env("PGWORKER_WORKER_ID"))
-    priority_aging_seconds: float | None = field(default=None, metadata=_env("PGWORKER_PRIORITY_AGING_SECONDS", _opt_float))
-    """Priority aging: a job due for longer than this is claimed before higher-priority
-    work (docs/scheduling.md); a queue's own setting (``pgworker queue set``) wins. None: strict priority."""
-    queue_concurrency: tuple[tuple[str, int], ...] = field(default=(), metadata=_env("PGWORKER_QUEUE_CONCURRENCY", _queue_counts))
-    """Per-pod limits: at most N jobs of a queue held at once by this pod's claimers ('emails=2,reports=1')."""
-    schedules: bool = field(default=True, metadata=_env("PGWORKER_SCHEDULES", _bool))
-    """Whether this worker's dispatcher enqueues the app's periodic jobs."""
-    statement_timeout_seconds: float = field(default=STATEMENT_TIMEOUT_SECONDS,
-                                             metadata=_env("PGWORKER_STATEMENT_TIMEOUT_SECONDS", float))
-    """statement_timeout of every worker session: no statement of a claimer or a service runs longer."""
-    lock_timeout_seconds: float = field(default=LOCK_TIMEOUT_SECONDS, metadata=_env("PGWORKER_LOCK_TIMEOUT_SECONDS", float))
-    """lock_timeout of every worker session: no statement waits longer for a lock (maintenance skips locked keys)."""
-    prune: bool = field(default=True, metadata=_env("PGWORKER_PRUNE", _bool))
-    """Whether this worker deletes finished jobs past their retention (every prune interval; once per drain run)."""
-    prune_interval_seconds: float = field(default=PRUNE_INTERVAL_SECONDS, metadata=_env("PGWORKER_PRUNE_INTERVAL_SECONDS", float))
-    retention_succeeded_seconds: float | None = field(default=RETENTION_SUCCEEDED_SECONDS,
-                                                      metadata=_env("PGWORKER_RETENTION_SUCCEEDED_SECONDS", _opt_float))
-    """How long succeeded jobs are kept after they finished; None (off) keeps them."""
-    retention_cancelled_seconds: float | None = field(default=RETENTION_CANCELLED_SECONDS,
-                                                      metadata=_env("PGWORKER_RETENTION_CANCELLED_SECONDS", _opt_float))
-    """How long cancelled jobs are kept after they finished; None (off) keeps them."""
-    retention_dead_seconds: float | None = field(default=None, metadata=_env("PGWORKER_RETENTION_DEAD_SECONDS", _opt_float))
-    """How long dead jobs are kept; None (the default) keeps them until replayed or discarded."""
-    retention_queue_events_seconds: float | None = field(default=RETENTION_QUEUE_EVENTS_SECONDS,
-                                                         metadata=_env("PGWORKER_RETENTION_QUEUE_EVENTS_SECONDS", _opt_float))
-    """How long the queues' audit trail (pause, resume, configure) is kept; None keeps it."""
+                             metadata=_env("PGWORKER_CONCURRENCY", int, unit="processes",
+                                           default_text="the CPU count",
+                                           help="Claimer processes of `pgworker run`."))
+    lease_seconds: float = field(default=LEASE_SECONDS, metadata=_env(
+        "PGWORKER_LEASE_SECONDS", float,
+        help="How long a claim owns a job; renewed while its claimer lives, then recovered by the reaper."))
+    renew_interval_seconds: float | None = field(default=None, metadata=_env(
+        "PGWORKER_RENEW_INTERVAL_SECONDS", _opt_float, default_text="a third of the lease",
+        help="How often live leases are renewed; at most half the lease."))
+    max_runtime_seconds: float = field(default=MAX_RUNTIME_SECONDS, metadata=_env(
+        "PGWORKER_MAX_RUNTIME_SECONDS", float,
+        help="Age past which an attempt's lease is no longer renewed (a task's `max_runtime` wins)."))
+    poll_interval_seconds: float = field(default=POLL_INTERVAL_SECONDS, metadata=_env(
+        "PGWORKER_POLL_INTERVAL_SECONDS", float,
+        help="Fallback poll: idle claimers look for due work this often, NOTIFY or not."))
+    listen: bool = field(default=True, metadata=_env(
+        "PGWORKER_LISTEN", _bool,
+        help="LISTEN for enqueue notifications (off: the fallback poll alone wakes claimers)."))
+    reap_interval_seconds: float = field(default=REAP_INTERVAL_SECONDS, metadata=_env(
+        "PGWORKER_REAP_INTERVAL_SECONDS", float, help="How often the reaper recovers expired leases."))
+    shutdown_grace_seconds: float = field(default=SHUTDOWN_GRACE_SECONDS, metadata=_env(
+        "PGWORKER_SHUTDOWN_GRACE_SECONDS", float,
+        help="Time running jobs get to finish at shutdown (SIGTERM, end of a drain); the rest are released."))
+    batch_size: int | None = field(default=None, metadata=_env(
+        "PGWORKER_BATCH_SIZE", _opt_int, unit="jobs", default_text="automatic (`auto`)",
+        help="Jobs per claim; automatic sizes batches from measured run times."))
+    max_batch_size: int = field(default=MAX_BATCH_SIZE, metadata=_env(
+        "PGWORKER_MAX_BATCH_SIZE", int, unit="jobs", help="Largest batch a claim takes (1-10000)."))
+    max_payload_bytes: int = field(default=MAX_PAYLOAD_BYTES, metadata=_env(
+        "PGWORKER_MAX_PAYLOAD_BYTES", int, help="Largest payload accepted at enqueue, as UTF-8 JSON."))
+    error_history_entries: int = field(default=ERROR_HISTORY_ENTRIES, metadata=_env(
+        "PGWORKER_ERROR_HISTORY_ENTRIES", int, unit="attempts",
+        help="Failed attempts kept in a job's error history (1-1000); older ones are dropped."))
+    error_message_max_chars: int = field(default=ERROR_MESSAGE_MAX_CHARS, metadata=_env(
+        "PGWORKER_ERROR_MESSAGE_MAX_CHARS", int, unit="characters",
+        help="Longest error message stored per attempt (20-100000); longer ones are cut."))
+    metrics_port: int = field(default=METRICS_PORT, metadata=_env(
+        "PGWORKER_METRICS_PORT", int, unit="TCP port",
+        help="Port of /metrics, /healthz and /readyz of `pgworker run`; 0 turns the HTTP server off."))
+    metrics_host: str = field(default="0.0.0.0", metadata=_env(
+        "PGWORKER_METRICS_HOST", unit="address", help="Address the metrics server binds to (0.0.0.0: every interface)."))
+    stats: bool = field(default=True, metadata=_env(
+        "PGWORKER_STATS", _bool,
+        help="Query queue statistics from PostgreSQL at scrape time (keeps a suspending compute awake)."))
+    stats_cache_seconds: float = field(default=STATS_CACHE_SECONDS, metadata=_env(
+        "PGWORKER_STATS_CACHE_SECONDS", float, help="How long scrapes reuse the last queue statistics."))
+    stats_timeout_seconds: float = field(default=STATS_TIMEOUT_SECONDS, metadata=_env(
+        "PGWORKER_STATS_TIMEOUT_SECONDS", float,
+        help="Connect and statement timeout of the statistics query at scrape time."))
+    metrics_task_label: bool = field(default=True, metadata=_env(
+        "PGWORKER_METRICS_TASK_LABEL", _bool, help="Label job metrics with the task (off: fewer series)."))
+    tracing: bool = field(default=True, metadata=_env(
+        "PGWORKER_TRACING", _bool,
+        help="OpenTelemetry spans, exported as the `OTEL_*` variables say (off: no span is built)."))
+    trace_sql: bool = field(default=False, metadata=_env(
+        "PGWORKER_TRACE_SQL", _bool,
+        help="Instrument psycopg for SQL child spans (opentelemetry-instrumentation-psycopg)."))
+    prepared_statements: bool = field(default=True, metadata=_env(
+        "PGWORKER_PREPARED_STATEMENTS", _bool,
+        help="Server-side prepared statements; turn off behind pgbouncer older than 1.21 in transaction mode."))
+    synchronous_commit: str | None = field(default=None, metadata=_env(
+        "PGWORKER_SYNCHRONOUS_COMMIT", unit="on, off, local, remote_write or remote_apply",
+        default_text="the server's",
+        help="`synchronous_commit` of the claimers' sessions (claims and outcomes), an opt-in; "
+             "see the README's Durability."))
+    completion_flush_seconds: float = field(default=COMPLETION_FLUSH_SECONDS, metadata=_env(
+        "PGWORKER_COMPLETION_FLUSH_SECONDS", float,
+        help="Longest time a finished job's outcome waits to be written in one batch with others."))
+    max_jobs_per_child: int | None = field(default=None, metadata=_env(
+        "PGWORKER_MAX_JOBS_PER_CHILD", _opt_int, unit="jobs", default_text="never",
+        help="Recycle a claimer process after this many jobs."))
+    max_memory_per_child_bytes: int | None = field(default=None, metadata=_env(
+        "PGWORKER_MAX_MEMORY_PER_CHILD_BYTES", _opt_int, default_text="never",
+        help="Recycle a claimer process whose resident memory is above this."))
+    worker_id: str | None = field(default=None, metadata=_env(
+        "PGWORKER_WORKER_ID", unit="text", default_text="host:pid",
+        help="This worker's identity in leases (`lease_owner`) and spans (`messaging.client.id`)."))
+    priority_aging_seconds: float | None = field(default=None, metadata=_env(
+        "PGWORKER_PRIORITY_AGING_SECONDS", _opt_float, default_text="off: strict priority",
+        help="Priority aging: a job due for longer than this is claimed before higher-priority work "
+             "(docs/scheduling.md); a queue's own bound (`pgworker queue set --aging`) wins."))
+    queue_concurrency: tuple[tuple[str, int], ...] = field(default=(), metadata=_env(
+        "PGWORKER_QUEUE_CONCURRENCY", _queue_counts, unit="QUEUE=N, comma-separated", default_text="none",
+        help="Per-pod limits: at most N jobs of a queue held at once by this pod's claimers ('emails=2,reports=1')."))
+    schedules: bool = field(default=True, metadata=_env(
+        "PGWORKER_SCHEDULES", _bool, help="Whether this worker enqueues the app's periodic jobs (its scheduler service)."))
+    statement_timeout_seconds: float = field(default=STATEMENT_TIMEOUT_SECONDS, metadata=_env(
+        "PGWORKER_STATEMENT_TIMEOUT_SECONDS", float,
+        help="`statement_timeout` of every worker session: no statement of a claimer or a service runs longer "
+             "(set it on the role behind a transaction pooler)."))
+    lock_timeout_seconds: float = field(default=LOCK_TIMEOUT_SECONDS, metadata=_env(
+        "PGWORKER_LOCK_TIMEOUT_SECONDS", float,
+        help="`lock_timeout` of every worker session: no statement waits longer for a lock; maintenance "
+             "never waits at all (it skips a locked ordering key)."))
+    prune: bool = field(default=True, metadata=_env(
+        "PGWORKER_PRUNE", _bool,
+        help="Delete finished jobs past their retention (every prune interval; once at the start of a drain run)."))
+    prune_interval_seconds: float = field(default=PRUNE_INTERVAL_SECONDS, metadata=_env(
+        "PGWORKER_PRUNE_INTERVAL_SECONDS", float, help="How often the pruner deletes what is past its retention."))
+    retention_succeeded_seconds: float | None = field(default=RETENTION_SUCCEEDED_SECONDS, metadata=_env(
+        "PGWORKER_RETENTION_SUCCEEDED_SECONDS", _opt_float,
+        help="How long succeeded jobs are kept after they finished (`off`: kept for good)."))
+    retention_cancelled_seconds: float | None = field(default=RETENTION_CANCELLED_SECONDS, metadata=_env(
+        "PGWORKER_RETENTION_CANCELLED_SECONDS", _opt_float,
+        help="How long cancelled jobs are kept after they finished (`off`: kept for good)."))
+    retention_dead_seconds: float | None = field(default=None, metadata=_env(
+        "PGWORKER_RETENTION_DEAD_SECONDS", _opt_float, default_text="off: kept until replayed or discarded",
+        help="How long dead jobs are kept after they died."))
+    retention_queue_events_seconds: float | None = field(default=RETENTION_QUEUE_EVENTS_SECONDS, metadata=_env(
+        "PGWORKER_RETENTION_QUEUE_EVENTS_SECONDS", _opt_float,
+        help="How long the queues' audit trail (pause, resume, configure, delete) is kept (`off`: for good)."))
 
     def __post_init__(self) -> None:
         check_schema_name(self.schema)

@@ -22,13 +22,14 @@ import tempfile
 import threading
 import time
 import warnings
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterator
 
 from .app import App
 from .config import Settings
 from .errors import ConfigError
-from .names import redact_dsn
+from .names import quantity, redact_dsn
 from .producer import JobSpec
 
 DEMO_SCHEMA = "pgworker_demo"
@@ -82,9 +83,27 @@ class WebhookEndpoint:
         self.server.shutdown()
 
 
+@dataclass(frozen=True)
+class EmbeddedPostgres:
+    """The demo's own PostgreSQL: its DSN and data directory."""
+
+    dsn: str
+    datadir: str
+
+    @property
+    def stop_command(self) -> str:
+        """A shell command that stops a kept server and deletes its data directory. Through
+        pgserver, which runs the server as its own system user when started by root (pg_ctl
+        refuses root)."""
+        code = f"import pgserver; pgserver.get_server({self.datadir!r}, cleanup_mode='delete').cleanup()"
+        return f'{sys.executable} -c "{code}"'
+
+
 @contextlib.contextmanager
-def embedded_postgres() -> Iterator[str]:
-    """A throwaway PostgreSQL from the ``pgserver`` package; yields its DSN."""
+def embedded_postgres(*, keep: bool = False) -> Iterator[EmbeddedPostgres]:
+    """A throwaway PostgreSQL from the ``pgserver`` package, stopped and deleted at exit,
+    or with ``keep`` left running (its jobs can then be inspected; the caller says how to
+    stop it)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -95,13 +114,15 @@ def embedded_postgres() -> Iterator[str]:
     datadir = tempfile.mkdtemp(prefix="pgworker-demo-pg-")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        server = pgserver.get_server(datadir, cleanup_mode="delete")
+        # cleanup_mode None: pgserver leaves the server running when this process exits
+        server = pgserver.get_server(datadir, cleanup_mode=None if keep else "delete")
     try:
-        yield server.get_uri()
+        yield EmbeddedPostgres(server.get_uri(), datadir)
     finally:
-        with contextlib.suppress(Exception):
-            server.cleanup()
-        shutil.rmtree(datadir, ignore_errors=True)
+        if not keep:
+            with contextlib.suppress(Exception):
+                server.cleanup()
+            shutil.rmtree(datadir, ignore_errors=True)
 
 
 def build_workload(n: int, rng: random.Random) -> tuple[list[JobSpec], int]:
@@ -142,8 +163,10 @@ def _progress(counts: dict[str, int], total: int, elapsed: float, tty: bool) -> 
     done = counts.get("succeeded", 0) + counts.get("dead", 0) + counts.get("cancelled", 0)
     width = 30
     filled = int(width * done / max(total, 1))
+    # 'claimed': the jobs in state running, which includes those a claimer holds in its
+    # batch before their handler starts; "running" would overstate what runs
     line = (f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} finished  "
-            f"running {counts.get('running', 0):3d}  pending {counts.get('pending', 0):4d}  "
+            f"claimed {counts.get('running', 0):3d}  pending {counts.get('pending', 0):4d}  "
             f"dead {counts.get('dead', 0):3d}  {elapsed:5.1f}s")
     if tty:
         print("\r" + line, end="", flush=True)
@@ -153,10 +176,12 @@ def _progress(counts: dict[str, int], total: int, elapsed: float, tty: bool) -> 
 
 def main(args: argparse.Namespace) -> int:
     dsn = args.dsn or os.environ.get("PGWORKER_DSN")
+    embedded: EmbeddedPostgres | None = None
     with contextlib.ExitStack() as stack:
         if not dsn:
             print("No PGWORKER_DSN set: starting an embedded PostgreSQL (pgserver)...", flush=True)
-            dsn = stack.enter_context(embedded_postgres())
+            embedded = stack.enter_context(embedded_postgres(keep=args.keep))
+            dsn = embedded.dsn
             schema = args.schema or "pgworker"
         else:
             schema = args.schema or DEMO_SCHEMA
@@ -180,15 +205,15 @@ def main(args: argparse.Namespace) -> int:
         ids += [app.enqueue(s.task, s.payload, priority=s.priority, dedupe_key=s.dedupe_key)
                 for s in specs[len(specs) // 2:]]
         distinct = len(set(ids))
-        print(f"enqueued {len(specs)} requests in {time.time() - t0:.2f}s: {distinct} jobs, "
-              f"{len(specs) - distinct} duplicates refused by their dedupe key", flush=True)
+        print(f"enqueued {quantity(len(specs), 'request')} in {time.time() - t0:.2f}s: {quantity(distinct, 'job')}, "
+              f"{quantity(len(specs) - distinct, 'duplicate')} refused by their dedupe key", flush=True)
 
         env = dict(os.environ, PGWORKER_DSN=dsn, PGWORKER_SCHEMA=schema, PGWORKER_DEMO_DIR=out_dir,
                    PGWORKER_DEMO_URL=endpoint.url, PGWORKER_LOG_LEVEL=os.environ.get("PGWORKER_LOG_LEVEL", "WARNING"))
         cmd = [sys.executable, "-m", "pgworker.cli", "run", "--app", "pgworker.demo_app:app",
                "--concurrency", str(args.concurrency), "--metrics-port", "0", "--poll-interval", "0.5",
                "--shutdown-grace", "10"]
-        print(f"starting `pgworker run` with {args.concurrency} claimers...", flush=True)
+        print(f"starting `pgworker run` with {quantity(args.concurrency, 'claimer')}...", flush=True)
         started = time.time()
         # The worker's log (every failed attempt, every dead job: some fail on purpose) goes
         # to a file, so that it does not scroll the progress display away.
@@ -233,9 +258,25 @@ def main(args: argparse.Namespace) -> int:
             shutil.rmtree(out_dir, ignore_errors=True)
         else:
             print(f"outputs kept in {out_dir}")
+        print(closing_hint(embedded, schema, keep=args.keep))
         ok = summary["lost"] == 0 and summary["stuck"] == 0
         return 0 if ok else 1
     return 0
+
+
+def closing_hint(embedded: EmbeddedPostgres | None, schema: str, *, keep: bool) -> str:
+    """How to look at the demo's jobs afterwards (the worker log names their ids), for a
+    database that is still there: the embedded one is deleted at exit unless ``keep``."""
+    if embedded is None:
+        return (f"its jobs stay in schema {schema!r} of your database until the next demo: "
+                f"`pgworker jobs show ID --schema {schema}` (same DSN) shows one")
+    if not keep:
+        return ("the embedded PostgreSQL was deleted at exit, and the jobs in that log with it; "
+                "`pgworker demo --keep` leaves it running so that they can be inspected")
+    return ("the embedded PostgreSQL keeps running (--keep); inspect a job of that log with\n"
+            f"  PGWORKER_DSN='{embedded.dsn}' pgworker jobs show ID\n"
+            "stop and delete it with\n"
+            f"  {embedded.stop_command}")
 
 
 def _summary(app: App, jobs: int, duplicates: int, elapsed: float, out_dir: str,

@@ -30,6 +30,11 @@ class InvalidJob(PgworkerError, ValueError):
     """A job option is invalid (max_attempts, priority, run_at, delay)."""
 
 
+class UnknownTask(InvalidJob):
+    """The task name is not one of the App's registered tasks (likely a typo); pass
+    ``any_task=True`` (CLI: ``--any-task``) to enqueue a task another worker handles."""
+
+
 class DatabaseUnavailable(PgworkerError):
     """PostgreSQL cannot be reached; check the DSN (PGWORKER_DSN) and that the server is up."""
 
@@ -72,6 +77,10 @@ class LeaseLost(PgworkerError):
             message = (f"lease lost on job {job_id} (lease token {lease_token}) during {operation}: "
                        "the job was reaped or claimed again; this worker must not act as its owner")
         super().__init__(message)
+
+
+class QueuePaused(PgworkerError):
+    """The queue is paused: resume it first (`pgworker queue resume NAME`)."""
 
 
 class JobNotFound(PgworkerError, LookupError):

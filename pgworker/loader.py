@@ -4,53 +4,147 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
+import traceback
+from types import ModuleType
 from typing import Any
 
 from .errors import ConfigError
+
+FORMS = "'package.module:app' or 'path/to/file.py:app' (or ':create_app()' for a factory)"
 
 
 def load_app(ref: str) -> Any:
     """Import ``module:attribute`` or ``path/to/file.py:attribute`` and return the App.
 
-    Claimer processes start with ``spawn`` and import the app again from this reference,
-    so it must be importable (on ``sys.path``, or a file path). Raises
-    :class:`ConfigError` naming what is missing.
+    The attribute must be a :class:`pgworker.App`. A factory is called only when the
+    reference says so, ``module:create_app()``: it is called with no arguments and must
+    return an App. Nothing else is ever called, so naming a task or another function by
+    mistake runs no user code. Claimer processes start with ``spawn`` and load the app
+    again from this reference (a factory is called in each of them), so it must be
+    importable (on ``sys.path``, or a file path).
+
+    Raises :class:`ConfigError` naming what is missing, or what was found instead of an
+    App and what to pass.
     """
     from .app import App
 
     if ":" not in ref:
-        raise ConfigError(f"--app {ref!r} must look like 'package.module:app' or 'path/to/file.py:app'")
+        raise ConfigError(f"--app {ref!r} must look like {FORMS}")
     module_ref, _, attr = ref.rpartition(":")
+    call = attr.endswith("()")
+    attr = attr.removesuffix("()")
     if module_ref.endswith(".py") or os.sep in module_ref:
-        path = os.path.abspath(module_ref)
-        if not os.path.exists(path):
-            raise ConfigError(f"--app {ref!r}: file {path} does not exist")
-        name = "pgworker_app_" + os.path.splitext(os.path.basename(path))[0]
-        module = sys.modules.get(name)
-        if module is None:
-            spec = importlib.util.spec_from_file_location(name, path)
-            if spec is None or spec.loader is None:
-                raise ConfigError(f"--app {ref!r}: cannot load {path}")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            sys.path.insert(0, os.path.dirname(path))
-            spec.loader.exec_module(module)
+        module = _load_file(ref, module_ref)
     else:
-        if os.getcwd() not in sys.path and "" not in sys.path:
-            sys.path.insert(0, os.getcwd())
-        try:
-            module = importlib.import_module(module_ref)
-        except ImportError as exc:
-            raise ConfigError(f"--app {ref!r}: cannot import {module_ref!r}: {exc}; run from the project "
-                              "directory or set PYTHONPATH") from None
+        module = _import(ref, module_ref)
     try:
         obj = getattr(module, attr)
     except AttributeError:
         raise ConfigError(f"--app {ref!r}: module {module_ref!r} has no attribute {attr!r}") from None
-    if callable(obj) and not isinstance(obj, App):
-        obj = obj()
+    if call:
+        obj = _call_factory(ref, obj)
     if not isinstance(obj, App):
-        raise ConfigError(f"--app {ref!r} is a {type(obj).__name__}, not a pgworker.App")
+        raise ConfigError(_not_an_app(ref, module_ref, module, attr, obj))
     return obj
+
+
+def _load_file(ref: str, module_ref: str) -> ModuleType:
+    path = os.path.abspath(module_ref)
+    if not os.path.exists(path):
+        raise ConfigError(f"--app {ref!r}: file {path} does not exist")
+    name = "pgworker_app_" + os.path.splitext(os.path.basename(path))[0]
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ConfigError(f"--app {ref!r}: cannot load {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        sys.path.insert(0, os.path.dirname(path))
+        try:
+            spec.loader.exec_module(module)
+        except ImportError as exc:
+            del sys.modules[name]  # half-initialised: a later load must not find it
+            # the file itself exists: whatever is missing is something it imports
+            raise ConfigError(_import_failed(ref, module_ref, exc, own=())) from None
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return module
+
+
+def _import(ref: str, module_ref: str) -> ModuleType:
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(module_ref)
+    except ImportError as exc:
+        parts = module_ref.split(".")
+        own = tuple(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+        raise ConfigError(_import_failed(ref, module_ref, exc, own=own)) from None
+
+
+def _import_failed(ref: str, module_ref: str, exc: ImportError, *, own: tuple[str, ...]) -> str:
+    """The message for an import of the app module that failed. ``own``: the app module
+    and its parent packages: when one of those is what is missing, the reference (or
+    sys.path) is wrong; when it is anything else, the user's module imports something
+    this Python cannot find, and the path hint would send them the wrong way."""
+    missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    if missing is not None and missing in own:
+        return (f"--app {ref!r}: cannot import {module_ref!r}: {exc}; run from the project "
+                "directory or set PYTHONPATH")
+    site = _import_site(exc)
+    where = f" ({site})" if site else ""
+    if missing is not None:
+        return (f"--app {ref!r}: {module_ref!r} imports {missing!r}{where}, which this Python "
+                f"({sys.executable}) cannot find: install the package that provides it into this "
+                "environment")
+    return f"--app {ref!r}: importing {module_ref!r} failed{where}: {type(exc).__name__}: {exc}"
+
+
+def _import_site(exc: BaseException) -> str | None:
+    """'file:line' of the import statement that failed, in the user's code (the last
+    frame of the traceback that is not importlib's own)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith("<frozen") and "importlib" not in f.filename]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
+
+
+def _call_factory(ref: str, factory: Any) -> Any:
+    from .tasks import Task
+
+    if isinstance(factory, Task) or inspect.isclass(factory) or not callable(factory):
+        kind = "a pgworker Task" if isinstance(factory, Task) else (
+            "a class" if inspect.isclass(factory) else f"a {type(factory).__name__}")
+        raise ConfigError(f"--app {ref!r}: '()' calls an App factory, but this is {kind}; "
+                          "name a function that takes no arguments and returns the App")
+    try:
+        inspect.signature(factory).bind()
+    except TypeError:
+        raise ConfigError(f"--app {ref!r}: the factory must take no arguments (its signature is "
+                          f"{factory.__name__}{inspect.signature(factory)})") from None
+    except ValueError:  # no signature to inspect (a builtin): let the call decide
+        pass
+    return factory()
+
+
+def _not_an_app(ref: str, module_ref: str, module: ModuleType, attr: str, obj: Any) -> str:
+    from .app import App
+    from .tasks import Task
+
+    apps = sorted(name for name, value in vars(module).items() if isinstance(value, App))
+    if isinstance(obj, Task):
+        holder = next((name for name in apps if getattr(module, name) is obj.app), None)
+        fix = (f"pass the App it is registered on: --app {module_ref}:{holder}" if holder
+               else "pass the App it is registered on (the `app` of its @app.task)")
+        return f"--app {ref!r} is the pgworker Task {obj.name!r}, not an App: {fix}"
+    found = ("a class" if inspect.isclass(obj) else "a function" if callable(obj)
+             else f"a {type(obj).__name__}")
+    hint = (f"; this module's App: --app {module_ref}:{apps[0]}" if len(apps) == 1
+            else f"; this module's Apps: {', '.join(apps)}" if apps else "")
+    if callable(obj) and not inspect.isclass(obj):
+        hint += f"; if {attr!r} is a factory that returns the App, call it: --app {module_ref}:{attr}()"
+    return f"--app {ref!r} is {found}, not a pgworker.App{hint}"

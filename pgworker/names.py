@@ -1,4 +1,4 @@
-"""Validation of names and keys, and redaction of secrets from text.
+"""Validation of names and keys, redaction of secrets from text, and counts in words.
 
 Queue and task names, dedupe and ordering keys are stored as values (always query
 parameters), so any printable text is safe; the limits below keep them readable in
@@ -142,3 +142,12 @@ def bounded_text(text: str, max_chars: int) -> str:
     if len(text) > max_chars:
         text = text[: max_chars - 1] + "…"
     return text
+
+
+def quantity(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and the noun, in the singular for 1 only: '1 claimer', '0 claimers', '4 claimers'.
+
+    ``plural`` for a noun that does not take an s ('1 entry', '2 entries'); in a compound
+    such as 'finished job', the last word is the one made plural.
+    """
+    return f"{n} {noun if n == 1 else (plural or noun + 's')}"

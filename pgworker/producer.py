@@ -7,6 +7,7 @@ PostgreSQL docs, NOTIFY). Without one, a pooled connection in autocommit mode is
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 import psycopg
 
 from . import tracing
-from .errors import InvalidJob, PayloadError
+from .errors import InvalidJob, PayloadError, UnknownTask
 from .jobs import MAX_DELAY_SECONDS
 from .names import check_key, check_queue_name, check_task_name
 from .store import Store, atomic
@@ -115,15 +116,26 @@ def _delay_seconds(delay: "float | timedelta | None") -> float:
     return seconds
 
 
-def prepare(spec: JobSpec, tasks: dict[str, Task], max_payload_bytes: int) -> PreparedJob:
+# How many registered names an UnknownTask message lists when none is close to the typo.
+_KNOWN_TASKS_SHOWN = 10
+
+
+def prepare(spec: JobSpec, tasks: dict[str, Task], max_payload_bytes: int, *,
+            any_task: bool = False) -> PreparedJob:
     """Validate one job and resolve its defaults from the task, if registered here.
 
-    A task name this process did not register is fine (enqueue by name): the job then
-    takes the queue 'default' unless one is given, and 5 attempts.
+    ``tasks``: the App's registered tasks. When there are any, a task given by name must
+    be one of them (raises :class:`UnknownTask` naming the closest ones): an App that
+    knows its tasks can catch a typo that would otherwise only surface as a dead
+    UNKNOWN_TASK job on some worker. ``any_task=True``, or an App with no tasks (a pure
+    producer), enqueues any name: the job then takes the queue 'default' unless one is
+    given, and 5 attempts.
     """
     task = spec.task
     registered: Task | None = task if isinstance(task, Task) else tasks.get(task)  # type: ignore[arg-type]
     name = check_task_name(task.name if isinstance(task, Task) else task)
+    if registered is None and tasks and not any_task:
+        raise UnknownTask(unknown_task_message(name, tasks))
     queue = check_queue_name(spec.queue if spec.queue is not None
                              else (registered.queue if registered else "default"))
     priority = check_priority(spec.priority if spec.priority is not None
@@ -154,6 +166,21 @@ def prepare(spec: JobSpec, tasks: dict[str, Task], max_payload_bytes: int) -> Pr
         ordering_key=check_key("ordering_key", spec.ordering_key),
         dedupe_window_seconds=window if dedupe_key is not None else None,
         dead_blocks_key=ORDERING_ON_DEAD[on_dead])
+
+
+def unknown_task_message(name: str, tasks: dict[str, Task]) -> str:
+    """Why ``name`` is refused, the registered names closest to it (difflib), and how to
+    enqueue it anyway."""
+    close = difflib.get_close_matches(name, list(tasks), n=3, cutoff=0.6)
+    if close:
+        known = "did you mean " + " or ".join(repr(c) for c in close) + "?"
+    else:
+        names = sorted(tasks)
+        more = f" and {len(names) - _KNOWN_TASKS_SHOWN} more" if len(names) > _KNOWN_TASKS_SHOWN else ""
+        known = "its tasks: " + ", ".join(repr(n) for n in names[:_KNOWN_TASKS_SHOWN]) + more
+    return (f"task {name!r} is not registered on this App ({known}); nothing was enqueued. To enqueue "
+            "a task this App does not register (one another service's worker handles), pass "
+            "any_task=True (CLI: --any-task)")
 
 
 def enqueue_one(store: Store, conn: psycopg.Connection, job: PreparedJob,

@@ -558,6 +558,18 @@ class Store:
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)
         return cur.execute(self.queries["queues_list"]).fetchall()
 
+    def queue_usage(self, conn: psycopg.Connection, queue: str) -> dict[str, bool]:
+        """{'has_jobs': claimable, running or dead jobs, 'scheduled': a schedule enqueues
+        into it, 'configured': it has a settings row}."""
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["queue_usage"], {"queue": queue}).fetchone()
+
+    def delete_queue(self, conn: psycopg.Connection, queue: str, *, actor: str | None) -> dict[str, Any] | None:
+        """Delete the queue's settings row unless it is paused; returns the row as it was
+        with ``deleted`` (False: it is paused), or None when the queue has no row."""
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["queue_delete"], {"queue": queue, "actor": actor}).fetchone()
+
     def queue_events(self, conn: psycopg.Connection, queue: str, *, limit: int = 50) -> list[dict[str, Any]]:
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)
         return cur.execute(self.queries["queue_events_list"], {"queue": queue, "limit": limit}).fetchall()

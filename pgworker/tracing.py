@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, TextIO
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -250,7 +250,8 @@ def batch_span(kind: str, queue: str, count: int, **extra: Any) -> None:
     span.end()
 
 
-def configure_from_env(service_name: str = "pgworker") -> trace.TracerProvider | None:
+def configure_from_env(service_name: str = "pgworker", *,
+                       console_out: TextIO | None = None) -> trace.TracerProvider | None:
     """Set up an SDK tracer provider from the standard ``OTEL_*`` variables, if any.
 
     Returns the provider (flush it with ``force_flush()`` before exit), or None when no
@@ -258,6 +259,8 @@ def configure_from_env(service_name: str = "pgworker") -> trace.TracerProvider |
     endpoint), in which case spans stay non-recording and cost next to nothing.
     Exporters are loaded through the ``opentelemetry_traces_exporter`` entry points
     (``otlp`` needs ``pip install 'pgworker[otlp]'``; ``console`` is built in).
+    ``console_out``: where the ``console`` exporter writes (default stdout; a one-shot
+    command whose stdout is its result passes stderr).
     """
     names = os.environ.get("OTEL_TRACES_EXPORTER", "").strip()
     if not names and (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -281,7 +284,9 @@ def configure_from_env(service_name: str = "pgworker") -> trace.TracerProvider |
             log.warning("OTEL_TRACES_EXPORTER=%s: no such exporter installed (for otlp: "
                         "pip install 'pgworker[otlp]'); traces for it are off", name)
             continue
-        provider.add_span_processor(BatchSpanProcessor(ep.load()()))
+        exporter_class = ep.load()
+        exporter = exporter_class(out=console_out) if name == "console" and console_out else exporter_class()
+        provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     return provider
 
@@ -303,19 +308,20 @@ def instrument_psycopg() -> None:
         instr.instrument(**kwargs)
 
 
-def setup_process(enabled: bool, *, trace_sql: bool = False,
-                  service_name: str = "pgworker") -> trace.TracerProvider | None:
+def setup_process(enabled: bool, *, trace_sql: bool = False, service_name: str = "pgworker",
+                  console_out: TextIO | None = None) -> trace.TracerProvider | None:
     """Tracing for one pgworker process (the dispatcher, or a claimer after spawn).
 
     ``enabled=False`` (``--no-tracing``) installs a no-op provider for pgworker's spans.
     Otherwise an SDK provider is built from the ``OTEL_*`` variables when they configure
-    an exporter (see :func:`configure_from_env`), and ``trace_sql`` turns on the psycopg
-    instrumentation. Returns the provider to :func:`flush` before the process exits.
+    an exporter (see :func:`configure_from_env`, which ``console_out`` is passed to), and
+    ``trace_sql`` turns on the psycopg instrumentation. Returns the provider to
+    :func:`flush` before the process exits.
     """
     if not enabled:
         set_tracer_provider(trace.NoOpTracerProvider())
         return None
-    provider = configure_from_env(service_name)
+    provider = configure_from_env(service_name, console_out=console_out)
     if trace_sql:
         instrument_psycopg()
     return provider

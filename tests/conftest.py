@@ -38,6 +38,14 @@ def pytest_report_header(config):
         return f"postgresql: not found ({exc})"
 
 
+@pytest.fixture(autouse=True)
+def _worker_logs_in_tmp_path(tmp_path, monkeypatch):
+    """`pgworker run` subprocesses of a test (tests/worker.py) log under its tmp_path."""
+    import worker
+
+    monkeypatch.setattr(worker, "LOG_DIR", str(tmp_path))
+
+
 @pytest.fixture(scope="session")
 def pg_dsn() -> str:
     return _postgres()[0]

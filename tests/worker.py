@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -13,6 +14,10 @@ import psycopg
 from psycopg import sql
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Where a Worker's log goes unless the test says: the running test's tmp_path (set by an
+# autouse fixture in conftest.py), so the suite leaves no log files in /tmp; pytest keeps
+# the last few sessions' tmp_path folders, failed tests' logs included.
+LOG_DIR: str | None = None
 ACCEPTANCE_APP = os.path.join(HERE, "apps", "acceptance_app.py") + ":app"
 
 LEDGER_DDL = """
@@ -41,7 +46,8 @@ class Worker:
         self.cmd = [sys.executable, "-m", "pgworker.cli", "run", "--app", app, *args]
         if "--metrics-port" not in args:
             self.cmd += ["--metrics-port", "0"]
-        self.log_path = os.path.join(log_dir or "/tmp", f"pgworker-{name}-{os.getpid()}-{time.monotonic_ns()}.log")
+        self.log_path = os.path.join(log_dir or LOG_DIR or tempfile.gettempdir(),
+                                     f"pgworker-{name}-{os.getpid()}-{time.monotonic_ns()}.log")
         self.log = open(self.log_path, "w+")
         self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=subprocess.PIPE, stderr=self.log,
                                      start_new_session=True, text=True)

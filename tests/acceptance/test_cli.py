@@ -114,3 +114,15 @@ def test_output_cut_short_by_the_reader_exits_quietly(pg_dsn, schema):
     proc.stdout.close()
     assert proc.wait(60) == 141
     assert b"Traceback" not in proc.stderr.read()
+
+
+def test_an_abbreviated_flag_is_refused_not_guessed(pg_dsn, schema):
+    """`--prio` used to mean --priority and `--queue` on `run` failed as ambiguous: a typo
+    must never silently pick another flag, and adding a flag must not change old lines."""
+    cli(pg_dsn, schema, "migrate")
+    typo = cli(pg_dsn, schema, "enqueue", "t", "--prio", "5", check=False)
+    assert typo.returncode == 2 and "unrecognized arguments: --prio 5" in typo.stderr
+    assert js(cli(pg_dsn, schema, "jobs", "list", "--json")) == []  # nothing was enqueued
+    run = cli(pg_dsn, schema, "run", "--app", "x:app", "--queue", "emails", check=False)
+    assert run.returncode == 2 and "unrecognized arguments: --queue emails" in run.stderr
+    assert "ambiguous" not in run.stderr

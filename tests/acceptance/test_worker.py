@@ -271,7 +271,7 @@ def test_a_job_longer_than_the_batch_budget_does_not_stop_the_claimer(env, pg_ds
 
 def test_unknown_task_and_undecodable_payload_end_dead_with_a_code(env, pg_dsn, conn):
     schema = env.settings.schema
-    unknown = env.enqueue("no.such.task")
+    unknown = env.enqueue("no.such.task", any_task=True)  # a name this app does not register
     bad = env.enqueue("needs_point", {"x": 1})  # no "y"
     good = env.enqueue("needs_point", {"x": 1, "y": 2})
     with Worker(pg_dsn, schema, "--concurrency", "1", "--poll-interval", "0.2") as w:
@@ -362,3 +362,11 @@ def test_one_job_locked_for_long_does_not_hold_back_the_others(env, pg_dsn, conn
             wait_until(lambda: states(conn, schema).get("succeeded") == 19, 30)
         holder.rollback()
     assert q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", ids[0]) == [("pending",)]
+
+
+def test_a_workers_log_goes_to_the_tests_tmp_path(env, pg_dsn, tmp_path):
+    """The suite used to leave dozens of pgworker-worker-*.log files in /tmp."""
+    with Worker(pg_dsn, env.settings.schema, "--drain", "--concurrency", "1") as w:
+        assert w.wait(60) == 0
+    assert os.path.dirname(w.log_path) == str(tmp_path)
+    assert "drain mode" in w.logs()

@@ -5,11 +5,13 @@ from the CRDs in PGWORKER_CRD_DIR (strict: unknown fields are errors)."""
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
 
 import pytest
 import yaml
 
-from deploytools import (CUSTOM_KINDS, KUBERNETES_VERSION, crd_dir, crd_validators, documents, render_scenario,
+from deploytools import (CUSTOM_KINDS, KUBERNETES_VERSION, ROOT, crd_dir, crd_validators, documents, render_scenario,
                          run, scenario_documents, scenario_names, strict_schema, tool,
                          validate_custom_resource)
 
@@ -112,3 +114,31 @@ def test_strict_schema_transform():
     assert schema["properties"]["a"]["properties"]["b"]["type"] == ["string", "null"]
     assert "additionalProperties" not in schema["properties"]["free"]
     assert schema["properties"]["port"]["anyOf"] == [{"type": "integer"}, {"type": "string"}]
+
+
+def test_missing_crds_skip_naming_the_variable_unless_strict(monkeypatch, tmp_path):
+    """A user's clone has no CRD folder: the README's test command must pass there, so the
+    tests that need the CRDs skip with a reason naming PGWORKER_CRD_DIR; CI (strict) fails."""
+    monkeypatch.delenv("PGWORKER_STRICT", raising=False)
+    for configured in (None, str(tmp_path)):  # unset, or a folder without CRD files
+        if configured is None:
+            monkeypatch.delenv("PGWORKER_CRD_DIR", raising=False)
+        else:
+            monkeypatch.setenv("PGWORKER_CRD_DIR", configured)
+        with pytest.raises(pytest.skip.Exception, match="PGWORKER_CRD_DIR"):
+            crd_dir()
+    monkeypatch.setenv("PGWORKER_STRICT", "1")
+    with pytest.raises(pytest.fail.Exception, match="PGWORKER_CRD_DIR"):
+        crd_dir()
+
+
+def test_ci_points_the_crd_folder_at_the_shared_data_beside_the_repository():
+    """.ci/run exports PGWORKER_CRD_DIR as ../shared/k8s-crds (absolute), so CI validates the
+    custom resources strictly whatever folder it runs in."""
+    script = (ROOT / ".ci" / "run").read_text()
+    [line] = [ln for ln in script.splitlines() if ln.startswith("export PGWORKER_CRD_DIR=")]
+    value = subprocess.run(["bash", "-c", f"{line} && echo \"$PGWORKER_CRD_DIR\""], cwd=ROOT,
+                           env={k: v for k, v in os.environ.items() if k != "PGWORKER_CRD_DIR"},
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert value == str(ROOT.parent / "shared" / "k8s-crds")
+    assert script.index(line) < script.index('eval "${test_command}"')

@@ -10,7 +10,7 @@ import pytest
 from psycopg import sql
 
 from pgworker import (App, ConfigError, DatabaseUnavailable, InvalidName, JobSpec, PayloadError,
-                      SchemaNotMigrated, SchemaTooNew)
+                      SchemaNotMigrated, SchemaTooNew, UnknownTask)
 from pgworker.migrate import latest_version, migrate
 
 pytestmark = pytest.mark.integration
@@ -133,6 +133,32 @@ def test_registered_task_defaults(app):
     send.enqueue({"to": "a@example.com"})
     [job] = app.claim("emails")
     assert (job.max_attempts, job.priority) == (9, 3)
+
+
+def test_an_app_that_knows_its_tasks_refuses_a_typo(app, conn):
+    """A name the App does not register is refused with the closest names, before
+    anything is written; any_task=True enqueues it on purpose (a task another service
+    handles), and an App with no tasks (a pure producer) enqueues any name."""
+
+    @app.task(name="greet", queue="greetings")
+    def greet(payload):
+        return None
+
+    with pytest.raises(UnknownTask, match=r"task 'greeet' is not registered on this App \(did you mean "
+                                          r"'greet'\?\).*any_task=True"):
+        app.enqueue("greeet", {"to": "a"})
+    with pytest.raises(UnknownTask, match="its tasks: 'greet'"):
+        app.enqueue("zzz")
+    with pytest.raises(UnknownTask, match="greeet"):  # one bad item: nothing of the batch is written
+        app.enqueue_many([("greet", 1), JobSpec("greeet", 2)])
+    assert count(conn, app) == 0
+    other = app.enqueue("billing.charge", {"customer": 9}, any_task=True)
+    many = app.enqueue_many([("billing.charge", 1), ("greet", 2)], any_task=True)
+    assert [j.task for j in app.claim("default", limit=5)] == ["billing.charge", "billing.charge"]
+    assert [j.id for j in app.claim("greetings")] == [many[1]] and other < many[0]
+    producer = App(settings=app.settings)  # no tasks: enqueue by name, as before
+    producer.enqueue("anything.at.all")
+    producer.close()
 
 
 @pytest.mark.parametrize("kwargs, error", [

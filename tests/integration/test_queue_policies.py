@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgworker import ConfigError
+from pgworker import ConfigError, QueuePaused
 from worker import q
 
 pytestmark = pytest.mark.integration
@@ -139,6 +139,24 @@ def test_configure_queue_validates_and_audits(app):
     assert app.queue_events("default")[-1]["actor"] == "ops"
 
 
+def test_delete_queue_removes_its_settings_unless_paused_and_is_audited(app):
+    app.configure_queue("typo", concurrency_limit=3, rate_limit=2.0, actor="ops")
+    app.pause_queue("typo", actor="ops")
+    with pytest.raises(QueuePaused, match=r"queue 'typo' is paused .* by ops\): resume it first"):
+        app.delete_queue("typo", actor="ops")
+    assert [q["concurrency_limit"] for q in app.queue_settings()] == [3]  # nothing was changed
+    app.resume_queue("typo", actor="ops")
+    job = app.enqueue("t", queue="typo")
+    assert app.delete_queue("typo", actor="ops") == {
+        "concurrency_limit": 3, "rate_per_second": 2.0, "rate_burst": 2.0, "aging_seconds": None}
+    assert app.queue_settings() == [] and app.delete_queue("typo") is None
+    assert app.get_job(job)["state"] == "pending"  # jobs are untouched
+    assert app.queue_events("typo")[0]["kind"] == "deleted"
+    assert app.queue_usage("typo") == {"has_jobs": True, "scheduled": False, "configured": False,
+                                       "in_app": False}
+    assert app.queue_usage("default")["in_app"] and not app.queue_usage("nothing")["has_jobs"]
+
+
 def test_aging_claims_an_overdue_job_before_newer_high_priority_work(app, conn):
     schema = app.settings.schema
     low = app.enqueue("t", "low", priority=0)
@@ -258,3 +276,19 @@ def test_ordering_and_dedupe_statements_use_their_indexes(big, conn):
     assert "jobs_dedupe_key_idx" in holders and "Seq Scan" not in holders
     stats = _plan(conn, app.store.queries["queue_stats"], {"queues": ["default"]})
     assert "Seq Scan" not in stats
+    usage = json.loads(_plan(conn, app.store.queries["queue_usage"], {"queue": "nothing"}))  # `queue pause` asks
+    scanned = [n.get("Index Name") or n["Node Type"] for n in _nodes(usage) if n.get("Relation Name") == "jobs"]
+    assert len(scanned) == 3 and all(name.endswith("_idx") for name in scanned), scanned  # no Seq Scan of jobs
+
+
+def _nodes(plan):
+    """Every node of an EXPLAIN (FORMAT JSON) plan."""
+    if isinstance(plan, list):
+        for item in plan:
+            yield from _nodes(item)
+    elif isinstance(plan, dict):
+        if "Node Type" in plan:
+            yield plan
+        for value in plan.values():
+            if isinstance(value, (list, dict)):
+                yield from _nodes(value)

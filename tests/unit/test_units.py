@@ -130,3 +130,10 @@ def test_settings_validate_and_read_the_environment():
     with pytest.raises(ConfigError, match="two renewal intervals"):
         Settings.from_env(environ={}, lease_seconds=10, renew_interval_seconds=6)
     assert "hunter2" not in str(Settings(dsn="postgresql://u:hunter2@h/d").describe())
+
+
+def test_quantity_words_a_count():
+    from pgworker.names import quantity
+
+    assert [quantity(n, "claimer") for n in (0, 1, 2)] == ["0 claimers", "1 claimer", "2 claimers"]
+    assert quantity(1, "finished job") == "1 finished job" and quantity(3, "entry", "entries") == "3 entries"

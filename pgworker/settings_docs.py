@@ -1,0 +1,386 @@
+"""docs/configuration.md, rendered from the code that defines each setting.
+
+``python -m pgworker.settings_docs > docs/configuration.md`` regenerates the file; a test
+fails when the committed copy differs. The sources: :class:`pgworker.Settings` (each
+field's environment variable, default and metadata ``help``/``unit``), the command
+line's parser (``pgworker.cli.build_parser`` and its tables of flags that set a field),
+the retry defaults (:class:`pgworker.RetryPolicy`, which the reaper applies too), and the
+options of ``@app.task`` (:data:`TASK_OPTIONS`, checked against ``App.task``'s
+signature). Variables read outside ``Settings`` are listed in :data:`OTHER_VARIABLES`
+and :data:`TEST_VARIABLES`; a test checks that every ``PGWORKER_*`` name the project
+reads is in the rendered file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+
+from . import cli
+from .app import App
+from .config import Settings
+from .retry import RetryPolicy
+from .tasks import DEFAULT_MAX_ATTEMPTS
+
+#: Variables of the command line and the library that are not Settings fields:
+#: (variable, the flag it is the default of, default, meaning).
+OTHER_VARIABLES: tuple[tuple[str, str, str, str], ...] = (
+    ("PGWORKER_APP", "--app", "none", "Your App, as `--app` takes it: `package.module:app`, "
+     "`path/to/file.py:app`, or `package.module:create_app()` for a factory."),
+    ("PGWORKER_LOG_LEVEL", "--log-level", "INFO", "Log level of `pgworker run`: DEBUG, INFO, WARNING or ERROR."),
+    ("PGWORKER_LOG_FORMAT", "--log-format", "text", "Log lines of `pgworker run` as text, or `json` "
+     "(one object a line)."),
+    ("PGWORKER_ACTOR", "", "user@host", "Who operator actions (cancel, replay, queue pause, resume, set, "
+     "delete) are recorded as, in `job_events` and `queue_events`; the API's `actor=` wins."),
+    ("PGWORKER_DEMO_DIR", "", "set by `pgworker demo`", "The demo worker's output folder (internal to the demo)."),
+    ("PGWORKER_DEMO_URL", "", "set by `pgworker demo`", "The demo's webhook endpoint (internal to the demo)."),
+)
+
+#: Variables of the test suite and the benchmarks: (variable, default, meaning).
+TEST_VARIABLES: tuple[tuple[str, str, str], ...] = (
+    ("PGWORKER_TEST_DSN", "see the README", "The PostgreSQL the tests use; else a testcontainers server, "
+     "the server on 127.0.0.1:5432, a throwaway `initdb` cluster or the embedded one."),
+    ("PGWORKER_STRICT", "off", "`1`: a missing tool or data (promtool, pgbouncer, the CRDs, ...) fails its "
+     "tests instead of skipping them; `.ci/run` sets it."),
+    ("PGWORKER_CRD_DIR", "none: those tests skip", "Folder of the CustomResourceDefinitions (KEDA, "
+     "Prometheus Operator) the chart's custom resources are validated against; `.ci/run` sets it to "
+     "`../shared/k8s-crds`."),
+    ("PGWORKER_BACKLOG_JOBS", "200000", "Jobs in the backlog of the memory-bound acceptance test."),
+    ("PGWORKER_CHAOS_SEED", "11", "Seed of the chaos soak test."),
+    ("PGWORKER_OUTAGE_SECONDS", "37", "Length of the database outage in the outage test, in seconds."),
+    ("PGWORKER_BENCH_DSN", "PGWORKER_DSN, else 127.0.0.1:5432/test", "The PostgreSQL the benchmarks measure."),
+)
+
+#: ``@app.task(...)`` options: name -> (unit, meaning). Defaults come from the signature
+#: of ``App.task`` and the :class:`pgworker.Task` dataclass.
+TASK_OPTIONS: dict[str, tuple[str, str]] = {
+    "name": ("text", "The task's name, stored with each job (default: `module.function`)."),
+    "queue": ("name", "The queue its jobs go to, unless `enqueue(queue=...)` says otherwise."),
+    "max_attempts": ("attempts", "Attempts before a job is dead (1 to 1,000,000)."),
+    "retry": ("RetryPolicy", "The backoff between attempts: see Retries."),
+    "timeout": ("seconds", "An attempt running longer fails with TIMEOUT (an async handler is cancelled, "
+                "a sync one's claimer process replaced)."),
+    "max_runtime": ("seconds", "The lease is not renewed past this age (default: the worker's "
+                    "`max_runtime_seconds`)."),
+    "renew": ("`alive` or `progress`", "Renew the lease while the claimer lives, or only while the handler "
+              "reported progress (`ctx.heartbeat()`) within the last lease."),
+    "priority": ("integer", "Higher runs first, -32768 to 32767."),
+    "permanent_errors": ("exception types", "Exceptions that make the job dead at once, without retries."),
+    "payload_type": ("callable", "Decodes the payload (a dataclass, say); a failure makes the job dead "
+                     "with PAYLOAD_INVALID."),
+    "ordering_on_dead": ("`block` or `skip`", "Whether a dead job of an ordering key holds the key's later "
+                         "jobs until replayed or discarded."),
+    "dedupe_window": ("seconds", "How long after success a job keeps its dedupe key held."),
+    "schedule": ("cron expression", "Enqueue a job (payload None) at every slot of this five-field cron "
+                 "expression: see docs/scheduling.md."),
+    "schedule_tz": ("IANA time zone", "The zone the cron expression is read in."),
+    "schedule_missed": ("`latest` or `skip`", "After downtime, run the latest missed slot once, or skip it."),
+}
+
+DURATION = "duration"
+_DURATION_LEGEND = ("a **duration** is a number of seconds, or a number with a unit: `250ms`, `30s`, "
+                    "`15m`, `12h`, `7d`, `2w`")
+
+
+def _g(value: float) -> str:
+    return f"{value:g}"
+
+
+def _code(text: str) -> str:
+    return f"`{text}`"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+# -- settings -----------------------------------------------------------------------------
+
+
+def setting_unit(f: dataclasses.Field) -> str:
+    """The unit of a setting: its metadata ``unit``, else from its name's suffix or type."""
+    if f.metadata.get("unit"):
+        return f.metadata["unit"]
+    if f.name.endswith("_seconds"):
+        return "seconds"
+    if f.name.endswith("_bytes"):
+        return "bytes"
+    if f.type in (bool, "bool"):  # a string under `from __future__ import annotations`
+        return "true or false"
+    raise ValueError(f"Settings.{f.name}: give its unit in the field's metadata (_env(..., unit=...))")
+
+
+def setting_default(f: dataclasses.Field) -> str:
+    if f.metadata.get("default_text"):
+        return f.metadata["default_text"]
+    if f.default is dataclasses.MISSING:
+        raise ValueError(f"Settings.{f.name}: a default_factory needs default_text in its metadata")
+    if isinstance(f.default, bool):
+        return "true" if f.default else "false"
+    if isinstance(f.default, float):
+        return _g(f.default)
+    if isinstance(f.default, int) and f.default >= 10_000:
+        return f"{f.default:,}"
+    if f.default is None:
+        return "none"
+    return str(f.default)
+
+
+def _run_flags() -> dict[str, list[str]]:
+    """Settings field -> the flags of `pgworker run` that set it."""
+    run = _commands(cli.build_parser())["run"]
+    out: dict[str, list[str]] = {}
+    for action in run._actions:
+        if action.dest in cli.SETTING_FLAGS:
+            out.setdefault(cli.SETTING_FLAGS[action.dest], []).extend(action.option_strings)
+        elif action.dest in cli.SETTING_SWITCHES:
+            out.setdefault(cli.SETTING_SWITCHES[action.dest][0], []).extend(action.option_strings)
+    return out
+
+
+def setting_row(f: dataclasses.Field, flags: dict[str, list[str]]) -> str:
+    """One setting's row of the table; raises ValueError when its metadata lacks help."""
+    if not f.metadata.get("help"):
+        raise ValueError(f"Settings.{f.name}: give it help in the field's metadata (_env(..., help=...))")
+    flag = ", ".join(_code(x) for x in flags.get(f.name, [])) or "-"
+    return (f"| `{f.name}` | `{f.metadata['env']}` | {flag} | {_cell(setting_default(f))} | "
+            f"{_cell(setting_unit(f))} | {_cell(f.metadata['help'])} |")
+
+
+def _settings_table() -> list[str]:
+    flags = _run_flags()
+    lines = ["| setting | variable | flag | default | unit | meaning |", "|---|---|---|---|---|---|"]
+    lines += [setting_row(f, flags) for f in dataclasses.fields(Settings)]
+    return lines
+
+
+# -- the command line ---------------------------------------------------------------------
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """{'run': parser, 'queue set': parser, ...}: every command that takes options
+    (a command with subcommands is listed, too, when it runs one by default)."""
+    out: dict[str, argparse.ArgumentParser] = {}
+
+    def walk(p: argparse.ArgumentParser, path: str) -> None:
+        if path:
+            out[path] = p
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{path} {name}".strip())
+
+    walk(parser, "")
+    return out
+
+
+def _command_help(parser: argparse.ArgumentParser) -> dict[str, str]:
+    out: dict[str, str] = {}
+
+    def walk(p: argparse.ArgumentParser, path: str) -> None:
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for choice in action._choices_actions:
+                    out[f"{path} {choice.dest}".strip()] = choice.help or ""
+                for name, sub in action.choices.items():
+                    walk(sub, f"{path} {name}".strip())
+
+    walk(parser, "")
+    return out
+
+
+COMMON = ("dsn", "schema", "app", "json")
+
+
+def _value(action: argparse.Action) -> str:
+    """What a flag takes."""
+    if action.nargs == 0:
+        return "switch"
+    if action.choices:
+        return " or ".join(_code(str(c)) for c in action.choices)
+    kind = {cli.parse_duration: DURATION, cli._duration_or_none: f"{DURATION} or `none`", int: "integer",
+            float: "number", cli._int_or_none: "integer or `none`",
+            cli._float_or_none: "number or `none`"}.get(action.type, "text")
+    return kind + {"*": ", any number", "+": ", one or more"}.get(str(action.nargs), "")
+
+
+def _flag_default(action: argparse.Action, command: str) -> str:
+    settings = {f.name: f for f in dataclasses.fields(Settings)}
+    setting_flag = action.dest in cli.SETTING_FLAGS and (command == "run" or action.dest in ("dsn", "schema"))
+    if setting_flag:
+        f = settings[cli.SETTING_FLAGS[action.dest]]
+        return f"`{f.metadata['env']}`, else {setting_default(f)}"
+    if action.dest in cli.ENV_FLAGS:
+        variable, default = cli.ENV_FLAGS[action.dest]
+        return f"`{variable}`" + (f", else {default}" if default else "")
+    if action.dest in cli.SETTING_SWITCHES and command == "run":
+        name, _ = cli.SETTING_SWITCHES[action.dest]
+        return f"off (`{settings[name].metadata['env']}`)"
+    if action.nargs in ("*", "?"):
+        return "-"  # argparse marks a '*' positional required, yet none is needed
+    if action.required:
+        return "required"
+    if action.nargs == 0:
+        return "off"
+    if action.default is None or action.default is cli._ABSENT:
+        return "-"
+    return f"{action.default:,}" if isinstance(action.default, int) else str(action.default)
+
+
+def _flag_name(action: argparse.Action) -> str:
+    """The flag as typed (what it takes is in the value column), or a positional's name."""
+    if action.option_strings:
+        return ", ".join(_code(o) for o in action.option_strings)
+    name = action.metavar or action.dest.upper()
+    return _code(f"{name} ..." if action.nargs in ("*", "+") else name)
+
+
+def _options_table(actions: list[argparse.Action], command: str) -> list[str]:
+    lines = ["| flag | value | default | meaning |", "|---|---|---|---|"]
+    for action in actions:
+        lines.append(f"| {_flag_name(action)} | {_value(action)} | {_cell(_flag_default(action, command))} | "
+                     f"{_cell(action.help or '')} |")
+    return lines
+
+
+def _commands_section() -> list[str]:
+    parser = cli.build_parser()
+    helps = _command_help(parser)
+    commands = _commands(parser)
+    run = commands["run"]
+    common = [a for a in run._actions if a.dest in COMMON]
+    lines = ["## Commands and their flags", "",
+             f"Every flag is spelled out in full (no abbreviations); {_DURATION_LEGEND}. "
+             "Exit codes: 0 success, 1 error, 2 bad usage, 75 a drain run hit its deadline with due work "
+             "left, 130 interrupted (Ctrl-C), 141 output cut short by its reader (`| head`).", "",
+             "### Options of every command", ""]
+    lines += _options_table(common, "")
+    for path, p in commands.items():
+        own = [a for a in p._actions if a.dest not in COMMON and not isinstance(
+            a, (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction))]
+        text = helps.get(path, "").rstrip(".")
+        lines += ["", f"### `pgworker {path}`", "", text[:1].upper() + text[1:] + "."]
+        if own:
+            lines += [""] + _options_table(own, path)
+    return lines
+
+
+# -- retries and tasks ----------------------------------------------------------------------
+
+
+def _retry_section() -> list[str]:
+    policy = RetryPolicy()
+    rows = [("base_seconds", "seconds", "the wait after the first failed attempt, before jitter"),
+            ("factor", "multiplier", "each further retry waits this many times longer"),
+            ("max_seconds", "seconds", "the cap of the wait, before jitter"),
+            ("jitter", "fraction, 0-1", "up to this fraction of the wait is taken off at random, so that "
+                                        "jobs failing together do not retry together")]
+    lines = ["## Retries", "",
+             "A failed attempt (an exception other than `pgworker.Permanent`) is retried after",
+             "`min(max_seconds, base_seconds * factor ** (n - 1)) * (1 - jitter * random())` seconds, n being",
+             "the attempt that failed, until the job's attempts (`max_attempts`, default "
+             f"{DEFAULT_MAX_ATTEMPTS}) are spent; it is then",
+             "dead. `pgworker.RetryPolicy` (pgworker/retry.py), given per task as `@app.task(retry=...)`:", "",
+             "| field | default | unit | meaning |", "|---|---|---|---|"]
+    for name, unit, meaning in rows:
+        lines.append(f"| `{name}` | {_g(getattr(policy, name))} | {unit} | {meaning} |")
+    waits = []
+    for n in range(1, DEFAULT_MAX_ATTEMPTS):
+        longest = policy.delay(n, rng=lambda: 0.0)
+        waits.append(f"{_g(longest * (1 - policy.jitter))}-{_g(longest)} s")
+    capped = next(n for n in range(1, 64) if policy.delay(n, rng=lambda: 0.0) >= policy.max_seconds)
+    lines += [
+        "",
+        f"With the defaults, the retries of a job with {DEFAULT_MAX_ATTEMPTS} attempts wait "
+        f"{', '.join(waits)}; from the retry after attempt {capped} on, every wait is "
+        f"{_g(policy.max_seconds * (1 - policy.jitter))}-{_g(policy.max_seconds)} s.",
+        "",
+        "```python",
+        "@app.task(name=\"sync_crm\", max_attempts=10,",
+        "          retry=pgworker.RetryPolicy(base_seconds=5, factor=3, max_seconds=600, jitter=1.0))",
+        "def sync_crm(payload): ...",
+        "```",
+        "",
+        "A handler can also decide: `raise pgworker.Retry(after=seconds)` waits that long instead (the "
+        "attempt counts), `raise pgworker.Snooze(seconds)` runs the job again later without spending an "
+        "attempt, `raise pgworker.Permanent(reason)` makes it dead at once; `permanent_errors=` and "
+        "`App(classify_error=...)` classify exceptions.",
+        "",
+        "A job whose lease expired (its claimer died or stalled; the attempt counts) is put back by the "
+        "reaper after the same policy, its task's (the default policy for a task the worker does not know): "
+        "one policy per task, however the attempt ended; dead with `LEASE_EXPIRED` once its attempts are spent.",
+    ]
+    return lines
+
+
+def _task_section() -> list[str]:
+    params = [p for p in inspect.signature(App.task).parameters.values() if p.name not in ("self", "func")]
+    missing = [p.name for p in params if p.name not in TASK_OPTIONS]
+    if missing:
+        raise ValueError(f"@app.task options without an entry in settings_docs.TASK_OPTIONS: {missing}")
+    task_fields = {f.name: f for f in dataclasses.fields(__import__("pgworker").Task)}
+    lines = ["## Task options", "",
+             "`@app.task(...)` (see `App.task`); `enqueue(...)` takes `queue`, `priority`, `max_attempts`, "
+             "`ordering_on_dead` and `dedupe_window` per job too.", "",
+             "| option | default | unit | meaning |", "|---|---|---|---|"]
+    for p in params:
+        default = p.default
+        if default is None and p.name in task_fields:
+            f = task_fields[p.name]
+            default = f.default if f.default is not dataclasses.MISSING else None
+        if p.name == "retry":
+            text = "`RetryPolicy()`"
+        elif p.name == "queue":
+            text = "`default`"
+        elif default is None or default == ():
+            text = "none"
+        else:
+            text = f"`{default}`" if isinstance(default, str) else _g(default) if isinstance(default, float) \
+                else str(default)
+        unit, meaning = TASK_OPTIONS[p.name]
+        lines.append(f"| `{p.name}` | {text} | {unit} | {_cell(meaning)} |")
+    return lines
+
+
+def render() -> str:
+    """docs/configuration.md. Raises ValueError when a setting lacks its help or unit, or
+    an ``@app.task`` option has no entry in :data:`TASK_OPTIONS`."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "<!-- Generated by `python -m pgworker.settings_docs > docs/configuration.md` from",
+        "     pgworker/config.py, pgworker/cli.py and pgworker/retry.py; a test fails when it is stale. -->",
+        "",
+        "Every setting, environment variable and command-line flag, with its default and unit.",
+        "",
+        "Where a value comes from: a command-line flag wins; otherwise the App's settings apply.",
+        "`App()` (and every command run without `--app`) reads the `PGWORKER_*` variables,",
+        "`App(settings=Settings(...))` takes yours, and `Settings.from_env(**overrides)` reads the",
+        "variables with your keyword overrides winning. An empty variable counts as unset. Booleans",
+        "read `1`/`true`/`yes`/`on` or `0`/`false`/`no`/`off`. A bad value stops the process at",
+        "start-up with the name of the setting to fix.",
+        "",
+        "## Settings (`pgworker.Settings`)",
+        "",
+    ]
+    lines += _settings_table()
+    lines += ["", "## Other variables", "",
+              "| variable | flag | default | meaning |", "|---|---|---|---|"]
+    for variable, flag, default, meaning in OTHER_VARIABLES:
+        lines.append(f"| `{variable}` | {_code(flag) if flag else '-'} | {_cell(default)} | {_cell(meaning)} |")
+    lines += ["", "The OpenTelemetry SDK reads the standard `OTEL_*` variables (`OTEL_TRACES_EXPORTER`,",
+              "`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_SERVICE_NAME`, `OTEL_TRACES_SAMPLER`, ...): see",
+              "docs/observability.md.", ""]
+    lines += _retry_section()
+    lines += [""] + _task_section()
+    lines += [""] + _commands_section()
+    lines += ["", "## Variables of the tests and benchmarks", "",
+              "| variable | default | meaning |", "|---|---|---|"]
+    for variable, default, meaning in TEST_VARIABLES:
+        lines.append(f"| `{variable}` | {_cell(default)} | {_cell(meaning)} |")
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+if __name__ == "__main__":  # python -m pgworker.settings_docs > docs/configuration.md
+    print(render(), end="")

@@ -1,0 +1,39 @@
+-- Queues as operators name them: is a name in use, and deleting a queue's settings row.
+-- {schema} is the quoted schema name; values are always %(name)s parameters.
+
+-- name: queue_usage
+-- Whether anything uses a queue name, for the warning on pausing or configuring one that
+-- looks like a typo: claimable, running or dead jobs (each arm on its partial index:
+-- jobs_due_idx, jobs_running_idx, jobs_dead_idx; finished jobs have no index by queue and
+-- are not counted), a schedule that enqueues into it, and its settings row.
+SELECT EXISTS (SELECT 1 FROM {schema}.jobs WHERE queue = %(queue)s AND state = 'pending' AND NOT blocked)
+       OR EXISTS (SELECT 1 FROM {schema}.jobs WHERE queue = %(queue)s AND state = 'running')
+       OR EXISTS (SELECT 1 FROM {schema}.jobs WHERE queue = %(queue)s AND state = 'dead') AS has_jobs,
+       EXISTS (SELECT 1 FROM {schema}.schedules WHERE queue = %(queue)s) AS scheduled,
+       EXISTS (SELECT 1 FROM {schema}.queues WHERE name = %(queue)s) AS configured;
+
+-- name: queue_delete
+-- Delete a queue's settings row (pause, concurrency and rate limits, token bucket, aging
+-- bound), unless the queue is paused: deleting the row would resume it without a
+-- 'resumed' event or a wake-up, so a paused queue must be resumed first. Jobs are not
+-- touched: the queue's jobs run without policies, as in any queue without a row. The
+-- target row is locked first, so a pause committing meanwhile is seen. Returns the row as
+-- it was (deleted: whether it went; no row at all: the queue had none). Audited in
+-- queue_events with the settings it had.
+WITH target AS (
+    SELECT q.name, q.paused_at, q.paused_by FROM {schema}.queues AS q
+    WHERE q.name = %(queue)s FOR UPDATE
+), deleted AS (
+    DELETE FROM {schema}.queues AS q USING target AS t
+    WHERE q.name = t.name AND t.paused_at IS NULL
+    RETURNING q.name, q.concurrency_limit, q.rate_per_second, q.rate_burst, q.aging_seconds
+), audit AS (
+    INSERT INTO {schema}.queue_events (queue, kind, actor, detail)
+    SELECT d.name, 'deleted', %(actor)s, jsonb_build_object(
+        'concurrency_limit', d.concurrency_limit, 'rate_per_second', d.rate_per_second,
+        'rate_burst', d.rate_burst, 'aging_seconds', d.aging_seconds)
+    FROM deleted AS d
+)
+SELECT t.name, t.paused_at, t.paused_by, d.name IS NOT NULL AS deleted, d.concurrency_limit,
+       d.rate_per_second, d.rate_burst, d.aging_seconds
+FROM target AS t LEFT JOIN deleted AS d ON true;

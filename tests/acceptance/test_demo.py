@@ -1,0 +1,69 @@
+"""`pgworker demo`, the README's first command, run as a user would: a small workload
+through the real CLI, with the embedded PostgreSQL and with a server of one's own."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.acceptance
+
+
+def demo(tmp_path, *args, dsn=None):
+    """Run the demo with its temporary files (worker log, outputs, embedded server) under
+    tmp_path, so the test leaves nothing in /tmp."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGWORKER_")}
+    env["TMPDIR"] = str(tmp_path)
+    if dsn:
+        env["PGWORKER_DSN"] = dsn
+    proc = subprocess.run([sys.executable, "-m", "pgworker.cli", "demo", "--jobs", "20", "--concurrency", "1",
+                           *args], env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def dead_job_in_the_log(out):
+    log = re.search(r"worker log \(.*\): (\S+)", out).group(1)
+    with open(log) as f:
+        return re.search(r"see `pgworker jobs show (\d+)`", f.read()).group(1)
+
+
+def test_the_embedded_database_is_gone_and_the_closing_hint_says_so(tmp_path):
+    out = demo(tmp_path)
+    dead_job_in_the_log(out)  # the log does name jobs to inspect...
+    assert "pgworker jobs show" not in out  # ...but the demo points at no database that is gone
+    assert "the embedded PostgreSQL was deleted at exit" in out and "`pgworker demo --keep`" in out
+
+
+def test_a_kept_embedded_database_answers_the_printed_commands(tmp_path):
+    out = demo(tmp_path, "--keep")
+    dsn = re.search(r"PGWORKER_DSN='([^']+)' pgworker jobs show ID", out).group(1)
+    stop = out.rstrip().splitlines()[-1].strip()
+    try:
+        job = dead_job_in_the_log(out)
+        shown = subprocess.run([sys.executable, "-m", "pgworker.cli", "jobs", "show", job, "--json"],
+                               env=dict(os.environ, PGWORKER_DSN=dsn), capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0 and '"state": "dead"' in shown.stdout, shown.stderr
+    finally:
+        subprocess.run(stop, shell=True, capture_output=True, timeout=60)
+    datadir = re.search(r"host=([^&'\s]+)", dsn).group(1)
+    assert not os.path.exists(datadir)  # the printed command stopped and deleted it
+
+
+def test_with_a_server_of_ones_own_the_hint_names_the_schema(tmp_path, pg_dsn, schema):
+    out = demo(tmp_path, "--schema", schema, dsn=pg_dsn)  # the demo takes --schema only, not PGWORKER_SCHEMA
+    assert f"`pgworker jobs show ID --schema {schema}` (same DSN)" in out
+    # its wording: one claimer, not "1 claimers"; jobs held by claimers counted as claimed
+    # (a claimed job's handler may not have started yet), not as running
+    assert "starting `pgworker run` with 1 claimer..." in out
+    progress = [line for line in out.splitlines() if line.startswith("[")]
+    assert progress and all(re.search(r"finished  claimed +\d+  pending", line) for line in progress)
+    assert not any("running" in line for line in progress)
+    job = dead_job_in_the_log(out)
+    shown = subprocess.run([sys.executable, "-m", "pgworker.cli", "jobs", "show", job, "--schema", schema],
+                           env=dict(os.environ, PGWORKER_DSN=pg_dsn), capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "PAYLOAD_INVALID" in shown.stdout, shown.stderr

@@ -1,0 +1,92 @@
+"""The command line's parser itself: no abbreviations, and every command and flag the
+README gives exists as written."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from pgworker.cli import build_parser
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+
+
+def _subparsers(parser):
+    """{command path: its parser}, every level ('queue set' included)."""
+    out = {}
+
+    def walk(p, path):
+        out[path] = p
+        for action in p._actions:
+            if action.__class__.__name__ == "_SubParsersAction":
+                for name, sub in action.choices.items():
+                    walk(sub, f"{path} {name}".strip())
+
+    walk(parser, "")
+    return out
+
+
+def test_no_parser_accepts_abbreviations():
+    for path, p in _subparsers(build_parser()).items():
+        assert p.allow_abbrev is False, f"`pgworker {path}` accepts abbreviated flags"
+
+
+def test_every_command_line_in_the_readme_parses():
+    blocks = re.findall(r"^```[a-z]*\n(.*?)^```", README.read_text(), re.MULTILINE | re.DOTALL)
+    commands = [line.split("#")[0].strip() for block in blocks for line in block.splitlines()
+                if line.startswith("pgworker ")]
+    assert len(commands) >= 10
+    parser = build_parser()
+    for command in commands:
+        try:
+            parser.parse_args(shlex.split(command)[1:])
+        except SystemExit:
+            pytest.fail(f"the README's `{command}` does not parse")
+
+
+def test_flags_the_readme_pairs_with_a_variable_are_flags_of_run():
+    """'`--queues`/`PGWORKER_QUEUES`': the README names a worker setting by its flag and its
+    variable; the flag must be one of `pgworker run`, and set that variable's setting."""
+    from pgworker.cli import ENV_FLAGS, SETTING_FLAGS
+    from pgworker.config import env_var_names
+
+    pairs = re.findall(r"`(--[a-z-]+)`/`(PGWORKER_[A-Z_]+)`", README.read_text())
+    assert pairs
+    run = _subparsers(build_parser())["run"]
+    for flag, variable in pairs:
+        assert flag in run._option_string_actions, f"README: {flag} (with {variable}) is not a flag of `pgworker run`"
+        dest = run._option_string_actions[flag].dest
+        named = env_var_names().get(SETTING_FLAGS.get(dest, "")) or ENV_FLAGS.get(dest, ("",))[0]
+        assert named == variable, f"README: {flag} sets {named or 'no variable'}, not {variable}"
+
+
+def test_every_command_and_flag_has_help():
+    for path, p in _subparsers(build_parser()).items():
+        for action in p._actions:
+            if action.__class__.__name__ == "_SubParsersAction":
+                listed = {a.dest for a in action._choices_actions}
+                assert listed == set(action.choices), f"`pgworker {path}`: no help line for " \
+                                                      f"{sorted(set(action.choices) - listed)}"
+                continue
+            assert action.help, f"`pgworker {path}`: {action.option_strings or action.dest} has no help"
+
+
+def test_help_shows_no_internal_names(tmp_path):
+    """`queue set --help` used to show `--concurrency LIMIT_CONCURRENCY`: the dest names
+    that keep it apart from `run --concurrency`, not what to type."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "pgworker.cli", "queue", "set", "--help"], capture_output=True,
+                         text=True, check=True).stdout
+    assert "LIMIT_" not in out
+    assert "--concurrency N" in out and "--aging DURATION" in out
+    dead = subprocess.run([sys.executable, "-m", "pgworker.cli", "dead", "--help"], capture_output=True,
+                          text=True, check=True).stdout
+    assert "    list " in dead  # the default subcommand has its line too
