@@ -7,6 +7,8 @@
   was enqueued; a failure lists what was enqueued instead.
 - :func:`throwaway_schema` and :func:`bind`: a migrated schema of the test's own, and
   your module-level App pointed at it for the test.
+- The pytest plugin (:mod:`pgworker.testing.plugin`, loaded automatically) provides
+  the fixtures ``pgworker_dsn``, ``pgworker_schema`` and ``pgworker_app``.
 
 Importing this module does not import pytest.
 """
