@@ -10,7 +10,7 @@
 - The pytest plugin (:mod:`pgworker.testing.plugin`, loaded automatically) provides
   the fixtures ``pgworker_dsn``, ``pgworker_schema`` and ``pgworker_app``.
 
-Importing this module does not import pytest.
+See docs/testing.md. Importing this module does not import pytest.
 """
 
 from .drain import DEFAULT_MAX_JOBS, DrainedAttempt, DrainLimitExceeded, DrainResult, drain

@@ -1,10 +1,13 @@
 """The pytest plugin (pgworker.testing.plugin) as users meet it: its fixtures, and the
-errors they give first (no DSN, an ini option that names no App), in a pytest run of its
-own that loads the plugin from the installed entry point."""
+errors they give first (no DSN, an ini option that names no App), in pytest runs of their
+own that load the plugin from the installed entry point. And docs/testing.md, which
+cannot rot: its example files run the same way, exactly as a user would copy them, and
+its sample failure message is compared with the real one."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,15 +15,25 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pgworker.testing import drain
+from pgworker.testing import assert_enqueued, drain
 
 pytestmark = pytest.mark.integration
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "testing.md"
+BLOCK = re.compile(r"<!-- (example|example-alternative): (\S+) -->\n```\w*\n(.*?)```", re.S)
 
 
 @pytest.fixture(scope="session")
 def pgworker_dsn(pg_dsn):
     """The plugin's fixtures on the suite's own server (the plugin alone reads the environment)."""
     return pg_dsn
+
+
+def doc_files(*kinds: str) -> dict[str, str]:
+    """The files of docs/testing.md's example blocks of these kinds, by file name."""
+    files = {name: body for kind, name, body in BLOCK.findall(DOC.read_text()) if kind in kinds}
+    assert files, f"no {kinds} blocks in {DOC}"
+    return files
 
 
 def run_pytest(folder: Path, env_dsn: str | None) -> subprocess.CompletedProcess:
@@ -126,3 +139,34 @@ def test_an_ini_option_naming_no_app_says_so(tmp_path, pg_dsn):
     assert run.returncode == 1, run.stdout + run.stderr
     assert "the ini option pgworker_app = 'no_such_module:app' does not name a pgworker.App" in run.stdout
     assert "cannot import 'no_such_module'" in run.stdout
+
+
+# -- docs/testing.md ----------------------------------------------------------------------
+
+
+def test_the_documented_example_passes_as_written(tmp_path, pg_dsn):
+    files = doc_files("example")
+    assert set(files) == {"shop.py", "pytest.ini", "test_shop.py"}
+    write(tmp_path, files)
+    before = schemas_left(pg_dsn)
+    run = run_pytest(tmp_path, pg_dsn)
+    assert run.returncode == 0 and "4 passed" in run.stdout, run.stdout + run.stderr
+    assert schemas_left(pg_dsn) == before  # each test's schema was dropped
+
+
+def test_the_documented_conftest_alternative_passes(tmp_path, pg_dsn):
+    files = {**doc_files("example"), **doc_files("example-alternative")}
+    files["pytest.ini"] = "[pytest]\n"  # no pgworker_app option: the conftest binds the App
+    write(tmp_path, files)
+    run = run_pytest(tmp_path, pg_dsn)
+    assert run.returncode == 0 and "4 passed" in run.stdout, run.stdout + run.stderr
+
+
+def test_the_documented_failure_message_is_the_real_one(app):
+    documented = re.search(r"```\nAssertionError: (.*?)\n```", DOC.read_text(), re.S).group(1)
+    app.enqueue("send_email", {"to": "b@example.com", "extra": 1}, queue="emails")
+    app.enqueue("send_email", {"to": "a@example.com"}, queue="default")
+    app.enqueue("report", {})
+    with pytest.raises(AssertionError) as caught:
+        assert_enqueued(app, "send_email", {"to": "a@example.com"}, queue="emails")
+    assert str(caught.value) == documented
