@@ -13,7 +13,10 @@ Every step is the worker's own code, not a copy of its rules:
   it (:func:`~pgworker.worker.outcome.written_outcome`).
 
 What a drain leaves out, because nothing runs beside the test: no lease renewal (a
-lease only matters to a reaper, and none runs), no hard limits (an async handler's
+lease only matters to a reaper, and none runs; so ``ctx.lease_lost`` and
+``ctx.cancel_requested``, which renewals bring, stay False, though a cancellation
+requested while a handler runs still ends the job cancelled when its outcome is
+written, as on a worker), no hard limits (an async handler's
 ``timeout`` still applies, inside the executor; a sync handler's does not, since the
 worker enforces it by replacing the claimer process), no periodic jobs, no NOTIFY
 wake-ups (the drain simply claims again).

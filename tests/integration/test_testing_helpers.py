@@ -129,9 +129,12 @@ def test_drain_snoozes_without_spending_attempts(app):
 def test_drain_cancellation_and_the_fence_are_the_real_statements(app, pg_dsn):
     schema = sql.Identifier(app.settings.schema)
 
+    requested = []
+
     @app.task(name="cancel_myself")
     def cancel_myself(payload, ctx):
-        assert app.cancel(ctx.job_id) == "running"  # a request, as an operator makes it
+        requested.append(app.cancel(ctx.job_id))  # a request, as an operator makes it
+        requested.append(ctx.cancel_requested)     # renewals bring it to ctx; none runs in a drain
         raise RuntimeError("failing after the request")
 
     @app.task(name="stolen")
@@ -143,7 +146,7 @@ def test_drain_cancellation_and_the_fence_are_the_real_statements(app, pg_dsn):
     cancelled, lost = app.enqueue("cancel_myself", {}), app.enqueue("stolen", {})
     result = drain(app)
     outcomes = {a.job_id: a.outcome for a in result.attempts}
-    assert outcomes == {cancelled: "cancelled", lost: "lost"}
+    assert outcomes == {cancelled: "cancelled", lost: "lost"} and requested == ["running", False]
     assert result.jobs[cancelled].state == "cancelled"
     assert result.jobs[lost].state == "running"  # the fence refused the success: not ours to write
 
