@@ -9,7 +9,7 @@ from .errors import JobCancelled, LeaseLost
 
 if TYPE_CHECKING:
     from .jobs import ClaimedJob
-    from .lease import SlotTable
+    from .worker.slots import SlotTable
 
 log = logging.getLogger("pgworker.job")
 

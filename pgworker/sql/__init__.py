@@ -1,7 +1,7 @@
 """Loading the named SQL blocks and the migrations shipped in this package.
 
 ``queries/*.sql`` hold every statement, one file per area (enqueue, claim, lease,
-ordering, maintenance, operations, queues, reads, schedules), each statement a block that starts
+ordering, maintenance, operations, queues, reads, schedules, testing, health), each statement a block that starts
 with ``-- name: NAME`` followed by comment lines describing it. ``{schema}`` in the text is replaced by the
 quoted schema identifier (``psycopg.sql.Identifier``); values are always parameters.
 """

@@ -71,7 +71,7 @@ class Slot(ctypes.Structure):
         ("attempt", ctypes.c_int32),
         ("task_index", ctypes.c_int32),      # into the sorted task names; -1 when unknown
         ("moved_to", ctypes.c_int32),        # STOLEN: index of the claimer taking it over
-        # the decided outcome (DECIDED, WRITING): see pgworker.worker.claimer.outcome
+        # the decided outcome (DECIDED, WRITING): see pgworker.worker.outcome
         ("outcome", ctypes.c_int32),
         ("permanent", ctypes.c_int32),
         ("delay", ctypes.c_double),
