@@ -93,7 +93,7 @@ def test_drain_records_permanent_failures_and_spent_attempts_as_dead(app):
         raise ValueError("nope")
 
     declined, failing = app.enqueue("charge", {}), app.enqueue("always_fails", {})
-    unknown = app.enqueue("not_a_registered_task", {})
+    unknown = app.enqueue("not_a_registered_task", {}, any_task=True)
     result = drain(app, skip_backoff=True)
     assert result.counts["dead"] == 3 and result.retried == 1
     assert (result.jobs[declined].state, result.jobs[declined].last_error_code) == ("dead", "DECLINED")
