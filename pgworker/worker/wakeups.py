@@ -4,7 +4,9 @@ A NOTIFY for queue Q, the fallback poll, a LISTEN reconnect, and a claimer whose
 came back full (more may be due) or holding several jobs (idle peers may take the
 waiting ones) all *announce work*: :meth:`PodSignals.announce` bumps the pod's work
 generation and wakes ONE idle claimer, telling it which queue to ask first. Busy
-claimers need no wake-up: a claimer always claims again after it ran something. So an
+claimers need no wake-up: a claimer always claims again after it ran something. A claim
+that holds several jobs wakes as many idle peers as jobs wait in it (each takes one
+over). So an
 idle fleet costs one claim round per pod per poll, and an enqueue one claim per pod,
 whatever the number of claimers (before: every claimer of every pod, each time).
 
@@ -52,24 +54,29 @@ class PodSignals:
     def generation(self) -> int:
         return self._generation.value
 
-    def announce(self, tables: Sequence[SlotTable], queue_index: int = -1, *, exclude: int = -1) -> bool:
-        """Work is due (on ``queue_index``, or unknown: -1): wake one idle claimer, not
-        ``exclude`` (the announcing claimer itself). Returns whether one was woken; with
-        none idle, the busy ones claim again when they finish, and any on its way to
-        sleep sees the new generation."""
+    def announce(self, tables: Sequence[SlotTable], queue_index: int = -1, *, exclude: int = -1,
+                 count: int = 1) -> int:
+        """Work is due (on ``queue_index``, or unknown: -1): wake up to ``count`` idle
+        claimers, never ``exclude`` (the announcing claimer itself). Returns how many were
+        woken; with none idle, the busy ones claim again when they finish, and any on its
+        way to sleep sees the new generation."""
         self._generation.value += 1  # racing bumps may merge: only a change matters
         fence()
         n = len(tables)
         start = self._cursor.value
+        woken = 0
         for k in range(n):
+            if woken >= count:
+                break
             i = (start + k) % n
             header = tables[i].header
             if i != exclude and header.idle and not header.stopping:
                 self._cursor.value = i + 1
                 header.hint_queue = queue_index
+                header.idle = 0  # taken: the next announcement picks another idle claimer
                 tables[i].wake.set()
-                return True
-        return False
+                woken += 1
+        return woken
 
     def wake_all(self, tables: Sequence[SlotTable]) -> None:
         """Wake every claimer (shutdown, or a test)."""

@@ -292,11 +292,12 @@ class Claimer:
             self.empty_until[queue] = time.monotonic() + EMPTY_QUEUE_RECHECK_SECONDS
             return False
         self.empty_until.pop(queue, None)
-        if (len(jobs) > 1 or len(jobs) >= granted) and self.signals is not None:
-            # more may be due (a full claim), or jobs wait in this batch: an idle peer
-            # claims the rest, or takes over a waiting job
-            if self.signals.announce(self.peers, self.queue_index.get(queue, -1), exclude=self.index):
-                self.metrics.wakeup("claim")
+        wanted = len(jobs) - 1 + (1 if len(jobs) >= granted else 0)
+        if wanted and self.signals is not None:
+            # jobs wait in this batch (an idle peer takes each over), and a full claim
+            # means more may be due (an idle peer claims it)
+            self.signals.announce(self.peers, self.queue_index.get(queue, -1), exclude=self.index, count=wanted)
+            self.metrics.wakeup("claim")
         self.run_batch(jobs)
         return True
 
