@@ -247,7 +247,7 @@ class Supervisor:
                 return True
             except DatabaseUnavailable as exc:
                 reason = describe_failure(exc, self.settings.dsn)
-                self.health.db_failed("unreachable", reason[:200])
+                self.health.db_failed("unreachable", reason[:400])
                 if time.monotonic() >= next_log:
                     log.error("%s; retrying with backoff (said again every %.0f s while it lasts)",
                               reason, DATABASE_WAIT_LOG_SECONDS, extra={"action": "db_unavailable"})
