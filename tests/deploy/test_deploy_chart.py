@@ -477,3 +477,28 @@ def test_probes_can_be_turned_off():
     values = merge(REQUIRED, {"deployment": {"livenessProbe": None, "readinessProbe": None}})
     c = one(documents(render(values)), "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert "livenessProbe" not in c and "readinessProbe" not in c
+
+
+@pytest.mark.parametrize("retention", [None, {"enabled": True, "intervalSeconds": 30, "succeededSeconds": 3600,
+                                              "cancelledSeconds": None, "deadSeconds": 2592000,
+                                              "queueEventsSeconds": 86400}])
+def test_retention_values_reach_the_worker_as_pgworker_reads_them(retention):
+    """The chart's retention values become PGWORKER_* variables that pgworker's own
+    settings parser reads back as the same seconds (null: kept for good)."""
+    from pgworker import Settings, config
+
+    values = merge(REQUIRED, {"worker": {"retention": retention}}) if retention else REQUIRED
+    want = retention or yaml.safe_load((CHART / "values.yaml").read_text())["worker"]["retention"]
+    [deployment] = by_kind(documents(render(values)), "Deployment")
+    [container] = [c for c in deployment["spec"]["template"]["spec"]["containers"]]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    settings = Settings.from_env(environ={**env, "PGWORKER_DSN": "postgresql://x@h/db"})
+    assert settings.prune is want["enabled"]
+    assert settings.prune_interval_seconds == want["intervalSeconds"]
+    assert settings.retention_succeeded_seconds == want["succeededSeconds"]
+    assert settings.retention_cancelled_seconds == want["cancelledSeconds"]
+    assert settings.retention_dead_seconds == want["deadSeconds"]
+    assert settings.retention_queue_events_seconds == want["queueEventsSeconds"]
+    if retention is None:  # the chart's defaults are pgworker's
+        assert (want["succeededSeconds"], want["cancelledSeconds"], want["deadSeconds"]) == (
+            config.RETENTION_SUCCEEDED_SECONDS, config.RETENTION_CANCELLED_SECONDS, None)

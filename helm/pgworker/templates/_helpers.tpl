@@ -152,6 +152,20 @@ Environment shared by every pgworker container. The DSN only ever comes from a S
   value: {{ .Values.worker.metricsPort | int | toString | quote }}
 - name: PGWORKER_STATS
   value: {{ .Values.worker.stats | toString | quote }}
+{{- with .Values.worker.retention }}
+- name: PGWORKER_PRUNE
+  value: {{ .enabled | toString | quote }}
+- name: PGWORKER_PRUNE_INTERVAL_SECONDS
+  value: {{ .intervalSeconds | toString | quote }}
+- name: PGWORKER_RETENTION_SUCCEEDED_SECONDS
+  value: {{ if kindIs "invalid" .succeededSeconds }}"off"{{ else }}{{ .succeededSeconds | toString | quote }}{{ end }}
+- name: PGWORKER_RETENTION_CANCELLED_SECONDS
+  value: {{ if kindIs "invalid" .cancelledSeconds }}"off"{{ else }}{{ .cancelledSeconds | toString | quote }}{{ end }}
+- name: PGWORKER_RETENTION_DEAD_SECONDS
+  value: {{ if kindIs "invalid" .deadSeconds }}"off"{{ else }}{{ .deadSeconds | toString | quote }}{{ end }}
+- name: PGWORKER_RETENTION_QUEUE_EVENTS_SECONDS
+  value: {{ if kindIs "invalid" .queueEventsSeconds }}"off"{{ else }}{{ .queueEventsSeconds | toString | quote }}{{ end }}
+{{- end }}
 - name: PGWORKER_LOG_FORMAT
   value: {{ .Values.worker.logFormat | quote }}
 - name: PGWORKER_LOG_LEVEL
