@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
+from .wakeups import WakeUp
+
 # Slot states.
 EMPTY = 0
 CLAIMED = 1    # claimed, waiting in the claimer's batch (its clocks have not started)
@@ -151,35 +153,6 @@ class SlotView:
 class SlotTableBusy(Exception):
     """The slot table's lock stayed taken for LOCK_TIMEOUT_SECONDS: its claimer is
     stopped (SIGSTOP) or died while holding it."""
-
-
-class WakeUp:
-    """A wake-up flag between the pod and one claimer that survives ``kill -9``.
-
-    ``multiprocessing.Event`` does not: its Condition makes ``set()`` wait until every
-    sleeper acknowledges, so a claimer killed while it waited left the next ``set()``
-    blocked forever (the chaos soak found it; see ``tests/acceptance/test_faults.py``).
-    A semaphore capped at 1 needs no acknowledgement: ``set()`` never blocks, a dead
-    waiter changes nothing.
-    """
-
-    def __init__(self, ctx: Any) -> None:
-        self._sem = ctx.BoundedSemaphore(1)
-        self._sem.acquire()  # start unset
-
-    def set(self) -> None:
-        try:
-            self._sem.release()
-        except ValueError:  # already set: one pending wake-up is enough
-            pass
-
-    def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds; True (and the flag consumed) if it was set."""
-        return self._sem.acquire(timeout=timeout)
-
-    def clear(self) -> None:
-        while self._sem.acquire(False):
-            pass
 
 
 def _text(raw: bytes) -> str:

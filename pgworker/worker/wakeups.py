@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from .slots import SlotTable
+if TYPE_CHECKING:
+    from .slots import SlotTable
 
 _fence_lock = threading.Lock()
 
@@ -37,6 +38,35 @@ def fence() -> None:
     """A full memory barrier for this process's stores to shared memory (see the module)."""
     with _fence_lock:
         pass
+
+
+class WakeUp:
+    """A wake-up flag between the pod and one claimer that survives ``kill -9``.
+
+    ``multiprocessing.Event`` does not: its Condition makes ``set()`` wait until every
+    sleeper acknowledges, so a claimer killed while it waited left the next ``set()``
+    blocked forever (the chaos soak found it; see ``tests/acceptance/test_faults.py``).
+    A semaphore capped at 1 needs no acknowledgement: ``set()`` never blocks, a dead
+    waiter changes nothing.
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        self._sem = ctx.BoundedSemaphore(1)
+        self._sem.acquire()  # start unset
+
+    def set(self) -> None:
+        try:
+            self._sem.release()
+        except ValueError:  # already set: one pending wake-up is enough
+            pass
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds; True (and the flag consumed) if it was set."""
+        return self._sem.acquire(timeout=timeout)
+
+    def clear(self) -> None:
+        while self._sem.acquire(False):
+            pass
 
 
 class PodSignals:
@@ -54,7 +84,7 @@ class PodSignals:
     def generation(self) -> int:
         return self._generation.value
 
-    def announce(self, tables: Sequence[SlotTable], queue_index: int = -1, *, exclude: int = -1,
+    def announce(self, tables: Sequence["SlotTable"], queue_index: int = -1, *, exclude: int = -1,
                  count: int = 1) -> int:
         """Work is due (on ``queue_index``, or unknown: -1): wake up to ``count`` idle
         claimers, never ``exclude`` (the announcing claimer itself). Returns how many were
@@ -78,7 +108,7 @@ class PodSignals:
                 woken += 1
         return woken
 
-    def wake_all(self, tables: Sequence[SlotTable]) -> None:
+    def wake_all(self, tables: Sequence["SlotTable"]) -> None:
         """Wake every claimer (shutdown, or a test)."""
         self._generation.value += 1
         for t in tables:

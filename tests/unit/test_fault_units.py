@@ -13,7 +13,7 @@ from pgworker import db
 from pgworker.errors import ConfigError, DatabaseReadOnly, DatabaseUnavailable, InvalidName
 from pgworker.grants import grant_statements, render
 from pgworker.jobs import UndecodablePayload, safe_json_loads
-from pgworker.worker.slots import WakeUp
+from pgworker.worker.wakeups import WakeUp
 
 pytestmark = pytest.mark.unit
 

@@ -27,7 +27,7 @@ import psycopg
 
 from ... import tracing
 from ...config import Settings
-from ...jobs import ClaimedJob, Lease
+from ...jobs import ClaimedJob
 from ...names import dsn_password
 from ...tasks import RENEW_ON_PROGRESS
 from .. import slots as s
@@ -38,6 +38,8 @@ from ..wakeups import PodSignals, fence
 from .completer import Completer
 from .connection import ClaimerConnection
 from .executor import Executor
+from .process import recycle_due
+from .takeover import PeerJobs
 
 log = logging.getLogger("pgworker.claimer")
 
@@ -92,6 +94,7 @@ class Claimer:
                                  error_message_max_chars=settings.error_message_max_chars,
                                  secrets=(dsn_password(settings.dsn),))
         self.completer: Completer | None = None
+        self.peer_jobs = PeerJobs(self.peers, index, self.db, self.store)
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -141,7 +144,7 @@ class Claimer:
                 if self.should_stop():
                     break
                 if found:
-                    if self.recycle_due():
+                    if recycle_due(self.settings, self.index, self.jobs_done):
                         break
                     continue
                 if found is None:
@@ -158,18 +161,6 @@ class Claimer:
         finally:
             self.shutdown()
         return 0
-
-    def recycle_due(self) -> bool:
-        st = self.settings
-        if st.max_jobs_per_child and self.jobs_done >= st.max_jobs_per_child:
-            log.info("claimer %s ran %s jobs (max %s per child): recycling", self.index,
-                     self.jobs_done, st.max_jobs_per_child)
-            return True
-        if st.max_memory_per_child_bytes and resident_bytes() > st.max_memory_per_child_bytes:
-            log.info("claimer %s uses %s bytes (max %s per child): recycling", self.index,
-                     resident_bytes(), st.max_memory_per_child_bytes)
-            return True
-        return False
 
     def wait_for_work(self, seen: int) -> None:
         """Sleep until work is announced, unless some was announced since the claim round
@@ -379,39 +370,16 @@ class Claimer:
     def take_over_one(self) -> bool:
         """Take over the next job that waits unstarted in a peer's batch, and run it.
         Returns whether one ran."""
-        if len(self.peers) < 2 or self.table.free_count() == 0:
+        if self.table.free_count() == 0:
             return False
-        for i, peer in enumerate(self.peers):
-            if i == self.index:
-                continue
-            try:
-                v = peer.take_unstarted(self.index)
-            except s.SlotTableBusy:
-                continue
-            if v is None:
-                continue
-            try:
-                job = self._fetch(v)
-            except psycopg.Error:
-                _give_back(peer, v)  # the database is away: its owner runs it
-                return False
-            if job is None:  # its lease was lost meanwhile: nothing to run
-                _finish_move(peer, v)
-                continue
-            self._hold([job], claimed_at=v.claimed_at, renewed_at=v.renewed_at)
-            _finish_move(peer, v)
-            log.debug("claimer %s took over job %s from claimer %s", self.index, job.id, i)
-            self.run_batch([job])
-            return True
-        return False
-
-    def _fetch(self, v: s.SlotView) -> ClaimedJob | None:
-        """The job behind a peer's slot, from the table (the peer's process holds its
-        payload); None when its lease was lost meanwhile. Raises psycopg errors."""
-        with self.db.lock:
-            if self.db.conn is None:
-                raise psycopg.OperationalError("no connection")
-            return self.store.fetch_claimed(self.db.conn, Lease(v.job_id, v.token))
+        taken = self.peer_jobs.take()
+        if taken is None:
+            return False
+        job, view, peer = taken
+        self._hold([job], claimed_at=view.claimed_at, renewed_at=view.renewed_at)
+        self.peer_jobs.moved(peer, view)
+        self.run_batch([job])
+        return True
 
     # -- running --------------------------------------------------------------------
 
@@ -455,26 +423,3 @@ class Claimer:
     @property
     def conn(self) -> psycopg.Connection | None:
         return self.db.conn
-
-
-def _give_back(peer: s.SlotTable, v: s.SlotView) -> None:
-    try:
-        peer.give_back(v.index, v.job_id, v.token)
-    except s.SlotTableBusy:
-        pass
-
-
-def _finish_move(peer: s.SlotTable, v: s.SlotView) -> None:
-    try:
-        peer.finish_move(v.index, v.job_id, v.token)
-    except s.SlotTableBusy:
-        pass  # its owner died holding the lock: the supervisor resets that table
-
-
-def resident_bytes() -> int:
-    """Resident set size of this process (Linux /proc/self/statm), 0 if unknown."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0

@@ -1,0 +1,151 @@
+"""The lifecycle of an attempt: the claim, renewals, and the fenced outcomes (sql/queries/claim.sql, lease.sql)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import psycopg
+
+from ..jobs import ClaimedJob, ClaimResult, FailRequest, FenceReport, Lease
+from .base import StoreBase, _delay, atomic
+
+
+class LifecycleStatements(StoreBase):
+    """An attempt's lifecycle: claim, renew, and the fenced outcomes."""
+
+    def claim(self, conn: psycopg.Connection, *, queue: str, limit: int, owner: str,
+              lease_seconds: float, aging_seconds: float | None = None) -> list[ClaimedJob]:
+        """Claim up to ``limit`` due jobs of ``queue`` under a lease of ``lease_seconds``,
+        within the queue's policies (pause, limits, aging); see :meth:`claim_batch`."""
+        return self.claim_batch(conn, queue=queue, limit=limit, owner=owner, lease_seconds=lease_seconds,
+                                aging_seconds=aging_seconds).jobs
+
+    def claim_batch(self, conn: psycopg.Connection, *, queue: str, limit: int, owner: str,
+                    lease_seconds: float, aging_seconds: float | None = None,
+                    limited: bool = False) -> ClaimResult:
+        """Claim up to ``limit`` due jobs of ``queue``; returns the jobs and the queue's verdict.
+
+        ``aging_seconds``: the priority-aging bound when the queue's row sets none (None:
+        strict priority). ``limited``: the caller believes the queue has a concurrency or
+        rate limit, so the claim goes straight to the locked form (queue_lock, then the
+        claim as a new statement of the same transaction); otherwise the plain claim runs
+        first and, if the queue turns out to be limited, the locked form follows.
+        """
+        params = {"queue": queue, "limit": limit, "owner": owner, "lease_seconds": lease_seconds,
+                  "aging_seconds": aging_seconds, "locked": False}
+        if not limited:
+            result = self._claim_result(self._exec(conn, "job_claim", params).fetchall())
+            if not (result.limited and not result.jobs and not result.paused):
+                return result
+        params["locked"] = True
+        with atomic(conn):
+            self._exec(conn, "queue_lock", {"queue": queue}).fetchall()
+            return self._claim_result(self._exec(conn, "job_claim", params).fetchall())
+
+    @staticmethod
+    def _claim_result(rows: list[tuple[Any, ...]]) -> ClaimResult:
+        first = rows[0]
+        jobs = [ClaimedJob(*row[4:]) for row in rows if row[4] is not None]
+        return ClaimResult(jobs=jobs, paused=first[0], limited=first[1], allowance=first[2],
+                           retry_after_seconds=first[3])
+
+    def renew(self, conn: psycopg.Connection, leases: Sequence[Lease], *,
+              lease_seconds: float) -> FenceReport:
+        """Extend leases by ``lease_seconds`` from now (fenced; an expired lease is not
+        renewed). ``details[id]`` is (cancellation requested, new expiry in Unix seconds
+        by the database clock)."""
+        if not leases:
+            return FenceReport("renew")
+        cur = self._exec(conn, "job_renew", {"ids": [le.job_id for le in leases],
+                                             "tokens": [le.token for le in leases],
+                                             "lease_seconds": lease_seconds})
+        rows = [(r[0], r[1], (r[2], r[3])) for r in cur.fetchall()]
+        return FenceReport.build("renew", leases, rows, detail_column=2)
+
+    def fetch_claimed(self, conn: psycopg.Connection, lease: Lease) -> ClaimedJob | None:
+        """The claimed job under ``lease`` (still running under that token), or None."""
+        row = self._exec(conn, "job_fetch", {"id": lease.job_id, "token": lease.token}).fetchone()
+        return None if row is None else ClaimedJob(*row)
+
+    def complete(self, conn: psycopg.Connection, leases: Sequence[Lease],
+                 ordering_keys: Iterable[str | None] | None = None) -> FenceReport:
+        """Mark jobs succeeded (fenced) and promote the next job of their ordering keys.
+
+        ``ordering_keys``: the jobs' keys when the caller knows them (a claimer does);
+        None reads them first (one statement), so that the key locks precede the row locks.
+        """
+        if not leases:
+            return FenceReport("complete")
+        keys = self._keys_for(conn, leases, ordering_keys)
+        rows = self._keyed(conn, "job_complete", {"ids": [le.job_id for le in leases],
+                                                  "tokens": [le.token for le in leases]},
+                           keys, lambda r: r[2])
+        return FenceReport.build("complete", leases, rows)
+
+    def fail(self, conn: psycopg.Connection, requests: Sequence[FailRequest],
+             ordering_keys: Iterable[str | None] | None = None) -> FenceReport:
+        """Record failures (fenced); ``details[id]`` is the new state: 'pending' (retry
+        after the request's delay, in seconds), 'dead', or 'cancelled' when a cancellation
+        was requested while the attempt ran.
+
+        A job that dies keeps its ordering key blocked until it is replayed or discarded
+        (dead-head policy 'block'); with 'skip' (``dead_blocks_key`` false) the next job
+        of its key is promoted at once. ``ordering_keys`` as for :meth:`complete`.
+        """
+        if not requests:
+            return FenceReport("fail")
+        leases = [r.lease for r in requests]
+        keys = self._keys_for(conn, leases, ordering_keys)
+        rows = self._keyed(conn, "job_fail", {
+            "ids": [r.lease.job_id for r in requests], "tokens": [r.lease.token for r in requests],
+            "delays": [_delay(r.delay_seconds) for r in requests],
+            "permanent": [bool(r.permanent) for r in requests],
+            "codes": [r.code for r in requests], "messages": [r.message for r in requests],
+            "keep": self.error_history_entries},
+            keys, lambda r: r[3] if r[2] == "cancelled" or (r[2] == "dead" and not r[4]) else None)
+        return FenceReport.build("fail", leases, rows, detail_column=2)
+
+    def release(self, conn: psycopg.Connection, leases: Sequence[Lease],
+                ordering_keys: Iterable[str | None] | None = None) -> FenceReport:
+        """Return running jobs to pending without spending an attempt (fenced); a job whose
+        cancellation was requested ends cancelled instead (and promotes its key's next
+        job). ``details[id]`` is the new state. ``ordering_keys`` as for :meth:`complete`."""
+        if not leases:
+            return FenceReport("release")
+        keys = self._keys_for(conn, leases, ordering_keys)
+        rows = self._keyed(conn, "job_release", {"ids": [le.job_id for le in leases],
+                                                 "tokens": [le.token for le in leases]},
+                           keys, lambda r: r[3] if r[2] == "cancelled" else None)
+        return FenceReport.build("release", leases, rows, detail_column=2)
+
+    def snooze(self, conn: psycopg.Connection, leases: Sequence[Lease],
+               delays_seconds: Sequence[float], ordering_keys: Iterable[str | None] | None = None) -> FenceReport:
+        """Run jobs again after a delay (seconds) without spending an attempt (fenced); a
+        job whose cancellation was requested ends cancelled instead. ``details[id]`` is
+        the new state. ``ordering_keys`` as for :meth:`complete`."""
+        if not leases:
+            return FenceReport("snooze")
+        keys = self._keys_for(conn, leases, ordering_keys)
+        rows = self._keyed(conn, "job_snooze", {"ids": [le.job_id for le in leases],
+                                                "tokens": [le.token for le in leases],
+                                                "delays": [_delay(d) for d in delays_seconds]},
+                           keys, lambda r: r[3] if r[2] == "cancelled" else None)
+        return FenceReport.build("snooze", leases, rows, detail_column=2)
+
+    def finish_cancelled(self, conn: psycopg.Connection, leases: Sequence[Lease],
+                         ordering_keys: Iterable[str | None] | None = None) -> FenceReport:
+        """Record running jobs that stopped after a cancellation request (fenced), and
+        promote the next job of their ordering keys (``ordering_keys`` as for :meth:`complete`)."""
+        if not leases:
+            return FenceReport("cancel")
+        keys = self._keys_for(conn, leases, ordering_keys)
+        rows = self._keyed(conn, "job_cancel_finish", {"ids": [le.job_id for le in leases],
+                                                       "tokens": [le.token for le in leases]},
+                           keys, lambda r: r[2])
+        return FenceReport.build("cancel", leases, rows)
+
+    def lease_states(self, conn: psycopg.Connection, ids: Sequence[int]) -> list[tuple[Any, ...]]:
+        """(id, state, lease_token, last_error_code) of jobs, to settle an unknown write."""
+        return self._exec(conn, "job_lease_states", {"ids": list(ids)}).fetchall()
+
+

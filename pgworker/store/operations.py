@@ -1,0 +1,101 @@
+"""Operator actions on jobs and queues, each audited (sql/queries/operations.sql, queues.sql)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import psycopg
+
+from .base import StoreBase, atomic
+
+
+class OperationStatements(StoreBase):
+    """Operator actions: cancel, replay, queue settings and their audit trail."""
+
+    def cancel(self, conn: psycopg.Connection, job_id: int, *, actor: str | None) -> str | None:
+        """Cancel a job; returns the resulting state ('cancelled', or 'running' when a
+        cancellation was requested from its worker), or None when nothing was cancellable.
+        A job cancelled at once (pending, or a dead job discarded) promotes the next job of
+        its ordering key; its key is locked first (read without a lock: it never changes)."""
+        keys = list(self.ordering_keys_of(conn, [job_id]).values())
+        with atomic(conn):
+            if keys:
+                self.lock_ordering_keys(conn, keys)
+            row = self._exec(conn, "job_cancel", {"id": job_id}).fetchone()
+            if row is None:
+                return None
+            self._exec(conn, "job_event_insert", {
+                "ids": [job_id], "kind": "cancel_requested" if row[1] == "running" else "cancelled",
+                "actor": actor, "detail": None})
+            if row[1] == "cancelled" and row[2] is not None:
+                self._promote(conn, [row[2]])
+        return row[1]
+
+    def replay(self, conn: psycopg.Connection, *, ids: Sequence[int] = (), queue: str | None = None,
+               limit: int = 1000, actor: str | None) -> list[int]:
+        """Replay dead jobs by id, or up to ``limit`` dead jobs of ``queue``.
+
+        A job with an ordering key comes back behind whatever of its key is active and
+        runs before the key's later jobs; one whose dedupe key is now held by another job
+        stays dead (not returned). The keys are locked first, expired dedupe holds released.
+        """
+        targets = self._exec(conn, "jobs_replay_targets", {"ids": list(ids), "queue": queue,
+                                                           "limit": limit}).fetchall()
+        if not targets:
+            return []
+        keys = sorted({r[1] for r in targets if r[1] is not None})
+        dedupe = [r[2] for r in targets if r[2] is not None]
+        with atomic(conn):
+            if keys:
+                self.lock_ordering_keys(conn, keys)
+            if dedupe:
+                self.dedupe_holders(conn, dedupe)  # releases expired holds first
+            cur = self._exec(conn, "jobs_replay", {"ids": [r[0] for r in targets], "actor": actor,
+                                                   "channel": self.channel})
+            replayed = [r[0] for r in cur.fetchall()]
+            self._promote(conn, keys)
+        return replayed
+
+    # -- queues ---------------------------------------------------------------------
+
+    def configure_queue(self, conn: psycopg.Connection, queue: str, *, actor: str | None,
+                        concurrency_limit: Any = None, rate: Any = None, burst: Any = None,
+                        aging_seconds: Any = None, set_concurrency: bool = False,
+                        set_rate: bool = False, set_aging: bool = False) -> dict[str, Any]:
+        """Create or change a queue's settings (only those whose ``set_*`` flag is true)."""
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["queue_configure"], {
+            "queue": queue, "actor": actor, "concurrency_limit": concurrency_limit,
+            "rate_per_second": rate, "rate_burst": burst, "aging_seconds": aging_seconds,
+            "set_concurrency": set_concurrency, "set_rate": set_rate, "set_aging": set_aging}).fetchone()
+
+    def pause_queue(self, conn: psycopg.Connection, queue: str, *, actor: str | None) -> dict[str, Any]:
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["queue_pause"], {"queue": queue, "actor": actor}).fetchone()
+
+    def resume_queue(self, conn: psycopg.Connection, queue: str, *, actor: str | None) -> bool:
+        """Resume; False when the queue was not paused (it has no row)."""
+        rows = self._exec(conn, "queue_resume", {"queue": queue, "actor": actor,
+                                                 "channel": self.channel}).fetchall()
+        return bool(rows)
+
+    def list_queues(self, conn: psycopg.Connection) -> list[dict[str, Any]]:
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["queues_list"]).fetchall()
+
+    def queue_usage(self, conn: psycopg.Connection, queue: str) -> dict[str, bool]:
+        """{'has_jobs': claimable, running or dead jobs, 'scheduled': a schedule enqueues
+        into it, 'configured': it has a settings row}."""
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["queue_usage"], {"queue": queue}).fetchone()
+
+    def delete_queue(self, conn: psycopg.Connection, queue: str, *, actor: str | None) -> dict[str, Any] | None:
+        """Delete the queue's settings row unless it is paused; returns the row as it was
+        with ``deleted`` (False: it is paused), or None when the queue has no row."""
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["queue_delete"], {"queue": queue, "actor": actor}).fetchone()
+
+    def queue_events(self, conn: psycopg.Connection, queue: str, *, limit: int = 50) -> list[dict[str, Any]]:
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["queue_events_list"], {"queue": queue, "limit": limit}).fetchall()
+

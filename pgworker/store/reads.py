@@ -1,0 +1,124 @@
+"""Reads: jobs, statistics for /metrics and `pgworker status`, periodic jobs (sql/queries/reads.sql, health.sql, schedules.sql)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Iterable, Sequence
+
+import psycopg
+
+from .base import StoreBase
+
+
+class QueueStats(list):  # type: ignore[type-arg]
+    """What :meth:`Store.queue_stats` returns: the per-queue rows (a list of dicts with
+    the columns of the ``queue_stats`` statement, as before), plus
+
+    - ``table``: the ``table_health`` row (a dict), or None when it could not be read;
+    - ``table_error``: the exception class name of that failure, else None.
+
+    A list, so that the callers that only want the per-queue rows see no difference; the
+    metrics collector reads ``table`` too (pgworker.metrics.TableHealthGauges).
+    """
+
+    def __init__(self, rows: Iterable[dict[str, Any]], *, table: dict[str, Any] | None = None,
+                 table_error: str | None = None) -> None:
+        super().__init__(rows)
+        self.table = table
+        self.table_error = table_error
+
+
+class ReadStatements(StoreBase):
+    """Reads: jobs, statistics, table health, periodic jobs' rows."""
+
+    def get_job(self, conn: psycopg.Connection, job_id: int) -> dict[str, Any] | None:
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        row = cur.execute(self.queries["job_get"], {"id": job_id}).fetchone()
+        if row is not None:
+            events = conn.cursor(row_factory=psycopg.rows.dict_row).execute(
+                self.queries["job_events_list"], {"id": job_id}).fetchall()
+            row["events"] = events
+        return row
+
+    def list_jobs(self, conn: psycopg.Connection, *, queue: str | None, state: str | None,
+                  limit: int) -> list[dict[str, Any]]:
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["jobs_list"], {"queue": queue, "state": state,
+                                                       "limit": limit}).fetchall()
+
+    def queue_stats(self, conn: psycopg.Connection, queues: Sequence[str]) -> QueueStats:
+        """The statistics behind /metrics: one row per queue (``queue_stats``), then the
+        jobs table's health (:meth:`table_health`) in the same transaction, so that both
+        run under the caller's statement timeout and are cached together.
+
+        Returns a :class:`QueueStats`. The table statement runs in a savepoint: when it
+        fails (a timeout, a lock), the per-queue rows still come back, with ``table``
+        None and ``table_error`` naming the exception class. Errors of the per-queue
+        statement, and a broken connection, propagate (``psycopg.Error``).
+        """
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        rows = cur.execute(self.queries["queue_stats"], {"queues": list(queues)}).fetchall()
+        try:
+            with conn.transaction():  # a savepoint: a failure here keeps the rows above
+                table = self.table_health(conn)
+        except psycopg.Error as exc:
+            if conn.broken:
+                raise
+            return QueueStats(rows, table_error=type(exc).__name__)
+        return QueueStats(rows, table=table)
+
+    def table_health(self, conn: psycopg.Connection) -> dict[str, Any] | None:
+        """The jobs table's tuples, vacuums, size and the oldest holder of its vacuum
+        horizon: the ``table_health`` row (sql/queries/health.sql documents each column
+        and which holders count), or None if the table is missing."""
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["table_health"], {"schema": self.schema}).fetchone()
+
+    def queue_status(self, conn: psycopg.Connection) -> list[dict[str, Any]]:
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["queue_status"]).fetchall()
+
+    def due_count(self, conn: psycopg.Connection, queues: Sequence[str]) -> int:
+        return self._exec(conn, "jobs_due_count", {"queues": list(queues)}).fetchone()[0]
+
+    def dead_blocked_keys(self, conn: psycopg.Connection, *, limit: int = 100) -> list[dict[str, Any]]:
+        """Ordering keys held by a dead job, oldest first, with the jobs waiting behind each."""
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["ordering_keys_dead_blocked"], {"limit": limit}).fetchall()
+
+    # -- schedules ------------------------------------------------------------------
+
+    def db_now(self, conn: psycopg.Connection) -> datetime:
+        return self._exec(conn, "db_now").fetchone()[0]
+
+    def register_schedule(self, conn: psycopg.Connection, **params: Any) -> None:
+        """Upsert a declared schedule (name, task, queue, cron, timezone, missed,
+        initial_slot, next_slot)."""
+        self._exec(conn, "schedule_register", params)
+
+    def schedules_state(self, conn: psycopg.Connection,
+                        names: Sequence[str]) -> tuple[dict[str, Any], datetime, dict[str, str]]:
+        """({name: last slot}, database now, {name: unusable last slot as text}) for the
+        recorded schedules among ``names``. A last slot no datetime can hold ('infinity',
+        a year past 9999) is in the third dict only."""
+        rows = self._exec(conn, "schedules_state", {"names": list(names)}).fetchall()
+        now = rows[0][3] if rows else self.db_now(conn)
+        unusable = {r[0]: r[2] for r in rows if r[2] is not None}
+        return {r[0]: r[1] for r in rows if r[0] not in unusable}, now, unusable
+
+    def fire_schedule(self, conn: psycopg.Connection, *, name: str, slot: datetime, next_slot: datetime | None,
+                      skipped: int, enqueue: bool, task: str, queue: str, payload_json: str,
+                      priority: int, max_attempts: int) -> tuple[bool, int | None]:
+        """Advance a schedule to ``slot`` (compare-and-set) and enqueue its job when
+        ``enqueue``; returns (advanced, job id). (False, None): another dispatcher did it."""
+        row = self._exec(conn, "schedule_fire", {
+            "name": name, "slot": slot, "next_slot": next_slot, "skipped": skipped, "enqueue": enqueue,
+            "task": task, "queue": queue, "payload": payload_json, "priority": priority,
+            "max_attempts": max_attempts, "channel": self.channel}).fetchone()
+        return bool(row[0]), row[1]
+
+    def list_schedules(self, conn: psycopg.Connection) -> list[dict[str, Any]]:
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["schedules_list"]).fetchall()
+
+

@@ -1,0 +1,80 @@
+"""Taking over a job that waits unstarted in a peer's batch.
+
+A claim may take several jobs (batches are sized from run times, so fast work makes them
+large) and its claimer runs them one at a time. A claimer of the same pod whose own claim
+came back empty takes over the next job waiting in a peer's batch instead of sleeping, so
+no job claimed by the pod waits behind another while one of its claimers is idle. The job
+keeps its lease and fencing token: only the slot moves, from the peer's table to the
+taker's (CLAIMED -> STOLEN there, then empty once the job is in the taker's table; see
+:mod:`pgworker.worker.slots`). The taker reads the job's row by id and token, since the
+payload lives in the peer's process, not in shared memory.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import psycopg
+
+from ...jobs import ClaimedJob, Lease
+from .. import slots as s
+from .connection import ClaimerConnection
+
+log = logging.getLogger("pgworker.claimer")
+
+
+class PeerJobs:
+    """The jobs waiting in the batches of the pod's other claimers (``peers[index]`` is
+    this claimer's own table)."""
+
+    def __init__(self, peers: Sequence[s.SlotTable], index: int, db: ClaimerConnection, store: Any) -> None:
+        self.peers = peers
+        self.index = index
+        self.db = db
+        self.store = store
+
+    def take(self) -> tuple[ClaimedJob, s.SlotView, s.SlotTable] | None:
+        """The next waiting job of a peer, now this claimer's to run: (the job, its slot as
+        it was in the peer's table, that table). Call :meth:`moved` once it is recorded
+        in this claimer's table. None when nothing waits, or the database is away (the
+        job is given back to its peer then)."""
+        for i, peer in enumerate(self.peers):
+            if i == self.index:
+                continue
+            try:
+                v = peer.take_unstarted(self.index)
+            except s.SlotTableBusy:
+                continue
+            if v is None:
+                continue
+            try:
+                job = self._fetch(v)
+            except psycopg.Error:
+                _quietly(peer.give_back, v)  # the database is away: its owner runs it
+                return None
+            if job is None:  # its lease was lost meanwhile: nothing to run
+                self.moved(peer, v)
+                continue
+            log.debug("claimer %s takes over job %s from claimer %s", self.index, job.id, i)
+            return job, v, peer
+        return None
+
+    def moved(self, peer: s.SlotTable, v: s.SlotView) -> None:
+        """Empty the job's old slot in the peer's table."""
+        _quietly(peer.finish_move, v)
+
+    def _fetch(self, v: s.SlotView) -> ClaimedJob | None:
+        """The job behind a peer's slot, from the table; None when its lease was lost
+        meanwhile. Raises psycopg errors."""
+        with self.db.lock:
+            if self.db.conn is None:
+                raise psycopg.OperationalError("no connection")
+            return self.store.fetch_claimed(self.db.conn, Lease(v.job_id, v.token))
+
+
+def _quietly(method: Any, v: s.SlotView) -> None:
+    try:
+        method(v.index, v.job_id, v.token)
+    except s.SlotTableBusy:
+        pass  # its owner died holding the lock: the supervisor resets that table
