@@ -1,36 +1,29 @@
-"""App: settings, the task registry, and the public operations on jobs."""
+"""App: settings, the task registry, and the public operations on jobs; the one facade.
+Its methods delegate the work to :mod:`pgworker.connections` (the client pool),
+:mod:`pgworker.lifecycle` (claim and settle) and :mod:`pgworker.operations` (operator actions)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import socket
-import time
 from datetime import datetime, timedelta
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import psycopg
 
-from . import db
+from . import connections, db, lifecycle, operations
 from .config import Settings
-from .errors import (ConfigError, DatabaseReadOnly, DatabaseUnavailable, LeaseLost, PoolerError, QueuePaused,
-                     SchemaNotMigrated)
-from .jobs import ClaimedJob, FailRequest, Lease, ReapResult
+from .errors import ConfigError
+from .jobs import ClaimedJob, Lease, ReapResult
 from .migrate import MigrationReport, migrate
-from .names import check_queue_name, dsn_password, redact, redact_dsn
+from .names import redact_dsn
+from .operations import PRUNE_BATCH, UNSET
 from .producer import JobSpec, enqueue_batch, enqueue_one, prepare, specs_from
-from .retry import Classifier, RetryPolicy, classify
+from .retry import Classifier, RetryPolicy
 from .schedules import MISFIRE_GRACE_SECONDS, Periodic
 from .store import Store
-from .tasks import DEFAULT_MAX_ATTEMPTS, Task, check_dedupe_window, retry_delays
-
-_UNSET: Any = object()
-
-POOL_MAX_SIZE = 4
-# A pooled connection idle for longer than this is checked before use, so a server
-# restart costs a reconnect rather than a failed enqueue.
-POOL_CHECK_IDLE_SECONDS = 1.0
-PRUNE_BATCH = 10_000
+from .tasks import DEFAULT_MAX_ATTEMPTS, Task, check_dedupe_window
 
 
 class App:
@@ -169,73 +162,18 @@ class App:
 
     def _get_pool(self) -> Any:
         if self._pool is None:
-            from psycopg_pool import ConnectionPool
-
-            s = self.settings
-            db.check_dsn(s.dsn)
-
-            def configure(conn: psycopg.Connection) -> None:
-                # behind a transaction-mode pooler, prepared statements would go missing
-                if db.detect_pooler(conn) or not s.prepared_statements:
-                    conn.prepare_threshold = None
-
-            def check(conn: psycopg.Connection) -> None:
-                last = getattr(conn, "_pgworker_returned_at", 0.0)
-                if time.monotonic() - last > POOL_CHECK_IDLE_SECONDS:
-                    ConnectionPool.check_connection(conn)
-
-            # Fail fast with a clear message when the server is unreachable (the pool
-            # itself would keep retrying until its timeout).
-            db.connect(s.dsn, application_name=f"{self.name}:client").close()
-            pool = ConnectionPool(
-                conninfo=s.dsn or "", min_size=1, max_size=POOL_MAX_SIZE, open=False,
-                name=f"pgworker-{os.getpid()}", configure=configure, check=check,
-                kwargs={"autocommit": True, "application_name": f"{self.name}:client",
-                        "connect_timeout": db.CONNECT_TIMEOUT_SECONDS, **db.KEEPALIVE_KWARGS})
-            try:
-                pool.open(wait=True, timeout=db.CONNECT_TIMEOUT_SECONDS + 5)
-            except Exception as exc:
-                pool.close()
-                raise DatabaseUnavailable(
-                    f"cannot connect to PostgreSQL at {redact_dsn(s.dsn)!r}: "
-                    f"{redact(str(exc), dsn_password(s.dsn), s.dsn)}; check PGWORKER_DSN and that "
-                    "the server is running") from None
-            self._pool = pool
+            self._pool = connections.open_pool(self.settings, self.name)
         return self._pool
 
     @contextlib.contextmanager
     def connection(self, conn: psycopg.Connection | None = None) -> Iterator[psycopg.Connection]:
         """``conn`` if given (the caller's transaction), else a pooled autocommit connection."""
-        try:
+        with connections.database_errors(self.settings):
             if conn is not None:
                 yield conn
                 return
-            with self._get_pool().connection() as pooled:
-                try:
-                    yield pooled
-                finally:
-                    # When it was last used, for the check before its next use. Set here
-                    # rather than in a pool `reset` callback: with one, psycopg_pool hands
-                    # every returned connection to a worker thread, and the next enqueue
-                    # waits for that thread (about 100 us a call).
-                    pooled._pgworker_returned_at = time.monotonic()  # type: ignore[attr-defined]
-        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName,
-                psycopg.errors.UndefinedObject, psycopg.errors.UndefinedFunction) as exc:
-            raise SchemaNotMigrated(
-                f"pgworker's schema {self.settings.schema!r} is missing or incomplete ({exc.diag.message_primary}): "
-                "run `pgworker migrate` (or App.migrate()) with the same DSN and schema") from None
-        except psycopg.OperationalError as exc:
-            raise DatabaseUnavailable(
-                f"database error: {redact(str(exc), dsn_password(self.settings.dsn), self.settings.dsn)}; "
-                "the job state is unknown only if the failure came after the statement was sent") from None
-        except psycopg.Error as exc:
-            if db.failure_kind(exc) == "read-only":
-                raise DatabaseReadOnly(
-                    "the server is read-only (a standby after a failover, or default_transaction_read_only "
-                    "is on): nothing was written; point PGWORKER_DSN at the writable primary") from exc
-            if db.failure_kind(exc) == "prepared-statements":
-                raise PoolerError(db.describe_failure(exc)) from exc
-            raise
+            with connections.borrow(self._get_pool()) as pooled:
+                yield pooled
 
     def close(self) -> None:
         """Close the connection pool (safe to call twice)."""
@@ -333,71 +271,35 @@ class App:
         """Claim up to ``limit`` due jobs of ``queue`` under a lease (seconds; default the
         setting). The claim commits at once; settle each job with :meth:`complete`,
         :meth:`fail` or :meth:`release` before the lease expires, or renew it."""
-        check_queue_name(queue)
-        with self.connection(conn) as c:
-            return self.store.claim(c, queue=queue, limit=limit, owner=owner or self.worker_id(),
-                                    lease_seconds=lease_seconds or self.settings.lease_seconds,
-                                    aging_seconds=self.settings.priority_aging_seconds)
-
-    @staticmethod
-    def _lease(job: "ClaimedJob | Lease") -> Lease:
-        return job.lease if isinstance(job, ClaimedJob) else job
+        return lifecycle.claim(self, queue, limit=limit, lease_seconds=lease_seconds, owner=owner, conn=conn)
 
     def complete(self, job: "ClaimedJob | Lease", *, conn: psycopg.Connection | None = None) -> None:
         """Mark a claimed job succeeded. Raises :class:`LeaseLost` when the fence refuses
         the write (the token moved on or the lease expired): the job is not yours."""
-        lease = self._lease(job)
-        keys = [job.ordering_key] if isinstance(job, ClaimedJob) else None  # None: read from the row
-        with self.connection(conn) as c:
-            report = self.store.complete(c, [lease], keys)
-        if not report.ok:
-            raise LeaseLost(job_id=lease.job_id, lease_token=lease.token, operation="complete")
+        lifecycle.complete(self, job, conn=conn)
 
     def fail(self, job: "ClaimedJob | Lease", error: BaseException, *, attempt: int | None = None,
              retry: RetryPolicy | None = None, conn: psycopg.Connection | None = None) -> str:
         """Record a failed attempt; returns the job's new state: 'pending' (retry after
         ``retry``'s backoff, else the job's task's), 'dead', or 'cancelled' when a
         cancellation was requested. Raises :class:`LeaseLost` when fenced out."""
-        lease = self._lease(job)
-        s = self.settings
-        failure = classify(error, classifier=self.classify_error, max_chars=s.error_message_max_chars,
-                           secrets=(dsn_password(s.dsn),))
-        attempt = attempt or (job.attempt if isinstance(job, ClaimedJob) else 1)
-        task = self.tasks.get(job.task) if isinstance(job, ClaimedJob) else None
-        policy = retry or (task.retry if task is not None else RetryPolicy())
-        delay = failure.retry_after if failure.retry_after is not None else policy.delay(attempt)
-        with self.connection(conn) as c:
-            report = self.store.fail(c, [FailRequest(lease, failure.code, failure.message, delay, failure.permanent)])
-        if not report.ok:
-            raise LeaseLost(job_id=lease.job_id, lease_token=lease.token, operation="fail")
-        return report.details[lease.job_id]
+        return lifecycle.fail(self, job, error, attempt=attempt, retry=retry, conn=conn)
 
     def renew(self, job: "ClaimedJob | Lease", *, lease_seconds: float | None = None,
               conn: psycopg.Connection | None = None) -> bool:
         """Extend the lease from now; returns True when a cancellation was requested.
         Raises :class:`LeaseLost` when fenced out."""
-        lease = self._lease(job)
-        with self.connection(conn) as c:
-            report = self.store.renew(c, [lease], lease_seconds=lease_seconds or self.settings.lease_seconds)
-        if not report.ok:
-            raise LeaseLost(job_id=lease.job_id, lease_token=lease.token, operation="renew")
-        return bool(report.details[lease.job_id][0])
+        return lifecycle.renew(self, job, lease_seconds=lease_seconds, conn=conn)
 
     def release(self, job: "ClaimedJob | Lease", *, conn: psycopg.Connection | None = None) -> None:
         """Hand a claimed job back without spending an attempt. Raises :class:`LeaseLost`."""
-        lease = self._lease(job)
-        keys = [job.ordering_key] if isinstance(job, ClaimedJob) else None  # None: read from the row
-        with self.connection(conn) as c:
-            report = self.store.release(c, [lease], keys)
-        if not report.ok:
-            raise LeaseLost(job_id=lease.job_id, lease_token=lease.token, operation="release")
+        lifecycle.release(self, job, conn=conn)
 
     def reap(self, *, limit: int = 1000, retry: RetryPolicy | None = None) -> ReapResult:
         """Recover up to ``limit`` expired leases: back to pending after the retry policy
         of the job's task (``retry`` overrides it for every job), dead once its attempts
         are spent, cancelled when a cancellation was requested."""
-        with self.connection() as c:
-            return self.store.reap(c, limit=limit, delay_for=retry_delays(self.tasks, retry))
+        return lifecycle.reap(self, limit=limit, retry=retry)
 
     # -- operator actions -----------------------------------------------------------
 
@@ -406,33 +308,19 @@ class App:
         """Cancel a job: pending or dead jobs become cancelled at once ('cancelled' is
         returned); a running job gets a cancellation request its worker sees at the next
         lease renewal ('running' is returned). None when the job is finished or unknown."""
-        with self.connection(conn) as c:
-            return self.store.cancel(c, job_id, actor=actor or _actor())
+        return operations.cancel(self, job_id, actor=actor, conn=conn)
 
     def replay(self, job_ids: Sequence[int] = (), *, queue: str | None = None, limit: int = 1000,
                actor: str | None = None) -> list[int]:
         """Put dead jobs back to pending (same ids, history kept, audited); by id, or up to
         ``limit`` dead jobs of ``queue``. Returns the replayed ids."""
-        if queue is not None:
-            check_queue_name(queue)
-        with self.connection() as c:
-            return self.store.replay(c, ids=list(job_ids), queue=queue, limit=limit, actor=actor or _actor())
+        return operations.replay(self, job_ids, queue=queue, limit=limit, actor=actor)
 
     def prune(self, older_than: "float | timedelta", *, batch: int = PRUNE_BATCH) -> int:
         """Delete succeeded and cancelled jobs finished more than ``older_than`` (seconds
         or timedelta) ago, in batches of ``batch``; returns how many were deleted. (The
         worker's pruner does this by itself, per state: see the ``retention_*`` settings.)"""
-        seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else float(older_than)
-        if not seconds >= 0:
-            raise ConfigError("older_than must be >= 0 seconds")
-        total = 0
-        with self.connection() as c:
-            while True:
-                counts = self.store.prune(c, succeeded_seconds=seconds, cancelled_seconds=seconds,
-                                          dead_seconds=None, limit=batch)
-                total += sum(counts.values())
-                if max(counts.values()) < batch:
-                    return total
+        return operations.prune(self, older_than, batch=batch)
 
     # -- queues ---------------------------------------------------------------------
 
@@ -440,19 +328,15 @@ class App:
         """Pause ``queue``: no claim of any pod takes its jobs from the commit on; running
         jobs finish; enqueues go on. Audited with ``actor`` (default $PGWORKER_ACTOR or
         user@host). Returns the queue's row (paused_at, paused_by)."""
-        check_queue_name(queue)
-        with self.connection() as c:
-            return self.store.pause_queue(c, queue, actor=actor or _actor())
+        return operations.pause_queue(self, queue, actor=actor)
 
     def resume_queue(self, queue: str, *, actor: str | None = None) -> bool:
         """Resume a paused queue (and wake idle claimers); False if it was not paused."""
-        check_queue_name(queue)
-        with self.connection() as c:
-            return self.store.resume_queue(c, queue, actor=actor or _actor())
+        return operations.resume_queue(self, queue, actor=actor)
 
-    def configure_queue(self, queue: str, *, concurrency_limit: "int | None" = _UNSET,
-                        rate_limit: "float | None" = _UNSET, burst: "float | None" = None,
-                        aging: "float | timedelta | None" = _UNSET, actor: str | None = None) -> dict[str, Any]:
+    def configure_queue(self, queue: str, *, concurrency_limit: "int | None" = UNSET,
+                        rate_limit: "float | None" = UNSET, burst: "float | None" = None,
+                        aging: "float | timedelta | None" = UNSET, actor: str | None = None) -> dict[str, Any]:
         """Set a queue's policies, enforced by every pod's claims (docs/scheduling.md).
 
         ``concurrency_limit``: most jobs of the queue running at once across all pods.
@@ -461,36 +345,8 @@ class App:
         before higher-priority work. None removes a setting; omitted ones stay as they
         are. Audited with ``actor``. Raises :class:`ConfigError` for invalid values.
         """
-        check_queue_name(queue)
-        params: dict[str, Any] = {}
-        if concurrency_limit is not _UNSET:
-            if concurrency_limit is not None and (isinstance(concurrency_limit, bool) or
-                                                  not isinstance(concurrency_limit, int) or concurrency_limit < 1):
-                raise ConfigError(f"concurrency_limit (CLI: --concurrency) must be an integer >= 1, or None ('none') to remove it; "
-                                  f"got {concurrency_limit!r}")
-            params.update(concurrency_limit=concurrency_limit, set_concurrency=True)
-        if rate_limit is not _UNSET:
-            if rate_limit is not None:
-                if isinstance(rate_limit, bool) or not isinstance(rate_limit, (int, float)) or not rate_limit > 0:
-                    raise ConfigError(f"rate_limit (CLI: --rate) must be jobs per second > 0, or None ('none') to remove it; "
-                                      f"got {rate_limit!r}")
-                burst = max(1.0, float(rate_limit)) if burst is None else burst
-                if isinstance(burst, bool) or not isinstance(burst, (int, float)) or burst < 1:
-                    raise ConfigError(f"burst (CLI: --burst) must be >= 1 job, got {burst!r}")
-                params.update(rate=float(rate_limit), burst=float(burst))
-            elif burst is not None:
-                raise ConfigError("burst without a rate limit; give rate_limit (CLI: --rate) in jobs per second too")
-            params["set_rate"] = True
-        elif burst is not None:
-            raise ConfigError("burst without a rate limit; give rate_limit (CLI: --rate) in jobs per second too")
-        if aging is not _UNSET:
-            seconds = aging.total_seconds() if isinstance(aging, timedelta) else aging
-            if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
-                                        or not seconds > 0):
-                raise ConfigError(f"aging (CLI: --aging) must be seconds > 0, or None ('none') to remove it; got {aging!r}")
-            params.update(aging_seconds=None if seconds is None else float(seconds), set_aging=True)
-        with self.connection() as c:
-            return self.store.configure_queue(c, queue, actor=actor or _actor(), **params)
+        return operations.configure_queue(self, queue, concurrency_limit=concurrency_limit, rate_limit=rate_limit,
+                                          burst=burst, aging=aging, actor=actor)
 
     def delete_queue(self, queue: str, *, actor: str | None = None) -> dict[str, Any] | None:
         """Delete ``queue``'s settings row: its limits, token bucket and aging bound (a
@@ -503,27 +359,14 @@ class App:
         Raises :class:`QueuePaused` for a paused queue: deleting its row would resume it
         with no 'resumed' event and no wake-up; :meth:`resume_queue` first.
         """
-        check_queue_name(queue)
-        with self.connection() as c:
-            row = self.store.delete_queue(c, queue, actor=actor or _actor())
-        if row is not None and not row["deleted"]:
-            raise QueuePaused(f"queue {queue!r} is paused (since {row['paused_at'].isoformat(timespec='seconds')}, by "
-                              f"{row['paused_by']}): resume it first with `pgworker queue resume {queue}` "
-                              "(App.resume_queue), then delete it; nothing was changed")
-        if row is None:
-            return None
-        return {k: row[k] for k in ("concurrency_limit", "rate_per_second", "rate_burst", "aging_seconds")}
+        return operations.delete_queue(self, queue, actor=actor)
 
     def queue_usage(self, queue: str) -> dict[str, bool]:
         """Whether anything uses the queue name: ``has_jobs`` (claimable, running or
         dead jobs; finished ones are not counted), ``scheduled`` (a recorded schedule
         enqueues into it), ``configured`` (it has a settings row), ``in_app`` (it is one
         of :meth:`queues`: a registered task's, or a configured one)."""
-        check_queue_name(queue)
-        with self.connection() as c:
-            usage = dict(self.store.queue_usage(c, queue))
-        usage["in_app"] = queue in self.queues()
-        return usage
+        return operations.queue_usage(self, queue)
 
     def queue_settings(self) -> list[dict[str, Any]]:
         """Every configured queue: pause, limits, aging, and its running jobs."""
@@ -553,14 +396,3 @@ class App:
                   limit: int = 50) -> list[dict[str, Any]]:
         with self.connection() as c:
             return self.store.list_jobs(c, queue=queue, state=state, limit=limit)
-
-
-def _actor() -> str:
-    """Who performed an operator action: $PGWORKER_ACTOR, else user@host."""
-    import getpass
-
-    try:
-        user = getpass.getuser()
-    except Exception:
-        user = "unknown"
-    return os.environ.get("PGWORKER_ACTOR") or f"{user}@{socket.gethostname()}"

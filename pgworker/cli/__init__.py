@@ -1,0 +1,73 @@
+"""The ``pgworker`` command line.
+
+Settings come from flags, else ``PGWORKER_*`` environment variables, else the App's
+own. Output is a readable table on a terminal and JSON with ``--json``. Exit codes: 0
+success, 1 error, 2 bad usage, 75 a drain run hit its deadline with due work left.
+
+The package: :mod:`.parser` (the arguments), :mod:`.settings` (flags -> Settings and the
+App), :mod:`.output` (tables and JSON), and the commands by area: :mod:`.jobs` (jobs and
+dead jobs), :mod:`.queues` (status and queue policies), :mod:`.service` (migrate, run,
+schedules, sql grants, demo).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Sequence
+
+from ..errors import PgworkerError
+from .jobs import cmd_cancel, cmd_dead, cmd_enqueue, cmd_jobs, cmd_prune
+# The parser's names, importable from here as they were from the single module (the
+# settings reference, pgworker.settings_docs, reads the private value types too).
+from .parser import (ENV_FLAGS, SETTING_FLAGS, SETTING_SWITCHES, _ABSENT, _duration_or_none,  # noqa: F401
+                     _float_or_none, _int_or_none, build_parser, parse_duration)
+from .queues import cmd_queue, cmd_status
+from .service import cmd_demo, cmd_migrate, cmd_run, cmd_schedules, cmd_sql
+
+EXIT_USAGE = 2
+
+
+COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "enqueue": cmd_enqueue, "jobs": cmd_jobs,
+            "dead": cmd_dead, "cancel": cmd_cancel, "prune": cmd_prune, "status": cmd_status,
+            "queue": cmd_queue, "schedules": cmd_schedules, "sql": cmd_sql, "demo": cmd_demo}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for dest, (variable, default) in ENV_FLAGS.items():
+        if hasattr(args, dest) and getattr(args, dest) is None:
+            setattr(args, dest, os.environ.get(variable) or default)
+    if not args.command:
+        parser.print_help()
+        return EXIT_USAGE
+    if args.command != "run":
+        # Only `pgworker run` aggregates metrics across processes; a one-shot command
+        # (say, in a container whose image sets the variable) keeps them in memory.
+        os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    try:
+        return COMMANDS[args.command](args)
+    except PgworkerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # the reader went away (`pgworker jobs list | head`): exit quietly, as a shell tool
+        # does; stdout goes to devnull so the interpreter's final flush cannot raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except Exception as exc:  # a statement the server refused (privileges, constraints): no traceback, no secrets
+        import psycopg
+
+        if not isinstance(exc, psycopg.Error):
+            raise
+        from ..names import dsn_password, redact
+
+        dsn = getattr(args, "dsn", None) or os.environ.get("PGWORKER_DSN")
+        text = redact(" ".join(str(exc).split()), dsn_password(dsn), dsn)
+        hint = ("; this role lacks the privilege: see `pgworker sql grants`"
+                if getattr(exc, "sqlstate", None) == "42501" else "")
+        print(f"error: PostgreSQL refused the statement ({type(exc).__name__}): {text}{hint}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,118 @@
+"""Commands on jobs: enqueue, jobs list/show, dead list/keys/replay, cancel, prune."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..errors import ConfigError
+from ..names import quantity
+from .output import emit
+from .settings import _make_app
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    try:
+        payload = json.loads(args.payload)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--payload is not valid JSON: {exc}; example: --payload '{{\"user_id\": 42}}'") from None
+    except RecursionError:
+        raise ConfigError("--payload is nested too deeply for Python's JSON decoder; flatten it") from None
+    app = _make_app(args)
+    # A traced producer like the library: the SDK from the OTEL_* variables, as `pgworker
+    # run` sets it up, so the job carries the send span's context to its attempts. The
+    # console exporter writes to stderr: stdout is the job id, which scripts capture.
+    from .. import tracing
+
+    provider = tracing.setup_process(app.settings.tracing, console_out=sys.stderr)
+    try:
+        job_id = app.enqueue(args.task, payload, queue=args.queue, priority=args.priority, delay=args.delay,
+                             max_attempts=args.max_attempts, dedupe_key=args.dedupe_key,
+                             ordering_key=args.ordering_key, dedupe_window=args.dedupe_window,
+                             ordering_on_dead=args.ordering_on_dead, any_task=args.any_task)
+    finally:
+        tracing.flush(provider)  # a one-shot process: export before exit, not at the next batch
+    if args.task not in app.tasks:
+        _note_enqueue_defaults(args)
+    emit(args, {"id": job_id}) if args.json else print(job_id)
+    return 0
+
+
+def _note_enqueue_defaults(args: argparse.Namespace) -> None:
+    """Say on stderr which of pgworker's defaults a job of a task unknown here took: the
+    task's own queue and attempts are declared in code this process did not load, and a
+    job in the wrong queue waits for a worker that never claims it."""
+    from ..config import DEFAULT_QUEUE
+    from ..tasks import DEFAULT_MAX_ATTEMPTS
+
+    used = [f"{name}={value!r} ({flag})" for name, flag, given, value in (
+        ("queue", "--queue", args.queue, DEFAULT_QUEUE),
+        ("max_attempts", "--max-attempts", args.max_attempts, DEFAULT_MAX_ATTEMPTS)) if given is None]
+    if used:
+        why = "no --app" if not args.app else f"--app does not register {args.task!r}"
+        print(f"note: {why}, so the task's own settings are unknown here; used the defaults "
+              f"{', '.join(used)}", file=sys.stderr)
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    app = _make_app(args)
+    if getattr(args, "jobs_command", None) == "show":
+        job = app.get_job(args.id)
+        if job is None:
+            print(f"error: no job {args.id}", file=sys.stderr)
+            return 1
+        if job.get("ordering_key") is None and not args.json:
+            # what a dead job does to its ordering key: meaningless without one (JSON keeps
+            # every column, for scripts)
+            job.pop("dead_blocks_key", None)
+        emit(args, job)
+        return 0
+    rows = app.list_jobs(queue=args.queue, state=args.state, limit=args.limit)
+    emit(args, rows, ["id", "queue", "task", "state", "priority", "attempts", "max_attempts",
+                      "run_at", "last_error_code"])
+    return 0
+
+
+def cmd_dead(args: argparse.Namespace) -> int:
+    app = _make_app(args)
+    if getattr(args, "dead_command", None) == "keys":
+        with app.connection() as conn:
+            rows = app.store.dead_blocked_keys(conn, limit=args.limit)
+        emit(args, rows, ["queue", "ordering_key", "dead_job_id", "task", "last_error_code", "finished_at",
+                          "waiting"])
+        return 0
+    if getattr(args, "dead_command", None) == "replay":
+        if not args.ids and not (args.queue and args.all):
+            raise ConfigError("give job ids, or --queue QUEUE --all")
+        ids = app.replay(args.ids, queue=args.queue if args.all else None, limit=args.limit)
+        if args.json:
+            emit(args, {"replayed": ids})
+        else:
+            print(f"replayed {quantity(len(ids), 'job')}" + (f": {', '.join(map(str, ids[:50]))}" if ids else ""))
+        missing = sorted(set(args.ids) - set(ids))
+        if missing:
+            print(f"not dead (or unknown), left as they were: {', '.join(map(str, missing))}", file=sys.stderr)
+            return 1
+        return 0
+    rows = app.list_jobs(queue=args.queue, state="dead", limit=args.limit)
+    emit(args, rows, ["id", "queue", "task", "attempts", "last_error_code", "finished_at"])
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    app = _make_app(args)
+    state = app.cancel(args.id)
+    if state is None:
+        print(f"error: job {args.id} is unknown or already finished", file=sys.stderr)
+        return 1
+    msg = "cancelled" if state == "cancelled" else "cancellation requested (the job is running)"
+    emit(args, {"id": args.id, "state": state}) if args.json else print(f"job {args.id}: {msg}")
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    app = _make_app(args)
+    n = app.prune(args.older_than, batch=args.batch)
+    emit(args, {"deleted": n}) if args.json else print(f"deleted {quantity(n, 'finished job')}")
+    return 0

@@ -1,0 +1,269 @@
+"""The command line's arguments: every command and its flags, the value types they take,
+and the tables saying which flags set a Settings field or default to another
+environment variable (docs/configuration.md is generated from them)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Any
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1, None: 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '15m', '12h', '7d', '2w', '250ms' -> seconds."""
+    m = _DURATION.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration; use forms like 30s, 15m, 12h, 7d")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+#: Flags whose default is an environment variable other than a Settings field's: dest ->
+#: (variable, default when it is unset). Resolved after parsing, so that the parser (and
+#: the reference generated from it, docs/configuration.md) does not depend on the
+#: environment it was built in.
+ENV_FLAGS: dict[str, tuple[str, str | None]] = {
+    "app": ("PGWORKER_APP", None),
+    "log_level": ("PGWORKER_LOG_LEVEL", "INFO"),
+    "log_format": ("PGWORKER_LOG_FORMAT", "text"),
+}
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("connection")
+    g.add_argument("--dsn", help="PostgreSQL DSN (env PGWORKER_DSN)")
+    g.add_argument("--schema", help="pgworker's schema (env PGWORKER_SCHEMA, default pgworker)")
+    g.add_argument("--app",
+                   help="your App: 'package.module:app' or 'path/file.py:app'; 'package.module:create_app()' "
+                        "calls a factory that returns it (env PGWORKER_APP)")
+    g.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse without abbreviations: with them, a typo such as ``--queue`` for ``--queues``
+    or ``--prio`` for ``--priority`` silently picks whichever flag it prefixes (or fails as
+    "ambiguous"), and adding a flag later can change what an old command line means.
+    Subparsers are made with the parser's own class, so every command inherits this."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="pgworker", description="PostgreSQL-backed job queue and worker.")
+    parser.add_argument("--version", action="version", version=f"pgworker {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("migrate", help="create or upgrade pgworker's schema")
+    _common(p)
+
+    p = sub.add_parser("run", help="run the worker: a dispatcher and a pool of claimer processes")
+    _common(p)
+    p.add_argument("--queues", help="comma-separated queues (default: the queues of the app's tasks)")
+    p.add_argument("--concurrency", type=int, help="claimer processes (default: CPU count)")
+    p.add_argument("--drain", action="store_true",
+                   help="claim until nothing is due and nothing runs, then exit (no LISTEN, no polling)")
+    p.add_argument("--max-duration", type=parse_duration,
+                   help="drain mode: stop at this deadline; exit 75 if due work is left")
+    p.add_argument("--listen-dsn", help="direct connection for LISTEN (not a transaction pooler)")
+    p.add_argument("--no-listen", action="store_true", help="no LISTEN: rely on the fallback poll")
+    p.add_argument("--poll-interval", type=parse_duration, help="fallback poll interval (default 2s)")
+    p.add_argument("--lease", type=parse_duration, help="lease length (default 60s)")
+    p.add_argument("--max-runtime", type=parse_duration, help="stop attempts running longer (default 1h)")
+    p.add_argument("--reap-interval", type=parse_duration, help="reaper interval (default 15s)")
+    p.add_argument("--shutdown-grace", type=parse_duration, help="time running jobs get at shutdown (default 30s)")
+    p.add_argument("--batch-size", type=int, help="jobs per claim (default: sized from run times)")
+    p.add_argument("--metrics-port", type=int, help="port of /metrics, /healthz, /readyz; 0 = off (default 9186)")
+    p.add_argument("--metrics-host", help="address to bind the metrics server to (default 0.0.0.0)")
+    p.add_argument("--metrics-dir", help="prometheus multiprocess directory (default: a fresh temporary one)")
+    p.add_argument("--no-stats", action="store_true", help="no queue statistics queries at scrape time")
+    p.add_argument("--no-tracing", action="store_true", help="turn OpenTelemetry spans off")
+    p.add_argument("--trace-sql", action="store_true", help="SQL child spans (opentelemetry-instrumentation-psycopg)")
+    p.add_argument("--pushgateway-url", help="drain mode: push the run's summary to this Pushgateway")
+    p.add_argument("--max-jobs-per-child", type=int, help="recycle a claimer after this many jobs")
+    p.add_argument("--max-memory-per-child", type=int, help="recycle a claimer above this RSS (bytes)")
+    p.add_argument("--no-prepared-statements", action="store_true",
+                   help="behind pgbouncer < 1.21 in transaction mode")
+    p.add_argument("--queue-concurrency", help="per-pod limits, e.g. 'emails=2,reports=1' (jobs held at once)")
+    p.add_argument("--priority-aging", type=parse_duration,
+                   help="claim a job due for longer than this before higher-priority work (default off)")
+    p.add_argument("--no-schedules", action="store_true", help="do not enqueue the app's periodic jobs")
+    p.add_argument("--log-format", choices=("text", "json"),
+                   help="log lines as text, or one JSON object a line (env PGWORKER_LOG_FORMAT, default text)")
+    p.add_argument("--log-level", metavar="LEVEL",
+                   help="DEBUG, INFO, WARNING or ERROR (env PGWORKER_LOG_LEVEL, default INFO)")
+
+    p = sub.add_parser("enqueue", help="enqueue one job by task name")
+    _common(p)
+    p.add_argument("task", help="the task's name, as registered with @app.task(name=...)")
+    p.add_argument("--payload", default="null", help="JSON payload (default null)")
+    p.add_argument("--queue", help="queue (default: the task's, with --app; else 'default')")
+    p.add_argument("--priority", type=int, metavar="N",
+                   help="higher runs first, -32768 to 32767 (default: the task's, else 0)")
+    p.add_argument("--delay", type=parse_duration, metavar="DURATION",
+                   help="run no sooner than this from now, e.g. 90s, 15m (default: now)")
+    p.add_argument("--max-attempts", type=int, metavar="N",
+                   help="attempts before the job is dead (default: the task's, else 5)")
+    p.add_argument("--dedupe-key", metavar="KEY",
+                   help="while a job with this key is pending or running, return its id instead")
+    p.add_argument("--dedupe-window", type=parse_duration, metavar="DURATION",
+                   help="keep the dedupe key held this long after the job succeeded")
+    p.add_argument("--ordering-key", metavar="KEY",
+                   help="jobs sharing this key run one at a time, in enqueue order")
+    p.add_argument("--ordering-on-dead", choices=("block", "skip"),
+                   help="if this job dies: block its key's later jobs until replayed or discarded, "
+                        "or skip it (default: the task's, else block)")
+    p.add_argument("--any-task", action="store_true",
+                   help="enqueue a task name the --app does not register (one another service's "
+                        "worker handles); without it, such a name is refused as a likely typo")
+
+    p = sub.add_parser("jobs", help="list jobs, or show one with its error history")
+    _common(p)
+    jsub = p.add_subparsers(dest="jobs_command", metavar="list|show")
+    jl = jsub.add_parser("list", help="list jobs (default)")
+    _common(jl)
+    for q in (p, jl):
+        q.add_argument("--queue", help="only this queue's jobs")
+        q.add_argument("--state", choices=("pending", "running", "succeeded", "dead", "cancelled"),
+                       help="only jobs in this state")
+        q.add_argument("--limit", type=int, default=50, metavar="N", help="at most N jobs, newest first")
+    js = jsub.add_parser("show", help="one job in full")
+    _common(js)
+    js.add_argument("id", type=int, help="the job's id")
+
+    p = sub.add_parser("dead", help="dead jobs: list or replay")
+    _common(p)
+    dsub = p.add_subparsers(dest="dead_command", metavar="list|replay|keys")
+    dl = dsub.add_parser("list", help="dead jobs with their last error code (default)")
+    _common(dl)
+    dl.add_argument("--queue", help="only this queue's dead jobs")
+    dl.add_argument("--limit", type=int, default=50, metavar="N", help="at most N jobs, newest first")
+    dk = dsub.add_parser("keys", help="ordering keys held by a dead job, with the jobs waiting behind each")
+    _common(dk)
+    dk.add_argument("--limit", type=int, default=100, metavar="N", help="at most N keys, oldest first")
+    dr = dsub.add_parser("replay", help="replay dead jobs by id, or --queue Q --all")
+    _common(dr)
+    dr.add_argument("ids", nargs="*", type=int, metavar="ID", help="dead jobs to put back to pending")
+    dr.add_argument("--queue", help="with --all: the queue whose dead jobs to replay")
+    dr.add_argument("--all", action="store_true", help="every dead job of --queue")
+    dr.add_argument("--limit", type=int, default=10_000, metavar="N", help="with --all: at most N jobs")
+
+    p = sub.add_parser("cancel", help="cancel a job (a running one is asked to stop)")
+    _common(p)
+    p.add_argument("id", type=int, help="the job's id")
+
+    p = sub.add_parser("prune", help="delete succeeded and cancelled jobs older than a retention")
+    _common(p)
+    p.add_argument("--older-than", type=parse_duration, required=True, metavar="DURATION",
+                   help="finished longer ago than this, e.g. 7d")
+    p.add_argument("--batch", type=int, default=10_000, metavar="N", help="rows deleted per statement")
+
+    p = sub.add_parser("status", help="jobs by queue and state, oldest due job's age, running leases, "
+                                      "paused queues, ordering keys held by a dead job")
+    _common(p)
+
+    p = sub.add_parser("queue", help="queue policies: list, pause, resume, set limits, events")
+    _common(p)
+    qsub = p.add_subparsers(dest="queue_command", metavar="list|pause|resume|set|delete|events")
+    ql = qsub.add_parser("list", help="configured queues (default)")
+    _common(ql)
+    for verb, text in (("pause", "stop every pod claiming from a queue (enqueues go on)"),
+                       ("resume", "resume a paused queue"),
+                       ("delete", "delete a queue's settings (limits, aging; one made by a typo, say); "
+                                  "jobs are untouched; a paused queue must be resumed first")):
+        qp = qsub.add_parser(verb, help=text)
+        _common(qp)
+        qp.add_argument("name", help="the queue's name")
+    qs = qsub.add_parser("set", help="set a queue's global concurrency limit, rate limit or aging bound")
+    _common(qs)
+    qs.add_argument("name", help="the queue's name")
+    # absent (left as it is) and 'none' (removed) differ: absent options keep the default _ABSENT
+    # (dest names apart from the settings' own: --concurrency of `run` is another thing; the
+    # metavars keep those internal names out of --help)
+    qs.add_argument("--concurrency", dest="limit_concurrency", type=_int_or_none, default=_ABSENT, metavar="N",
+                    help="most running jobs across all pods ('none' removes)")
+    qs.add_argument("--rate", dest="limit_rate", type=_float_or_none, default=_ABSENT, metavar="JOBS_PER_SECOND",
+                    help="jobs per second ('none' removes)")
+    qs.add_argument("--burst", dest="limit_burst", type=float, metavar="JOBS",
+                    help="token bucket size in jobs (default max(1, rate))")
+    qs.add_argument("--aging", dest="limit_aging", type=_duration_or_none, default=_ABSENT, metavar="DURATION",
+                    help="priority-aging bound, e.g. 5m ('none' removes)")
+    qe = qsub.add_parser("events", help="who paused, resumed, reconfigured or deleted a queue")
+    _common(qe)
+    qe.add_argument("name", help="the queue's name")
+    qe.add_argument("--limit", type=int, default=50, metavar="N", help="at most N events, newest first")
+
+    p = sub.add_parser("schedules", help="periodic jobs with their next run (--app adds the declared ones)")
+    _common(p)
+
+    p = sub.add_parser("sql", help="SQL for operators: least-privilege grants")
+    ssub = p.add_subparsers(dest="sql_command", metavar="grants")
+    sg = ssub.add_parser("grants", help="GRANTs for a producer role and a worker role (print, or --apply)")
+    _common(sg)
+    sg.add_argument("--producer", help="role that may only enqueue and read job state")
+    sg.add_argument("--worker", help="role that may claim, record outcomes and run the reaper")
+    sg.add_argument("--apply", action="store_true", help="run the statements with --dsn (the schema's owner)")
+
+    p = sub.add_parser("demo", help="run a realistic workload end to end (embedded PostgreSQL without --dsn)")
+    _common(p)
+    p.add_argument("--jobs", type=int, default=400, metavar="N", help="jobs in the workload")
+    p.add_argument("--concurrency", type=int, default=4, metavar="N", help="claimer processes of its worker")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the outputs and, without --dsn, the embedded PostgreSQL running (to inspect "
+                        "the jobs)")
+    return parser
+
+
+_NONE = ("none", "off", "null", "-")
+_ABSENT: Any = object()
+
+
+def _int_or_none(text: str) -> int | None:
+    if text.strip().lower() in _NONE:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer (or 'none')") from None
+
+
+def _float_or_none(text: str) -> float | None:
+    if text.strip().lower() in _NONE:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (or 'none')") from None
+
+
+def _duration_or_none(text: str) -> float | None:
+    return None if text.strip().lower() in _NONE else parse_duration(text)
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+#: Flags that set a Settings field (dest -> field); unset, the field's PGWORKER_* variable
+#: applies. `pgworker run` has them all; --dsn and --schema are on every command. The
+#: reference (docs/configuration.md) is generated from this table and the parser.
+SETTING_FLAGS: dict[str, str] = {
+    "dsn": "dsn", "schema": "schema", "queues": "queues", "concurrency": "concurrency",
+    "listen_dsn": "listen_dsn", "poll_interval": "poll_interval_seconds", "lease": "lease_seconds",
+    "max_runtime": "max_runtime_seconds", "reap_interval": "reap_interval_seconds",
+    "shutdown_grace": "shutdown_grace_seconds", "batch_size": "batch_size", "metrics_port": "metrics_port",
+    "metrics_host": "metrics_host", "max_jobs_per_child": "max_jobs_per_child",
+    "max_memory_per_child": "max_memory_per_child_bytes", "priority_aging": "priority_aging_seconds",
+    "queue_concurrency": "queue_concurrency",
+}
+#: Switches that set a boolean Settings field: dest -> (field, the value they set).
+SETTING_SWITCHES: dict[str, tuple[str, bool]] = {
+    "no_listen": ("listen", False), "no_stats": ("stats", False), "no_tracing": ("tracing", False),
+    "trace_sql": ("trace_sql", True), "no_prepared_statements": ("prepared_statements", False),
+    "no_schedules": ("schedules", False),
+}

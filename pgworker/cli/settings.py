@@ -1,0 +1,50 @@
+"""From parsed arguments to the App: the Settings the flags override, and the App they
+configure (the --app's, or one from the environment)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..errors import ConfigError
+from .parser import SETTING_FLAGS, SETTING_SWITCHES
+
+
+def _settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    from ..config import _queue_counts, _queues
+
+    o: dict[str, Any] = {}
+    for dest, name in SETTING_FLAGS.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            o[name] = value
+    for dest, (name, value) in SETTING_SWITCHES.items():
+        if getattr(args, dest, False):
+            o[name] = value
+    if o.get("queues") is not None:
+        o["queues"] = _queues(o["queues"])
+    if o.get("queue_concurrency"):
+        try:
+            o["queue_concurrency"] = _queue_counts(o["queue_concurrency"])
+        except ValueError as exc:
+            raise ConfigError(f"--queue-concurrency: {exc}; example: --queue-concurrency emails=2,reports=1") from None
+    else:
+        o.pop("queue_concurrency", None)
+    if o.get("queues") == ():
+        del o["queues"]  # `--queues ''`: as if not given
+    return o
+
+
+def _make_app(args: argparse.Namespace, *, need_app: bool = False) -> Any:
+    from ..app import App
+    from ..config import Settings
+    from ..loader import load_app
+
+    if args.app:
+        app = load_app(args.app)
+        app.configure(app.settings.replace(**_settings_overrides(args)))
+        return app
+    if need_app:
+        raise ConfigError("pgworker run needs your App: --app package.module:app (or PGWORKER_APP); "
+                          "try `pgworker demo` for a self-contained example")
+    return App(settings=Settings.from_env(**_settings_overrides(args)))

@@ -1,0 +1,96 @@
+"""The App's client connections: a pool of autocommit connections, checked before use
+after idling, and pgworker's own errors for what goes wrong while one is in use."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import Any, Iterator
+
+import psycopg
+
+from . import db
+from .config import Settings
+from .errors import DatabaseReadOnly, DatabaseUnavailable, PoolerError, SchemaNotMigrated
+from .names import dsn_password, redact, redact_dsn
+
+POOL_MAX_SIZE = 4
+# A pooled connection idle for longer than this is checked before use, so a server
+# restart costs a reconnect rather than a failed enqueue.
+POOL_CHECK_IDLE_SECONDS = 1.0
+
+
+def open_pool(s: Settings, name: str) -> Any:
+    """An open pool for the App called ``name``; raises :class:`DatabaseUnavailable` when
+    the server cannot be reached."""
+    from psycopg_pool import ConnectionPool
+
+    db.check_dsn(s.dsn)
+
+    def configure(conn: psycopg.Connection) -> None:
+        # behind a transaction-mode pooler, prepared statements would go missing
+        if db.detect_pooler(conn) or not s.prepared_statements:
+            conn.prepare_threshold = None
+
+    def check(conn: psycopg.Connection) -> None:
+        last = getattr(conn, "_pgworker_returned_at", 0.0)
+        if time.monotonic() - last > POOL_CHECK_IDLE_SECONDS:
+            ConnectionPool.check_connection(conn)
+
+    # Fail fast with a clear message when the server is unreachable (the pool
+    # itself would keep retrying until its timeout).
+    db.connect(s.dsn, application_name=f"{name}:client").close()
+    pool = ConnectionPool(
+        conninfo=s.dsn or "", min_size=1, max_size=POOL_MAX_SIZE, open=False,
+        name=f"pgworker-{os.getpid()}", configure=configure, check=check,
+        kwargs={"autocommit": True, "application_name": f"{name}:client",
+                "connect_timeout": db.CONNECT_TIMEOUT_SECONDS, **db.KEEPALIVE_KWARGS})
+    try:
+        pool.open(wait=True, timeout=db.CONNECT_TIMEOUT_SECONDS + 5)
+    except Exception as exc:
+        pool.close()
+        raise DatabaseUnavailable(
+            f"cannot connect to PostgreSQL at {redact_dsn(s.dsn)!r}: "
+            f"{redact(str(exc), dsn_password(s.dsn), s.dsn)}; check PGWORKER_DSN and that "
+            "the server is running") from None
+    return pool
+
+
+@contextlib.contextmanager
+def borrow(pool: Any) -> Iterator[psycopg.Connection]:
+    """A connection of ``pool`` (from :func:`open_pool`), handed back when done."""
+    with pool.connection() as pooled:
+        try:
+            yield pooled
+        finally:
+            # When it was last used, for the check before its next use. Set here
+            # rather than in a pool `reset` callback: with one, psycopg_pool hands
+            # every returned connection to a worker thread, and the next enqueue
+            # waits for that thread (about 100 us a call).
+            pooled._pgworker_returned_at = time.monotonic()  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def database_errors(settings: Settings) -> Iterator[None]:
+    """Turn the database's failures inside the block into pgworker's errors: a missing
+    schema, an unreachable or read-only server, a pooler without prepared statements."""
+    try:
+        yield
+    except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName,
+            psycopg.errors.UndefinedObject, psycopg.errors.UndefinedFunction) as exc:
+        raise SchemaNotMigrated(
+            f"pgworker's schema {settings.schema!r} is missing or incomplete ({exc.diag.message_primary}): "
+            "run `pgworker migrate` (or App.migrate()) with the same DSN and schema") from None
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(
+            f"database error: {redact(str(exc), dsn_password(settings.dsn), settings.dsn)}; "
+            "the job state is unknown only if the failure came after the statement was sent") from None
+    except psycopg.Error as exc:
+        if db.failure_kind(exc) == "read-only":
+            raise DatabaseReadOnly(
+                "the server is read-only (a standby after a failover, or default_transaction_read_only "
+                "is on): nothing was written; point PGWORKER_DSN at the writable primary") from exc
+        if db.failure_kind(exc) == "prepared-statements":
+            raise PoolerError(db.describe_failure(exc)) from exc
+        raise
