@@ -18,7 +18,7 @@ class QueueStats(list):  # type: ignore[type-arg]
     - ``table_error``: the exception class name of that failure, else None.
 
     A list, so that the callers that only want the per-queue rows see no difference; the
-    metrics collector reads ``table`` too (pgworker.metrics.TableHealthGauges).
+    metrics collector reads ``table`` too (pgworker.database_gauges.TableHealthGauges).
     """
 
     def __init__(self, rows: Iterable[dict[str, Any]], *, table: dict[str, Any] | None = None,

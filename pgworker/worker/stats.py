@@ -3,7 +3,7 @@
 One connection of its own, opened with a short connect timeout, and one statement under
 ``statement_timeout``: an unreachable or slow server fails the scrape's statistics fast
 (``pgworker_queue_stats_up`` 0) instead of stalling /metrics past Prometheus' scrape
-timeout. The collector (:class:`pgworker.metrics.QueueStatsCollector`) caches the rows.
+timeout. The collector (:class:`pgworker.database_gauges.QueueStatsCollector`) caches the rows.
 """
 
 from __future__ import annotations

@@ -139,7 +139,8 @@ class Supervisor:
             os._exit(128 + signum)
 
     def _start_http(self) -> None:
-        from ..metrics import QueueStatsCollector, exposition_registry
+        from ..database_gauges import QueueStatsCollector
+        from ..metrics import exposition_registry
 
         extra = []
         if self.settings.stats:

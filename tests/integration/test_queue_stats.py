@@ -11,7 +11,7 @@ from psycopg import sql
 from prometheus_client import CollectorRegistry
 
 from pgworker.worker.stats import StatsSource
-from pgworker.metrics import QueueStatsCollector
+from pgworker.database_gauges import QueueStatsCollector
 from worker import q
 
 pytestmark = pytest.mark.integration

@@ -27,7 +27,7 @@ from pgworker import App
 from pgworker import grants
 from pgworker import sql as sqlfiles
 from pgworker.worker.stats import StatsSource
-from pgworker.metrics import QueueStatsCollector
+from pgworker.database_gauges import QueueStatsCollector
 from pgworker.migrate import migrate
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pgworker import catalogue as cat
-from pgworker.metrics import QueueStatsCollector, TableHealthGauges, holder_label
+from pgworker.database_gauges import QueueStatsCollector, TableHealthGauges, holder_label
 from pgworker.store import QueueStats
 
 pytestmark = pytest.mark.unit
