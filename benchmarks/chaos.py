@@ -597,6 +597,8 @@ class Soak:
         """Counters summed over every worker incarnation: the last HTTP scrape of each
         worker stopped cleanly, and the multiprocess files of each killed one."""
         totals: Counter = Counter()
+        overrun_sum = 0.0
+        overrun_buckets: dict[str, list[tuple[float, float]]] = {}
         for s in self.slots:
             text = s.final_scrape if not s.killed else _read_metrics_dir(s.metrics_dir)
             if text is None and s.killed and not os.path.isdir(s.metrics_dir):
@@ -614,7 +616,23 @@ class Soak:
                     totals[f"fenced_{labels.get('operation')}"] += value
                 elif name == "pgworker_listener_reconnects_total":
                     totals["listener_reconnects"] += value
+                elif name == "pgworker_lease_overrun_seconds_count":
+                    totals["overrun_count"] += value
+                elif name == "pgworker_lease_overrun_seconds_sum":
+                    overrun_sum += value
+                elif name == "pgworker_lease_overrun_seconds_bucket" and value:
+                    # buckets are cumulative: the smallest bound holding every observation of
+                    # this worker bounds its largest window
+                    overrun_buckets.setdefault(s.name, []).append((float(labels["le"]), value))
         m = {k: int(v) for k, v in sorted(totals.items())}
+        # the duplicate-execution window: how long attempts whose writes were refused ran past
+        # their lease (pgworker_lease_overrun_seconds); the largest is bounded by a bucket
+        worst = 0.0
+        for buckets in overrun_buckets.values():
+            top = max(v for _, v in buckets)
+            worst = max(worst, min(le for le, v in buckets if v >= top))
+        m["overrun_max_bucket_seconds"] = worst
+        m["overrun_mean_seconds"] = round(overrun_sum / totals["overrun_count"], 2) if totals["overrun_count"] else 0
         m["table_succeeded"] = succeeded
         m["table_dead"] = dead
         m["metrics_succeeded"] = int(totals["finished_succeeded"])
@@ -684,6 +702,15 @@ def _samples(text: str):
             yield s.name, s.labels, s.value
 
 
+def _window_bound(c: dict[str, Any]) -> str:
+    """What the settings promise: a handler is told its lease is lost within the lease of
+    its last renewal plus the supervisor's tick; a cooperative handler (it checks
+    ctx.lease_lost) then stops, so the window is about that tick; one that does not stop
+    runs on until its hard limit, and its write is refused."""
+    return (f"told within {c['lease']:g} s + 0.2 s of the last renewal; a handler that ignores it "
+            "runs until its own end or its hard limit")
+
+
 def format_table(r: Report) -> str:
     c = r.config
     lines = [
@@ -714,6 +741,9 @@ def format_table(r: Report) -> str:
         f"| jobs with two succeeded transitions | {r.double_succeeded} |",
         f"| executions repeated under one token | {r.same_token_reruns} |",
         f"| fenced writes (metrics) | {m.get('fenced_writes', 0)} |",
+        f"| duplicate-execution window of refused writes: count, mean, max (bucket bound) | "
+        f"{m.get('overrun_count', 0)}, {m.get('overrun_mean_seconds', 0)} s, <= {m.get('overrun_max_bucket_seconds', 0):g} s "
+        f"(bound from the settings: {_window_bound(c)}) |",
         f"| lease expirations reaped (metrics) | {m.get('expired_requeued', 0) + m.get('expired_dead', 0)} |",
         f"| succeeded: metrics / table | {m.get('metrics_succeeded')} / {m.get('table_succeeded')} |",
         f"| dead: metrics / table | {m.get('metrics_dead')} / {m.get('table_dead')} |",

@@ -112,6 +112,10 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("pgworker_fenced_writes_total", "counter", ("queue", "operation"),
               "Writes refused by the fence because the lease was lost, by operation.", "worker",
               recorded_by="claimers (outcomes); the supervisor (renew, and a dead claimer's outcomes)"),
+    MetricDef("pgworker_lease_overrun_seconds", "histogram", ("queue",),
+              "The duplicate-execution window: how long an attempt whose lease was lost ran past its "
+              "lease's expiry, measured when its refused write reached the database (database clock).",
+              "worker", buckets=WAIT_BUCKETS, recorded_by=_CLAIMERS),
     MetricDef("pgworker_jobs_in_flight", "gauge", ("queue",),
               "Jobs held by live claimers of this pod (running or about to run).", "worker",
               multiprocess_mode="livesum", recorded_by=_CLAIMERS),
@@ -252,6 +256,7 @@ SPAN_ATTRIBUTES = {
     "pgworker.task": "the task name",
     "pgworker.job.attempt": "the attempt number (1-based)",
     "pgworker.lease.token": "the fencing token of the attempt",
+    "pgworker.lease.overrun_seconds": "a refused write: how long the attempt ran past its lease's expiry",
     "pgworker.fence.result": "accepted, or refused when the lease was lost",
     "pgworker.outcome": "how the attempt ended (succeeded, retried, dead, ...)",
 }

@@ -84,6 +84,7 @@ class WorkerMetrics:
             c("pgworker_claimed_jobs_total", q)
             c("pgworker_claim_duration_seconds", q)
             c("pgworker_job_wait_duration_seconds", q)
+            c("pgworker_lease_overrun_seconds", q)
             c("pgworker_enqueued_jobs_total", q)
             for r in cat.RENEW_RESULTS:
                 c("pgworker_lease_renewals_total", q, r)
@@ -177,6 +178,10 @@ class WorkerMetrics:
             c("pgworker_job_retries_total", queue, self.error_class(error_code or "unknown")).inc(n)
         elif outcome == "dead":
             c("pgworker_jobs_dead_total", queue, self.error_class(error_code or "unknown")).inc(n)
+
+    def lease_overrun(self, queue: str, seconds: float) -> None:
+        """A refused write's attempt ran ``seconds`` past its lease's expiry."""
+        self._child("pgworker_lease_overrun_seconds", queue).observe(max(0.0, seconds))
 
     def fenced(self, queue: str, operation: str, count: int = 1) -> None:
         self._child("pgworker_fenced_writes_total", queue, operation).inc(count)

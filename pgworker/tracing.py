@@ -172,10 +172,12 @@ def record_outcome(span: trace.Span, outcome: str, exc: BaseException | None = N
 
 
 def settle_span(job: Any, operation: str, accepted: bool, *, parent: trace.Span | None,
-                worker_id: str, start_time: int | None = None) -> None:
+                worker_id: str, start_time: int | None = None, overrun_seconds: float | None = None) -> None:
     """Emit the ``settle {queue}`` span of one attempt's fenced write (after the fact:
     outcomes are written in batches), as a child of the attempt's process span. That span
-    has ended by now, so it no longer reports ``is_recording()``: its context decides."""
+    has ended by now, so it no longer reports ``is_recording()``: its context decides.
+    ``overrun_seconds``: for a refused write, how long the attempt ran past its lease's
+    expiry (database clock), the duplicate-execution window it opened."""
     if parent is None or not parent.get_span_context().is_valid:
         return  # the attempt was not traced (tracing off): the cheap check first
     t = _active_tracer()
@@ -188,6 +190,8 @@ def settle_span(job: Any, operation: str, accepted: bool, *, parent: trace.Span 
                   "pgworker.fence.result": "accepted" if accepted else "refused"})
     if not accepted:
         attrs["error.type"] = LEASE_LOST
+    if overrun_seconds is not None:
+        attrs["pgworker.lease.overrun_seconds"] = overrun_seconds
     span = t.start_span(f"settle {job.queue}", context=trace.set_span_in_context(parent),
                                kind=SpanKind.CLIENT, attributes=attrs, start_time=start_time)
     if not accepted:

@@ -285,6 +285,12 @@ class SlotTable:
             return True, False
         return bool(s.lost), bool(s.cancel)
 
+    def expiry(self, index: int, job_id: int) -> float:
+        """The lease's expiry (Unix seconds, database clock) of the job in this slot, as the
+        claim or the last accepted renewal set it; 0.0 when the slot holds another job."""
+        s = self.slots[index]
+        return s.expires_at if s.job_id == job_id else 0.0
+
     def state_of(self, index: int, job_id: int) -> int:
         """The slot's state if it still holds this job, else EMPTY."""
         s = self.slots[index]

@@ -59,6 +59,13 @@ def test_a_stalled_connection_cannot_hide_a_lost_lease_from_the_handler(env, pg_
                 w2.stop()
             proxy.resume()
             assert total(text, "pgworker_lease_renewals_total", result="lost") >= 1
+            # W1's late outcome reaches the database and is refused: the window it opened is measured
+            text = wait_until(lambda: (t := try_scrape(port)) and total(
+                t, "pgworker_lease_overrun_seconds_count", queue="default") >= 1 and t, 30,
+                message=lambda: f"W1's refused write to be measured; log:\n{w1.logs()[-2000:]}")
+            overrun = total(text, "pgworker_lease_overrun_seconds_sum", queue="default")
+            print(f"W1's attempt ran {overrun:.2f} s past its lease's expiry")
+            assert overrun > 0 and "past its lease's expiry" in w1.logs()
             w1.stop()
 
 

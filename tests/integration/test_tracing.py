@@ -201,6 +201,7 @@ def test_a_fenced_out_completion_carries_lease_lost(traced_app, exporter, conn, 
     assert settle.attributes["messaging.operation.name"] == "complete"
     assert settle.attributes["pgworker.fence.result"] == "refused"
     assert settle.attributes["error.type"] == "pgworker.LeaseLost"
+    assert settle.attributes["pgworker.lease.overrun_seconds"] > 0  # it ran past the claim's lease
     assert settle.status.status_code == StatusCode.ERROR
     assert q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", job_id) == [("running",)]
     assert fenced_completions() == before + 1

@@ -113,6 +113,7 @@ class Completer:
                 unsure = [o for o in batch if o.retries and o.job.id not in deferred
                           and o.job.id not in reports.get(o.kind, FenceReport("")).accepted]
                 confirmed = self._confirm(conn, unsure) if unsure else set()
+                db_now = self._now_if_refused(conn, batch, reports, confirmed, deferred)
             except psycopg.Error as exc:  # the connection is gone (statement errors are handled inside)
                 self.table.set_state_many(held, s.DECIDED)
                 self._requeue(batch)
@@ -124,7 +125,7 @@ class Completer:
             self._requeue(later)
         else:
             self.table.write_health(None)
-        self._account([o for o in batch if o.job.id not in deferred], reports, confirmed, started)
+        self._account([o for o in batch if o.job.id not in deferred], reports, confirmed, started, db_now)
 
     def _requeue(self, outcomes: list[Outcome]) -> None:
         for o in outcomes:
@@ -200,6 +201,20 @@ class Completer:
                 ok.add(o.job.id)
         return ok
 
+    def _now_if_refused(self, conn: psycopg.Connection, batch: list[Outcome], reports: dict[int, FenceReport],
+                        confirmed: set[int], deferred: set[int]) -> float | None:
+        """The database clock (Unix seconds) when some write of the batch was refused (to
+        measure how long its attempt ran past its lease), else None: no extra query."""
+        if all(o.job.id in deferred or o.job.id in confirmed or
+               o.job.id in reports.get(o.kind, FenceReport("")).accepted for o in batch):
+            return None
+        try:
+            return self.store.db_now(conn).timestamp()
+        except psycopg.Error as exc:
+            if connection_lost(exc, conn):
+                raise
+            return None
+
     def _write_failed(self, reason: str, text: str) -> None:
         self.metrics.outcome_write_error(reason)
         self.table.write_health(f"{reason}: {text}")
@@ -207,7 +222,7 @@ class Completer:
     # -- accounting ---------------------------------------------------------------------
 
     def _account(self, written: list[Outcome], reports: dict[int, FenceReport], confirmed: set[int],
-                 started_ns: int) -> None:
+                 started_ns: int, db_now: float | None = None) -> None:
         """Count a flush at once: one pass over the slot table, one update of each shared
         counter, gauge and histogram per label set."""
         outcomes: dict[str, int] = {}
@@ -227,7 +242,7 @@ class Completer:
                         o.kind_name, o.kind_name)
                     settled.setdefault((o.job.queue, op), []).append((o.job, o.span))
             else:
-                self._fenced(o, started_ns)
+                self._fenced(o, started_ns, db_now)
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
             in_flight[o.job.queue] = in_flight.get(o.job.queue, 0) + 1
             finished.setdefault((o.job.queue, o.job.task, outcome, o.code), []).append(o.run_seconds)
@@ -242,15 +257,22 @@ class Completer:
             self.metrics.finished_many(queue, task, outcome, seconds, code)
         self.on_settled()
 
-    def _fenced(self, o: Outcome, started_ns: int) -> None:
-        """A write the fence refused: the lease was lost; count, log, trace it."""
+    def _fenced(self, o: Outcome, started_ns: int, db_now: float | None) -> None:
+        """A write the fence refused: the lease was lost. Count it, measure how long the
+        attempt ran past its lease's expiry (the duplicate-execution window: another worker
+        may have run the job meanwhile), log and trace it."""
         self.metrics.fenced(o.job.queue, o.kind_name)
-        log.warning("fenced out: %s of job %s (token %s) was refused, the lease was lost",
+        expires_at = self.table.expiry(o.slot, o.job.id)
+        overrun = max(0.0, db_now - expires_at) if db_now is not None and expires_at else None
+        if overrun is not None:
+            self.metrics.lease_overrun(o.job.queue, overrun)
+        log.warning("fenced out: %s of job %s (token %s) was refused, the lease was lost%s",
                     o.kind_name, o.job.id, o.job.lease_token,
+                    "" if overrun is None else f"; the attempt ran {overrun:.2f} s past its lease's expiry",
                     extra={"action": "fenced", "job_id": o.job.id, "queue": o.job.queue,
                            "lease_token": o.job.lease_token})
         tracing.settle_span(o.job, o.kind_name, False, parent=o.span, worker_id=self.worker_id,
-                            start_time=started_ns)
+                            start_time=started_ns, overrun_seconds=overrun)
 
 
 def _write(o: Outcome) -> Write:
