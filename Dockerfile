@@ -29,7 +29,7 @@ LABEL org.opencontainers.image.title="pgworker" \
       org.opencontainers.image.description="PostgreSQL-backed job queue and multiprocess worker" \
       org.opencontainers.image.licenses="Apache-2.0"
 
-# tini is PID 1: it forwards SIGTERM to the dispatcher (which then stops claiming and
+# tini is PID 1: it forwards SIGTERM to the supervisor (which then stops claiming and
 # gives running jobs their shutdown grace) and reaps orphaned children.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends tini=0.19.0-1+b3 \

@@ -82,7 +82,7 @@ class App:
         seconds. ``ordering_on_dead``: 'block' (a dead job holds its ordering key until
         replayed or discarded) or 'skip'. ``dedupe_window``: seconds after success during
         which the job's dedupe key stays held. ``schedule``: a cron expression (five
-        fields) in ``schedule_tz`` (IANA name); the dispatcher enqueues one job (payload
+        fields) in ``schedule_tz`` (IANA name); the supervisor enqueues one job (payload
         None) per slot, ``schedule_missed`` ('latest' or 'skip') deciding about slots
         missed while no worker ran; see :meth:`periodic` and docs/scheduling.md.
         Returns the :class:`pgworker.Task`, which can still be called directly.
@@ -123,7 +123,7 @@ class App:
         the database (default the task name; give each schedule of a task its own).
         ``missed``: after downtime, 'latest' runs the latest missed slot once; 'skip' runs
         it only if it is less than ``misfire_grace`` seconds late. Each slot is enqueued at
-        most once however many dispatchers run (``pgworker run``; a ``--drain`` run fires
+        most once however many supervisors run (``pgworker run``; a ``--drain`` run fires
         due slots at its start). ``payload``, ``queue``, ``priority``, ``max_attempts``
         default to the task's, and are checked now as :meth:`enqueue` checks them (JSON
         without NaN, at most ``max_payload_bytes``; priority -32768..32767; max_attempts

@@ -54,10 +54,10 @@ class MetricDef:
     recorded_by: str = ""  # which processes record it (the docs' "source" column)
 
 
-_STATS = "the dispatcher, at scrape time (one cached query)"
+_STATS = "the supervisor, at scrape time (one cached query)"
 _CLAIMERS = "claimers"
 _DRAIN = "a `--drain` run, at exit"
-_TABLE = "the dispatcher, at scrape time (a second cached query, with the queue statistics)"
+_TABLE = "the supervisor, at scrape time (a second cached query, with the queue statistics)"
 
 METRICS: tuple[MetricDef, ...] = (
     # read from PostgreSQL at scrape time, in the exporting process only

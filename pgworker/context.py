@@ -22,7 +22,7 @@ class JobContext:
     job: pass it to external systems so that a re-run after a crash is recognised.
 
     ``heartbeat()`` (alias ``progress()``) reports progress; it writes to shared memory
-    and costs no query. ``lease_lost`` becomes True when the dispatcher could not renew
+    and costs no query. ``lease_lost`` becomes True when the supervisor could not renew
     the lease (another worker may now run the job: stop, your outcome will be refused);
     ``cancel_requested`` when an operator cancelled the job. ``check()`` raises
     :class:`LeaseLost` or :class:`JobCancelled` in those cases.

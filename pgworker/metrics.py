@@ -46,7 +46,7 @@ class WorkerMetrics:
     """
 
     # Created on a claimer's first heartbeat, not here: a labelless gauge is written
-    # (as 0) to its process's file the moment it exists, and 0 from the dispatcher or a
+    # (as 0) to its process's file the moment it exists, and 0 from the supervisor or a
     # producer would then be the "oldest heartbeat" of the pod (livemin).
     LAZY = ("pgworker_claimer_heartbeat_timestamp_seconds",)
 

@@ -9,12 +9,12 @@ worker's.
 
 Every ``pgworker run`` supervisor runs a :class:`Scheduler` (in its scheduler service,
 :mod:`pgworker.worker.scheduler`); they need not coordinate. Each schedule has a row in ``schedules`` whose ``last_slot`` only moves
-forward by compare-and-set (``schedule_fire``): whichever dispatcher gets to a slot
+forward by compare-and-set (``schedule_fire``): whichever supervisor gets to a slot
 first advances the row and inserts the job in the same statement; the others find the
 row advanced and insert nothing. A unique index on (schedule_name, schedule_slot) backs
 this up with one key per slot.
 
-Missed slots (every dispatcher was down): the due slots older than the latest are never
+Missed slots (every supervisor was down): the due slots older than the latest are never
 enqueued; the latest is enqueued once with the policy ``missed="latest"`` (default), and
 with ``missed="skip"`` only if it is less than ``misfire_grace`` seconds late. A drain run
 (``pgworker run --drain``) fires each schedule's due slot once at start, under the same
@@ -294,7 +294,7 @@ class Scheduler:
             self.skipped += 1
         if d.missed:
             more = "+" if d.missed >= MAX_SLOTS_COUNTED else ""
-            log.warning("schedule %r: %s%s slot(s) fell due while no dispatcher ran and were not enqueued "
+            log.warning("schedule %r: %s%s slot(s) fell due while no supervisor ran and were not enqueued "
                         "(missed=%r): %s", p.name, d.missed, more, p.missed,
                         "the latest ran once" if d.enqueue else f"skipped up to {d.slot.isoformat()}",
                         extra=extra)

@@ -314,7 +314,7 @@ def instrument_psycopg() -> None:
 
 def setup_process(enabled: bool, *, trace_sql: bool = False, service_name: str = "pgworker",
                   console_out: TextIO | None = None) -> trace.TracerProvider | None:
-    """Tracing for one pgworker process (the dispatcher, or a claimer after spawn).
+    """Tracing for one pgworker process (the supervisor, or a claimer after spawn).
 
     ``enabled=False`` (``--no-tracing``) installs a no-op provider for pgworker's spans.
     Otherwise an SDK provider is built from the ``OTEL_*`` variables when they configure
@@ -334,7 +334,7 @@ def setup_process(enabled: bool, *, trace_sql: bool = False, service_name: str =
 def flush(provider: trace.TracerProvider | None, timeout_millis: int = 5000) -> None:
     """Export what ``provider`` (default: the one pgworker's spans go to, e.g. one the
     user's app module installed) still buffers, waiting at most ``timeout_millis``.
-    Claimers and the dispatcher call it before they exit rather than rely on the SDK's
+    Claimers and the supervisor call it before they exit rather than rely on the SDK's
     atexit hook, which does not run when a process ends through ``os._exit``."""
     if provider is None:
         provider = _tracer_provider if _tracer_provider is not None else trace.get_tracer_provider()

@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("migrate", help="create or upgrade pgworker's schema")
     _common(p)
 
-    p = sub.add_parser("run", help="run the worker: a dispatcher and a pool of claimer processes")
+    p = sub.add_parser("run", help="run the worker: a supervisor and a pool of claimer processes")
     _common(p)
     p.add_argument("--queues", help="comma-separated queues (default: the queues of the app's tasks)")
     p.add_argument("--concurrency", type=int, help="claimer processes (default: CPU count)")

@@ -110,7 +110,7 @@ class ReadStatements(StoreBase):
                       skipped: int, enqueue: bool, task: str, queue: str, payload_json: str,
                       priority: int, max_attempts: int) -> tuple[bool, int | None]:
         """Advance a schedule to ``slot`` (compare-and-set) and enqueue its job when
-        ``enqueue``; returns (advanced, job id). (False, None): another dispatcher did it."""
+        ``enqueue``; returns (advanced, job id). (False, None): another supervisor did it."""
         row = self._exec(conn, "schedule_fire", {
             "name": name, "slot": slot, "next_slot": next_slot, "skipped": skipped, "enqueue": enqueue,
             "task": task, "queue": queue, "payload": payload_json, "priority": priority,

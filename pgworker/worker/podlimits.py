@@ -6,7 +6,7 @@ written), whatever the number of claimer processes. (The global limit across pod
 the queue's ``concurrency_limit``, enforced by the claim in the database.)
 
 The count lives in shared memory, one row per claimer process: a claimer writes only
-its own row, so a dead claimer's share is dropped by zeroing its row (the dispatcher
+its own row, so a dead claimer's share is dropped by zeroing its row (the supervisor
 does this when it settles the dead claimer's jobs). A claimer reserves room before it
 claims: under a pod-wide lock it sums the other rows and raises its own. The lock is an
 ``flock`` on a file, which the kernel releases when its holder dies, so a claimer killed
@@ -29,7 +29,7 @@ HeldCount = Callable[[str], int]
 
 
 class PodQueueLimits:
-    """Shared per-queue counts of one pod; created by the dispatcher, passed to claimers."""
+    """Shared per-queue counts of one pod; created by the supervisor, passed to claimers."""
 
     def __init__(self, limits: dict[str, int], claimers: int, ctx: Any) -> None:
         self.queues = tuple(sorted(limits))
@@ -104,7 +104,7 @@ class PodQueueLimits:
             self._write_own(claimer, held)
 
     def clear(self, claimer: int) -> None:
-        """Dispatcher: drop a dead (or replaced) claimer's share."""
+        """Supervisor: drop a dead (or replaced) claimer's share."""
         base = claimer * len(self.queues)
         for qi in range(len(self.queues)):
             self.held[base + qi] = 0
@@ -115,6 +115,6 @@ class PodQueueLimits:
         return sum(self.held[c * n_q + qi] for c in range(self.claimers))
 
     def close(self) -> None:
-        """Dispatcher: remove the lock file."""
+        """Supervisor: remove the lock file."""
         with contextlib.suppress(OSError):
             os.unlink(self.lock_path)

@@ -62,7 +62,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{/*
-terminationGracePeriodSeconds: longer than the shutdown grace, so that the dispatcher
+terminationGracePeriodSeconds: longer than the shutdown grace, so that the supervisor
 can release what did not finish before Kubernetes sends SIGKILL.
 */}}
 {{- define "pgworker.terminationGracePeriodSeconds" -}}

@@ -38,7 +38,7 @@ WHERE s.name = ANY(%(names)s::text[]);
 -- name: schedule_fire
 -- Advance a schedule to %(slot)s and, when %(enqueue)s, enqueue its job, in one
 -- statement. The UPDATE is a compare-and-set: last_slot only moves forward and only to a
--- slot that is due by the database clock. Concurrent dispatchers firing the same slot
+-- slot that is due by the database clock. Concurrent supervisors firing the same slot
 -- queue on the schedule row's lock; once the first commits, the others re-check the
 -- condition on the new row (READ COMMITTED re-evaluates a waited-for row) and update
 -- nothing, so they insert nothing. jobs_schedule_slot_idx, a unique key per slot, backs
