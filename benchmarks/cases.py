@@ -27,13 +27,14 @@ def plain(dsn: str, *, clients: int, batch: int, jobs: int) -> dict[str, float]:
 
 
 def pgworker_drain(dsn: str, *, clients: int, batch: int | None, jobs: int, finished: int = 0,
-                   obs: Observability | None = None) -> dict[str, Any]:
+                   obs: Observability | None = None, code_root: str | None = None) -> dict[str, Any]:
     """``pgworker run --drain`` over ``jobs`` due jobs (``finished`` succeeded ones kept
-    in the table besides); the rate from the rows, claim latency, memory, CPU."""
-    with BenchSchema(dsn, "drain") as s:
+    in the table besides); the rate from the rows, claim latency, memory, CPU.
+    ``code_root``: run another checkout's pgworker (``--compare-with``)."""
+    with BenchSchema(dsn, "drain", code_root=code_root) as s:
         s.fill(jobs, finished=finished)
         since = s.max_id() - jobs
-        r = drain(s, concurrency=clients, batch=batch, obs=obs, since_id=since)
+        r = drain(s, concurrency=clients, batch=batch, obs=obs, since_id=since, code_root=code_root)
         left = s.counts().get("pending", 0)
     if r.jobs != jobs or left:
         raise RuntimeError(f"drain: {r.jobs} of {jobs} jobs succeeded, {left} pending left")
@@ -101,3 +102,30 @@ def growth_ceiling(dsn: str, *, clients: int, due: int, finished: int) -> dict[s
     """pgbench at batch 100 draining ``due`` jobs with ``finished`` succeeded jobs kept."""
     return ceiling.claim_ceiling(dsn, batch=100, clients=clients,
                                  jobs=due, finished=finished)
+
+
+def idle_fleet(dsn: str, *, pods: int, claimers: int, seconds: float, poll_interval: float = 2.0,
+               code_root: str | None = None) -> dict[str, float]:
+    """Statements per minute of an idle fleet: ``pods`` always-on ``pgworker run``
+    (LISTEN, the default poll, reaper, pruner; no /metrics scrapes) of ``claimers`` each,
+    on an empty queue, counted by the server (``pg_stat_database.xact_commit`` of the
+    benchmark's database: every pgworker statement is its own transaction). Backends
+    report their counts within about 10 s (PostgreSQL 15 flushes idle backends' statistics
+    every PGSTAT_IDLE_INTERVAL), so the window starts after a settle and is long."""
+    with BenchSchema(dsn, "idle", code_root=code_root) as s:
+        services = [Service(s, concurrency=claimers, listen=True, poll_interval=poll_interval, code_root=code_root)
+                    for _ in range(pods)]
+        try:
+            for svc in services:
+                svc.__enter__()
+            time.sleep(15)  # start-up sweeps done, their statistics flushed
+            with connect(dsn) as conn:
+                count = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+                first = conn.execute(count).fetchone()[0]
+                time.sleep(seconds)
+                conn.execute("SELECT pg_stat_clear_snapshot()")
+                last = conn.execute(count).fetchone()[0]
+        finally:
+            for svc in services:
+                svc.__exit__(None, None, None)
+    return {"statements_per_minute": (last - first - 2) * 60.0 / seconds, "pods": pods, "claimers": claimers}

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import subprocess
+import sys
 import statistics
 import time
 from dataclasses import dataclass
@@ -50,14 +52,21 @@ def connect(dsn: str) -> psycopg.Connection:
 class BenchSchema:
     """A freshly migrated pgworker schema, dropped on exit."""
 
-    def __init__(self, dsn: str, label: str = "b") -> None:
+    def __init__(self, dsn: str, label: str = "b", *, code_root: str | None = None) -> None:
         self.dsn = dsn
         self.name = f"pgworker_bench_{label}_{os.getpid()}_{next(_counter)}"
+        self.code_root = code_root  # another checkout: its own migrations (its schema version)
 
     def __enter__(self) -> "BenchSchema":
         with connect(self.dsn) as conn:
             drop_schema(conn, self.name)
-            migrate(conn, self.name)
+            if self.code_root is None:
+                migrate(conn, self.name)
+        if self.code_root is not None:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("PGWORKER_")}
+            env["PYTHONPATH"] = self.code_root
+            subprocess.run([sys.executable, "-m", "pgworker.cli", "migrate", "--dsn", self.dsn, "--schema", self.name],
+                           env=env, check=True, capture_output=True, cwd=self.code_root)
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -97,10 +97,12 @@ class DrainResult:
                 "machine_busy_cores": round(self.machine_busy_cores, 2)}
 
 
-def _env(schema: BenchSchema, extra: dict[str, str]) -> dict[str, str]:
+def _env(schema: BenchSchema, extra: dict[str, str], code_root: str | None = None) -> dict[str, str]:
+    """The environment of a ``pgworker run``: this checkout's pgworker, or the one at
+    ``code_root`` (another commit's checkout, measured side by side: ``--compare-with``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PGWORKER_", "OTEL_", "PROMETHEUS_"))}
     env.update({"PGWORKER_DSN": schema.dsn, "PGWORKER_SCHEMA": schema.name, "PYTHONUNBUFFERED": "1",
-                "PYTHONPATH": os.pathsep.join([ROOT, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)})
+                "PYTHONPATH": os.pathsep.join([code_root or ROOT, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)})
     env.update(extra)
     return env
 
@@ -121,7 +123,7 @@ def claimer_pids(pid: int) -> list[int]:
 def drain(schema: BenchSchema, *, concurrency: int, batch: int | None = None,
           obs: Observability | None = None, since_id: int = 0, max_duration: float | None = None,
           extra_args: tuple[str, ...] = (), extra_env: dict[str, str] | None = None,
-          sample_every: float = 0.1, timeout: float = 900) -> DrainResult:
+          sample_every: float = 0.1, timeout: float = 900, code_root: str | None = None) -> DrainResult:
     """Run ``pgworker run --drain`` on ``schema`` until it exits; return what it did."""
     obs = obs or Observability()
     gate = tempfile.mkdtemp(prefix="pgworker-bench-gate-")
@@ -133,11 +135,12 @@ def drain(schema: BenchSchema, *, concurrency: int, batch: int | None = None,
         cmd += ["--batch-size", str(batch)]
     if max_duration is not None:
         cmd += ["--max-duration", f"{max_duration}s"]
-    env = _env(schema, {"BENCH_GATE_DIR": gate, **obs.env(), **(extra_env or {})})
+    env = _env(schema, {"BENCH_GATE_DIR": gate, **obs.env(), **(extra_env or {})}, code_root)
     out = subprocess.DEVNULL
     t0 = time.monotonic()
+    # cwd: `python -m` puts the working directory first on sys.path, before PYTHONPATH
     proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, cwd=code_root or ROOT)
     result = DrainResult(0, 0.0, 0.0, 0)
     try:
         wait_for(lambda: proc.poll() is not None or len(glob.glob(os.path.join(gate, "ready-*"))) >= concurrency,
@@ -212,7 +215,7 @@ class Service:
     """A long-running ``pgworker run`` (LISTEN or polling), for wake-up latency."""
 
     def __init__(self, schema: BenchSchema, *, concurrency: int, listen: bool, poll_interval: float,
-                 obs: Observability | None = None) -> None:
+                 obs: Observability | None = None, code_root: str | None = None) -> None:
         self.schema = schema
         self.gate = tempfile.mkdtemp(prefix="pgworker-bench-gate-")
         cmd = [sys.executable, "-m", "pgworker.cli", "run", "--app", BENCH_APP, "--concurrency", str(concurrency),
@@ -220,11 +223,11 @@ class Service:
                *(obs or Observability()).args()]
         if not listen:
             cmd.append("--no-listen")
-        env = _env(schema, {"BENCH_GATE_DIR": self.gate, **(obs or Observability()).env()})
+        env = _env(schema, {"BENCH_GATE_DIR": self.gate, **(obs or Observability()).env()}, code_root)
         self.concurrency = concurrency
         self.listen = listen
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     start_new_session=True)
+                                     start_new_session=True, cwd=code_root or ROOT)
 
     def __enter__(self) -> "Service":
         wait_for(lambda: self.proc.poll() is not None or
@@ -240,7 +243,7 @@ class Service:
             channel = f'LISTEN "{notify_channel(self.schema.name)}"'
             with connect(self.schema.dsn) as conn:
                 wait_for(lambda: conn.execute("SELECT 1 FROM pg_stat_activity WHERE query = %s", [channel]).fetchall(),
-                         60, "the dispatcher to LISTEN")
+                         60, "the supervisor to LISTEN")
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -113,6 +113,24 @@ def markdown(doc: dict[str, Any], plan: Any) -> str:
                          f"{_ratio(auto, _get(doc, f'plain c{c} b{top}'))} | — / "
                          f"{_n(_get(doc, f'pgworker c{c} auto', 'claim_mean_ms'), 2)} |")
         lines.append("")
+    if any(k.startswith("before c") for k in r):
+        ref = doc["machine"].get("compared_with", "the earlier commit")
+        lines += [f"## Against {ref} (drain rate, jobs/s, same run)", "",
+                  "| claimers | batch | before | now | now / before |", "|---:|---:|---:|---:|---:|"]
+        for c in plan.clients:
+            for b in ("auto", f"b{max(plan.batches)}"):
+                was, now = _get(doc, f"before c{c} {b}"), _get(doc, f"pgworker c{c} {b}")
+                lines.append(f"| {c} | {b.lstrip('b') if b != 'auto' else 'auto'} | {_n(was)} | {_n(now)} | "
+                             f"{_ratio(now, was)} |")
+        lines.append("")
+    if "idle fleet" in r:
+        lines += [f"## An idle fleet ({plan.idle_pods} pods x {plan.idle_claimers} claimers, empty queue, "
+                  "default poll)", "", "| code | statements per minute (server count) |", "|---|---:|",
+                  f"| now | {_n(_get(doc, 'idle fleet', 'statements_per_minute'))} |"]
+        if "idle fleet before" in r:
+            lines.append(f"| {doc['machine'].get('compared_with', 'before')} | "
+                         f"{_n(_get(doc, 'idle fleet before', 'statements_per_minute'))} |")
+        lines.append("")
     if "enqueue single" in r or "enqueue_many" in r:
         ji, pi = _get(doc, "insert pgbench job_insert"), _get(doc, "insert pgbench plain")
         single, many = _get(doc, "enqueue single"), _get(doc, "enqueue_many")
@@ -158,7 +176,7 @@ def markdown(doc: dict[str, Any], plan: Any) -> str:
     rss_keys = [k for k in r if k.startswith(("pgworker", "growth due", "obs"))]
     if rss_keys:
         lines += ["## Resident memory (MiB, max over the runs)", "", "| process | RSS |", "|---|---:|",
-                  f"| dispatcher | {_n(max((_max(doc, k, 'rss_dispatcher_max_mib') or 0) for k in rss_keys), 1)} |",
+                  f"| supervisor | {_n(max((_max(doc, k, 'rss_dispatcher_max_mib') or 0) for k in rss_keys), 1)} |",
                   f"| each claimer | {_n(max((_max(doc, k, 'rss_claimer_max_mib') or 0) for k in rss_keys), 1)} |", ""]
     peers = [k for k in r if k.startswith("peer ")]
     if peers:

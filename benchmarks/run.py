@@ -36,7 +36,7 @@ from benchmarks import cases, report  # noqa: E402
 from benchmarks.common import connect, find_dsn  # noqa: E402
 from benchmarks.drain_runs import Observability  # noqa: E402
 
-SECTIONS = ("drain", "enqueue", "latency", "obs", "growth", "peers")
+SECTIONS = ("drain", "enqueue", "latency", "idle", "obs", "growth", "peers")
 
 
 @dataclass
@@ -59,6 +59,9 @@ class Plan:
     growth: tuple[tuple[int, int], ...]  # (due jobs, finished jobs kept)
     peer_jobs: int
     memory_jobs: int                     # the drain whose claimer memory is followed
+    idle_pods: int = 3
+    idle_claimers: int = 4
+    idle_seconds: float = 60.0
 
 
 FULL = Plan(repeat=3, clients=(1, 2, 4), batches=(1, 10, 100),
@@ -77,7 +80,7 @@ SMALLEST = Plan(repeat=1, clients=(1,), batches=(10,),
                 drain_jobs={10: 200, None: 200}, enqueue_seconds=0.3, enqueue_many_jobs=2_000,
                 enqueue_many_batch=1_000, latency_jobs=10, latency_gap=0.01, poll_jobs=5, poll_gap=0.02,
                 poll_interval=0.2, obs_jobs=200, growth=((200, 0), (200, 1_000)), peer_jobs=200,
-                memory_jobs=200)
+                memory_jobs=200, idle_pods=1, idle_claimers=2, idle_seconds=2.0)
 
 
 @dataclass
@@ -121,7 +124,10 @@ def _measure(results: Results, key: str, fn: Callable[[], dict[str, Any]]) -> No
     _log(f"{key}: {shown:,.1f} ({time.monotonic() - t0:.1f} s)" if isinstance(shown, (int, float)) else key)
 
 
-def run(dsn: str, plan: Plan, sections: tuple[str, ...], peers: bool) -> Results:
+def run(dsn: str, plan: Plan, sections: tuple[str, ...], peers: bool, before: str | None = None) -> Results:
+    """Every section of ``sections``, ``plan.repeat`` times. ``before``: the root of another
+    checkout (``--compare-with``), whose pgworker is measured beside this one's in the
+    drain and idle sections."""
     r = Results()
     default = Observability("sdk", True)
     for rep in range(plan.repeat):
@@ -137,6 +143,11 @@ def run(dsn: str, plan: Plan, sections: tuple[str, ...], peers: bool) -> Results
                 _measure(r, f"pgworker c{c} auto",
                          lambda: cases.pgworker_drain(dsn, clients=c, batch=None, jobs=plan.drain_jobs[None],
                                                       obs=default))
+                if before:
+                    for b in (None, max(plan.batches)):
+                        _measure(r, f"before c{c} {'auto' if b is None else f'b{b}'}",
+                                 lambda: cases.pgworker_drain(dsn, clients=c, batch=b, jobs=plan.drain_jobs[b],
+                                                              obs=default, code_root=before))
         if "enqueue" in sections:
             _measure(r, "insert pgbench job_insert", lambda: cases.insert_baseline(
                 dsn, seconds=plan.enqueue_seconds, plain_insert=False))
@@ -161,6 +172,12 @@ def run(dsn: str, plan: Plan, sections: tuple[str, ...], peers: bool) -> Results
                     dsn, clients=c, batch=None, jobs=due, finished=finished, obs=default))
                 _measure(r, f"growth ceiling due {due} finished {finished}", lambda: cases.growth_ceiling(
                     dsn, clients=c, due=due, finished=finished))
+        if "idle" in sections and rep == 0:
+            for key, root in (("idle fleet", None), ("idle fleet before", before)):
+                if key.endswith("before") and not before:
+                    continue
+                _measure(r, key, lambda: cases.idle_fleet(dsn, pods=plan.idle_pods, claimers=plan.idle_claimers,
+                                                          seconds=plan.idle_seconds, code_root=root))
         if "latency" in sections and rep == 0:
             _measure(r, "latency listen", lambda: cases.wakeup_latency(
                 dsn, listen=True, jobs=plan.latency_jobs, mean_gap=plan.latency_gap, poll_interval=plan.poll_interval))
@@ -177,6 +194,18 @@ def run(dsn: str, plan: Plan, sections: tuple[str, ...], peers: bool) -> Results
                     _measure(r, f"peer {name} {label}", lambda: peers_mod.drain(
                         name, dsn, jobs=plan.peer_jobs, settings=settings))
     return r
+
+
+def checkout(ref: str) -> str:
+    """A checkout of ``ref`` under benchmarks/.compare/ (made once, with git worktree)."""
+    sha = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", ref], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    path = os.path.join(HERE, ".compare", sha)
+    if not os.path.isdir(os.path.join(path, "pgworker")):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", "--force", path, sha], check=True,
+                       capture_output=True)
+    return path
 
 
 def machine(dsn: str) -> dict[str, Any]:
@@ -215,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peers", action="store_true",
                    help="also Procrastinate and PGQueuer, each in its own virtualenv under benchmarks/.peers/")
     p.add_argument("--out", default=os.path.join(HERE, "results"), help="folder for the JSON and Markdown results")
+    p.add_argument("--compare-with", metavar="REF",
+                   help="also measure the pgworker of this git commit (drain and idle sections), side by side "
+                        "in the same run; checked out under benchmarks/.compare/ (git-ignored)")
     args = p.parse_args(argv)
     plan = SMALLEST if args.smallest else QUICK if args.quick else FULL
     if args.repeat:
@@ -230,7 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     info = machine(dsn)
     _log(f"benchmarking {info.get('pg_server_version')} on {info.get('cpus')} CPUs "
          f"({'smallest' if args.smallest else 'quick' if args.quick else 'full'} plan)")
-    results = run(dsn, plan, sections, args.peers)
+    before = checkout(args.compare_with) if args.compare_with else None
+    if before:
+        info["compared_with"] = args.compare_with
+    results = run(dsn, plan, sections, args.peers, before)
     info["load_average_after"] = list(os.getloadavg())
     info["duration_seconds"] = round((dt.datetime.now(dt.timezone.utc) - started).total_seconds())
     doc = {"started": started.isoformat(timespec="seconds"),
