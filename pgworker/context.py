@@ -28,15 +28,23 @@ class JobContext:
     :class:`LeaseLost` or :class:`JobCancelled` in those cases.
     """
 
-    __slots__ = ("job", "_table", "_slot", "progress_value", "logger")
+    __slots__ = ("job", "_table", "_slot", "progress_value", "_logger")
 
     def __init__(self, job: "ClaimedJob", table: "SlotTable | None" = None, slot: int = -1) -> None:
         self.job = job
         self._table = table
         self._slot = slot
         self.progress_value: Any = None
-        self.logger = logging.LoggerAdapter(log, {"job_id": job.id, "attempt": job.attempt,
-                                                  "queue": job.queue, "task": job.task})
+        self._logger: logging.LoggerAdapter | None = None
+
+    @property
+    def logger(self) -> logging.LoggerAdapter:
+        """A logger whose records carry the job's id, attempt, queue and task (built on
+        first use: most handlers never log, and a claimer builds a context per job)."""
+        if self._logger is None:
+            self._logger = logging.LoggerAdapter(log, {"job_id": self.job.id, "attempt": self.job.attempt,
+                                                       "queue": self.job.queue, "task": self.job.task})
+        return self._logger
 
     job_id = property(lambda self: self.job.id)
     attempt = property(lambda self: self.job.attempt)

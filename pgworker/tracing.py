@@ -113,6 +113,9 @@ def claim_span(queue: str, worker_id: str) -> Iterator[trace.Span]:
         yield span
 
 
+_PROCESS_FIXED: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
+
+
 def start_process_span(job: Any, worker_id: str) -> trace.Span:
     """Start (not activate) the CONSUMER span of one attempt, parented to the enqueuing
     span through the job's stored trace context, and linked to it. Activate it around
@@ -120,10 +123,13 @@ def start_process_span(job: Any, worker_id: str) -> trace.Span:
     t = _active_tracer()
     if t is None:
         return INVALID_SPAN
-    attrs = _base(job.queue, "process", "process")
-    attrs.update({"messaging.message.id": str(job.id), "messaging.client.id": worker_id,
-                  "pgworker.task": job.task, "pgworker.job.attempt": job.attempt,
-                  "pgworker.lease.token": job.lease_token})
+    key = (job.queue, worker_id)
+    fixed = _PROCESS_FIXED.get(key)
+    if fixed is None:  # the attributes every attempt of a queue shares, built once
+        fixed = _PROCESS_FIXED[key] = (f"process {job.queue}", {**_base(job.queue, "process", "process"),
+                                                                 "messaging.client.id": worker_id})
+    name, attrs = fixed[0], {**fixed[1], "messaging.message.id": str(job.id), "pgworker.task": job.task,
+                             "pgworker.job.attempt": job.attempt, "pgworker.lease.token": job.lease_token}
     parent_ctx = None
     links: list[Link] = []
     if job.trace_context:
@@ -138,7 +144,7 @@ def start_process_span(job: Any, worker_id: str) -> trace.Span:
             parent_ctx = None
     if parent_ctx is None:
         parent_ctx = otel_context.Context()  # a new trace, not the claimer's current span
-    return t.start_span(f"process {job.queue}", context=parent_ctx, kind=SpanKind.CONSUMER,
+    return t.start_span(name, context=parent_ctx, kind=SpanKind.CONSUMER,
                         attributes=attrs, links=links or None)  # None: the SDK skips building a link list
 
 

@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import psycopg
 
@@ -108,8 +108,7 @@ def _warn(job: ClaimedJob, text: str) -> None:
                 extra={"action": "outcome_corrected", "job_id": job.id, "queue": job.queue})
 
 
-@dataclass(frozen=True)
-class Write:
+class Write(NamedTuple):
     """One fenced outcome write: the lease, the kind, and the values of a failure,
     retry or snooze. ``ordering_key``: the job's key when known (a claimer knows it);
     None for all of a batch makes the store read the keys first (the supervisor)."""

@@ -29,7 +29,7 @@ import ctypes
 import multiprocessing
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 from .wakeups import WakeUp
 
@@ -108,8 +108,7 @@ class Header(ctypes.Structure):
 OUTCOME_FIELDS = ("succeeded", "retried", "dead", "cancelled", "released", "snoozed", "lost")
 
 
-@dataclass(frozen=True)
-class SlotEntry:
+class SlotEntry(NamedTuple):
     """A freshly claimed job, as :meth:`SlotTable.put_many` records it."""
 
     job_id: int

@@ -110,10 +110,12 @@ class Completer:
             try:
                 reports, later = self._write(conn, batch)
                 deferred = {o.job.id for o in later}
+                accepted = {kind: set(r.accepted) for kind, r in reports.items()}
                 unsure = [o for o in batch if o.retries and o.job.id not in deferred
-                          and o.job.id not in reports.get(o.kind, FenceReport("")).accepted]
+                          and o.job.id not in accepted.get(o.kind, ())]
                 confirmed = self._confirm(conn, unsure) if unsure else set()
-                db_now = self._now_if_refused(conn, batch, reports, confirmed, deferred)
+                done = sum(len(a) for a in accepted.values()) + len(deferred) + len(confirmed)
+                db_now = None if done >= len(batch) else self._db_now(conn)
             except psycopg.Error as exc:  # the connection is gone (statement errors are handled inside)
                 self.table.set_state_many(held, s.DECIDED)
                 self._requeue(batch)
@@ -125,7 +127,8 @@ class Completer:
             self._requeue(later)
         else:
             self.table.write_health(None)
-        self._account([o for o in batch if o.job.id not in deferred], reports, confirmed, started, db_now)
+        self._account([o for o in batch if o.job.id not in deferred] if deferred else batch, reports, accepted,
+                      confirmed, started, db_now)
 
     def _requeue(self, outcomes: list[Outcome]) -> None:
         for o in outcomes:
@@ -201,13 +204,9 @@ class Completer:
                 ok.add(o.job.id)
         return ok
 
-    def _now_if_refused(self, conn: psycopg.Connection, batch: list[Outcome], reports: dict[int, FenceReport],
-                        confirmed: set[int], deferred: set[int]) -> float | None:
-        """The database clock (Unix seconds) when some write of the batch was refused (to
-        measure how long its attempt ran past its lease), else None: no extra query."""
-        if all(o.job.id in deferred or o.job.id in confirmed or
-               o.job.id in reports.get(o.kind, FenceReport("")).accepted for o in batch):
-            return None
+    def _db_now(self, conn: psycopg.Connection) -> float | None:
+        """The database clock (Unix seconds), read when a write of the batch was refused,
+        to measure how long its attempt ran past its lease."""
         try:
             return self.store.db_now(conn).timestamp()
         except psycopg.Error as exc:
@@ -221,8 +220,8 @@ class Completer:
 
     # -- accounting ---------------------------------------------------------------------
 
-    def _account(self, written: list[Outcome], reports: dict[int, FenceReport], confirmed: set[int],
-                 started_ns: int, db_now: float | None = None) -> None:
+    def _account(self, written: list[Outcome], reports: dict[int, FenceReport], accepted_ids: dict[int, set[int]],
+                 confirmed: set[int], started_ns: int, db_now: float | None = None) -> None:
         """Count a flush at once: one pass over the slot table, one update of each shared
         counter, gauge and histogram per label set."""
         outcomes: dict[str, int] = {}
@@ -231,9 +230,9 @@ class Completer:
         settled: dict[tuple[str, str], list[tuple[ClaimedJob, Any]]] = {}
         traced = tracing.enabled()
         for o in written:
-            report = reports.get(o.kind, FenceReport(""))
-            accepted = o.job.id in report.accepted or o.job.id in confirmed
-            outcome = written_outcome(o.kind, report.details.get(o.job.id)) if accepted else "lost"
+            accepted = o.job.id in accepted_ids.get(o.kind, ()) or o.job.id in confirmed
+            report = reports.get(o.kind)
+            outcome = written_outcome(o.kind, report.details.get(o.job.id) if report else None) if accepted else "lost"
             if accepted:
                 if outcome == "dead":
                     _log_dead(o)

@@ -82,9 +82,12 @@ class Executor:
         self.running = False  # a handler runs (the completer's thread then beats for the loop)
         self.avg_run_seconds: float | None = None
 
-    def run(self, job: ClaimedJob, slot: int) -> Outcome:
+    def run(self, job: ClaimedJob, slot: int, traced: bool = True) -> Outcome:
+        """Run ``job``'s handler (in slot ``slot``) and decide its outcome. ``traced``:
+        whether spans are recorded (``tracing.enabled()``, asked once per batch by the
+        caller: with no SDK the tracing calls are skipped altogether)."""
         task: Task | None = self.app.tasks.get(job.task)
-        span = tracing.start_process_span(job, self.worker_id)
+        span = tracing.start_process_span(job, self.worker_id) if traced else tracing.INVALID_SPAN
         if task is None:
             known = ", ".join(sorted(self.app.tasks)) or "none"
             out = Outcome(job, slot, FAIL, "dead", 0.0, code=UNKNOWN_TASK, permanent=True,
@@ -93,7 +96,7 @@ class Executor:
             tracing.record_outcome(span, "dead", LookupError(job.task), UNKNOWN_TASK)
             return self._record(out, span)
         ctx = JobContext(job, self.table, slot)
-        token = tracing.attach(span)  # the handler's own spans (and SQL spans) become children
+        token = tracing.attach(span) if traced else None  # the handler's own spans become children
         self.running = True
         t0 = time.perf_counter()
         result: Any = None
@@ -108,10 +111,13 @@ class Executor:
             error = exc
         elapsed = time.perf_counter() - t0
         self.running = False
-        tracing.detach(token)
-        self.avg_run_seconds = elapsed if self.avg_run_seconds is None else 0.8 * self.avg_run_seconds + 0.2 * elapsed
+        if traced:
+            tracing.detach(token)
+        avg = self.avg_run_seconds
+        self.avg_run_seconds = elapsed if avg is None else 0.8 * avg + 0.2 * elapsed
         out = self.decide(job, task, slot, result, error, elapsed)
-        tracing.record_outcome(span, out.outcome, error, out.code if error is not None else None)
+        if traced:
+            tracing.record_outcome(span, out.outcome, error, out.code if error is not None else None)
         return self._record(out, span)
 
     def _record(self, out: Outcome, span: Any) -> Outcome:
@@ -164,12 +170,11 @@ class Executor:
                elapsed: float) -> Outcome:
         """Turn a handler's return value or exception into the outcome to write (see the
         module's decision order)."""
-        _, cancel = self.table.flags(slot, job.id)
-        if isinstance(result, (Retry, Snooze)):
+        if result is not None and isinstance(result, (Retry, Snooze)):
             error, result = result, None
         if error is None:
             return Outcome(job, slot, COMPLETE, "succeeded", elapsed)
-        if cancel or isinstance(error, JobCancelled):
+        if self.table.flags(slot, job.id)[1] or isinstance(error, JobCancelled):
             return Outcome(job, slot, CANCEL, "cancelled", elapsed, code="CANCELLED")
         if isinstance(error, Snooze):
             delay = bounded_delay(error.seconds, job, "Snooze", 0.0)

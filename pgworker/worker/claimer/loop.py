@@ -333,16 +333,24 @@ class Claimer:
 
     def _hold(self, jobs: list[ClaimedJob], *, claimed_at: float, renewed_at: float = 0.0) -> None:
         """Record jobs in the slot table (one pass, one lock) and in this claimer's batch."""
-        entries = [s.SlotEntry(job.id, job.lease_token, self.queue_index.get(job.queue, 0), job.attempt,
-                               *self._slot_policy(job.task), expires_at=job.lease_expires_at.timestamp())
-                   for job in jobs]
+        expires: dict[Any, float] = {}  # a claim's jobs share one expiry: convert it once
+        entries = []
+        for job in jobs:
+            at = expires.get(job.lease_expires_at)
+            if at is None:
+                at = expires[job.lease_expires_at] = job.lease_expires_at.timestamp()
+            entries.append(s.SlotEntry(job.id, job.lease_token, self.queue_index.get(job.queue, 0), job.attempt,
+                                       *self._slot_policy(job.task), at))
         slots = self.table.put_many(entries, claimed_at=claimed_at)
         if renewed_at:
-            self.table.renewed([(slot, job.id, job.lease_token, job.lease_expires_at.timestamp(), False)
-                                for job, slot in zip(jobs, slots)], renewed_at)
+            self.table.renewed([(slot, e.job_id, e.token, e.expires_at, False) for e, slot in zip(entries, slots)],
+                               renewed_at)
+        per_queue: dict[str, int] = {}
         for job, slot in zip(jobs, slots):
             self.batch[job.id] = (job, slot)
-            self.metrics.in_flight(job.queue, 1)
+            per_queue[job.queue] = per_queue.get(job.queue, 0) + 1
+        for queue, n in per_queue.items():
+            self.metrics.in_flight(queue, n)
 
     def _slot_policy(self, task_name: str) -> tuple[float, int, int]:
         """(hard limit, renew policy, task index) of a task's slots, computed once per task."""
@@ -384,6 +392,7 @@ class Claimer:
     # -- running --------------------------------------------------------------------
 
     def run_batch(self, jobs: list[ClaimedJob]) -> None:
+        traced = tracing.enabled()  # once per batch: with no SDK, no tracing call per job
         for job in jobs:
             _, slot = self.batch[job.id]
             if self.should_stop():
@@ -402,7 +411,7 @@ class Claimer:
                 # cancelled while it waited in the batch: never run, recorded cancelled
                 self._decide_without_running(job, slot, CANCEL)
                 continue
-            self.completer.add(self.executor.run(job, slot))
+            self.completer.add(self.executor.run(job, slot, traced))
             self.batch.pop(job.id, None)
             self.jobs_done += 1
             self.table.header.jobs_done = self.jobs_done
