@@ -19,7 +19,7 @@ from .jobs import ClaimedJob, Lease, ReapResult
 from .migrate import MigrationReport, migrate
 from .names import redact_dsn
 from .operations import PRUNE_BATCH, UNSET
-from .producer import JobSpec, enqueue_batch, enqueue_one, prepare, specs_from
+from .producer import JobSpec, enqueue_batch, enqueue_one, prepare, prepare_many, specs_from
 from .retry import Classifier, RetryPolicy
 from .schedules import MISFIRE_GRACE_SECONDS, Periodic
 from .store import Store
@@ -255,8 +255,7 @@ class App:
         this App does not register included, unless ``any_task=True``: see
         :meth:`enqueue`) raises and inserts nothing.
         """
-        prepared = [prepare(s, self.tasks, self.settings.max_payload_bytes, any_task=any_task)
-                    for s in specs_from(jobs)]
+        prepared = prepare_many(specs_from(jobs), self.tasks, self.settings.max_payload_bytes, any_task=any_task)
         with self.connection(conn) as c:
             return enqueue_batch(self.store, c, prepared, self.metrics)
 

@@ -40,6 +40,14 @@ class EnqueueStatements(StoreBase):
         rows = self._exec(conn, "job_ids_allocate", {"sequence": self._sequence, "count": count}).fetchall()
         return [r[0] for r in rows], rows[0][1]
 
+    def insert_jobs_batch(self, conn: psycopg.Connection, rows: dict[str, list[Any]]) -> list[int]:
+        """Insert jobs without dedupe or ordering keys in one statement (and one NOTIFY per
+        queue with a job due now); ``rows`` holds one list per column (queues, tasks,
+        payloads as JSON text, priorities, run_ats, delays in seconds, max_attempts,
+        trace_contexts). Returns the new ids in input order."""
+        cur = self._exec(conn, "jobs_insert_batch", {**rows, "sequence": self._sequence, "channel": self.channel})
+        return [r[0] for r in cur.fetchall()]
+
     def insert_jobs_many(self, conn: psycopg.Connection, rows: dict[str, list[Any]]) -> dict[int, bool]:
         """Bulk insert with dedupe/ordering keys; returns {inserted id: due now}."""
         keys = sorted({k for k in rows["ordering_keys"] if k is not None})

@@ -42,6 +42,9 @@ WRITING = 4    # the outcome write is in flight (not renewed, never marked lost)
 STOLEN = 5     # another claimer of the pod is taking it over (moved_to); it renews and settles it
 
 LIVE_STATES = (CLAIMED, RUNNING, DECIDED, STOLEN)
+
+# What SlotTable.start answers.
+NOT_STARTABLE, STARTED, CANCEL_REQUESTED = 0, 1, 2
 STATE_NAMES = {EMPTY: "empty", CLAIMED: "claimed", RUNNING: "running", DECIDED: "decided",
                WRITING: "writing", STOLEN: "stolen"}
 
@@ -221,17 +224,21 @@ class SlotTable:
             self.header.order_seq = seq
         return out
 
-    def start(self, index: int, job_id: int) -> bool:
-        """CLAIMED -> RUNNING, starting the job's runtime and progress clocks; False when
-        the slot no longer holds a startable job (a peer took it over, or its lease was
-        found lost while it waited: never start work whose lease may be gone)."""
+    def start(self, index: int, job_id: int) -> int:
+        """CLAIMED -> RUNNING, starting the job's runtime and progress clocks. Returns
+        STARTED; CANCEL_REQUESTED when an operator cancelled the job while it waited (it
+        is not started); or NOT_STARTABLE when the slot no longer holds a startable job (a
+        peer took it over, or its lease was found lost while it waited: never start work
+        whose lease may be gone)."""
         with self.lock:
             s = self.slots[index]
             if s.job_id != job_id or s.state != CLAIMED or s.lost:
-                return False
+                return NOT_STARTABLE
+            if s.cancel:
+                return CANCEL_REQUESTED
             s.state = RUNNING
             s.started_at = s.progress_at = time.monotonic()
-            return True
+            return STARTED
 
     def decide(self, index: int, job_id: int, outcome: int, *, delay: float = 0.0, permanent: bool = False,
                code: str = "", message: str = "") -> bool:

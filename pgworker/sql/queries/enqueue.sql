@@ -45,6 +45,34 @@ FROM ins;
 -- and read the database clock for the batch's run_at.
 SELECT nextval(%(sequence)s::regclass), now() FROM generate_series(1, %(count)s);
 
+-- name: jobs_insert_batch
+-- Bulk insert of jobs without dedupe or ordering keys (the keyed ones take
+-- jobs_insert_many), in ONE statement, so a batch costs one round trip and, on an
+-- autocommit connection, one transaction: ids drawn from the sequence in input order
+-- (the input is materialised once, as a CTE read twice is), the rows inserted, and one
+-- NOTIFY per queue that got a job due now (delivered at commit, never on rollback). The
+-- NOTIFY CTE is read by the final SELECT so that it runs (a SELECT CTE nobody reads is
+-- not evaluated). The arrays travel in binary (%(name)b): text arrays in text format are
+-- escaped element by element, which cost more than the insert. Returns the ids in input order.
+WITH input AS MATERIALIZED (
+    SELECT nextval(%(sequence)s::regclass) AS id, b.*
+    FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(payloads)b::text[]::jsonb[], %(priorities)b::smallint[],
+                %(run_ats)b::timestamptz[], %(delays)b::float8[], %(max_attempts)b::int[],
+                %(trace_contexts)b::text[]::jsonb[])
+         WITH ORDINALITY AS b(queue, task, payload, priority, run_at, delay, max_attempts, trace_context, ord)
+), ins AS (
+    INSERT INTO {schema}.jobs (id, queue, task, payload, priority, run_at, max_attempts, trace_context)
+    SELECT i.id, i.queue, i.task, i.payload, i.priority,
+           coalesce(i.run_at, now() + make_interval(secs => i.delay)), i.max_attempts, i.trace_context
+    FROM input AS i
+    ORDER BY i.ord
+    RETURNING queue, run_at <= now() AS due
+), notified AS (
+    SELECT count(pg_notify(%(channel)s, q.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins WHERE due) AS q
+)
+SELECT i.id, (SELECT n FROM notified) FROM input AS i ORDER BY i.ord;
+
 -- name: jobs_insert_many
 -- Bulk insert with dedupe and ordering keys (the COPY path takes the rest). Ids were
 -- reserved by job_ids_allocate; the ordering keys were locked by ordering_keys_lock in

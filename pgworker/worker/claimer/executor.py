@@ -118,11 +118,13 @@ class Executor:
         out = self.decide(job, task, slot, result, error, elapsed)
         if traced:
             tracing.record_outcome(span, out.outcome, error, out.code if error is not None else None)
-        return self._record(out, span)
+            return self._record(out, span)
+        return self._record(out, None)
 
     def _record(self, out: Outcome, span: Any) -> Outcome:
-        out.span = span
-        span.end()
+        if span is not None:
+            out.span = span
+            span.end()
         self.table.decide(out.slot, out.job.id, out.kind, delay=out.delay, permanent=out.permanent,
                           code=out.code or "", message=out.message)
         return out

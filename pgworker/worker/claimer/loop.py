@@ -393,28 +393,28 @@ class Claimer:
 
     def run_batch(self, jobs: list[ClaimedJob]) -> None:
         traced = tracing.enabled()  # once per batch: with no SDK, no tracing call per job
+        table, batch, run, add = self.table, self.batch, self.executor.run, self.completer.add
         for job in jobs:
-            _, slot = self.batch[job.id]
+            slot = batch[job.id][1]
             if self.should_stop():
                 self._decide_without_running(job, slot, RELEASE)
                 continue
-            if not self.table.start(slot, job.id):
-                if self.table.state_of(slot, job.id) == s.CLAIMED:
-                    # its lease was found lost while it waited: never start it; hand it
-                    # back (the fence decides whether it is still ours to hand back)
-                    self._decide_without_running(job, slot, RELEASE)
-                else:  # a peer of the pod took it over
-                    self.batch.pop(job.id, None)
-                    self.metrics.in_flight(job.queue, -1)
-                continue
-            if self.table.flags(slot, job.id)[1]:
+            started = table.start(slot, job.id)
+            if started == s.STARTED:
+                add(run(job, slot, traced))
+                del batch[job.id]
+                self.jobs_done += 1
+            elif started == s.CANCEL_REQUESTED:
                 # cancelled while it waited in the batch: never run, recorded cancelled
                 self._decide_without_running(job, slot, CANCEL)
-                continue
-            self.completer.add(self.executor.run(job, slot, traced))
-            self.batch.pop(job.id, None)
-            self.jobs_done += 1
-            self.table.header.jobs_done = self.jobs_done
+            elif table.state_of(slot, job.id) == s.CLAIMED:
+                # its lease was found lost while it waited: never start it; hand it back
+                # (the fence decides whether it is still ours to hand back)
+                self._decide_without_running(job, slot, RELEASE)
+            else:  # a peer of the pod took it over
+                batch.pop(job.id, None)
+                self.metrics.in_flight(job.queue, -1)
+        table.header.jobs_done = self.jobs_done
         self.completer.flush()
 
     def _decide_without_running(self, job: ClaimedJob, slot: int, kind: int) -> None:
