@@ -19,7 +19,7 @@ from .jobs import ClaimedJob, Lease, ReapResult
 from .migrate import MigrationReport, migrate
 from .names import redact_dsn
 from .operations import PRUNE_BATCH, UNSET
-from .producer import JobSpec, enqueue_batch, enqueue_one, prepare, prepare_many, specs_from
+from .producer import JobSpec, Preparer, enqueue_batch, enqueue_one, specs_from
 from .retry import Classifier, RetryPolicy
 from .schedules import MISFIRE_GRACE_SECONDS, Periodic
 from .store import Store
@@ -49,6 +49,7 @@ class App:
         self.name = name
         self.store = Store(settings.schema, error_history_entries=settings.error_history_entries)
         self.tasks: dict[str, Task] = {}
+        self._prepared = Preparer(self.tasks, settings.max_payload_bytes)
         self.schedules: dict[str, Periodic] = {}
         self.classify_error = classify_error
         self._pool: Any = None
@@ -61,6 +62,7 @@ class App:
         self.close()
         self.settings = settings
         self.store = Store(settings.schema, error_history_entries=settings.error_history_entries)
+        self._prepared = Preparer(self.tasks, settings.max_payload_bytes)
 
     def __repr__(self) -> str:
         return f"App(dsn={redact_dsn(self.settings.dsn)!r}, schema={self.settings.schema!r}, tasks={sorted(self.tasks)})"
@@ -239,9 +241,8 @@ class App:
         subclass :class:`UnknownTask` included; all ``ValueError``) before touching the
         database, and :class:`DatabaseUnavailable` when PostgreSQL cannot be reached.
         """
-        job = prepare(JobSpec(task, payload, queue, priority, run_at, delay, max_attempts,
-                              dedupe_key, ordering_key, dedupe_window, ordering_on_dead),
-                      self.tasks, self.settings.max_payload_bytes, any_task=any_task)
+        job = self._prepared.one(JobSpec(task, payload, queue, priority, run_at, delay, max_attempts,
+                                         dedupe_key, ordering_key, dedupe_window, ordering_on_dead), any_task)
         with self.connection(conn) as c:
             return enqueue_one(self.store, c, job, self.metrics)
 
@@ -255,7 +256,7 @@ class App:
         this App does not register included, unless ``any_task=True``: see
         :meth:`enqueue`) raises and inserts nothing.
         """
-        prepared = prepare_many(specs_from(jobs), self.tasks, self.settings.max_payload_bytes, any_task=any_task)
+        prepared = self._prepared.many(specs_from(jobs), any_task)
         with self.connection(conn) as c:
             return enqueue_batch(self.store, c, prepared, self.metrics)
 

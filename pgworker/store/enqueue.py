@@ -20,6 +20,11 @@ class EnqueueStatements(StoreBase):
                    trace_context: str | None, dedupe_window_seconds: float | None = None,
                    dead_blocks_key: bool = True) -> int | None:
         """Insert one job (and its wake-up); returns its id, or None on a dedupe conflict."""
+        if dedupe_key is None and ordering_key is None:
+            return self._exec(conn, "job_insert_plain", {
+                "queue": queue, "task": task, "payload": payload_json, "priority": priority, "run_at": run_at,
+                "delay": delay_seconds, "max_attempts": max_attempts, "trace_context": trace_context,
+                "channel": self.channel}).fetchone()[0]
         params = {
             "queue": queue, "task": task, "payload": payload_json, "priority": priority,
             "run_at": run_at, "delay": delay_seconds, "max_attempts": max_attempts,

@@ -40,6 +40,20 @@ SELECT id,
              THEN pg_notify(%(channel)s, %(notify_payload)s) END) IS NULL AS notified
 FROM ins;
 
+-- name: job_insert_plain
+-- Insert one job without a dedupe or an ordering key, the common case: job_insert without
+-- the conflict arbiter and the ordering probe, and with fewer parameters to send. A job
+-- due now wakes listeners (NOTIFY, delivered at commit, never on rollback).
+WITH ins AS (
+    INSERT INTO {schema}.jobs (queue, task, payload, priority, run_at, max_attempts, trace_context)
+    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s,
+            coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+            %(max_attempts)s, %(trace_context)s::jsonb)
+    RETURNING id, run_at
+)
+SELECT id, (CASE WHEN run_at <= now() THEN pg_notify(%(channel)s, %(queue)s) END) IS NULL AS notified
+FROM ins;
+
 -- name: job_ids_allocate
 -- Reserve ids for a bulk insert, so COPY (which cannot return them) still reports them,
 -- and read the database clock for the batch's run_at.
