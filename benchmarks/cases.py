@@ -11,7 +11,7 @@ from pgworker import App, Settings
 
 from . import ceiling
 from .common import QUEUE, TASK, BenchSchema, connect, percentile, rate, wait_for
-from .plain_loop import plain_loop
+from .plain_loop import plain_loop_costs
 from .drain_runs import Observability, Service, drain
 
 
@@ -20,10 +20,12 @@ def sql_ceiling(dsn: str, *, clients: int, batch: int, jobs: int) -> dict[str, f
 
 
 def plain(dsn: str, *, clients: int, batch: int, jobs: int) -> dict[str, float]:
+    """The plain psycopg loop over ``jobs`` due jobs: its rate, CPU (its own, the
+    server's) and WAL per job."""
     with BenchSchema(dsn, "plain") as s:
         s.fill(jobs)
-        n, seconds = plain_loop(s, processes=clients, batch=batch)
-    return {"jobs_per_second": rate(n, seconds), "jobs": n}
+        n, seconds, costs = plain_loop_costs(s, processes=clients, batch=batch)
+    return {"jobs_per_second": rate(n, seconds), "jobs": n, **costs}
 
 
 def pgworker_drain(dsn: str, *, clients: int, batch: int | None, jobs: int, finished: int = 0,
@@ -129,3 +131,74 @@ def idle_fleet(dsn: str, *, pods: int, claimers: int, seconds: float, poll_inter
             for svc in services:
                 svc.__exit__(None, None, None)
     return {"statements_per_minute": (last - first - 2) * 60.0 / seconds, "pods": pods, "claimers": claimers}
+
+
+def insert_plain_loop(dsn: str, *, seconds: float) -> dict[str, float]:
+    """A plain psycopg single-row INSERT loop on pgworker's table (autocommit, prepared):
+    the baseline of ``app.enqueue``."""
+    from psycopg import sql
+
+    with BenchSchema(dsn, "ins") as s, connect(dsn) as conn:
+        conn.prepare_threshold = 0
+        q = sql.SQL("INSERT INTO {} (queue, task, payload) VALUES (%s, %s, %s)").format(sql.Identifier(s.name, "jobs"))
+        for i in range(200):
+            conn.execute(q, (QUEUE, TASK, '{"i": 0}'))
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            for i in range(100):
+                conn.execute(q, (QUEUE, TASK, f'{{"i": {n + i}}}'))
+            n += 100
+        return {"jobs_per_second": n / (time.perf_counter() - t0)}
+
+
+def insert_rows_baseline(dsn: str, *, rows: int, seconds: float) -> dict[str, float]:
+    """pgbench running a ``rows``-row INSERT (one VALUES list) on pgworker's table, one
+    client: the baseline of ``app.enqueue_many``. Rows per second."""
+    return {"jobs_per_second": ceiling.multirow_insert_ceiling(dsn, rows=rows, seconds=seconds)}
+
+
+def trap_drain(dsn: str, *, clients: int, due: int, trap: str, trap_rows: int,
+               obs: Observability | None = None) -> dict[str, Any]:
+    """A drain of ``due`` jobs beside a trap real queues fall into:
+
+    - ``scheduled``: ``trap_rows`` jobs scheduled an hour from now, a third of them at a
+      higher priority than the due ones;
+    - ``finished``: ``trap_rows`` succeeded jobs kept in the table;
+    - ``snapshot``: a REPEATABLE READ transaction in another session holds an old
+      snapshot for the whole drain (dead row versions cannot be removed); the drain after
+      it closes is measured too (``after_jobs_per_second``), and the dead tuples a VACUUM
+      reclaims then (``dead_tuples_reclaimed``).
+    """
+    with BenchSchema(dsn, f"trap{trap[:4]}") as s:
+        if trap == "scheduled":
+            s.fill_later(trap_rows)
+        s.fill(due, finished=trap_rows if trap == "finished" else 0)
+        since = s.max_id() - due
+        if trap != "snapshot":
+            r = drain(s, concurrency=clients, batch=None, obs=obs, since_id=since)
+            return {**r.as_dict(), "trap": trap}
+        with connect(dsn) as holder:
+            holder.autocommit = False
+            holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            s.q(holder, "SELECT count(*) FROM {s}.jobs")  # take the snapshot now
+            r = drain(s, concurrency=clients, batch=None, obs=obs, since_id=since)
+            holder.rollback()
+        s.fill(due)
+        since2 = s.max_id() - due
+        after = drain(s, concurrency=clients, batch=None, obs=obs, since_id=since2)
+        before_vacuum = s.dead_tuples()
+        with connect(dsn) as conn:
+            s.q(conn, "VACUUM {s}.jobs")
+        return {**r.as_dict(), "trap": trap, "after_jobs_per_second": round(after.rate, 1),
+                "dead_tuples_reclaimed": before_vacuum - s.dead_tuples()}
+
+
+def scale_out(dsn: str, *, pods: int, claimers: int, jobs: int, obs: Observability | None = None) -> dict[str, Any]:
+    """``pods`` drain runs (``pgworker run --drain``, ``claimers`` each) started together
+    on one schema; the rate from the rows."""
+    from .drain_runs import drain_pods
+
+    with BenchSchema(dsn, "pods") as s:
+        s.fill(jobs)
+        since = s.max_id() - jobs
+        return drain_pods(s, pods=pods, concurrency=claimers, obs=obs, since_id=since)

@@ -188,3 +188,14 @@ def insert_ceiling(dsn: str, *, seconds: float, plain: bool = False, clients: in
         script = plain_insert_script(s.name) if plain else insert_script(s.name)
         run_pgbench(dsn, script, clients=clients, seconds=1)
         return run_pgbench(dsn, script, clients=clients, seconds=seconds).tps
+
+
+def multirow_insert_ceiling(dsn: str, *, rows: int, seconds: float) -> float:
+    """Rows/s of pgbench inserting ``rows`` rows per statement (one VALUES list, distinct
+    payloads), one client, on pgworker's table."""
+    with BenchSchema(dsn, "pgbench") as s:
+        values = ", ".join(f"('{QUEUE}', '{TASK}', '{{\"i\": {i}}}')" for i in range(rows))
+        script = sql.SQL("INSERT INTO {} (queue, task, payload) VALUES ").format(
+            sql.Identifier(s.name, "jobs")).as_string(None) + values + ";\n"
+        run_pgbench(dsn, script, clients=1, seconds=1)
+        return rows * run_pgbench(dsn, script, clients=1, seconds=seconds).tps

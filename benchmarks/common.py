@@ -82,6 +82,25 @@ class BenchSchema:
         cur = conn.execute(sql.SQL(query).format(s=self.ident), params)
         return cur.fetchall() if cur.description else []
 
+    def fill_later(self, n: int, *, high_priority_share: float = 1 / 3, queue: str = QUEUE, task: str = TASK) -> None:
+        """Insert ``n`` pending jobs scheduled an hour from now, a share of them at a
+        higher priority than the due jobs (the trap: a priority-first scan walks them)."""
+        with connect(self.dsn) as conn:
+            step = 200_000
+            for start in range(0, n, step):
+                k = min(step, n - start)
+                self.q(conn, "INSERT INTO {s}.jobs (queue, task, payload, priority, run_at) "
+                             "SELECT %s, %s, '{{}}', CASE WHEN g %% 1000 < %s THEN 10 ELSE 0 END, "
+                             "now() + interval '1 hour' FROM generate_series(1, %s) AS g",
+                       [queue, task, int(1000 * high_priority_share), k])
+            self.q(conn, "VACUUM ANALYZE {s}.jobs")
+
+    def dead_tuples(self) -> int:
+        """The jobs table's dead row versions (pg_stat_user_tables, after a stats flush)."""
+        with connect(self.dsn) as conn:
+            conn.execute("SELECT pg_stat_force_next_flush()")
+            return self.q(conn, "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = '{s}.jobs'::regclass")[0][0]
+
     def fill(self, due: int, *, finished: int = 0, queue: str = QUEUE, task: str = TASK) -> None:
         """Insert ``finished`` succeeded jobs (history kept in the table) and ``due``
         pending jobs due now, then VACUUM ANALYZE so every run starts from the same
@@ -116,6 +135,52 @@ class BenchSchema:
             n, span = self.q(conn, "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at))::float8 "
                                    "FROM {s}.jobs WHERE state = 'succeeded' AND id > %s", [since_id])[0]
         return n, span or 0.0
+
+
+def wal_lsn(dsn: str) -> int:
+    """The server's current WAL insert position in bytes (pg_current_wal_insert_lsn). The
+    difference over a run is all the WAL the server wrote meanwhile: measure on a quiet
+    server."""
+    with connect(dsn) as conn:
+        return int(conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0])
+
+
+def _server_pids() -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/comm") as f:
+                    if f.read().strip() in ("postgres", "postmaster"):
+                        out.append(int(entry))
+            except OSError:
+                continue
+    return out
+
+
+class ServerCpu:
+    """CPU seconds the local PostgreSQL server spent over a run: every server process
+    (/proc, a local server only) sampled with :meth:`sample` while the run goes, each
+    counted from when it was first seen to its last sample (a backend of the run starts
+    at zero, and one that exits keeps its last sample)."""
+
+    def __init__(self) -> None:
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+        self._started = False
+        self.sample()
+        self._started = True
+
+    def sample(self) -> None:
+        for pid in _server_pids():
+            c = cpu_seconds(pid)
+            # a process already there at the start counts from its CPU then; a new one from 0
+            self.first.setdefault(pid, 0.0 if self._started else c)
+            self.last[pid] = c
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.last[p] - self.first.get(p, 0.0) for p in self.last)
 
 
 def rate(n: int, seconds: float) -> float:

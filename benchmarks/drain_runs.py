@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .common import QUEUE, BenchSchema, children, cpu_seconds, machine_busy_seconds, rss_bytes, wait_for
+from .common import (QUEUE, BenchSchema, ServerCpu, children, cpu_seconds, machine_busy_seconds, rss_bytes,
+                     wait_for, wal_lsn)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -78,6 +79,8 @@ class DrainResult:
     cpu_claimers: dict[int, float] = field(default_factory=dict)  # pid -> CPU seconds (last sample)
     cpu_dispatcher: float = 0.0
     machine_busy_cores: float = 0.0  # average busy cores of the whole machine during the run
+    cpu_server: float = 0.0  # CPU seconds of the PostgreSQL server processes during the run
+    wal_bytes: int = 0       # WAL the server wrote during the run
 
     @property
     def rate(self) -> float:
@@ -94,6 +97,9 @@ class DrainResult:
                 "exit_code": self.exit_code, "wall_seconds": round(self.wall_seconds, 2),
                 "cpu_claimers_us_per_job": round(1e6 * sum(self.cpu_claimers.values()) / self.jobs, 1) if self.jobs else 0,
                 "cpu_dispatcher_s": round(self.cpu_dispatcher, 2),
+                "cpu_supervisor_us_per_job": round(1e6 * self.cpu_dispatcher / self.jobs, 1) if self.jobs else 0,
+                "cpu_server_us_per_job": round(1e6 * self.cpu_server / self.jobs, 1) if self.jobs else 0,
+                "wal_bytes_per_job": round(self.wal_bytes / self.jobs, 1) if self.jobs else 0,
                 "machine_busy_cores": round(self.machine_busy_cores, 2)}
 
 
@@ -162,9 +168,12 @@ def drain(schema: BenchSchema, *, concurrency: int, batch: int | None = None,
                 if r:
                     result.rss_claimers.setdefault(p, []).append(r)
                     result.cpu_claimers[p] = cpu_seconds(p) - cpu0[p]
+            server.sample()
 
+        server = ServerCpu()
         sample()
         busy0, total0 = machine_busy_seconds()
+        lsn0 = wal_lsn(schema.dsn)
         open(os.path.join(gate, "go"), "w").close()
         deadline = time.monotonic() + timeout
         while proc.poll() is None:
@@ -175,6 +184,8 @@ def drain(schema: BenchSchema, *, concurrency: int, batch: int | None = None,
                 sample()
         result.exit_code = proc.returncode
         result.wall_seconds = time.monotonic() - t0
+        result.wal_bytes = wal_lsn(schema.dsn) - lsn0
+        result.cpu_server = server.seconds
         busy1, total1 = machine_busy_seconds()
         cores = os.cpu_count() or 1
         result.machine_busy_cores = cores * (busy1 - busy0) / (total1 - total0) if total1 > total0 else 0.0
@@ -255,3 +266,57 @@ class Service:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         shutil.rmtree(self.gate, ignore_errors=True)
+
+
+def drain_pods(schema: BenchSchema, *, pods: int, concurrency: int, obs: Observability | None = None,
+               since_id: int = 0, timeout: float = 900) -> dict[str, Any]:
+    """``pods`` ``pgworker run --drain`` processes (``concurrency`` claimers each) on one
+    schema, released together by one start gate; the rate from the rows, the CPU per job
+    of the claimers, the supervisors and the server."""
+    obs = obs or Observability()
+    gate = tempfile.mkdtemp(prefix="pgworker-bench-gate-")
+    env = _env(schema, {"BENCH_GATE_DIR": gate, **obs.env()})
+    procs = []
+    try:
+        for _ in range(pods):
+            cmd = [sys.executable, "-m", "pgworker.cli", "run", "--app", BENCH_APP, "--drain", "--concurrency",
+                   str(concurrency), "--metrics-dir", tempfile.mkdtemp(prefix="pgworker-bench-metrics-"),
+                   "--log-level", "WARNING", *obs.args()]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                          start_new_session=True, cwd=ROOT))
+        wait_for(lambda: any(p.poll() is not None for p in procs) or
+                 len(glob.glob(os.path.join(gate, "ready-*"))) >= pods * concurrency, 180, "every claimer to start")
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError("a pgworker run exited early: " + " ".join(p.stderr.read()[-1500:] for p in procs
+                                                                          if p.poll() is not None))
+        claimers = {c: cpu_seconds(c) for p in procs for c in claimer_pids(p.pid)}
+        supervisors = {p.pid: cpu_seconds(p.pid) for p in procs}
+        last = dict(claimers), dict(supervisors)
+        server = ServerCpu()
+        open(os.path.join(gate, "go"), "w").close()
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{pods} drain runs did not finish in {timeout} s")
+            for table in last:
+                for pid in table:
+                    c = cpu_seconds(pid)
+                    if c:
+                        table[pid] = c
+            server.sample()
+            time.sleep(0.1)
+        for p in procs:
+            if p.returncode not in (0, 75):
+                raise RuntimeError(f"a drain run exited {p.returncode}: {p.stderr.read()[-2000:]}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        shutil.rmtree(gate, ignore_errors=True)
+    jobs, seconds = schema.window(since_id)
+    per = lambda v: round(1e6 * v / jobs, 1) if jobs else 0.0  # noqa: E731
+    return {"jobs": jobs, "seconds": round(seconds, 3), "jobs_per_second": round(jobs / seconds, 1) if seconds else 0,
+            "cpu_claimers_us_per_job": per(sum(last[0][c] - claimers[c] for c in claimers)),
+            "cpu_supervisor_us_per_job": per(sum(last[1][p] - supervisors[p] for p in supervisors)),
+            "cpu_server_us_per_job": per(server.seconds)}

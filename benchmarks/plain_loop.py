@@ -39,13 +39,37 @@ def _consume(dsn: str, schema: str, batch: int, barrier: Any) -> None:
 
 def plain_loop(schema: BenchSchema, *, processes: int, batch: int, since_id: int = 0) -> tuple[int, float]:
     """Drain ``schema`` with the plain loop; returns (jobs, seconds) from the rows."""
+    n, seconds, _ = plain_loop_costs(schema, processes=processes, batch=batch, since_id=since_id)
+    return n, seconds
+
+
+def plain_loop_costs(schema: BenchSchema, *, processes: int, batch: int,
+                     since_id: int = 0) -> tuple[int, float, dict[str, float]]:
+    """:func:`plain_loop`, with what it cost: its processes' CPU, the server's CPU and the
+    WAL written, per job (µs, µs, bytes)."""
+    import resource
+    import time
+
+    from .common import ServerCpu, wal_lsn
+
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(processes)
     procs = [ctx.Process(target=_consume, args=(schema.dsn, schema.name, batch, barrier)) for _ in range(processes)]
+    usage0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    server, lsn0 = ServerCpu(), wal_lsn(schema.dsn)
     for p in procs:
         p.start()
+    while any(p.is_alive() for p in procs):
+        server.sample()
+        time.sleep(0.1)
     for p in procs:
         p.join(600)
         if p.exitcode != 0:
             raise RuntimeError(f"plain loop process exited {p.exitcode}")
-    return schema.window(since_id)
+    usage1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wal = wal_lsn(schema.dsn) - lsn0
+    n, seconds = schema.window(since_id)
+    cpu = (usage1.ru_utime + usage1.ru_stime) - (usage0.ru_utime + usage0.ru_stime)
+    per = lambda v: round(v / n, 1) if n else 0.0  # noqa: E731
+    return n, seconds, {"cpu_client_us_per_job": per(1e6 * cpu), "cpu_server_us_per_job": per(1e6 * server.seconds),
+                        "wal_bytes_per_job": per(wal)}

@@ -29,7 +29,7 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 def targets(doc: dict[str, Any], plan: Any) -> list[dict[str, Any]]:
-    """Each target of issue 6 with the measured value and whether it was met (None when
+    """Each target (issue 15) with the measured value and whether it was met (None when
     the run did not measure it)."""
     c = max(plan.clients)
     out: list[dict[str, Any]] = []
@@ -39,42 +39,40 @@ def targets(doc: dict[str, Any], plan: Any) -> list[dict[str, Any]]:
         out.append({"target": name, "value": None if value is None else round(value, 3), "limit": limit,
                     "unit": unit, "met": met})
 
-    auto, ceil = _get(doc, f"pgworker c{c} auto"), _get(doc, f"ceiling c{c} b100")
-    best_ceil = max((v for v in (_get(doc, f"ceiling c{k} b100") for k in plan.clients) if v), default=None)
-    add(f"drain, defaults, {c} claimers, metrics+tracing on / pgbench batch 100 ({c} clients)",
-        auto / ceil if auto and ceil else None, 0.8, "higher")
-    add(f"drain, defaults, {c} claimers / best pgbench batch 100 (any clients)",
-        auto / best_ceil if auto and best_ceil else None, 0.8, "higher")
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a and b else None
+
+    plain = _get(doc, f"plain c{c} b100")
+    api, sdk = _get(doc, "obs metrics+api"), _get(doc, "obs metrics+sdk")
+    add(f"drain, defaults (metrics on, tracing API without an SDK), {c} claimers / plain loop b100 x {c}",
+        ratio(api, plain), 0.9, "higher")
+    add(f"drain, an SDK tracing every job, {c} claimers / plain loop b100 x {c}", ratio(sdk, plain), 0.5, "higher")
     mine = _get(doc, f"peer pgworker defaults, {c} claimers")
-    for peer, factor in (("pgqueuer", 1.5), ("procrastinate", 20.0)):
+    for peer, factor in (("pgqueuer", 2.0), ("procrastinate", 20.0)):
         best = max((v["jobs_per_second"]["median"] for k, v in doc["results"].items()
                     if k.startswith(f"peer {peer}") and "jobs_per_second" in v), default=None)
-        add(f"pgworker defaults / {peer}'s best (same job count)", mine / best if mine and best else None,
-            factor, "higher")
-    add("enqueue_many jobs/s", _get(doc, "enqueue_many"), 100_000, "higher", "jobs/s")
-    single, base = _get(doc, "enqueue single"), _get(doc, "insert pgbench plain")
-    add("single enqueue / pgbench single-row INSERT (1 client)", single / base if single and base else None,
-        0.8, "higher")
-    add("idle enqueue-to-start with LISTEN, median", _get(doc, "latency listen", "median_ms"), 5, "lower", "ms")
-    add("idle enqueue-to-start with LISTEN, p99", _get(doc, "latency listen", "p99_ms"), 25, "lower", "ms")
-    on, off = _get(doc, "obs metrics+sdk"), _get(doc, "obs off")
-    add("cost of metrics + tracing (1 - on/off)", 1 - on / off if on and off else None, 0.15, "lower")
-    growth = [(due, fin) for due, fin in plan.growth]
-    rates = [_get(doc, f"growth due {d} finished {f}") for d, f in growth]
-    lats = [_get(doc, f"growth due {d} finished {f}", "claim_mean_ms") for d, f in growth]
-    if all(rates) and len(rates) > 1:
-        add("drain rate spread across backlogs (max/min - 1)", max(rates) / min(rates) - 1, 0.2, "lower")  # type: ignore[type-var, operator]
-    if all(lats) and len(lats) > 1:
-        add("claim latency spread across backlogs (max/min - 1)", max(lats) / min(lats) - 1, 0.2, "lower")  # type: ignore[type-var, operator]
-    mem = max((v for k in doc["results"] if k.startswith(("pgworker", "growth due", "obs"))
+        add(f"pgworker defaults / {peer}'s best (same jobs, same run)", ratio(mine, best), factor, "higher")
+    rows100 = _get(doc, "insert pgbench 100 rows")
+    add("enqueue_many, 100 jobs per call / pgbench 100-row INSERT (1 client)",
+        ratio(_get(doc, "enqueue_many 100"), rows100), 0.8, "higher")
+    add(f"enqueue_many, {plan.enqueue_many_batch:,} jobs per call / pgbench 100-row INSERT (1 client)",
+        ratio(_get(doc, "enqueue_many"), rows100), 0.8, "higher")
+    add("enqueue, one job per transaction / plain psycopg single-row INSERT loop",
+        ratio(_get(doc, "enqueue single"), _get(doc, "insert plain loop")), 0.8, "higher")
+    add(f"WAL per job (claim + complete), {c} claimers / plain loop",
+        ratio(_get(doc, "obs metrics+api", "wal_bytes_per_job"), _get(doc, f"plain c{c} b100", "wal_bytes_per_job")),
+        1.1, "lower")
+    none_rate, none_lat = _get(doc, "trap none"), _get(doc, "trap none", "claim_mean_ms")
+    for trap, label in (("scheduled", f"{plan.trap_rows:,} jobs scheduled later, a third at a higher priority"),
+                        ("finished", f"{plan.trap_rows:,} finished jobs kept"),
+                        ("snapshot", "a REPEATABLE READ snapshot held through the drain")):
+        r_rate, r_lat = ratio(_get(doc, f"trap {trap}"), none_rate), ratio(_get(doc, f"trap {trap}", "claim_mean_ms"),
+                                                                           none_lat)
+        spread = None if r_rate is None or r_lat is None else max(abs(1 - r_rate), abs(1 - r_lat))
+        add(f"drain rate and claim latency beside {label}: largest change from the plain case", spread, 0.2, "lower")
+    mem = max((v for k in doc["results"] if k.startswith(("pgworker", "growth due", "obs", "trap"))
                for v in [_max(doc, k, "rss_claimer_max_mib")] if v), default=None)
     add("claimer resident memory, max over every run", mem, 80, "lower", "MiB")
-    big = max(growth)[0] if growth else None
-    if big is not None:
-        first = _get(doc, f"growth due {big} finished 0", "rss_claimer_first_mib")
-        last = _get(doc, f"growth due {big} finished 0", "rss_claimer_last_mib")
-        add(f"claimer memory growth over {big:,} jobs (last - first)",
-            last - first if first and last else None, 10, "lower", "MiB")
     return out
 
 
@@ -189,8 +187,54 @@ def markdown(doc: dict[str, Any], plan: Any) -> str:
             v = _get(doc, k)
             lines.append(f"| {name} | {label} | {_n(v)} | {_ratio(auto, v)} |")
         lines.append("")
+    c = max(plan.clients)
+    if "obs metrics+api" in r and f"plain c{c} b100" in r:
+        lines += [f"## Where the time goes ({c} processes, no-op jobs; CPU µs per job, WAL bytes per job)", "",
+                  "| what | jobs/s | client processes | supervisor | PostgreSQL server | WAL |", "|---|---:|---:|---:|---:|---:|",
+                  f"| plain psycopg loop, b100 x {c} | {_n(_get(doc, f'plain c{c} b100'))} | "
+                  f"{_n(_get(doc, f'plain c{c} b100', 'cpu_client_us_per_job'), 1)} | — | "
+                  f"{_n(_get(doc, f'plain c{c} b100', 'cpu_server_us_per_job'), 1)} | "
+                  f"{_n(_get(doc, f'plain c{c} b100', 'wal_bytes_per_job'))} |"]
+        for key, label in (("obs metrics+api", "pgworker, defaults (tracing API, no SDK)"),
+                           ("obs metrics+sdk", "pgworker, an SDK tracing every job")):
+            lines.append(f"| {label} | {_n(_get(doc, key))} | {_n(_get(doc, key, 'cpu_claimers_us_per_job'), 1)} | "
+                         f"{_n(_get(doc, key, 'cpu_supervisor_us_per_job'), 1)} | "
+                         f"{_n(_get(doc, key, 'cpu_server_us_per_job'), 1)} | {_n(_get(doc, key, 'wal_bytes_per_job'))} |")
+        lines.append("")
+    if "insert plain loop" in r:
+        lines += ["## Enqueue against its baselines (jobs/s, one connection)", "", "| what | jobs/s | ratio |",
+                  "|---|---:|---:|",
+                  f"| plain psycopg single-row INSERT loop | {_n(_get(doc, 'insert plain loop'))} | 1.00 |",
+                  f"| `app.enqueue` | {_n(_get(doc, 'enqueue single'))} | "
+                  f"{_ratio(_get(doc, 'enqueue single'), _get(doc, 'insert plain loop'))} |",
+                  f"| pgbench 100-row INSERT | {_n(_get(doc, 'insert pgbench 100 rows'))} | 1.00 |",
+                  f"| `app.enqueue_many`, 100 per call | {_n(_get(doc, 'enqueue_many 100'))} | "
+                  f"{_ratio(_get(doc, 'enqueue_many 100'), _get(doc, 'insert pgbench 100 rows'))} |",
+                  f"| `app.enqueue_many`, {plan.enqueue_many_batch:,} per call | {_n(_get(doc, 'enqueue_many'))} | "
+                  f"{_ratio(_get(doc, 'enqueue_many'), _get(doc, 'insert pgbench 100 rows'))} |", ""]
+    if any(k.startswith("trap ") for k in r):
+        lines += [f"## Traps ({c} claimers, {plan.trap_due:,} due jobs, defaults)", "",
+                  "| beside | jobs/s | claim ms | / plain rate | after | dead tuples reclaimed after |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for trap, label in (("none", "nothing (the plain case)"), ("scheduled", f"{plan.trap_rows:,} scheduled later"),
+                            ("finished", f"{plan.trap_rows:,} finished"), ("snapshot", "an old snapshot held")):
+            k = f"trap {trap}"
+            lines.append(f"| {label} | {_n(_get(doc, k))} | {_n(_get(doc, k, 'claim_mean_ms'), 2)} | "
+                         f"{_ratio(_get(doc, k), _get(doc, 'trap none'))} | {_n(_get(doc, k, 'after_jobs_per_second'))} | "
+                         f"{_n(_get(doc, k, 'dead_tuples_reclaimed'))} |")
+        lines.append("")
+    if any(k.startswith("scale ") for k in r):
+        lines += [f"## Scale-out (pods of {plan.scale_claimers} claimers on one server, {plan.scale_jobs:,} jobs)", "",
+                  "| pods | jobs/s | claimer CPU µs/job | supervisor CPU µs/job | server CPU µs/job |",
+                  "|---:|---:|---:|---:|---:|"]
+        for pods in plan.scale_pods:
+            k = f"scale {pods} pods"
+            lines.append(f"| {pods} | {_n(_get(doc, k))} | {_n(_get(doc, k, 'cpu_claimers_us_per_job'), 1)} | "
+                         f"{_n(_get(doc, k, 'cpu_supervisor_us_per_job'), 1)} | "
+                         f"{_n(_get(doc, k, 'cpu_server_us_per_job'), 1)} |")
+        lines.append("")
     ts = targets(doc, plan)
-    lines += ["## Targets (issue 6)", "", "| target | measured | limit | met |", "|---|---:|---:|:---:|"]
+    lines += ["## Targets", "", "| target | measured | limit | met |", "|---|---:|---:|:---:|"]
     for t in ts:
         met = "—" if t["met"] is None else ("yes" if t["met"] else "**no**")
         lines.append(f"| {t['target']} | {_n(t['value'], 2)} {t['unit']} | {t['limit']:,} {t['unit']} | {met} |")

@@ -36,7 +36,7 @@ from benchmarks import cases, report  # noqa: E402
 from benchmarks.common import connect, find_dsn  # noqa: E402
 from benchmarks.drain_runs import Observability  # noqa: E402
 
-SECTIONS = ("drain", "enqueue", "latency", "idle", "obs", "growth", "peers")
+SECTIONS = ("drain", "enqueue", "latency", "idle", "obs", "growth", "traps", "scale", "peers")
 
 
 @dataclass
@@ -62,6 +62,11 @@ class Plan:
     idle_pods: int = 3
     idle_claimers: int = 4
     idle_seconds: float = 60.0
+    trap_rows: int = 1_000_000            # jobs scheduled later / finished jobs kept, in the traps section
+    trap_due: int = 100_000
+    scale_pods: tuple[int, ...] = (1, 2, 4)
+    scale_claimers: int = 2               # per pod
+    scale_jobs: int = 150_000
 
 
 FULL = Plan(repeat=3, clients=(1, 2, 4), batches=(1, 10, 100),
@@ -75,12 +80,14 @@ QUICK = Plan(repeat=1, clients=(1, 4), batches=(1, 10, 100),
              enqueue_seconds=2, enqueue_many_jobs=60_000, enqueue_many_batch=10_000,
              latency_jobs=200, latency_gap=0.01, poll_jobs=200, poll_gap=0.02, poll_interval=0.5,
              obs_jobs=30_000, growth=((1_000, 0), (30_000, 0), (30_000, 100_000)),
-             peer_jobs=5_000, memory_jobs=30_000)
+             peer_jobs=5_000, memory_jobs=30_000, idle_seconds=30.0, trap_rows=100_000, trap_due=30_000,
+             scale_jobs=30_000)
 SMALLEST = Plan(repeat=1, clients=(1,), batches=(10,),
                 drain_jobs={10: 200, None: 200}, enqueue_seconds=0.3, enqueue_many_jobs=2_000,
                 enqueue_many_batch=1_000, latency_jobs=10, latency_gap=0.01, poll_jobs=5, poll_gap=0.02,
                 poll_interval=0.2, obs_jobs=200, growth=((200, 0), (200, 1_000)), peer_jobs=200,
-                memory_jobs=200, idle_pods=1, idle_claimers=2, idle_seconds=2.0)
+                memory_jobs=200, idle_pods=1, idle_claimers=2, idle_seconds=2.0, trap_rows=1_000, trap_due=200,
+                scale_pods=(1, 2), scale_claimers=1, scale_jobs=400)
 
 
 @dataclass
@@ -130,6 +137,7 @@ def run(dsn: str, plan: Plan, sections: tuple[str, ...], peers: bool, before: st
     drain and idle sections."""
     r = Results()
     default = Observability("sdk", True)
+    api = Observability("api", True)  # pgworker's default: metrics on, tracing API without an SDK
     for rep in range(plan.repeat):
         _log(f"repetition {rep + 1} of {plan.repeat}")
         if "drain" in sections:
@@ -156,6 +164,11 @@ def run(dsn: str, plan: Plan, sections: tuple[str, ...], peers: bool, before: st
             _measure(r, "enqueue single", lambda: cases.enqueue_single(dsn, seconds=plan.enqueue_seconds))
             _measure(r, "enqueue_many", lambda: cases.enqueue_many(
                 dsn, jobs=plan.enqueue_many_jobs, batch=plan.enqueue_many_batch))
+            _measure(r, "enqueue_many 100", lambda: cases.enqueue_many(
+                dsn, jobs=max(2_000, plan.enqueue_many_jobs // 5), batch=100))
+            _measure(r, "insert pgbench 100 rows", lambda: cases.insert_rows_baseline(
+                dsn, rows=100, seconds=plan.enqueue_seconds))
+            _measure(r, "insert plain loop", lambda: cases.insert_plain_loop(dsn, seconds=plan.enqueue_seconds))
         if "obs" in sections:
             c = max(plan.clients)
             for label, obs in (("off", Observability("off", False)), ("metrics", Observability("off", True)),
@@ -178,6 +191,15 @@ def run(dsn: str, plan: Plan, sections: tuple[str, ...], peers: bool, before: st
                     continue
                 _measure(r, key, lambda: cases.idle_fleet(dsn, pods=plan.idle_pods, claimers=plan.idle_claimers,
                                                           seconds=plan.idle_seconds, code_root=root))
+        if "traps" in sections and rep == 0:  # the big fills run once
+            c = max(plan.clients)
+            for trap in ("none", "scheduled", "finished", "snapshot"):
+                _measure(r, f"trap {trap}", lambda: cases.trap_drain(
+                    dsn, clients=c, due=plan.trap_due, trap=trap, trap_rows=plan.trap_rows, obs=api))
+        if "scale" in sections:
+            for pods in plan.scale_pods:
+                _measure(r, f"scale {pods} pods", lambda: cases.scale_out(
+                    dsn, pods=pods, claimers=plan.scale_claimers, jobs=plan.scale_jobs, obs=api))
         if "latency" in sections and rep == 0:
             _measure(r, "latency listen", lambda: cases.wakeup_latency(
                 dsn, listen=True, jobs=plan.latency_jobs, mean_gap=plan.latency_gap, poll_interval=plan.poll_interval))
@@ -188,7 +210,7 @@ def run(dsn: str, plan: Plan, sections: tuple[str, ...], peers: bool, before: st
 
             c = max(plan.clients)
             _measure(r, f"peer pgworker defaults, {c} claimers", lambda: cases.pgworker_drain(
-                dsn, clients=c, batch=None, jobs=plan.peer_jobs, obs=default))
+                dsn, clients=c, batch=None, jobs=plan.peer_jobs, obs=api))
             for name in peers_mod.PEERS:
                 for label, settings in peers_mod.configurations(name):
                     _measure(r, f"peer {name} {label}", lambda: peers_mod.drain(
