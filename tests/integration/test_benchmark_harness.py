@@ -47,7 +47,15 @@ def test_smallest_benchmark_case_runs_end_to_end(pg_dsn, tmp_path):
     assert results["insert pgbench plain"]["jobs_per_second"]["median"] > 0
     assert results["latency listen"]["jobs"]["median"] == 10
     assert results["latency poll"]["median_ms"]["median"] > 0
-    assert {t["target"] for t in doc["targets"]} >= {"enqueue_many jobs/s"}
+    for key in ("trap none", "trap scheduled", "trap finished", "trap snapshot", "scale 1 pods", "scale 2 pods",
+                "insert plain loop", "insert pgbench 100 rows", "enqueue_many 100"):
+        assert results[key]["jobs_per_second"]["median"] > 0, key
+    assert results["trap snapshot"]["dead_tuples_reclaimed"]["median"] > 0
+    assert results["idle fleet"]["statements_per_minute"]["median"] >= 0
+    assert {t["target"] for t in doc["targets"]} >= {
+        "enqueue, one job per transaction / plain psycopg single-row INSERT loop",
+        "enqueue_many, 100 jobs per call / pgbench 100-row INSERT (1 client)"}
     table = md_path.read_text()
-    assert "| claimers | batch | pgbench (ceiling) |" in table and "## Targets (issue 6)" in table
+    assert "| claimers | batch | pgbench (ceiling) |" in table and "## Targets" in table
+    assert "## Traps" in table and "## Scale-out" in table
     assert table.strip() in proc.stdout
