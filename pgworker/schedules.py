@@ -302,7 +302,8 @@ class Scheduler:
 
 def describe(declared: dict[str, Periodic], rows: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
     """Rows for `pgworker schedules`: the recorded schedules merged with the declared ones,
-    with the next run computed from the expression (in the schedule's zone)."""
+    with the next run computed from the expression (in the schedule's zone). A last slot no
+    datetime holds ('infinity') is shown as the database's text for it."""
     out = []
     seen = set()
     for r in rows:
@@ -314,7 +315,8 @@ def describe(declared: dict[str, Periodic], rows: list[dict[str, Any]], now: dat
         except ConfigError:
             nxt = None
         out.append({"name": r["name"], "task": r["task"], "queue": r["queue"], "cron": expr, "timezone": tz,
-                    "missed": r["missed"], "next_run": nxt, "last_slot": r["last_slot"],
+                    "missed": r["missed"], "next_run": nxt,
+                    "last_slot": r["last_slot"] if r["last_slot"] is not None else r["unusable_last_slot"],
                     "last_job_id": r["last_job_id"], "last_job_state": r["last_job_state"],
                     "skipped_slots": r["skipped_slots"],
                     "declared": "yes" if p else ("unknown" if not declared else "no")})

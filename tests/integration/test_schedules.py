@@ -229,6 +229,11 @@ def test_a_failing_schedule_is_logged_once_counted_and_the_others_still_fire(app
         s.tick(conn)  # still broken: counted again, not logged again
     assert q(conn, schema, "SELECT schedule_name FROM {s}.jobs") == [("b-fine",)]
     assert s.fired == 1 and s.errors == {"a-broken": 2}
+    # the listing an operator reads next (`pgworker schedules`) still works, the broken slot as text
+    listed = {row["name"]: row for row in app.list_schedules()}
+    assert set(listed) == {"a-broken", "b-fine"} and listed["b-fine"]["last_slot"] is not None
+    if breakage == "unreadable last_slot":
+        assert listed["a-broken"]["last_slot"] == "infinity"
     [logged] = [r for r in caplog.records if r.levelno >= logging.WARNING and "a-broken" in r.getMessage()]
     assert logged.levelno == logging.ERROR and "schedule 'a-broken' could not fire" in logged.getMessage()
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR and "b-fine" in r.getMessage()]

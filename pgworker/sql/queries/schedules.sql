@@ -68,10 +68,20 @@ FROM (VALUES (1)) AS one (x)
 LEFT JOIN ins AS i ON true;
 
 -- name: schedules_list
--- Every recorded schedule with its last job (on jobs_schedule_slot_idx).
-SELECT s.name, s.task, s.queue, s.cron, s.timezone, s.missed, s.last_slot, s.next_slot,
+-- Every recorded schedule with its last job (on jobs_schedule_slot_idx). A slot no Python
+-- datetime holds ('infinity' from a manual UPDATE, see schedules_state) comes back as text
+-- in unusable_last_slot / unusable_next_slot, so that the listing still reads.
+SELECT s.name, s.task, s.queue, s.cron, s.timezone, s.missed,
+       CASE WHEN u.last_ok THEN s.last_slot END AS last_slot,
+       CASE WHEN NOT u.last_ok THEN s.last_slot::text END AS unusable_last_slot,
+       CASE WHEN u.next_ok THEN s.next_slot END AS next_slot,
+       CASE WHEN NOT u.next_ok THEN s.next_slot::text END AS unusable_next_slot,
        s.skipped_slots, s.updated_at, lj.id AS last_job_id, lj.state AS last_job_state
 FROM {schema}.schedules AS s
+CROSS JOIN LATERAL (
+    SELECT s.last_slot BETWEEN '0001-01-02 00:00+00' AND '9999-12-30 00:00+00' AS last_ok,
+           s.next_slot IS NULL OR s.next_slot BETWEEN '0001-01-02 00:00+00' AND '9999-12-30 00:00+00'
+               AS next_ok) AS u
 LEFT JOIN LATERAL (
     SELECT j.id, j.state::text AS state FROM {schema}.jobs AS j
     WHERE j.schedule_name = s.name
