@@ -186,6 +186,10 @@ def main(args: argparse.Namespace) -> int:
         else:
             schema = args.schema or DEMO_SCHEMA
         print(f"database: {redact_dsn(dsn)}  schema: {schema}", flush=True)
+        if not args.schema and os.environ.get("PGWORKER_SCHEMA", schema) != schema:
+            # the demo drops and refills its schema: it never writes into the one your worker uses
+            print(f"(PGWORKER_SCHEMA={os.environ['PGWORKER_SCHEMA']!r} is not used by the demo, which keeps to "
+                  f"its own schema; --schema NAME chooses another)", flush=True)
         app = App(settings=Settings.from_env(dsn=dsn, schema=schema))
         stack.callback(app.close)
         if schema == DEMO_SCHEMA:

@@ -158,7 +158,8 @@ def drain(app: Any, queues: "str | Sequence[str] | None" = None, *, skip_backoff
     most. Jobs claimed and not run are released before any exception leaves the drain.
 
     Returns a :class:`DrainResult`. Handlers' exceptions never escape: they become the
-    job's outcome, as on a worker (read ``result.attempts`` or ``result.jobs``). Raises
+    job's outcome, as on a worker (read ``result.attempts`` or ``result.jobs``); only a
+    ``KeyboardInterrupt`` (Ctrl-C) does, after the job it stopped is handed back unspent. Raises
     ``ValueError`` (:class:`pgworker.ConfigError`) for bad arguments,
     :class:`pgworker.SchemaNotMigrated` for a schema that is not migrated,
     :class:`pgworker.DatabaseUnavailable` when PostgreSQL cannot be reached, and
@@ -289,6 +290,9 @@ def _run_one(app: Any, conn: psycopg.Connection, executor: Executor, table: Slot
     try:
         table.start(slot, job.id)
         out: Outcome = executor.run(job, slot)
+        if executor.interrupted:  # Ctrl-C in the handler: the job back to pending, unspent; the test run stops
+            write_outcomes(app.store, conn, [Write(job.lease, RELEASE, job.ordering_key)])
+            raise KeyboardInterrupt
         report = write_outcomes(app.store, conn, [Write(job.lease, out.kind, job.ordering_key, out.code,
                                                         out.message, out.delay, out.permanent)])[out.kind]
     finally:

@@ -102,6 +102,27 @@ def test_drain_records_permanent_failures_and_spent_attempts_as_dead(app):
     assert result.jobs[unknown].last_error_code == "UNKNOWN_TASK"  # the executor's rule, not ours
 
 
+def test_ctrl_c_in_a_drained_handler_stops_the_drain_and_hands_the_job_back(app):
+    """A test run must end on Ctrl-C: the drain does not record it as the job's failure and go on."""
+    ran = []
+
+    @app.task(name="interrupted")
+    def interrupted(payload):
+        ran.append(payload["n"])
+        raise KeyboardInterrupt
+
+    first, second = app.enqueue("interrupted", {"n": 1}), app.enqueue("interrupted", {"n": 2})
+    with pytest.raises(KeyboardInterrupt):
+        drain(app)
+    assert ran == [1]  # the drain stopped at the first
+    with app.connection() as c:
+        rows = c.execute(sql.SQL("SELECT id, state::text, attempts, lease_owner IS NULL AND last_error_code IS NULL "
+                         "FROM {}.jobs ORDER BY id")
+                         .format(sql.Identifier(app.settings.schema))).fetchall()
+    # both pending again and no attempt spent: the interrupted job was released, not failed
+    assert rows == [(first, "pending", 0, True), (second, "pending", 0, True)]
+
+
 def test_drain_snoozes_without_spending_attempts(app):
     @app.task(name="wait_for_it")
     def wait_for_it(payload, ctx):

@@ -80,6 +80,9 @@ class Executor:
         self.secrets = secrets
         self.loop: asyncio.AbstractEventLoop | None = None
         self.running = False  # a handler runs (the completer's thread then beats for the loop)
+        # the last handler was stopped by Ctrl-C: a worker records it as that job's failure,
+        # testing.drain hands the job back and stops (a test run must end on Ctrl-C)
+        self.interrupted = False
         self.avg_run_seconds: float | None = None
 
     def run(self, job: ClaimedJob, slot: int, traced: bool = True) -> Outcome:
@@ -111,6 +114,7 @@ class Executor:
             error = exc
         elapsed = time.perf_counter() - t0
         self.running = False
+        self.interrupted = isinstance(error, KeyboardInterrupt)
         if traced:
             tracing.detach(token)
         avg = self.avg_run_seconds
