@@ -79,7 +79,7 @@ def test_an_idle_pod_asks_once_per_poll_whatever_its_claimers(env, pg_dsn, conn)
     schema = env.settings.schema
     queues = len(env.queues())
     port = free_port()
-    with Worker(pg_dsn, schema, "--concurrency", "4", "--poll-interval", "0.2", "--metrics-port", str(port),
+    with Worker(pg_dsn, schema, "--concurrency", "4", "--poll-interval", "0.4", "--metrics-port", str(port),
                 "--metrics-host", "127.0.0.1") as w:
         polled = lambda t: total(t, "pgworker_dispatcher_wakeups_total", reason="poll")  # noqa: E731
         wait_until(lambda: len(w.claimer_pids()) == 4, 60, message="four claimers")
@@ -91,7 +91,11 @@ def test_an_idle_pod_asks_once_per_poll_whatever_its_claimers(env, pg_dsn, conn)
     polls = polled(last) - polled(first)
     claims = _claims(last) - _claims(first)
     print(f"{polls:.0f} polls, {claims:.0f} claims, {queues} queues, 4 claimers")
-    assert claims <= queues * (polls + 2), (claims, polls)  # four claimers would make it 4 * queues * polls
+    # Four claimers would make it 4 * queues * polls. Allowed above one round per poll: a
+    # claimer still in its round when the next poll announces sees the generation moved on
+    # its way to sleep and claims again (the lost-wake-up guard, see worker/wakeups.py),
+    # which a loaded machine makes happen now and then.
+    assert claims <= queues * (1.25 * polls + 2), (claims, polls)
 
 
 def test_an_enqueue_wakes_one_claimer_of_the_pod(env, pg_dsn, conn):
