@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from typing import Any, Iterator
 
@@ -12,7 +13,7 @@ import psycopg
 
 from . import db
 from .config import Settings
-from .errors import DatabaseReadOnly, DatabaseUnavailable, PoolerError, SchemaNotMigrated
+from .errors import ConfigError, DatabaseReadOnly, DatabaseUnavailable, PoolerError, SchemaNotMigrated
 from .names import dsn_password, redact, redact_dsn
 
 POOL_MAX_SIZE = 4
@@ -71,17 +72,30 @@ def borrow(pool: Any) -> Iterator[psycopg.Connection]:
             pooled._pgworker_returned_at = time.monotonic()  # type: ignore[attr-defined]
 
 
+_ROLE_MISSING = re.compile(r'role ".*" does not exist$')
+
+
+def _schema_not_migrated(settings: Settings, exc: psycopg.Error) -> SchemaNotMigrated:
+    return SchemaNotMigrated(
+        f"pgworker's schema {settings.schema!r} is missing or incomplete ({exc.diag.message_primary}): "
+        f"if your jobs live in another schema, name it (--schema, PGWORKER_SCHEMA); otherwise run "
+        f"`pgworker migrate` (or App.migrate()) with the same DSN and schema")
+
+
 @contextlib.contextmanager
 def database_errors(settings: Settings) -> Iterator[None]:
     """Turn the database's failures inside the block into pgworker's errors: a missing
     schema, an unreachable or read-only server, a pooler without prepared statements."""
     try:
         yield
+    except psycopg.errors.UndefinedObject as exc:
+        if _ROLE_MISSING.match(exc.diag.message_primary or ""):  # GRANT ... TO a role never created
+            raise ConfigError(f"{exc.diag.message_primary}: create the role first (CREATE ROLE name LOGIN), "
+                              "or name an existing one") from None
+        raise _schema_not_migrated(settings, exc) from None
     except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName,
-            psycopg.errors.UndefinedObject, psycopg.errors.UndefinedFunction) as exc:
-        raise SchemaNotMigrated(
-            f"pgworker's schema {settings.schema!r} is missing or incomplete ({exc.diag.message_primary}): "
-            "run `pgworker migrate` (or App.migrate()) with the same DSN and schema") from None
+            psycopg.errors.UndefinedFunction) as exc:
+        raise _schema_not_migrated(settings, exc) from None
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(
             f"database error: {redact(str(exc), dsn_password(settings.dsn), settings.dsn)}; "

@@ -151,3 +151,11 @@ def quantity(n: int, noun: str, plural: str | None = None) -> str:
     such as 'finished job', the last word is the one made plural.
     """
     return f"{n} {noun if n == 1 else (plural or noun + 's')}"
+
+
+def schema_flag(schema: str) -> str:
+    """`` --schema NAME`` for a command printed in a hint, or "" for the default schema
+    (a hint followed as printed must reach the worker's schema, not the default one)."""
+    from .config import DEFAULT_SCHEMA
+
+    return "" if schema == DEFAULT_SCHEMA else f" --schema {schema}"

@@ -139,8 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     dsub = p.add_subparsers(dest="dead_command", metavar="list|replay|keys")
     dl = dsub.add_parser("list", help="dead jobs with their last error code (default)")
     _common(dl)
-    dl.add_argument("--queue", help="only this queue's dead jobs")
-    dl.add_argument("--limit", type=int, default=50, metavar="N", help="at most N jobs, newest first")
+    for q in (p, dl):  # bare `pgworker dead` is `pgworker dead list`
+        q.add_argument("--queue", help="only this queue's dead jobs")
+        q.add_argument("--limit", type=int, default=50, metavar="N", help="at most N jobs, newest first")
     dk = dsub.add_parser("keys", help="ordering keys held by a dead job, with the jobs waiting behind each")
     _common(dk)
     dk.add_argument("--limit", type=int, default=100, metavar="N", help="at most N keys, oldest first")

@@ -21,9 +21,13 @@ GRANT USAGE ON SEQUENCE {schema}.jobs_id_seq TO {producer};
 -- contexts; the enqueue statements read these columns too (RETURNING, dedupe and
 -- ordering-key checks), and the client checks the schema version.
 GRANT SELECT (id, queue, task, state, priority, run_at, attempts, max_attempts, lease_token,
-              last_error_code, dedupe_key, dedupe_until, ordering_key, dead_blocks_key, blocked,
-              created_at, finished_at)
+              lease_expires_at, last_error_code, dedupe_key, dedupe_until, ordering_key,
+              dead_blocks_key, blocked, created_at, finished_at, schedule_name, schedule_slot)
     ON {schema}.jobs TO {producer};
+-- The read-only views of the queues an application shows its users (`pgworker status`,
+-- `queue list`, `queue events`, `schedules`): queue settings and pauses, their audit
+-- trail, the schedules. Nothing in them is a payload or an error message.
+GRANT SELECT ON {schema}.queues, {schema}.queue_events, {schema}.schedules TO {producer};
 -- A duplicate enqueue releases a dedupe hold whose window (after success) has passed.
 GRANT UPDATE (dedupe_until) ON {schema}.jobs TO {producer};
 GRANT SELECT ON {schema}.migrations TO {producer};

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import psycopg
 
 from ..schedules import Scheduler
-from .pruner import Retention, prune_pass
+from .pruner import Retention, prune_pass, refused_hint
 from .reaper import ReaperConfig, reap_pass
 from .slots import OUTCOME_FIELDS
 
@@ -68,6 +68,9 @@ def before_claiming(app: Any, connect: Callable[[str], psycopg.Connection], metr
                 said = step(conn)
             if said:
                 log.info("drain: %s before claiming", said)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            hint = refused_hint(app.store.schema, exc) if name == "pruner" else exc.diag.message_primary
+            log.error("drain: %s failed before claiming: %s", name, hint)
         except Exception as exc:  # noqa: BLE001 - the run goes on
             log.error("drain: %s failed before claiming: %s", name, type(exc).__name__)
 

@@ -70,6 +70,14 @@ def prune_pass(store: Store, conn: psycopg.Connection, retention: Retention, met
     return totals
 
 
+def refused_hint(schema: str, exc: psycopg.Error) -> str:
+    """What to do when the role may not prune (the least-privilege worker role has no DELETE)."""
+    return (f"this worker's role may not delete finished jobs ({exc.diag.message_primary}). Either run "
+            f"`pgworker prune --older-than 7d` as the schema's owner (a CronJob) and set PGWORKER_PRUNE=false "
+            f"on workers, or grant the worker role DELETE ON {schema}.jobs and SELECT, DELETE ON "
+            f"{schema}.queue_events")
+
+
 class Pruner(Service):
     """The pruner as a service of the supervisor."""
 
@@ -82,6 +90,10 @@ class Pruner(Service):
         self.retention = retention
         self.interval = interval
         self.metrics = metrics
+        self.refused = False  # the role may not DELETE: no pass will succeed until it may
+
+    def has_work(self) -> bool:
+        return not self.refused
 
     def first_delay(self) -> float:
         return min(10.0, self.interval)
@@ -90,4 +102,11 @@ class Pruner(Service):
         return self.interval
 
     def run_once(self, conn: psycopg.Connection) -> None:
-        prune_pass(self.store, conn, self.retention, self.metrics)
+        try:
+            prune_pass(self.store, conn, self.retention, self.metrics)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            # The least-privilege worker role (`pgworker sql grants --worker`) has no
+            # DELETE: retrying cannot help, and a failing service would mark the pod's
+            # database as failing. Say what to do once and stop pruning in this pod.
+            self.refused = True
+            log.error("the pruner stops: %s", refused_hint(self.store.schema, exc), extra={"action": "prune_refused"})

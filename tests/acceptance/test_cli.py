@@ -54,6 +54,9 @@ def test_dead_jobs_list_and_replay(pg_dsn, schema, app):
         app.fail(job, Permanent("broken"))
     dead = js(cli(pg_dsn, pg_schema, "dead", "list", "--json"))
     assert sorted(r["id"] for r in dead) == sorted(ids) and dead[0]["last_error_code"] == "PERMANENT"
+    # bare `pgworker dead` is `dead list` (its help says so; it once died on a missing --queue)
+    assert js(cli(pg_dsn, pg_schema, "dead", "--json")) == dead
+    assert js(cli(pg_dsn, pg_schema, "dead", "--queue", "default", "--limit", "2", "--json")) == dead[:2]
     out = cli(pg_dsn, pg_schema, "dead", "replay", str(ids[0]))
     assert "replayed 1 job" in out.stdout
     assert js(cli(pg_dsn, pg_schema, "dead", "replay", "--queue", "default", "--all", "--json")) == \

@@ -29,7 +29,7 @@ def demo(tmp_path, *args, dsn=None):
 def dead_job_in_the_log(out):
     log = re.search(r"worker log \(.*\): (\S+)", out).group(1)
     with open(log) as f:
-        return re.search(r"see `pgworker jobs show (\d+)`", f.read()).group(1)
+        return re.search(r"see `pgworker jobs show (\d+)[^`]*`", f.read()).group(1)
 
 
 def test_the_embedded_database_is_gone_and_the_closing_hint_says_so(tmp_path):

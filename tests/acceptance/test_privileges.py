@@ -94,6 +94,12 @@ def test_a_producer_can_enqueue_and_read_state_and_nothing_else(granted):
                     app.get_job(one)
     finally:
         app.close()
+    # the read-only views an application shows its users work for the producer too
+    for command in (("status",), ("queue", "list"), ("queue", "events", "default"), ("schedules",),
+                    ("jobs", "list"), ("dead", "keys")):
+        out = cli(*command, dsn=dsn)
+        assert out.returncode == 0 and "Traceback" not in out.stderr, (command, out.stderr)
+    assert "default" in cli("status", dsn=dsn).stdout
     s = '"app jobs".jobs'
     for stmt in (f"DELETE FROM {s}", f"TRUNCATE {s}", f"UPDATE {s} SET state = 'running'",
                  f"INSERT INTO {s} (queue, task, payload, state) VALUES ('default', 'noop', '1', 'dead')",
@@ -128,8 +134,15 @@ def test_a_worker_claims_records_outcomes_and_reaps_and_nothing_else(granted):
             assert r.status == 200 and b"pgworker_jobs_finished_total" in r.read()
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        # the pruner (on by default) may not DELETE with this role: it says what to do once
+        # and stops, and the pod stays ready (it once retried forever, logging each time)
+        wait_until(lambda: "the pruner stops" in w.logs(), 30, message=lambda: w.logs()[-3000:])
+        with urllib.request.urlopen(f"http://127.0.0.2:{port}/readyz", timeout=10) as r:
+            assert r.status == 200
         assert w.stop() == 0
         logs = w.logs()
+    assert logs.count("the pruner stops") == 1 and "PGWORKER_PRUNE=false" in logs
+    assert "pruner (pruning finished jobs): statement failed" not in logs
     assert app.get_job(stale)["last_error_code"] == "LEASE_EXPIRED" and app.get_job(stale)["state"] == "succeeded"
     assert app.get_job(failing)["state"] == "dead"
     assert "PAYLOAD-MARKER-4711" not in logs  # payloads are never logged by default
@@ -152,3 +165,5 @@ def test_grants_refuse_a_missing_role_and_name_the_fix(granted):
     assert out.returncode != 0 and "--producer" in out.stderr
     out = cli("sql", "grants", "--producer", "nobody-here", "--apply", dsn=granted.dsn("owner"))
     assert out.returncode == 1 and "nobody-here" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    # the fix is to create the role, not to migrate (a missing role once read as a missing schema)
+    assert "create the role first" in out.stderr and "migrate" not in out.stderr, out.stderr

@@ -280,7 +280,8 @@ def test_unknown_task_and_undecodable_payload_end_dead_with_a_code(env, pg_dsn, 
         wait_until(lambda: f"job {bad} (task 'needs_point') is dead after attempt 1/" in w.logs(), 10,
                    message=lambda: w.logs()[-3000:])
         assert f"job {unknown} (task 'no.such.task') is dead after attempt 1/" in w.logs()
-        assert f"replay with `pgworker dead replay {unknown}`" in w.logs()
+        # followed as printed, the hint reaches this schema, not the default one
+        assert f"replay with `pgworker dead replay {unknown} --schema {schema}`" in w.logs()
     assert env.get_job(unknown)["last_error_code"] == "UNKNOWN_TASK"
     assert env.get_job(unknown)["attempts"] == 1
     assert (env.get_job(bad)["state"], env.get_job(bad)["last_error_code"], env.get_job(bad)["attempts"]) == \

@@ -33,6 +33,7 @@ import psycopg
 from ... import tracing
 from ...db import connection_lost, describe_failure, sqlstate_class
 from ...jobs import ClaimedJob, FenceReport
+from ...names import schema_flag
 from .. import slots as s
 from ..outcome import FAIL, OUTCOME_INVALID, Outcome, Write, write_outcomes, written_outcome
 from .connection import ClaimerConnection
@@ -55,6 +56,7 @@ class Completer:
         self.table = table
         self.metrics = metrics
         self.worker_id = worker_id
+        self.schema_flag = schema_flag(app.settings.schema)
         self.flush_seconds = flush_seconds
         self.max_chars = error_message_max_chars
         self.on_settled = on_settled
@@ -235,7 +237,7 @@ class Completer:
             outcome = written_outcome(o.kind, report.details.get(o.job.id) if report else None) if accepted else "lost"
             if accepted:
                 if outcome == "dead":
-                    _log_dead(o)
+                    _log_dead(o, self.schema_flag)
                 if traced and o.span is not None:
                     op = {"complete": "complete", "fail": "retry" if outcome == "retried" else "fail"}.get(
                         o.kind_name, o.kind_name)
@@ -287,13 +289,13 @@ def _merge(reports: dict[int, FenceReport], kind: int, report: FenceReport) -> N
                                 {**old.details, **report.details})
 
 
-def _log_dead(o: Outcome) -> None:
+def _log_dead(o: Outcome, schema_flag: str) -> None:
     """Whatever the cause (last attempt, permanent, unknown task): say it once, with the
-    commands to inspect and replay (the task name as repr: a name from a raw INSERT may
-    hold line breaks and escapes)."""
+    commands to inspect and replay, ``--schema`` included when it is not the default
+    (the task name as repr: a name from a raw INSERT may hold line breaks and escapes)."""
     message = o.message[:200].replace("\r", "\\r").replace("\n", "\\n")
-    log.error("job %s (task %r) is dead after attempt %s/%s: %s: %s; see `pgworker jobs show %s`, "
-              "replay with `pgworker dead replay %s`", o.job.id, o.job.task, o.job.attempt,
-              o.job.max_attempts, o.code, message, o.job.id, o.job.id,
+    log.error("job %s (task %r) is dead after attempt %s/%s: %s: %s; see `pgworker jobs show %s%s`, "
+              "replay with `pgworker dead replay %s%s`", o.job.id, o.job.task, o.job.attempt,
+              o.job.max_attempts, o.code, message, o.job.id, schema_flag, o.job.id, schema_flag,
               extra={"action": "job_dead", "job_id": o.job.id, "queue": o.job.queue})
 

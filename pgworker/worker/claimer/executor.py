@@ -34,7 +34,7 @@ from ... import tracing
 from ...context import JobContext
 from ...errors import InvalidPayload, JobCancelled, LeaseLost, Permanent, Retry, Snooze
 from ...jobs import ClaimedJob
-from ...names import redact
+from ...names import redact, schema_flag
 from ...retry import classify, error_code
 from ...tasks import Task
 from ..slots import SlotTable
@@ -76,6 +76,7 @@ class Executor:
         self.app = app
         self.table = table
         self.worker_id = worker_id
+        self.schema_flag = schema_flag(app.settings.schema)  # in the replay hint of an unknown task
         self.max_chars = error_message_max_chars
         self.secrets = secrets
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -95,7 +96,7 @@ class Executor:
             known = ", ".join(sorted(self.app.tasks)) or "none"
             out = Outcome(job, slot, FAIL, "dead", 0.0, code=UNKNOWN_TASK, permanent=True,
                           message=(f"no handler for task {job.task!r} in this worker (registered: {known[:300]}); "
-                                   f"deploy a worker that has it, then `pgworker dead replay {job.id}`"))
+                                   f"deploy a worker that has it, then `pgworker dead replay {job.id}{self.schema_flag}`"))
             tracing.record_outcome(span, "dead", LookupError(job.task), UNKNOWN_TASK)
             return self._record(out, span)
         ctx = JobContext(job, self.table, slot)
