@@ -268,17 +268,32 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def pgworker_command() -> str:
+    """How to run this pgworker from the current directory: ``pgworker`` when that name
+    on PATH is this installation's, else the path of its script (``.venv/bin/pgworker``
+    after the README's set-up, whose virtualenv is not activated)."""
+    script = os.path.join(os.path.dirname(sys.executable), "pgworker")
+    if not os.path.exists(script):
+        return f"{sys.executable} -m pgworker.cli"
+    on_path = shutil.which("pgworker")
+    if on_path and os.path.realpath(on_path) == os.path.realpath(script):
+        return "pgworker"
+    relative = os.path.relpath(script)
+    return relative if not relative.startswith("..") else script
+
+
 def closing_hint(embedded: EmbeddedPostgres | None, schema: str, *, keep: bool) -> str:
     """How to look at the demo's jobs afterwards (the worker log names their ids), for a
     database that is still there: the embedded one is deleted at exit unless ``keep``."""
+    command = pgworker_command()
     if embedded is None:
         return (f"its jobs stay in schema {schema!r} of your database until the next demo: "
-                f"`pgworker jobs show ID --schema {schema}` (same DSN) shows one")
+                f"`{command} jobs show ID --schema {schema}` (same DSN) shows one")
     if not keep:
         return ("the embedded PostgreSQL was deleted at exit, and the jobs in that log with it; "
-                "`pgworker demo --keep` leaves it running so that they can be inspected")
+                f"`{command} demo --keep` leaves it running so that they can be inspected")
     return ("the embedded PostgreSQL keeps running (--keep); inspect a job of that log with\n"
-            f"  PGWORKER_DSN='{embedded.dsn}' pgworker jobs show ID\n"
+            f"  PGWORKER_DSN='{embedded.dsn}' {command} jobs show ID\n"
             "stop and delete it with\n"
             f"  {embedded.stop_command}")
 
