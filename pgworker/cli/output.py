@@ -47,4 +47,6 @@ def _fmt(v: Any) -> str:
         return v.astimezone().strftime("%Y-%m-%d %H:%M:%S")
     if isinstance(v, float):
         return f"{v:.1f}"
+    if isinstance(v, (dict, list)):  # a jsonb column in a table cell: JSON, as the database holds it
+        return json.dumps(v, default=_jsonable, separators=(",", ":"))
     return str(v)

@@ -180,6 +180,9 @@ def test_pausing_a_queue_nothing_uses_warns_and_queue_delete_removes_it(app, pg_
         ("deleted", "tester@ci"), ("resumed", "tester@ci"), ("paused", "tester@ci"), ("paused", "tester@ci")]
     assert json.loads(cli(pg_dsn, schema, "queue", "events", "reprots", "--json").stdout)[0]["detail"] == {
         "concurrency_limit": 2, "rate_per_second": None, "rate_burst": None, "aging_seconds": None}
+    # and the table shows the detail as JSON (it once printed a Python dict)
+    table = cli(pg_dsn, schema, "queue", "events", "reprots").stdout
+    assert '"concurrency_limit":2' in table and '"rate_per_second":null' in table and "None" not in table, table
 
 
 # -- item 9: the CLI as a traced producer ---------------------------------------------------
