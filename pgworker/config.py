@@ -8,8 +8,9 @@ start-up with the name of the setting to fix rather than as a failure at 3 a.m.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from .errors import ConfigError
@@ -36,6 +37,14 @@ PRUNE_INTERVAL_SECONDS = 60.0
 RETENTION_SUCCEEDED_SECONDS = 86400.0
 RETENTION_CANCELLED_SECONDS = 7 * 86400.0
 RETENTION_QUEUE_EVENTS_SECONDS = 90 * 86400.0
+#: The most claimer processes one pod runs (each holds a connection and a process).
+MAX_CONCURRENCY = 1024
+#: The longest duration a setting may hold: 100 years (retention included).
+MAX_SETTING_SECONDS = 100 * 365 * 86400
+#: statement_timeout and lock_timeout are integers of milliseconds in PostgreSQL
+#: (PostgreSQL docs, 20.11 "Client Connection Defaults": at most INT_MAX ms, 24.8 days).
+MAX_TIMEOUT_SECONDS = 2_147_483
+_MILLISECOND_SETTINGS = ("statement_timeout_seconds", "lock_timeout_seconds", "stats_timeout_seconds")
 
 
 def _bool(v: str) -> bool:
@@ -220,8 +229,14 @@ class Settings:
         check_schema_name(self.schema)
         for q in self.queues:
             check_queue_name(q)
-        if self.concurrency < 1:
-            raise ConfigError(f"concurrency must be >= 1, got {self.concurrency}; set --concurrency or PGWORKER_CONCURRENCY")
+        self._check_seconds()
+        if not 1 <= self.concurrency <= MAX_CONCURRENCY:
+            raise ConfigError(f"concurrency must be between 1 and {MAX_CONCURRENCY} claimer processes, got "
+                              f"{self.concurrency}; set --concurrency or PGWORKER_CONCURRENCY (for more, run more pods)")
+        for name in ("max_jobs_per_child", "max_memory_per_child_bytes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or value < 1):
+                raise ConfigError(f"{name} must be >= 1, or unset for no limit; got {value}; set PGWORKER_{name.upper()}")
         if self.lease_seconds < 1:
             raise ConfigError(f"lease_seconds must be >= 1, got {self.lease_seconds}; set PGWORKER_LEASE_SECONDS")
         renew = self.effective_renew_interval
@@ -269,6 +284,20 @@ class Settings:
         if self.synchronous_commit is not None and self.synchronous_commit not in (
                 "on", "off", "local", "remote_write", "remote_apply"):
             raise ConfigError("synchronous_commit must be one of on, off, local, remote_write, remote_apply")
+
+    def _check_seconds(self) -> None:
+        """Every duration is a finite number of seconds within its bound: NaN passes every
+        comparison and infinity overflows the conversions to milliseconds and intervals,
+        so either would stop a pod halfway through its start instead of here."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not f.name.endswith("_seconds") or value is None or isinstance(value, bool):
+                continue
+            limit = MAX_TIMEOUT_SECONDS if f.name in _MILLISECOND_SETTINGS else MAX_SETTING_SECONDS
+            env = f.metadata.get("env", f"PGWORKER_{f.name.upper()}")
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or abs(value) > limit:
+                raise ConfigError(f"{f.name} must be a finite number of seconds up to {limit:,}, got {value!r}; "
+                                  f"set {env}")
 
     @property
     def effective_renew_interval(self) -> float:

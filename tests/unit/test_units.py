@@ -132,6 +132,20 @@ def test_settings_validate_and_read_the_environment():
     assert "hunter2" not in str(Settings(dsn="postgresql://u:hunter2@h/d").describe())
 
 
+@pytest.mark.parametrize("variable,value", [
+    ("PGWORKER_LEASE_SECONDS", "nan"), ("PGWORKER_LEASE_SECONDS", "inf"), ("PGWORKER_RENEW_INTERVAL_SECONDS", "nan"),
+    ("PGWORKER_SHUTDOWN_GRACE_SECONDS", "nan"), ("PGWORKER_STATEMENT_TIMEOUT_SECONDS", "1e308"),
+    ("PGWORKER_LOCK_TIMEOUT_SECONDS", "inf"), ("PGWORKER_COMPLETION_FLUSH_SECONDS", "inf"),
+    ("PGWORKER_POLL_INTERVAL_SECONDS", "nan"), ("PGWORKER_MAX_RUNTIME_SECONDS", "1e308"),
+    ("PGWORKER_RETENTION_DEAD_SECONDS", "inf"), ("PGWORKER_CONCURRENCY", "100000"),
+    ("PGWORKER_MAX_JOBS_PER_CHILD", "0"), ("PGWORKER_MAX_MEMORY_PER_CHILD_BYTES", "-1")])
+def test_settings_refuse_non_finite_and_unbounded_values_at_start(variable, value):
+    """NaN passes every comparison and infinity overflows the conversions: each once let a
+    pod start and then crash a thread (the renewer, the flusher) or a claimer."""
+    with pytest.raises(ConfigError, match=variable):
+        Settings.from_env(environ={variable: value})
+
+
 def test_quantity_words_a_count():
     from pgworker.names import quantity
 
