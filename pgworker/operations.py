@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import psycopg
 
+from .config import MAX_SETTING_SECONDS
 from .errors import ConfigError, QueuePaused
 from .names import check_queue_name
 
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 #: (None removes it).
 UNSET: Any = object()
 PRUNE_BATCH = 10_000
+#: The largest concurrency limit, rate (jobs/s) and burst a queue may be given.
+QUEUE_LIMIT_MAX = 1_000_000
 
 
 def cancel(app: App, job_id: int, *, actor: str | None, conn: psycopg.Connection | None) -> str | None:
@@ -38,8 +41,11 @@ def replay(app: App, job_ids: Sequence[int], *, queue: str | None, limit: int, a
 
 def prune(app: App, older_than: "float | timedelta", *, batch: int) -> int:
     seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else float(older_than)
-    if not seconds >= 0:
+    if not 0 <= seconds <= MAX_SETTING_SECONDS:
         raise ConfigError("older_than must be >= 0 seconds")
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1_000_000:
+        # a batch of 0 deleted nothing, never fell short of the batch, and looped for good
+        raise ConfigError(f"batch (CLI: --batch) must be from 1 to 1,000,000 rows per statement, got {batch!r}")
     total = 0
     with app.connection() as c:
         while True:
@@ -68,18 +74,22 @@ def configure_queue(app: App, queue: str, *, concurrency_limit: "int | None", ra
     params: dict[str, Any] = {}
     if concurrency_limit is not UNSET:
         if concurrency_limit is not None and (isinstance(concurrency_limit, bool) or
-                                              not isinstance(concurrency_limit, int) or concurrency_limit < 1):
-            raise ConfigError(f"concurrency_limit (CLI: --concurrency) must be an integer >= 1, or None ('none') to remove it; "
-                              f"got {concurrency_limit!r}")
+                                              not isinstance(concurrency_limit, int) or
+                                              not 1 <= concurrency_limit <= QUEUE_LIMIT_MAX):
+            raise ConfigError(f"concurrency_limit (CLI: --concurrency) must be an integer from 1 to {QUEUE_LIMIT_MAX:,}, "
+                              f"or None ('none') to remove it; got {concurrency_limit!r}")
         params.update(concurrency_limit=concurrency_limit, set_concurrency=True)
     if rate_limit is not UNSET:
         if rate_limit is not None:
-            if isinstance(rate_limit, bool) or not isinstance(rate_limit, (int, float)) or not rate_limit > 0:
-                raise ConfigError(f"rate_limit (CLI: --rate) must be jobs per second > 0, or None ('none') to remove it; "
-                                  f"got {rate_limit!r}")
+            # NaN fails every comparison below; infinity or a huge burst once made every claim of
+            # the queue fail (the token count is cast to an integer in job_claim)
+            if isinstance(rate_limit, bool) or not isinstance(rate_limit, (int, float)) or \
+                    not 0 < rate_limit <= QUEUE_LIMIT_MAX:
+                raise ConfigError(f"rate_limit (CLI: --rate) must be jobs per second above 0 and up to "
+                                  f"{QUEUE_LIMIT_MAX:,}, or None ('none') to remove it; got {rate_limit!r}")
             burst = max(1.0, float(rate_limit)) if burst is None else burst
-            if isinstance(burst, bool) or not isinstance(burst, (int, float)) or burst < 1:
-                raise ConfigError(f"burst (CLI: --burst) must be >= 1 job, got {burst!r}")
+            if isinstance(burst, bool) or not isinstance(burst, (int, float)) or not 1 <= burst <= QUEUE_LIMIT_MAX:
+                raise ConfigError(f"burst (CLI: --burst) must be from 1 to {QUEUE_LIMIT_MAX:,} jobs, got {burst!r}")
             params.update(rate=float(rate_limit), burst=float(burst))
         elif burst is not None:
             raise ConfigError("burst without a rate limit; give rate_limit (CLI: --rate) in jobs per second too")
@@ -89,8 +99,9 @@ def configure_queue(app: App, queue: str, *, concurrency_limit: "int | None", ra
     if aging is not UNSET:
         seconds = aging.total_seconds() if isinstance(aging, timedelta) else aging
         if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
-                                    or not seconds > 0):
-            raise ConfigError(f"aging (CLI: --aging) must be seconds > 0, or None ('none') to remove it; got {aging!r}")
+                                    or not 0 < seconds <= MAX_SETTING_SECONDS):
+            raise ConfigError(f"aging (CLI: --aging) must be seconds above 0 and up to {MAX_SETTING_SECONDS:,}, "
+                              f"or None ('none') to remove it; got {aging!r}")
         params.update(aging_seconds=None if seconds is None else float(seconds), set_aging=True)
     with app.connection() as c:
         return app.store.configure_queue(c, queue, actor=actor or _actor(), **params)

@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--queue", help="only this queue's jobs")
         q.add_argument("--state", choices=("pending", "running", "succeeded", "dead", "cancelled"),
                        help="only jobs in this state")
-        q.add_argument("--limit", type=int, default=50, metavar="N", help="at most N jobs, newest first")
+        q.add_argument("--limit", type=_positive_int, default=50, metavar="N", help="at most N jobs, newest first")
     js = jsub.add_parser("show", help="one job in full")
     _common(js)
     js.add_argument("id", type=int, help="the job's id")
@@ -141,16 +141,16 @@ def build_parser() -> argparse.ArgumentParser:
     _common(dl)
     for q in (p, dl):  # bare `pgworker dead` is `pgworker dead list`
         q.add_argument("--queue", help="only this queue's dead jobs")
-        q.add_argument("--limit", type=int, default=50, metavar="N", help="at most N jobs, newest first")
+        q.add_argument("--limit", type=_positive_int, default=50, metavar="N", help="at most N jobs, newest first")
     dk = dsub.add_parser("keys", help="ordering keys held by a dead job, with the jobs waiting behind each")
     _common(dk)
-    dk.add_argument("--limit", type=int, default=100, metavar="N", help="at most N keys, oldest first")
+    dk.add_argument("--limit", type=_positive_int, default=100, metavar="N", help="at most N keys, oldest first")
     dr = dsub.add_parser("replay", help="replay dead jobs by id, or --queue Q --all")
     _common(dr)
     dr.add_argument("ids", nargs="*", type=int, metavar="ID", help="dead jobs to put back to pending")
     dr.add_argument("--queue", help="with --all: the queue whose dead jobs to replay")
     dr.add_argument("--all", action="store_true", help="every dead job of --queue")
-    dr.add_argument("--limit", type=int, default=10_000, metavar="N", help="with --all: at most N jobs")
+    dr.add_argument("--limit", type=_positive_int, default=10_000, metavar="N", help="with --all: at most N jobs")
 
     p = sub.add_parser("cancel", help="cancel a job (a running one is asked to stop)")
     _common(p)
@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--older-than", type=parse_duration, required=True, metavar="DURATION",
                    help="finished longer ago than this, e.g. 7d")
-    p.add_argument("--batch", type=int, default=10_000, metavar="N", help="rows deleted per statement")
+    p.add_argument("--batch", type=_positive_int, default=10_000, metavar="N", help="rows deleted per statement")
 
     p = sub.add_parser("status", help="jobs by queue and state, oldest due job's age, running leases, "
                                       "paused queues, ordering keys held by a dead job")
@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     qe = qsub.add_parser("events", help="who paused, resumed, reconfigured or deleted a queue")
     _common(qe)
     qe.add_argument("name", help="the queue's name")
-    qe.add_argument("--limit", type=int, default=50, metavar="N", help="at most N events, newest first")
+    qe.add_argument("--limit", type=_positive_int, default=50, metavar="N", help="at most N events, newest first")
 
     p = sub.add_parser("schedules", help="periodic jobs with their next run (--app adds the declared ones)")
     _common(p)
@@ -220,6 +220,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 _NONE = ("none", "off", "null", "-")
 _ABSENT: Any = object()
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _int_or_none(text: str) -> int | None:

@@ -43,6 +43,11 @@ def test_operator_workflow(pg_dsn, schema):
     table = cli(pg_dsn, schema, "status").stdout
     assert "QUEUE" in table and "reports" in table
     assert js(cli(pg_dsn, schema, "prune", "--older-than", "0s", "--json")) == {"deleted": 1}
+    # a batch of 0 once looped for good; negative limits reached PostgreSQL
+    for args in (("prune", "--older-than", "7d", "--batch", "0"), ("jobs", "list", "--limit", "-1"),
+                 ("dead", "replay", "--all", "--queue", "default", "--limit", "-5")):
+        refused = cli(pg_dsn, schema, *args, check=False)
+        assert refused.returncode == 2 and "must be at least 1" in refused.stderr, (args, refused.stderr)
 
 
 def test_dead_jobs_list_and_replay(pg_dsn, schema, app):

@@ -87,6 +87,20 @@ def test_concurrency_limit_holds_under_concurrent_claimers(app, pg_dsn):
     assert max(samples) <= 4 and 4 in samples
 
 
+@pytest.mark.parametrize("limits", [
+    {"rate_limit": 5, "burst": float("nan")}, {"rate_limit": 5, "burst": 1e12}, {"rate_limit": float("inf")},
+    {"rate_limit": 1e308}, {"rate_limit": float("nan")}, {"concurrency_limit": 2**40}, {"aging": float("nan")},
+    {"aging": float("inf")}])
+def test_queue_limits_that_would_break_every_claim_are_refused(app, limits):
+    """NaN, infinity or a burst past an integer once made every claim of the queue fail
+    (integer out of range in job_claim), stopping the queue until an operator fixed the row."""
+    with pytest.raises(ConfigError, match=r"(--rate|--burst|--concurrency|--aging)"):
+        app.configure_queue("default", **limits)
+    app.enqueue("t", 1)
+    with psycopg.connect(app.settings.dsn, autocommit=True) as c:  # the queue still claims
+        assert len(app.store.claim_batch(c, queue="default", limit=10, owner="x", lease_seconds=60).jobs) == 1
+
+
 def test_rate_limit_is_a_token_bucket(app, conn):
     schema = app.settings.schema
     app.configure_queue("default", rate_limit=20, burst=5)
