@@ -135,6 +135,8 @@ class Snooze(PgworkerError):
     """Run the job again after ``seconds`` without spending an attempt."""
 
     def __init__(self, seconds: float) -> None:
+        # NaN passes this check; the executor gives a NaN snooze the task's backoff (it
+        # once ran the job again at once, thousands of times)
         if seconds < 0:
             raise ValueError("Snooze(seconds) must be >= 0")
         self.seconds = float(seconds)

@@ -47,7 +47,7 @@ def test_out_of_range_retry_and_snooze_values_are_bounded_and_the_claimer_goes_o
     the ordinary jobs succeed, and the claimer claims again afterwards."""
     schema = env.settings.schema
     bad = [env.enqueue("bad_retry", "inf"), env.enqueue("bad_retry", "1e20"), env.enqueue("bad_retry", "nan"),
-           env.enqueue("bad_snooze", "1e20"), env.enqueue("nul_code")]
+           env.enqueue("bad_snooze", "1e20"), env.enqueue("nul_code"), env.enqueue("bad_snooze", "nan")]
     good = env.enqueue_many([("record", i) for i in range(5)])
     with Worker(pg_dsn, schema, "--concurrency", "1", "--batch-size", "10", *FAST) as w:
         wait_until(lambda: all(state(conn, schema, j)[0] == "succeeded" for j in good), 30,
@@ -59,7 +59,12 @@ def test_out_of_range_retry_and_snooze_values_are_bounded_and_the_claimer_goes_o
                    message="a job enqueued afterwards: the claimer still claims")
         assert w.stop() == 0
         logs = w.logs()
-    inf_retry, big_retry, nan_retry, big_snooze, nul = (state(conn, schema, j) for j in bad)
+    inf_retry, big_retry, nan_retry, big_snooze, nul, nan_snooze = (state(conn, schema, j) for j in bad)
+    # a NaN snooze waits the task's backoff (0.5-1 s here): it once ran again at once,
+    # thousands of times in the seconds this test takes
+    [(runs, span)] = q(conn, schema, "SELECT count(*), extract(epoch FROM max(at) - min(at))::float8 "
+                                     "FROM {s}.ledger WHERE job_id = %s", bad[-1])
+    assert nan_snooze[0] == "pending" and 1 <= runs <= 2 + 2 * span, (nan_snooze, runs, span)
     assert inf_retry[3] and big_retry[3] and big_snooze[3]  # clamped to 100 years, not refused
     assert not nan_retry[3]  # not a number: the task's backoff instead
     assert nul[2] == "tests.apps.acceptance_app.CodeWithNulError" or "CodeWithNulError" in nul[2]

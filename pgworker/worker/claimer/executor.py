@@ -183,10 +183,10 @@ class Executor:
             return Outcome(job, slot, COMPLETE, "succeeded", elapsed)
         if self.table.flags(slot, job.id)[1] or isinstance(error, JobCancelled):
             return Outcome(job, slot, CANCEL, "cancelled", elapsed, code="CANCELLED")
-        if isinstance(error, Snooze):
-            delay = bounded_delay(error.seconds, job, "Snooze", 0.0)
-            return Outcome(job, slot, SNOOZE, "snoozed", elapsed, delay=delay)
         policy_delay = task.retry.delay(job.attempt)
+        if isinstance(error, Snooze):  # a value that is not a number waits the backoff, never 0 s
+            delay = bounded_delay(error.seconds, job, "Snooze", policy_delay)
+            return Outcome(job, slot, SNOOZE, "snoozed", elapsed, delay=delay)
         if isinstance(error, LeaseLost):
             log.warning("job %s stopped: its lease was lost (attempt %s, token %s); the failure is written "
                         "only if the job is still ours", job.id, job.attempt, job.lease_token,
