@@ -135,7 +135,9 @@ class Settings:
         "PGWORKER_REAP_INTERVAL_SECONDS", float, help="How often the reaper recovers expired leases."))
     shutdown_grace_seconds: float = field(default=SHUTDOWN_GRACE_SECONDS, metadata=_env(
         "PGWORKER_SHUTDOWN_GRACE_SECONDS", float,
-        help="Time running jobs get to finish at shutdown (SIGTERM, end of a drain); the rest are released."))
+        help="Time running jobs get to finish at shutdown (SIGTERM, end of a drain); jobs not started are "
+             "released at once, and one still running at the end fails SHUTDOWN (the attempt counts, due again "
+             "at once)."))
     batch_size: int | None = field(default=None, metadata=_env(
         "PGWORKER_BATCH_SIZE", _opt_int, unit="jobs", default_text="automatic (`auto`)",
         help="Jobs per claim; automatic sizes batches from measured run times."))

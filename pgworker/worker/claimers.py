@@ -147,7 +147,7 @@ class ClaimerPool:
             except s.SlotTableBusy:
                 continue
             for v in views:
-                if past_hard_limit(v, now):
+                if past_hard_limit(v, now) and v.job_id not in h.kill_reasons:  # said and done once
                     log.error("job %s ran %.0f s, past its limit of %.0f s: stopping claimer %s",
                               v.job_id, now - v.started_at, v.hard_limit, h.index,
                               extra={"action": "timeout", "job_id": v.job_id})
@@ -174,6 +174,26 @@ class ClaimerPool:
             h.table.wake.set()
             if h.process is not None and h.process.is_alive():
                 _kill(h.process.pid, signal.SIGTERM)
+
+    def take_waiting(self, claimed_before: float) -> list[tuple[s.SlotTable, s.SlotView]]:
+        """Every job waiting unstarted in a live claimer's batch since before
+        ``claimed_before`` (monotonic), taken back from it (see SlotTable.take_waiting)."""
+        out = []
+        for h in self.handles:
+            if h.process is None or not h.process.is_alive():
+                continue  # a gone claimer's slots are settled by _claimer_gone
+            try:
+                out += [(h.table, v) for v in h.table.take_waiting(claimed_before)]
+            except s.SlotTableBusy:
+                continue
+        return out
+
+    def running_jobs(self, h: ClaimerHandle) -> list[int]:
+        """Ids of the jobs whose handlers run in claimer ``h`` (empty if its table is busy)."""
+        try:
+            return [v.job_id for v in h.table.live() if v.state == s.RUNNING]
+        except s.SlotTableBusy:
+            return []
 
     def kill_all(self) -> None:
         for h in self.handles:

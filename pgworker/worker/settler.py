@@ -7,7 +7,11 @@ once rather than when their leases expire:
 - a job that waited unstarted is released (no attempt spent);
 - a job whose handler was running fails ``WORKER_DIED`` (or ``TIMEOUT`` when the
   supervisor stopped it), with its task's retry delay: the attempt counts, so a job that
-  kills its worker every time ends dead; at shutdown, one still running is released;
+  kills its worker every time ends dead. At shutdown, one still running when the grace
+  ends fails ``SHUTDOWN``, due again at once: its attempt counts too (it once was
+  released with the attempt given back, so a job longer than the grace ran again and
+  again, starving the queue with no trace; now it ends dead, visible, after its
+  attempts);
 - a job whose outcome was decided, but not yet written, gets that outcome written as
   decided (the handler's success is not turned into a failure);
 - a job a peer was taking over (STOLEN) is the peer's to settle, unless the peer is the
@@ -35,6 +39,7 @@ log = logging.getLogger("pgworker.worker")
 
 WORKER_DIED = "WORKER_DIED"
 TIMEOUT = "TIMEOUT"
+SHUTDOWN = "SHUTDOWN"
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,7 @@ class Settlement:
 
 
 def settlements(held: list[s.SlotView], in_transit: list[tuple[s.SlotTable, s.SlotView]], *, app: Any,
-                queue_name: Callable[[s.SlotView], str], kill_reasons: dict[int, str], release_running: bool,
+                queue_name: Callable[[s.SlotView], str], kill_reasons: dict[int, str],
                 clear: Callable[[s.SlotView], None]) -> list[Settlement]:
     """What to write for a gone claimer: its own ``held`` slots, and ``in_transit``, the
     slots of other tables it was taking over (see the module)."""
@@ -63,11 +68,12 @@ def settlements(held: list[s.SlotView], in_transit: list[tuple[s.SlotTable, s.Sl
             continue  # a live peer takes it over and settles it
         if v.state in (s.DECIDED, s.WRITING) and v.outcome:
             w = Write(lease, v.outcome, None, v.code or None, v.message, v.delay, v.permanent)
-        elif v.state == s.CLAIMED or (v.state == s.RUNNING and release_running and v.job_id not in kill_reasons):
+        elif v.state == s.CLAIMED:
             w = Write(lease, RELEASE)
         else:
             code = kill_reasons.get(v.job_id, WORKER_DIED)
-            w = Write(lease, FAIL, None, code, _abandon_message(code), delay(task, max(v.attempt, 1)))
+            wait = 0.0 if code == SHUTDOWN else delay(task, max(v.attempt, 1))  # not the job's fault: due at once
+            w = Write(lease, FAIL, None, code, _abandon_message(code), wait)
         out.append(Settlement(w, queue_name(v), task, lambda v=v: clear(v)))
     for table, v in in_transit:
         if v.job_id not in own:
@@ -92,6 +98,9 @@ def _clear(table: s.SlotTable, v: s.SlotView) -> None:
 def _abandon_message(code: str) -> str:
     if code == TIMEOUT:
         return "the attempt ran past its timeout or max runtime; its claimer process was stopped"
+    if code == SHUTDOWN:
+        return ("the worker was stopping and the attempt still ran when its shutdown grace ended; its claimer "
+                "process was stopped (PGWORKER_SHUTDOWN_GRACE_SECONDS longer than the job avoids it)")
     return "the claimer process running this attempt died before recording an outcome"
 
 

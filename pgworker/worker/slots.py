@@ -40,6 +40,8 @@ RUNNING = 2    # the handler runs
 DECIDED = 3    # outcome decided and recorded in the slot, waiting for the batched write
 WRITING = 4    # the outcome write is in flight (not renewed, never marked lost)
 STOLEN = 5     # another claimer of the pod is taking it over (moved_to); it renews and settles it
+#: ``moved_to`` of a job the supervisor took back to release it (it waited too long, or the pod stops)
+SUPERVISOR = -2
 
 LIVE_STATES = (CLAIMED, RUNNING, DECIDED, STOLEN)
 
@@ -342,6 +344,19 @@ class SlotTable:
             s = self.slots[i]
             s.state, s.moved_to = STOLEN, thief
             return self._view(i, s)
+
+    def take_waiting(self, claimed_before: float) -> list[SlotView]:
+        """The supervisor's side of a take-over: every job that waits unstarted and was
+        claimed before ``claimed_before`` (monotonic), CLAIMED -> STOLEN (``moved_to`` =
+        :data:`SUPERVISOR`), to be handed back to the table (released, no attempt spent)
+        and emptied with :meth:`finish_move`. Raises :class:`SlotTableBusy`."""
+        with self._bounded_lock():
+            out = []
+            for i, s in enumerate(self.slots):
+                if s.state == CLAIMED and not s.lost and s.claimed_at < claimed_before:
+                    s.state, s.moved_to = STOLEN, SUPERVISOR
+                    out.append(self._view(i, s))
+            return out
 
     def finish_move(self, index: int, job_id: int, token: int) -> None:
         """The job taken over with :meth:`take_unstarted` now lives in the peer's table

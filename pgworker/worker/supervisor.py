@@ -33,6 +33,7 @@ from .. import tracing
 from ..config import Settings
 from ..db import POOLED, connect, describe_failure
 from ..errors import DatabaseUnavailable, PoolerError, SchemaVersionError
+from ..jobs import Lease
 from ..schedules import Scheduler
 from . import drain as drain_mode
 from .claimer import ClaimerSpec, claimer_main
@@ -46,7 +47,8 @@ from .reaper import Reaper, ReaperConfig
 from .renewer import Renewer
 from .scheduler import SchedulerService
 from .service import Backoff, worker_connect
-from .settler import Settler, settle, settlements
+from .outcome import RELEASE, Write
+from .settler import SHUTDOWN, Settlement, Settler, settle, settlements
 from .slots import SlotView
 from .stats import StatsSource
 from .wakeups import PodSignals
@@ -61,6 +63,10 @@ SUPERVISE_TICK_SECONDS = 0.2
 DRAIN_DATABASE_WAIT_SECONDS = 60.0  # a drain run without --max-duration gives up on the database after this
 DATABASE_WAIT_LOG_SECONDS = 60.0    # while waiting for the database, say so again this often
 OUTCOME_WRITE_STALL_SECONDS = 10.0  # /readyz fails when a claimer's outcome writes fail for this long
+# A job waiting unstarted in a claimer's batch this long (ten batch targets, see
+# claimer/loop.py) is handed back to the table for any pod to run: its claimer is stuck
+# behind a longer job than its batch sizing expected.
+WAITING_HAND_BACK_SECONDS = 10.0
 
 
 class Supervisor:
@@ -97,6 +103,7 @@ class Supervisor:
         self.signals = PodSignals(self.mp)
         self.pod_limits: PodQueueLimits | None = None
         self.settler: Settler | None = None
+        self._task_names = sorted(app.tasks)  # a slot's task_index counts in this order
 
     # -- the run ------------------------------------------------------------------------
 
@@ -185,6 +192,7 @@ class Supervisor:
     def _supervise(self) -> int:
         clock = LeaseClock(self._terms(), lambda: self.pool.tables, self._queue_name, self.metrics)
         next_poll = time.monotonic() + self.settings.poll_interval_seconds
+        next_hand_back = 0.0
         while True:
             now = time.monotonic()
             self.health.tick()
@@ -199,8 +207,13 @@ class Supervisor:
             for h in self.pool.exited():
                 self._claimer_gone(h)
             clock.tick(now)
+            # timeouts hold while the pod stops too: a job past its limit fails TIMEOUT then
+            # as ever (during the grace it once ran on, and its attempt was given back)
+            self.pool.enforce_hard_limits(now)
             if self.phase == "running":
-                self.pool.enforce_hard_limits(now)
+                if now >= next_hand_back:
+                    next_hand_back = now + 1.0
+                    self._hand_back(now - WAITING_HAND_BACK_SECONDS)
                 self.pool.restart_due(now)
                 if not self.drain and now >= next_poll:
                     next_poll = now + self.settings.poll_interval_seconds
@@ -312,7 +325,7 @@ class Supervisor:
         held, in_transit = self.pool.held_by(h)
         stopping = self.phase != "running"
         items = settlements(held, in_transit, app=self.app, queue_name=self._queue_name,
-                            kill_reasons=h.kill_reasons, release_running=stopping, clear=lambda v: None)
+                            kill_reasons=h.kill_reasons, clear=lambda v: None)
         h.process = None
         if pid and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             from prometheus_client import multiprocess
@@ -354,10 +367,37 @@ class Supervisor:
         self.health.schema_ok = False
         self.stop_deadline = time.monotonic() + self.settings.shutdown_grace_seconds
         self.pool.ask_to_stop()
+        self._hand_back(float("inf"))  # jobs not started are not held through the grace
+
+    def _hand_back(self, claimed_before: float) -> None:
+        """Release (fenced, no attempt spent) the jobs that have waited unstarted in a
+        claimer's batch since before ``claimed_before`` (monotonic), so that any claimer of
+        any pod may run them: a batch held behind a long or hung handler once kept its
+        other jobs from idle pods until the handler ended (up to its max runtime)."""
+        taken = self.pool.take_waiting(claimed_before)
+        if not taken:
+            return
+        items = [Settlement(Write(Lease(v.job_id, v.token), RELEASE), self._queue_name(v), self._task_name(v),
+                            lambda t=t, v=v: t.finish_move(v.index, v.job_id, v.token)) for t, v in taken]
+        log.info("handing back %s job(s) that waited unstarted behind a running one%s", len(items),
+                 " (stopping)" if self.phase != "running" else f" for more than {WAITING_HAND_BACK_SECONDS:.0f} s",
+                 extra={"action": "hand_back"})
+        if self.settler is not None:
+            self.settler.queue.put(items)
+        else:
+            self._settle_now(items)
+
+    def _task_name(self, v: SlotView) -> str:
+        names = self._task_names
+        return names[v.task_index] if 0 <= v.task_index < len(names) else "unknown"
 
     def _force_stop(self) -> None:
         alive = [h for h in self.pool.handles if h.process is not None]
-        log.warning("shutdown grace over: stopping %s claimer(s) and releasing their jobs", len(alive))
+        log.warning("shutdown grace over: stopping %s claimer(s); their running jobs fail SHUTDOWN (the attempt "
+                    "counts) and are due again at once", len(alive))
+        for h in alive:
+            for job_id in self.pool.running_jobs(h):
+                h.kill_reasons.setdefault(job_id, SHUTDOWN)
         self.pool.kill_all()
         for h in alive:
             h.process.join(timeout=5)
@@ -371,8 +411,8 @@ class Supervisor:
                 self._settle_now(self.settler.queue.get_nowait())
         for h in self.pool.handles:
             held, in_transit = self.pool.held_by(h)
-            items = settlements(held, in_transit, app=self.app, queue_name=self._queue_name, kill_reasons={},
-                                release_running=True, clear=lambda v: None)
+            items = settlements(held, in_transit, app=self.app, queue_name=self._queue_name,
+                                kill_reasons=h.kill_reasons, clear=lambda v: None)
             if items:
                 self._settle_now(items)
             self.summary.add(h.table.reset())

@@ -159,14 +159,73 @@ def test_base_exceptions_from_handlers_never_leave_a_job_running(env, pg_dsn, co
     assert record["state"] == "dead" and record["last_error_code"] == kind and record["attempts"] == 2
 
 
-def test_sigterm_during_a_long_job_releases_it_and_exits_0(env, pg_dsn, conn):
+def test_sigterm_during_a_long_job_fails_it_shutdown_with_the_attempt_counted_and_exits_0(env, pg_dsn, conn):
+    """Still running when the grace ends: failed SHUTDOWN, due again at once, the attempt
+    counted. It was once released with the attempt given back, so a job longer than the
+    grace (or a drain run's deadline) ran again and again, never dead, leaving no trace."""
     schema = env.settings.schema
     job_id = env.enqueue("sleep", {"seconds": 60})
     with Worker(pg_dsn, schema, "--concurrency", "1", "--shutdown-grace", "1") as w:
         wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE event = 'start'"), 30)
         assert w.stop(timeout=30) == 0
-    assert q(conn, schema, "SELECT state::text, attempts, lease_owner FROM {s}.jobs WHERE id = %s", job_id) == \
-        [("pending", 0, None)]
+    assert q(conn, schema, "SELECT state::text, attempts, lease_owner, last_error_code, run_at <= now(), "
+                           "errors->-1->>'code' FROM {s}.jobs WHERE id = %s", job_id) == \
+        [("pending", 1, None, "SHUTDOWN", True, "SHUTDOWN")]
+
+
+def test_sigterm_hands_back_the_jobs_waiting_behind_a_running_one_at_once(env, pg_dsn, conn):
+    schema = env.settings.schema
+    slow = env.enqueue("sleep", {"seconds": 60})
+    waiting = env.enqueue_many([("record", i) for i in range(3)])
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--batch-size", "4", "--shutdown-grace", "30") as w:
+        wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", slow), 30)
+        w.signal(signal.SIGTERM)
+        # released within moments, while the slow job still has its grace to finish
+        wait_until(lambda: {r[0] for r in q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = ANY(%s)",
+                                             waiting)} == {"pending"}, 10,
+                   message=lambda: w.logs()[-2000:])
+        assert q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", slow) == [("running",)]
+        assert {r[0] for r in q(conn, schema, "SELECT attempts FROM {s}.jobs WHERE id = ANY(%s)", waiting)} == {0}
+        w.kill()
+
+
+def test_a_timeout_still_holds_while_the_pod_stops(env, pg_dsn, conn):
+    """A job past its timeout during the shutdown grace fails TIMEOUT, as it would before
+    (it once ran on through the grace, and its attempt was given back)."""
+    schema = env.settings.schema
+    job_id = env.enqueue("sync_slow")  # timeout 1 s, max_attempts 1
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--shutdown-grace", "20") as w:
+        wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", job_id), 30)
+        w.signal(signal.SIGTERM)
+        assert w.wait(15) == 0  # the claimer stopped at the timeout, not at the end of the grace
+    assert q(conn, schema, "SELECT state::text, attempts, last_error_code FROM {s}.jobs WHERE id = %s", job_id) == \
+        [("dead", 1, "TIMEOUT")]
+
+
+def test_jobs_waiting_behind_a_long_one_are_handed_back_for_another_pod(env, pg_dsn, conn):
+    """A pod whose one claimer runs a long job holds the rest of its batch for at most
+    WAITING_HAND_BACK_SECONDS: then they are released (no attempt spent) and an idle pod
+    runs them. They once waited for the long job to end (up to its max runtime)."""
+    from pgworker.worker.supervisor import WAITING_HAND_BACK_SECONDS
+
+    schema = env.settings.schema
+    slow = env.enqueue("sleep", {"seconds": 120})
+    waiting = env.enqueue_many([("record", i) for i in range(3)])
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--batch-size", "4") as a:
+        wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", slow), 30)
+        with Worker(pg_dsn, schema, "--concurrency", "1", "--poll-interval", "0.5") as b:
+            wait_until(lambda: {r[0] for r in q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = ANY(%s)",
+                                                 waiting)} == {"succeeded"}, WAITING_HAND_BACK_SECONDS + 30,
+                       message=lambda: a.logs()[-2000:] + b.logs()[-2000:])
+            assert "handing back 3 job(s) that waited unstarted" in a.logs()
+            b.kill()
+        assert q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", slow) == [("running",)]
+        a.kill()
+    # each ran once, on the other pod, with one attempt spent: the hand-back gave its attempt back
+    runs = q(conn, schema, "SELECT job_id, count(*), min(pid) FROM {s}.ledger WHERE job_id = ANY(%s) GROUP BY job_id",
+             waiting)
+    assert len(runs) == 3 and all(n == 1 for _, n, _ in runs)
+    assert {r[0] for r in q(conn, schema, "SELECT attempts FROM {s}.jobs WHERE id = ANY(%s)", waiting)} == {1}
 
 
 def test_sigterm_lets_a_short_job_finish_within_the_grace(env, pg_dsn, conn):
@@ -218,7 +277,10 @@ def test_drain_deadline_with_due_work_left_exits_75(env, pg_dsn, conn):
         assert w.wait(60) == 75
         summary = json.loads(w.stdout().strip().splitlines()[-1])
     assert summary["result"] == "deadline" and summary["left"] >= 1
-    assert not q(conn, schema, "SELECT 1 FROM {s}.jobs WHERE state = 'running'")  # released, not stranded
+    assert not q(conn, schema, "SELECT 1 FROM {s}.jobs WHERE state = 'running'")  # settled, not stranded
+    # the job longer than the run spent its attempt (SHUTDOWN): runs after runs end it dead,
+    # visible, instead of releasing it forever
+    assert q(conn, schema, "SELECT attempts, last_error_code FROM {s}.jobs WHERE task = 'sleep'") == [(1, "SHUTDOWN")]
 
 
 def test_drain_reaps_expired_leases_first(env, pg_dsn, conn):

@@ -71,7 +71,7 @@ can release what did not finish before Kubernetes sends SIGKILL.
 {{- if kindIs "invalid" $tgps }}
 {{- add $grace (int .Values.worker.terminationGraceMarginSeconds) }}
 {{- else if le (int $tgps) $grace }}
-{{- fail (printf "worker.terminationGracePeriodSeconds (%d) must be longer than worker.shutdownGraceSeconds (%d): Kubernetes would SIGKILL the worker before running jobs are released; leave it null to compute it" (int $tgps) $grace) }}
+{{- fail (printf "worker.terminationGracePeriodSeconds (%d) must be longer than worker.shutdownGraceSeconds (%d): Kubernetes would SIGKILL the worker before its running jobs are settled; leave it null to compute it" (int $tgps) $grace) }}
 {{- else }}
 {{- int $tgps }}
 {{- end }}

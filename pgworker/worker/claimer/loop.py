@@ -420,9 +420,12 @@ class Claimer:
     def _decide_without_running(self, job: ClaimedJob, slot: int, kind: int) -> None:
         outcome = Outcome(job, slot, kind, "released" if kind == RELEASE else "cancelled", None,
                           code="CANCELLED" if kind == CANCEL else None)
-        self.table.decide(slot, job.id, kind, code=outcome.code or "")
+        decided = self.table.decide(slot, job.id, kind, code=outcome.code or "")
         self.batch.pop(job.id, None)
-        self.completer.add(outcome)
+        if decided:
+            self.completer.add(outcome)
+        else:  # taken meanwhile (a peer, or the supervisor handing it back): theirs to write
+            self.metrics.in_flight(job.queue, -1)
 
     # -- for tests and tools --------------------------------------------------------
 
