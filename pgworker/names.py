@@ -87,8 +87,15 @@ def check_schema_name(name: object) -> str:
 
 # --- secrets -------------------------------------------------------------------------
 
-_URL_PASSWORD = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*):(?P<pw>[^@\s]+)@")
-_KW_PASSWORD = re.compile(r"(?P<key>\bpassword\s*=\s*)(?P<pw>'(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+# user:password@ in a URL; the password may itself hold '@' (greedy up to the last '@'
+# before the host, within one run of non-space, non-slash characters)
+_URL_PASSWORD = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*):(?P<pw>[^\s/]+)@")
+# password=..., PGPASSWORD=..., DATABASE_PASSWORD: ..., 'password': '...', passwd, pwd: the
+# key in any case, quoted or not, then = or :, then a quoted value (spaces allowed) or a
+# bare one up to a space or a separator (',', ';', '}', '&' of a URL query)
+_KW_PASSWORD = re.compile(
+    r"""(?P<key>(?P<q>['"]?)[\w-]*(?:password|passwd|pwd)[\w-]*(?P=q)\s*[=:]\s*)"""
+    r"""(?P<pw>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s,;}&]+)""", re.IGNORECASE)
 REDACTED = "********"
 
 

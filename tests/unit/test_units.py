@@ -58,6 +58,23 @@ def test_redaction_covers_url_and_keyword_forms():
     assert redact_dsn("postgresql://u@h/db") == "postgresql://u@h/db"
 
 
+@pytest.mark.parametrize("text", [
+    "env PGPASSWORD=s3cret psql", "{'password': 's3cret', 'user': 'x'}", "DATABASE_PASSWORD=s3cret",
+    'password="s3cret with spaces" host=x', "postgresql://u:s3c@ret@db:5432/x", '{"db_password": "s3cret"}',
+    "postgresql://u@db/x?password=s3cret&sslmode=require", "Password: s3cret", "passwd=s3cret"])
+def test_redaction_covers_the_forms_a_handler_error_may_hold(text):
+    """Each once reached the stored error text or the logs (break-it trial): only the word
+    'password' followed by '=' was recognised."""
+    out = redact(text)
+    assert "s3cret" not in out and "ret with spaces" not in out and "ret@db" not in out, out
+
+
+def test_redaction_leaves_ordinary_text_alone():
+    for text in ('FATAL:  password authentication failed for user "bob"', "see https://example.com/a@b",
+                 "postgresql://u@h/db"):
+        assert redact(text) == text
+
+
 @pytest.mark.parametrize("bad", ["", " q", "q ", "a\nb", "x" * 129, "tab\there", 42, None])
 def test_invalid_queue_names_are_refused(bad):
     with pytest.raises(InvalidName):
