@@ -82,6 +82,15 @@ def settlements(held: list[s.SlotView], in_transit: list[tuple[s.SlotTable, s.Sl
     return out
 
 
+def hand_backs(taken: list[tuple[s.SlotTable, s.SlotView]], *, queue_name: Callable[[s.SlotView], str],
+               task_names: list[str]) -> list[Settlement]:
+    """Releases (no attempt spent) for the jobs the supervisor took back from live
+    claimers' batches (``SlotTable.take_waiting``): each slot is emptied once written."""
+    return [Settlement(Write(_lease(v), RELEASE), queue_name(v),
+                       task_names[v.task_index] if 0 <= v.task_index < len(task_names) else "unknown",
+                       lambda t=t, v=v: t.finish_move(v.index, v.job_id, v.token)) for t, v in taken]
+
+
 def _lease(v: s.SlotView) -> Any:
     from ..jobs import Lease
 

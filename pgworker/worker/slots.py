@@ -13,7 +13,8 @@ lease contract, :mod:`pgworker.worker.lease`.
 A slot moves through::
 
     EMPTY -> CLAIMED -> RUNNING -> DECIDED -> WRITING -> EMPTY
-                \\-> STOLEN -> EMPTY   (an idle claimer of the pod took it over, see take_unstarted)
+                \\-> STOLEN -> EMPTY   (an idle claimer of the pod took it over, see take_unstarted,
+                                      or the supervisor took it back to release it, see take_waiting)
 
 Locking: one ``multiprocessing`` lock per table, held for a few microseconds and never
 across I/O. The claimer waits for its own lock; anyone else (the supervisor, a peer

@@ -31,9 +31,7 @@ from typing import Any
 
 from .. import tracing
 from ..config import Settings
-from ..db import POOLED, connect, describe_failure
-from ..errors import DatabaseUnavailable, PoolerError, SchemaVersionError
-from ..jobs import Lease
+from ..errors import PoolerError, SchemaVersionError
 from ..schedules import Scheduler
 from . import drain as drain_mode
 from .claimer import ClaimerSpec, claimer_main
@@ -46,9 +44,9 @@ from .pruner import Pruner, Retention
 from .reaper import Reaper, ReaperConfig
 from .renewer import Renewer
 from .scheduler import SchedulerService
-from .service import Backoff, worker_connect
-from .outcome import RELEASE, Write
-from .settler import SHUTDOWN, Settlement, Settler, settle, settlements
+from .service import worker_connect
+from .startup import wait_for_database
+from .settler import SHUTDOWN, Settler, hand_backs, settle, settlements
 from .slots import SlotView
 from .stats import StatsSource
 from .wakeups import PodSignals
@@ -60,8 +58,6 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_DRAIN_DEADLINE = 75  # EX_TEMPFAIL: the deadline passed with due work left; run again
 SUPERVISE_TICK_SECONDS = 0.2
-DRAIN_DATABASE_WAIT_SECONDS = 60.0  # a drain run without --max-duration gives up on the database after this
-DATABASE_WAIT_LOG_SECONDS = 60.0    # while waiting for the database, say so again this often
 OUTCOME_WRITE_STALL_SECONDS = 10.0  # /readyz fails when a claimer's outcome writes fail for this long
 # A job waiting unstarted in a claimer's batch this long (ten batch targets, see
 # claimer/loop.py) is handed back to the table for any pod to run: its claimer is stuck
@@ -163,7 +159,8 @@ class Supervisor:
         log.info("pgworker %s: %s claimer%s on queues %s (schema %r)%s", _version(), n, "" if n == 1 else "s",
                  ", ".join(self.queues), self.settings.schema, ", drain mode" if self.drain else "")
         try:
-            if not self._wait_for_database():
+            if not wait_for_database(self.settings, self.store, self.health, self.received, drain=self.drain,
+                                     max_duration=self.max_duration):
                 if self.drain:  # a signal while waiting is a stop, not a failure
                     self.summary.result = "interrupted" if self.received else "failed"
                     drain_mode.report(self.summary, self.pushgateway_url, self.settings.schema)
@@ -234,49 +231,6 @@ class Supervisor:
             self.metrics.wakeup(reason)
 
     # -- start-up -------------------------------------------------------------------------
-
-    def _wait_for_database(self) -> bool:
-        """Connect and check the schema version, retrying while the server is away (a
-        database may come up later): logged at once, then again every
-        DATABASE_WAIT_LOG_SECONDS; /readyz says why. Returns False when asked to stop,
-        or, in drain mode, past its deadline (``max_duration``, else a minute)."""
-        backoff = Backoff()
-        limit = self.max_duration if self.max_duration is not None else DRAIN_DATABASE_WAIT_SECONDS
-        deadline = time.monotonic() + (limit if self.drain else float("inf"))
-        next_log = 0.0
-        while not self.received:
-            try:
-                with connect(self.settings.dsn, application_name="pgworker:supervisor",
-                             prepare=self.settings.prepared_statements) as conn:
-                    self.store.check_schema_version(conn)
-                    pooled = conn in POOLED
-                if pooled and self.health.listen_required and not self.settings.listen_dsn:
-                    raise PoolerError(
-                        "PGWORKER_DSN goes through a connection pooler, and LISTEN needs a session of "
-                        "its own (a transaction-mode pooler would drop its notifications): set "
-                        "PGWORKER_LISTEN_DSN (--listen-dsn) to a direct connection to PostgreSQL, "
-                        "or run with --no-listen to rely on the poll")
-                self.health.db_ok()
-                self.health.schema_ok = True
-                return True
-            except DatabaseUnavailable as exc:
-                reason = describe_failure(exc, self.settings.dsn)
-                self.health.db_failed("unreachable", reason[:400])
-                if time.monotonic() >= next_log:
-                    log.error("%s; retrying with backoff (said again every %.0f s while it lasts)",
-                              reason, DATABASE_WAIT_LOG_SECONDS, extra={"action": "db_unavailable"})
-                    next_log = time.monotonic() + DATABASE_WAIT_LOG_SECONDS
-                if time.monotonic() > deadline:
-                    log.error("drain run gave up: PostgreSQL stayed unreachable for %.0f s", limit)
-                    return False
-                self._sleep(backoff.next())
-        return False
-
-    def _sleep(self, seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end and not self.received:
-            self.health.tick()  # waiting for the database is not being stuck
-            time.sleep(min(0.1, max(0.0, end - time.monotonic())))
 
     def _schedules_on(self) -> bool:
         return bool(self.settings.schedules and getattr(self.app, "schedules", None))
@@ -377,8 +331,7 @@ class Supervisor:
         taken = self.pool.take_waiting(claimed_before)
         if not taken:
             return
-        items = [Settlement(Write(Lease(v.job_id, v.token), RELEASE), self._queue_name(v), self._task_name(v),
-                            lambda t=t, v=v: t.finish_move(v.index, v.job_id, v.token)) for t, v in taken]
+        items = hand_backs(taken, queue_name=self._queue_name, task_names=self._task_names)
         log.info("handing back %s job(s) that waited unstarted behind a running one%s", len(items),
                  " (stopping)" if self.phase != "running" else f" for more than {WAITING_HAND_BACK_SECONDS:.0f} s",
                  extra={"action": "hand_back"})
@@ -386,10 +339,6 @@ class Supervisor:
             self.settler.queue.put(items)
         else:
             self._settle_now(items)
-
-    def _task_name(self, v: SlotView) -> str:
-        names = self._task_names
-        return names[v.task_index] if 0 <= v.task_index < len(names) else "unknown"
 
     def _force_stop(self) -> None:
         alive = [h for h in self.pool.handles if h.process is not None]
