@@ -24,7 +24,8 @@ class JobContext:
     ``heartbeat()`` (alias ``progress()``) reports progress; it writes to shared memory
     and costs no query. ``lease_lost`` becomes True when the supervisor could not renew
     the lease (another worker may now run the job: stop, your outcome will be refused);
-    ``cancel_requested`` when an operator cancelled the job. ``check()`` raises
+    ``cancel_requested`` when an operator cancelled the job; ``stopping`` when the worker
+    is shutting down (the shutdown grace runs). ``check()`` raises
     :class:`LeaseLost` or :class:`JobCancelled` in those cases.
     """
 
@@ -74,6 +75,14 @@ class JobContext:
     @property
     def cancel_requested(self) -> bool:
         return self._table is not None and self._table.flags(self._slot, self.job.id)[1]
+
+    @property
+    def stopping(self) -> bool:
+        """True once the worker is shutting down (SIGTERM, a drain run's deadline): the
+        handler has the rest of the shutdown grace, then fails ``SHUTDOWN`` with its
+        attempt counted. A long handler may save its progress and ``raise
+        pgworker.Snooze(0)`` to hand the job back now without spending the attempt."""
+        return self._table is not None and bool(self._table.header.stopping)
 
     def check(self) -> None:
         """Raise :class:`LeaseLost` if the lease is gone, :class:`JobCancelled` if the job

@@ -262,7 +262,8 @@ def main(args: argparse.Namespace) -> int:
             shutil.rmtree(out_dir, ignore_errors=True)
         else:
             print(f"outputs kept in {out_dir}")
-        print(closing_hint(embedded, schema, keep=args.keep))
+        dead = app.list_jobs(state="dead", limit=1)
+        print(closing_hint(embedded, schema, keep=args.keep, example=dead[0]["id"] if dead else None))
         ok = summary["lost"] == 0 and summary["stuck"] == 0
         return 0 if ok else 1
     return 0
@@ -278,22 +279,23 @@ def pgworker_command() -> str:
     on_path = shutil.which("pgworker")
     if on_path and os.path.realpath(on_path) == os.path.realpath(script):
         return "pgworker"
-    relative = os.path.relpath(script)
-    return relative if not relative.startswith("..") else script
+    return script  # absolute: it works from any directory, as the stop command does
 
 
-def closing_hint(embedded: EmbeddedPostgres | None, schema: str, *, keep: bool) -> str:
-    """How to look at the demo's jobs afterwards (the worker log names their ids), for a
-    database that is still there: the embedded one is deleted at exit unless ``keep``."""
+def closing_hint(embedded: EmbeddedPostgres | None, schema: str, *, keep: bool, example: int | None = None) -> str:
+    """How to look at the demo's jobs afterwards (the worker log names their ids; ``example``
+    is one dead job's), for a database that is still there: the embedded one is deleted
+    at exit unless ``keep``."""
     command = pgworker_command()
+    job = str(example) if example is not None else "ID"
     if embedded is None:
         return (f"its jobs stay in schema {schema!r} of your database until the next demo: "
-                f"`{command} jobs show ID --schema {schema}` (same DSN) shows one")
+                f"`{command} jobs show {job} --schema {schema}` (same DSN) shows one")
     if not keep:
         return ("the embedded PostgreSQL was deleted at exit, and the jobs in that log with it; "
                 f"`{command} demo --keep` leaves it running so that they can be inspected")
     return ("the embedded PostgreSQL keeps running (--keep); inspect a job of that log with\n"
-            f"  PGWORKER_DSN='{embedded.dsn}' {command} jobs show ID\n"
+            f"  PGWORKER_DSN='{embedded.dsn}' {command} jobs show {job}\n"
             "stop and delete it with\n"
             f"  {embedded.stop_command}")
 

@@ -65,7 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         dsn = getattr(args, "dsn", None) or os.environ.get("PGWORKER_DSN")
         text = redact(" ".join(str(exc).split()), dsn_password(dsn), dsn)
-        hint = ("; this role lacks the privilege: see `pgworker sql grants`"
+        hint = ("; this role may not do that. Operator commands (jobs show, dead replay, cancel, prune, queue "
+                "pause/resume/set) run as the schema's owner (the role that ran `pgworker migrate`); what the "
+                "producer and worker roles may do: `pgworker sql grants`"
                 if getattr(exc, "sqlstate", None) == "42501" else "")
         print(f"error: PostgreSQL refused the statement ({type(exc).__name__}): {text}{hint}", file=sys.stderr)
         return 1

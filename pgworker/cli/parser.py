@@ -201,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
 
     p = sub.add_parser("sql", help="SQL for operators: least-privilege grants")
-    ssub = p.add_subparsers(dest="sql_command", metavar="grants")
+    ssub = p.add_subparsers(dest="sql_command", metavar="grants", required=True)
     sg = ssub.add_parser("grants", help="GRANTs for a producer role and a worker role (print, or --apply)")
     _common(sg)
     sg.add_argument("--producer", help="role that may only enqueue and read job state")

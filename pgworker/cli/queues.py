@@ -76,8 +76,13 @@ def cmd_queue(args: argparse.Namespace) -> int:
     elif verb == "events":
         emit(args, app.queue_events(args.name, limit=args.limit), ["at", "kind", "actor", "detail"])
     else:
-        emit(args, app.queue_settings(), ["name", "paused_at", "paused_by", "concurrency_limit", "running",
-                                          "rate_per_second", "rate_burst", "aging_seconds"])
+        rows = app.queue_settings()
+        if not rows and not args.json:  # "(none)" read as "no queues" while queues held jobs
+            print("(no queue has settings or a pause; queues need none to work: `pgworker status` lists "
+                  "the queues that hold jobs)")
+            return 0
+        emit(args, rows, ["name", "paused_at", "paused_by", "concurrency_limit", "running",
+                          "rate_per_second", "rate_burst", "aging_seconds"])
     if warning:
         print(warning, file=sys.stderr)
     return 0

@@ -43,12 +43,14 @@ def test_a_kept_embedded_database_answers_the_printed_commands(tmp_path):
     out = demo(tmp_path, "--keep")
     # the printed command runs as printed from where the demo ran (the virtualenv's script
     # when `pgworker` on PATH is not this installation, as after the README's set-up)
-    dsn, command = re.search(r"PGWORKER_DSN='([^']+)' (\S+) jobs show ID", out).groups()
+    dsn = re.search(r"PGWORKER_DSN='([^']+)' \S+ jobs show \d+", out).group(1)
     stop = out.rstrip().splitlines()[-1].strip()
     try:
-        job = dead_job_in_the_log(out)
-        shown = subprocess.run([command, "jobs", "show", job, "--json"],
-                               env=dict(os.environ, PGWORKER_DSN=dsn), capture_output=True, text=True, timeout=60)
+        dead_job_in_the_log(out)
+        # pasted as printed (a real dead job's id, not a placeholder), from another directory
+        printed = re.search(r"(PGWORKER_DSN='[^']+' \S+ jobs show \d+)", out).group(1)
+        shown = subprocess.run(printed + " --json", shell=True, cwd=tmp_path, capture_output=True, text=True,
+                               timeout=60)
         assert shown.returncode == 0 and '"state": "dead"' in shown.stdout, shown.stderr
     finally:
         subprocess.run(stop, shell=True, capture_output=True, timeout=60)
@@ -58,7 +60,7 @@ def test_a_kept_embedded_database_answers_the_printed_commands(tmp_path):
 
 def test_with_a_server_of_ones_own_the_hint_names_the_schema(tmp_path, pg_dsn, schema):
     out = demo(tmp_path, "--schema", schema, dsn=pg_dsn)  # the demo takes --schema only, not PGWORKER_SCHEMA
-    assert f" jobs show ID --schema {schema}` (same DSN)" in out
+    assert re.search(rf" jobs show \d+ --schema {schema}` \(same DSN\)", out), out
     # its wording: one claimer, not "1 claimers"; jobs held by claimers counted as claimed
     # (a claimed job's handler may not have started yet), not as running
     assert "starting `pgworker run` with 1 claimer..." in out

@@ -100,6 +100,8 @@ def test_a_producer_can_enqueue_and_read_state_and_nothing_else(granted):
         out = cli(*command, dsn=dsn)
         assert out.returncode == 0 and "Traceback" not in out.stderr, (command, out.stderr)
     assert "default" in cli("status", dsn=dsn).stdout
+    # no queue configured: the listing says where the queues with jobs are, not "(none)"
+    assert "`pgworker status` lists the queues that hold jobs" in cli("queue", "list", dsn=dsn).stdout
     s = '"app jobs".jobs'
     for stmt in (f"DELETE FROM {s}", f"TRUNCATE {s}", f"UPDATE {s} SET state = 'running'",
                  f"INSERT INTO {s} (queue, task, payload, state) VALUES ('default', 'noop', '1', 'dead')",

@@ -173,6 +173,21 @@ def test_sigterm_during_a_long_job_fails_it_shutdown_with_the_attempt_counted_an
         [("pending", 1, None, "SHUTDOWN", True, "SHUTDOWN")]
 
 
+def test_a_handler_sees_the_worker_stopping_and_hands_its_job_back(env, pg_dsn, conn):
+    """ctx.stopping turns True at SIGTERM: a long handler can save its work and snooze the
+    job back (no attempt spent) instead of failing SHUTDOWN at the end of the grace."""
+    schema = env.settings.schema
+    job_id = env.enqueue("stoppable")
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--shutdown-grace", "30") as w:
+        wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", job_id), 30)
+        w.signal(signal.SIGTERM)
+        assert w.wait(15) == 0  # well inside the grace
+    assert q(conn, schema, "SELECT event FROM {s}.ledger WHERE job_id = %s ORDER BY at", job_id) == \
+        [("start",), ("noticed_stop",)]
+    assert q(conn, schema, "SELECT state::text, attempts, last_error_code FROM {s}.jobs WHERE id = %s", job_id) == \
+        [("pending", 0, None)]
+
+
 def test_sigterm_hands_back_the_jobs_waiting_behind_a_running_one_at_once(env, pg_dsn, conn):
     schema = env.settings.schema
     slow = env.enqueue("sleep", {"seconds": 60})

@@ -93,6 +93,18 @@ async def async_slow(payload, ctx):
     await asyncio.sleep(30)
 
 
+@app.task(name="stoppable", max_attempts=3)
+def stoppable(payload, ctx):
+    """Runs until the worker stops, then hands itself back (Snooze(0): no attempt spent)."""
+    ledger(ctx, "start")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if ctx.stopping:
+            ledger(ctx, "noticed_stop")
+            raise pgworker.Snooze(0)
+        time.sleep(0.05)
+
+
 @app.task(name="sync_slow", max_attempts=1, timeout=1)
 def sync_slow(payload, ctx):
     ledger(ctx, "start")
