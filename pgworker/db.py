@@ -212,6 +212,9 @@ def sqlstate_class(exc: BaseException) -> str:
     return state[:2] if isinstance(state, str) else ""
 
 
+TCP_KEEPALIVE_MAX = 32767  # seconds: the kernel's bound on TCP_KEEPIDLE and TCP_KEEPINTVL
+
+
 def worker_params(lease_seconds: float) -> dict[str, Any]:
     """libpq parameters that bound how long a worker connection can hang on a dead peer,
     derived from the lease (PostgreSQL docs 34.1.2, "Parameter Key Words"):
@@ -226,9 +229,12 @@ def worker_params(lease_seconds: float) -> dict[str, Any]:
     that reason, and the renewer gives up on a statement that takes longer than a
     renewal interval.
     """
-    return {"keepalives": 1, "keepalives_idle": max(1, int(lease_seconds / 4)),
-            "keepalives_interval": max(1, int(lease_seconds / 12)), "keepalives_count": 3,
-            "tcp_user_timeout": max(1000, int(lease_seconds * 500))}
+    # Linux refuses TCP_KEEPIDLE and TCP_KEEPINTVL above 32767 s (tcp(7)), and every
+    # connect would then fail with "setsockopt(TCP_KEEPIDLE) failed": a lease of days
+    # gets the longest probes the kernel takes; tcp_user_timeout is an int of ms.
+    return {"keepalives": 1, "keepalives_idle": min(TCP_KEEPALIVE_MAX, max(1, int(lease_seconds / 4))),
+            "keepalives_interval": min(TCP_KEEPALIVE_MAX, max(1, int(lease_seconds / 12))), "keepalives_count": 3,
+            "tcp_user_timeout": min(2_147_483_647, max(1000, int(lease_seconds * 500)))}
 
 
 _timeouts_warned = False

@@ -45,8 +45,8 @@ def _fmt(v: Any) -> str:
         return "-"
     if isinstance(v, datetime):
         return v.astimezone().strftime("%Y-%m-%d %H:%M:%S")
-    if isinstance(v, float):
-        return f"{v:.1f}"
+    if isinstance(v, float):  # one decimal, or three significant digits below 0.1 (a rate of 0.001/s)
+        return f"{v:.3g}" if 0 < abs(v) < 0.1 else f"{v:.1f}"
     if isinstance(v, (dict, list)):  # a jsonb column in a table cell: JSON, as the database holds it
         return json.dumps(v, default=_jsonable, separators=(",", ":"))
     return str(v)

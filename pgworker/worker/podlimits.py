@@ -103,6 +103,16 @@ class PodQueueLimits:
         with self._local:
             self._write_own(claimer, held)
 
+    def release(self, claimer: int, queue: str, n: int = 1) -> None:
+        """Supervisor: ``n`` jobs of ``queue`` left a live claimer's slots without it (the
+        supervisor handed them back): shrink its row now, since a claimer stuck in a long
+        handler does not rewrite it (its peers would otherwise find no room for the very
+        jobs handed back)."""
+        if queue not in self.queues:
+            return
+        i = claimer * len(self.queues) + self.queues.index(queue)
+        self.held[i] = max(0, self.held[i] - n)
+
     def clear(self, claimer: int) -> None:
         """Supervisor: drop a dead (or replaced) claimer's share."""
         base = claimer * len(self.queues)

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import psycopg
 
+from ..names import schema_flag
 from ..tasks import retry_delays
 from . import slots as s
 from .outcome import FAIL, PROVISIONAL, RELEASE, Write, write_outcomes, written_outcome
@@ -50,6 +51,7 @@ class Settlement:
     queue: str
     task: str
     clear: Callable[[], None]  # empties the slot once settled
+    handed_back: bool = False  # taken back from a live claimer's batch (not a gone claimer's job)
 
 
 def settlements(held: list[s.SlotView], in_transit: list[tuple[s.SlotTable, s.SlotView]], *, app: Any,
@@ -83,12 +85,17 @@ def settlements(held: list[s.SlotView], in_transit: list[tuple[s.SlotTable, s.Sl
 
 
 def hand_backs(taken: list[tuple[s.SlotTable, s.SlotView]], *, queue_name: Callable[[s.SlotView], str],
-               task_names: list[str]) -> list[Settlement]:
+               task_names: list[str], cleared: Callable[[s.SlotTable, s.SlotView], None]) -> list[Settlement]:
     """Releases (no attempt spent) for the jobs the supervisor took back from live
-    claimers' batches (``SlotTable.take_waiting``): each slot is emptied once written."""
+    claimers' batches (``SlotTable.take_waiting``): each slot is emptied once written,
+    then ``cleared(table, view)`` is called (the pod's per-queue counts)."""
+    def clear(t: s.SlotTable, v: s.SlotView) -> None:
+        t.finish_move(v.index, v.job_id, v.token)
+        cleared(t, v)
+
     return [Settlement(Write(_lease(v), RELEASE), queue_name(v),
                        task_names[v.task_index] if 0 <= v.task_index < len(task_names) else "unknown",
-                       lambda t=t, v=v: t.finish_move(v.index, v.job_id, v.token)) for t, v in taken]
+                       lambda t=t, v=v: clear(t, v), handed_back=True) for t, v in taken]
 
 
 def _lease(v: s.SlotView) -> Any:
@@ -133,7 +140,14 @@ def settle(store: Any, conn: psycopg.Connection, items: list[Settlement], metric
         metrics.finished(i.queue, i.task, outcome, None, i.write.code if outcome in ("retried", "dead") else None)
         count(outcome, 1)
         i.clear()
-    log.warning("settled %s job(s) of a stopped claimer", len(items), extra={"action": "settle_abandoned"})
+        if outcome == "dead":  # said once at ERROR, as the claimer says it for the jobs it settles
+            flag = schema_flag(store.schema)
+            log.error("job %s (task %r) is dead: %s: %s; see `pgworker jobs show %s%s`, replay with "
+                      "`pgworker dead replay %s%s`", job_id, i.task, i.write.code, i.write.message, job_id, flag,
+                      job_id, flag, extra={"action": "job_dead", "job_id": job_id, "queue": i.queue})
+    abandoned = sum(1 for i in items if not i.handed_back)  # hand-backs are logged by the supervisor
+    if abandoned:
+        log.warning("settled %s job(s) of a stopped claimer", abandoned, extra={"action": "settle_abandoned"})
 
 
 def _already_recorded(store: Any, conn: psycopg.Connection, refused: list[Settlement]) -> set[int]:

@@ -8,8 +8,9 @@ each a thread with its own connection: the renewer, the settler, the listener, t
 reaper, the pruner and the scheduler (the last four not in drain mode). /metrics,
 /healthz and /readyz are served from here.
 
-Shutdown (SIGTERM or SIGINT): stop claiming, give running jobs ``shutdown_grace``
-seconds, then release what still runs (fenced, no attempt spent) and exit 0. A second
+Shutdown (SIGTERM or SIGINT): stop claiming, release the jobs waiting unstarted (fenced,
+no attempt spent), give running jobs ``shutdown_grace`` seconds (timeouts still hold),
+then fail what still runs with ``SHUTDOWN`` (the attempt counts) and exit 0. A second
 signal exits at once with 128 + the signal's number; leases then expire and a reaper
 recovers the jobs.
 
@@ -331,7 +332,7 @@ class Supervisor:
         taken = self.pool.take_waiting(claimed_before)
         if not taken:
             return
-        items = hand_backs(taken, queue_name=self._queue_name, task_names=self._task_names)
+        items = hand_backs(taken, queue_name=self._queue_name, task_names=self._task_names, cleared=self._handed_back)
         log.info("handing back %s job(s) that waited unstarted behind a running one%s", len(items),
                  " (stopping)" if self.phase != "running" else f" for more than {WAITING_HAND_BACK_SECONDS:.0f} s",
                  extra={"action": "hand_back"})
@@ -339,6 +340,11 @@ class Supervisor:
             self.settler.queue.put(items)
         else:
             self._settle_now(items)
+
+    def _handed_back(self, table: Any, v: SlotView) -> None:
+        """A handed-back job left its claimer's slots: its share of a per-pod queue limit too."""
+        if self.pod_limits is not None and self.pool is not None:
+            self.pod_limits.release(self.pool.tables.index(table), self._queue_name(v))
 
     def _force_stop(self) -> None:
         alive = [h for h in self.pool.handles if h.process is not None]

@@ -173,6 +173,26 @@ def test_sigterm_during_a_long_job_fails_it_shutdown_with_the_attempt_counted_an
         [("pending", 1, None, "SHUTDOWN", True, "SHUTDOWN")]
 
 
+def test_handed_back_jobs_free_their_share_of_a_per_pod_queue_limit(env, pg_dsn, conn):
+    """With --queue-concurrency, the share of the jobs handed back left the stuck claimer's
+    count too: its peer, free again, claims them. (The stuck claimer kept counting them,
+    and its peer found no room for as long as the long job ran.)"""
+    from pgworker.worker.supervisor import WAITING_HAND_BACK_SECONDS
+
+    schema = env.settings.schema
+    busy = env.enqueue("other_queue", {"seconds": WAITING_HAND_BACK_SECONDS + 4})
+    with Worker(pg_dsn, schema, "--concurrency", "2", "--queues", "limited,other", "--queue-concurrency",
+                "limited=3", "--batch-size", "3", "--poll-interval", "0.5") as w:
+        wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", busy), 30)
+        long, *short = env.enqueue_many([("limited", {"seconds": 120}), ("limited", {}), ("limited", {})])
+        wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", long), 30)
+        wait_until(lambda: {r[0] for r in q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = ANY(%s)",
+                                             short)} == {"succeeded"}, WAITING_HAND_BACK_SECONDS + 30,
+                   message=lambda: w.logs()[-3000:])
+        assert "handing back 2 job(s)" in w.logs()
+        w.kill()
+
+
 def test_a_handler_sees_the_worker_stopping_and_hands_its_job_back(env, pg_dsn, conn):
     """ctx.stopping turns True at SIGTERM: a long handler can save its work and snooze the
     job back (no attempt spent) instead of failing SHUTDOWN at the end of the grace."""
@@ -213,8 +233,11 @@ def test_a_timeout_still_holds_while_the_pod_stops(env, pg_dsn, conn):
         wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", job_id), 30)
         w.signal(signal.SIGTERM)
         assert w.wait(15) == 0  # the claimer stopped at the timeout, not at the end of the grace
+        logs = w.logs()
     assert q(conn, schema, "SELECT state::text, attempts, last_error_code FROM {s}.jobs WHERE id = %s", job_id) == \
         [("dead", 1, "TIMEOUT")]
+    # a job the supervisor's own write made dead is said at ERROR too, with the commands
+    assert f"job {job_id} (task 'sync_slow') is dead: TIMEOUT" in logs and f"dead replay {job_id} --schema" in logs
 
 
 def test_jobs_waiting_behind_a_long_one_are_handed_back_for_another_pod(env, pg_dsn, conn):

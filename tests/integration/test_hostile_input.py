@@ -154,3 +154,14 @@ def test_json_nested_deeper_than_postgresql_allows_is_refused_by_the_server(app,
           nested(200_000))
     assert q(conn, app.settings.schema, "SELECT count(*) FROM {s}.jobs") == [(0,)]
     app.enqueue("noop", 1)  # the queue is unaffected
+
+
+@pytest.mark.parametrize("lease", [60.0, 131_072.0, 2 * 86400.0, 365 * 86400.0])
+def test_every_accepted_lease_gives_worker_connections_that_open(pg_dsn, lease):
+    """The keepalives derived from a lease of days passed Linux's 32767 s bound, and every
+    worker connection failed ("setsockopt(TCP_KEEPIDLE) failed"): no job ever ran."""
+    from pgworker.worker.service import worker_connect
+
+    settings = Settings(dsn=pg_dsn, lease_seconds=lease)
+    with worker_connect(settings)("pgworker:test") as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
