@@ -183,7 +183,7 @@ def markdown(doc: dict[str, Any], plan: Any) -> str:
                   "| system | settings | jobs/s | pgworker defaults / peer |", "|---|---|---:|---:|"]
         for k in sorted(peers):
             _, name, label = k.split(" ", 2)
-            label = label + (" (metrics on, tracing SDK)" if name == "pgworker" else "")
+            label = label + (" (metrics on, tracing API without an SDK)" if name == "pgworker" else "")
             v = _get(doc, k)
             lines.append(f"| {name} | {label} | {_n(v)} | {_ratio(auto, v)} |")
         lines.append("")
