@@ -342,7 +342,8 @@ def test_drain_pushes_its_summary_to_a_real_pushgateway(env, pg_dsn, conn):
         assert labels["result"] == "succeeded" and stamp > 0
 
         # a run that hits its deadline replaces the group: the result says so
-        env.enqueue("hold", 30)
+        # two attempts: the one cut short at the deadline fails SHUTDOWN and is due again (left 1)
+        env.enqueue("hold", 30, max_attempts=2)
         with worker(pg_dsn, schema, "--drain", "--concurrency", "1", "--max-duration", "1",
                     "--shutdown-grace", "0", "--pushgateway-url", gw.url()) as w:
             assert w.wait(60) == 75
