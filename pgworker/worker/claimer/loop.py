@@ -385,6 +385,10 @@ class Claimer:
             return False
         job, view, peer = taken
         self._hold([job], claimed_at=view.claimed_at, renewed_at=view.renewed_at)
+        # Count the job in this claimer's per-pod share before its old slot empties: the
+        # peer's row counts it until then, so the pod's total never dips below what it
+        # holds (it did: a peer then found room for a second job of a queue limited to one)
+        self._refresh_pod_limits()
         self.peer_jobs.moved(peer, view)
         self.run_batch([job])
         return True
