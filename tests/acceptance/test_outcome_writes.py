@@ -81,8 +81,10 @@ def test_a_refused_row_never_blocks_the_others_and_shows_in_readyz_and_a_metric(
     refuse_success(conn, schema, stuck, "P0001")
     others = env.enqueue_many([("record", i) for i in range(5)])
     port = free_port()
+    # a 10 s lease: the job must stay leased while its write is refused; with FAST's 3 s, a
+    # machine loaded past a lease (two suites at once) let it expire and run again, as it should
     with Worker(pg_dsn, schema, "--concurrency", "1", "--batch-size", "10", "--metrics-port", str(port),
-                "--metrics-host", "127.0.0.1", *FAST) as w:
+                "--metrics-host", "127.0.0.1", *FAST, "--lease", "10") as w:
         wait_until(lambda: all(state(conn, schema, j)[0] == "succeeded" for j in others), 30,
                    message=lambda: f"the batch's other jobs; log:\n{w.logs()[-3000:]}")
         ready = lambda: requests.get(f"http://127.0.0.1:{port}/readyz", timeout=5)  # noqa: E731
