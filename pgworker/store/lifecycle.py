@@ -74,13 +74,7 @@ class LifecycleStatements(StoreBase):
         ``ordering_keys``: the jobs' keys when the caller knows them (a claimer does);
         None reads them first (one statement), so that the key locks precede the row locks.
         """
-        if not leases:
-            return FenceReport("complete")
-        keys = self._keys_for(conn, leases, ordering_keys)
-        rows = self._keyed(conn, "job_complete", {"ids": [le.job_id for le in leases],
-                                                  "tokens": [le.token for le in leases]},
-                           keys, lambda r: r[2])
-        return FenceReport.build("complete", leases, rows)
+        return self._finish(conn, "job_complete", "complete", leases, ordering_keys)
 
     def fail(self, conn: psycopg.Connection, requests: Sequence[FailRequest],
              ordering_keys: Iterable[str | None] | None = None) -> FenceReport:
@@ -136,13 +130,19 @@ class LifecycleStatements(StoreBase):
                          ordering_keys: Iterable[str | None] | None = None) -> FenceReport:
         """Record running jobs that stopped after a cancellation request (fenced), and
         promote the next job of their ordering keys (``ordering_keys`` as for :meth:`complete`)."""
+        return self._finish(conn, "job_cancel_finish", "cancel", leases, ordering_keys)
+
+    def _finish(self, conn: psycopg.Connection, statement: str, operation: str, leases: Sequence[Lease],
+                ordering_keys: Iterable[str | None] | None) -> FenceReport:
+        """A fenced final transition by (id, token) that promotes the next job of each
+        ordering key: ``statement`` run once for all ``leases``, reported as ``operation``."""
         if not leases:
-            return FenceReport("cancel")
+            return FenceReport(operation)
         keys = self._keys_for(conn, leases, ordering_keys)
-        rows = self._keyed(conn, "job_cancel_finish", {"ids": [le.job_id for le in leases],
-                                                       "tokens": [le.token for le in leases]},
+        rows = self._keyed(conn, statement, {"ids": [le.job_id for le in leases],
+                                             "tokens": [le.token for le in leases]},
                            keys, lambda r: r[2])
-        return FenceReport.build("cancel", leases, rows)
+        return FenceReport.build(operation, leases, rows)
 
     def lease_states(self, conn: psycopg.Connection, ids: Sequence[int]) -> list[tuple[Any, ...]]:
         """(id, state, lease_token, last_error_code) of jobs, to settle an unknown write."""
