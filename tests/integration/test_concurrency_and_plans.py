@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
@@ -93,6 +94,65 @@ def test_priority_then_due_time_then_id(app):
     later = app.enqueue("t", "later", priority=10, delay=3600)
     assert [j.id for j in app.claim(limit=10)] == [high, low]
     assert later not in {j.id for j in app.claim(limit=10)}
+
+
+def test_priorities_are_taken_highest_first_across_many_priorities(app):
+    """The claim walks the queue's priorities one at a time (claim.sql, ranked): the
+    batch still comes out in (priority DESC, run_at, id) order, across gaps, negative
+    priorities and priorities whose only jobs are scheduled later."""
+    later = app.enqueue("t", "later", priority=7, delay=3600)
+    p5 = app.enqueue("t", "p5", priority=5)
+    p3 = app.enqueue("t", "p3", priority=3)
+    p3_old = app.enqueue("t", "p3 old", priority=3, run_at=datetime.now(timezone.utc) - timedelta(minutes=1))
+    p0 = app.enqueue("t", "p0")
+    neg = app.enqueue("t", "neg", priority=-4)
+    neg_later = app.enqueue("t", "neg later", priority=-4, delay=3600)
+    assert [j.id for j in app.claim(limit=3)] == [p5, p3_old, p3]
+    assert [j.id for j in app.claim(limit=10)] == [p0, neg]
+    assert app.claim(limit=10) == []
+    assert {later, neg_later}.isdisjoint({p5, p3_old, p3, p0, neg})
+
+
+def _claim_scan_buffers(conn, app, params) -> int:
+    """Shared buffers (hit + read) the claim's scans of the jobs table touched (every
+    scan node, whichever index the planner picked), measured by EXPLAIN (ANALYZE,
+    BUFFERS) in a transaction rolled back: pages, not seconds."""
+    with conn.transaction(force_rollback=True):
+        [[plan]] = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + app.store.queries["job_claim"],
+                                params).fetchall()
+
+    def nodes(node):
+        yield node
+        for child in node.get("Plans", ()):
+            yield from nodes(child)
+    # The scans that choose the candidates (every index but the primary key, which the
+    # UPDATE's own row lookups use).
+    scans = [n for n in nodes(plan[0]["Plan"]) if "Scan" in n["Node Type"] and n.get("Relation Name") == "jobs"
+             and n.get("Index Name") != "jobs_pkey"]
+    assert scans, plan
+    return sum(n["Shared Hit Blocks"] + n["Shared Read Blocks"] for n in scans)
+
+
+def test_jobs_scheduled_later_at_a_higher_priority_are_not_read_by_the_claim(app, conn):
+    """The scheduled-later trap: 30,000 jobs due in an hour at priority 10, and 3,000 due
+    jobs at priority 0 (a share at which the planner prefers jobs_claim_idx's order to a
+    sort, as at production sizes). A claim ordered by priority first read every one of the 30,000 index
+    entries (over 100 pages) before the first due job; it now reads about the same few
+    pages as without them (a deeper index adds a page per descent)."""
+    ident = sql.Identifier(app.settings.schema)
+    params = {"queue": "default", "limit": 10, "owner": "x", "lease_seconds": 60,
+              "aging_seconds": None, "locked": False}
+    conn.execute(sql.SQL("INSERT INTO {}.jobs (queue, task, payload) "
+                         "SELECT 'default', 't', '{{}}' FROM generate_series(1, 3000)").format(ident))
+    conn.execute(sql.SQL("VACUUM ANALYZE {}.jobs").format(ident))
+    without = _claim_scan_buffers(conn, app, params)
+    conn.execute(sql.SQL(
+        "INSERT INTO {}.jobs (queue, task, payload, priority, run_at) "
+        "SELECT 'default', 't', '{{}}', 10, now() + interval '1 hour' FROM generate_series(1, 30000)").format(ident))
+    conn.execute(sql.SQL("VACUUM ANALYZE {}.jobs").format(ident))
+    beside = _claim_scan_buffers(conn, app, params)
+    assert beside <= without + 20, (without, beside)  # before: 3 pages, then 329
+    assert [j.priority for j in app.claim(limit=10)] == [0] * 10
 
 
 def test_claim_is_per_queue(app):

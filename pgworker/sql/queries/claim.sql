@@ -39,16 +39,27 @@ SELECT name FROM {schema}.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 -- priority order (priority DESC, run_at, id) on jobs_claim_idx, excluding the rows the
 -- first arm took (our own locks would not make SKIP LOCKED skip them). Both arms repeat
 -- the partial-index predicate (state = 'pending' AND NOT blocked) so the planner can use
--- the indexes, and lock with FOR UPDATE SKIP LOCKED inside the CTE where the rows are
--- chosen: concurrent claimers skip each other's rows instead of waiting (PostgreSQL docs,
+-- the indexes, and lock with FOR UPDATE SKIP LOCKED where the rows are chosen:
+-- concurrent claimers skip each other's rows instead of waiting (PostgreSQL docs,
 -- SELECT, "The Locking Clause"). Blocked jobs (not the head of their ordering key) are
 -- absent from both indexes, so a claim never comes back short because of them.
+--
+-- ranked walks the queue's priorities one at a time (a loose index scan: the recursive
+-- CTE priorities descends jobs_claim_idx once per distinct pending priority, highest
+-- first, and stops as soon as the batch is full). Within one priority, run_at <= now()
+-- bounds the index range, so jobs scheduled later are never read. A single scan ordered
+-- by (priority DESC, run_at, id) could not bound run_at: it read every not-yet-due entry
+-- of each higher priority before the first due job of a lower one (1,000,000 jobs
+-- scheduled later, a third at a higher priority: 20 ms per claim instead of 0.3 ms;
+-- PostgreSQL 15 has no skip scan). The outer LIMIT takes the lateral rows in the order
+-- the nested loop yields them, priorities in the order the recursion produced them
+-- (PostgreSQL wiki, "Loose indexscan"); the final SELECT sorts the batch again.
 --
 -- Each claimed job gets attempts + 1, a new fencing token and a lease measured from
 -- statement_timestamp() (the claim's own start, after any wait for queue_lock). The
 -- bucket loses one token per claimed job. The caller commits at once and runs the jobs
 -- outside any transaction.
-WITH gate AS (
+WITH RECURSIVE gate AS (
     SELECT coalesce(q.paused_at IS NOT NULL, false) AS paused,
            coalesce(q.concurrency_limit IS NOT NULL OR q.rate_per_second IS NOT NULL, false) AS limited,
            coalesce(q.aging_seconds, %(aging_seconds)s::float8) AS aging_seconds,
@@ -79,14 +90,34 @@ WITH gate AS (
     ORDER BY run_at
     LIMIT (SELECT n FROM allowance)
     FOR UPDATE SKIP LOCKED
+), priorities AS (
+    (SELECT priority
+     FROM {schema}.jobs
+     WHERE queue = %(queue)s AND state = 'pending' AND NOT blocked
+     ORDER BY priority DESC
+     LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.priority
+            FROM {schema}.jobs AS j
+            WHERE j.queue = %(queue)s AND j.state = 'pending' AND NOT j.blocked AND j.priority < p.priority
+            ORDER BY j.priority DESC
+            LIMIT 1)
+    FROM priorities AS p
+    WHERE p.priority IS NOT NULL
 ), ranked AS (
-    SELECT id
-    FROM {schema}.jobs
-    WHERE queue = %(queue)s AND state = 'pending' AND NOT blocked AND run_at <= now()
-      AND id NOT IN (SELECT id FROM aged)
-    ORDER BY priority DESC, run_at, id
+    SELECT c.id
+    FROM priorities AS p
+    CROSS JOIN LATERAL (
+        SELECT id
+        FROM {schema}.jobs
+        WHERE queue = %(queue)s AND state = 'pending' AND NOT blocked
+          AND priority = p.priority AND run_at <= now()
+          AND id NOT IN (SELECT id FROM aged)
+        ORDER BY run_at, id
+        LIMIT (SELECT n FROM allowance) - (SELECT count(*) FROM aged)
+        FOR UPDATE SKIP LOCKED
+    ) AS c
     LIMIT (SELECT n FROM allowance) - (SELECT count(*) FROM aged)
-    FOR UPDATE SKIP LOCKED
 ), claimed AS (
     -- The rows are matched through "id = ANY(ARRAY(...))", not by joining the CTEs: the
     -- arms' LIMIT is an expression, so the planner guesses they return a tenth of the
@@ -128,12 +159,15 @@ FROM allowance AS a
 LEFT JOIN claimed AS c ON true
 ORDER BY c.aged DESC, CASE WHEN c.aged THEN c.run_at END, c.priority DESC, c.run_at, c.id;
 
--- name: job_fetch
--- One claimed job by id and token, with the claim's columns: an idle claimer of the pod
--- taking over a job that waits unstarted in a peer's batch reads it here (the peer's
--- process holds the payload, not shared memory). No row: the lease was lost meanwhile.
-SELECT j.id, j.queue, j.task, j.payload, j.priority, j.attempts, j.max_attempts, j.lease_token,
-       j.lease_expires_at, j.run_at, j.created_at, j.trace_context, j.ordering_key, j.dedupe_key,
-       extract(epoch FROM statement_timestamp() - j.run_at)::float8 AS wait_seconds
-FROM {schema}.jobs AS j
-WHERE j.id = %(id)s AND j.state = 'running' AND j.lease_token = %(token)s;
+-- name: job_take_over
+-- An idle claimer of the pod takes over a job that waits unstarted in a peer's batch:
+-- fenced by id and token, it records itself as the lease's owner (so a WORKER_DIED entry
+-- or `pgworker jobs show` names the claimer that really runs the job) and reads the claim's
+-- columns (the peer's process holds the payload, not shared memory). The lease, its
+-- expiry and the token are kept. No row: the lease was lost meanwhile.
+UPDATE {schema}.jobs AS j
+SET lease_owner = %(owner)s
+WHERE j.id = %(id)s AND j.state = 'running' AND j.lease_token = %(token)s
+RETURNING j.id, j.queue, j.task, j.payload, j.priority, j.attempts, j.max_attempts, j.lease_token,
+          j.lease_expires_at, j.run_at, j.created_at, j.trace_context, j.ordering_key, j.dedupe_key,
+          extract(epoch FROM statement_timestamp() - j.run_at)::float8 AS wait_seconds;
