@@ -62,9 +62,12 @@ class LifecycleStatements(StoreBase):
         rows = [(r[0], r[1], (r[2], r[3])) for r in cur.fetchall()]
         return FenceReport.build("renew", leases, rows, detail_column=2)
 
-    def fetch_claimed(self, conn: psycopg.Connection, lease: Lease) -> ClaimedJob | None:
-        """The claimed job under ``lease`` (still running under that token), or None."""
-        row = self._exec(conn, "job_fetch", {"id": lease.job_id, "token": lease.token}).fetchone()
+    def take_over(self, conn: psycopg.Connection, lease: Lease, *, owner: str) -> ClaimedJob | None:
+        """Take over the claimed job under ``lease`` (still running under that token) for
+        ``owner``, another claimer of the same pod; returns the job, or None when the
+        lease was lost meanwhile. Lease, expiry and token are unchanged."""
+        row = self._exec(conn, "job_take_over", {"id": lease.job_id, "token": lease.token,
+                                                 "owner": owner}).fetchone()
         return None if row is None else ClaimedJob(*row)
 
     def complete(self, conn: psycopg.Connection, leases: Sequence[Lease],

@@ -32,6 +32,16 @@ def finished(conn, schema, ids):
              list(ids))[0][0] == len(ids)
 
 
+def running_owners(conn, schema, ids):
+    """The lease owners of the jobs once every one of them has started (ledger), else None."""
+    started = q(conn, schema, "SELECT count(DISTINCT job_id) FROM {s}.ledger WHERE job_id = ANY(%s) "
+                              "AND event = 'start'", list(ids))[0][0]
+    if started < len(ids):
+        return None
+    return [r[0] for r in q(conn, schema, "SELECT lease_owner FROM {s}.jobs WHERE id = ANY(%s) AND state = 'running'",
+                            list(ids))]
+
+
 @pytest.mark.parametrize("warm_up", [0, 600], ids=["cold", "after-600-fast-jobs"])
 def test_n_claimers_run_n_slow_jobs_at_once(env, pg_dsn, conn, warm_up):
     """Three claimers, three slow jobs enqueued together: one claimer's claim takes all
@@ -44,6 +54,11 @@ def test_n_claimers_run_n_slow_jobs_at_once(env, pg_dsn, conn, warm_up):
             fast = env.enqueue_many([("noop", i) for i in range(warm_up)])
             wait_until(lambda: finished(conn, schema, fast), 60, message="the warm-up")
         slow = env.enqueue_many([("sleep", {"seconds": 2}) for _ in range(n)])
+        # While they run, each lease names the claimer running it: a job taken over from
+        # a peer's batch is recorded under its taker (a WORKER_DIED entry names the
+        # claimer that really held it).
+        owners = wait_until(lambda: running_owners(conn, schema, slow), 30,
+                            message=lambda: f"the slow jobs to start; log:\n{w.logs()[-3000:]}")
         wait_until(lambda: finished(conn, schema, slow), 60,
                    message=lambda: f"the slow jobs; log:\n{w.logs()[-3000:]}")
         assert w.stop() == 0
@@ -51,6 +66,7 @@ def test_n_claimers_run_n_slow_jobs_at_once(env, pg_dsn, conn, warm_up):
     assert len(spans) == n
     assert all_overlap(spans.values()), spans
     assert len({r[0] for r in q(conn, schema, "SELECT pid FROM {s}.ledger WHERE job_id = ANY(%s)", slow)}) == n
+    assert len(set(owners)) == n, owners
 
 
 def _claims(text: str) -> float:

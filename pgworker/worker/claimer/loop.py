@@ -94,7 +94,7 @@ class Claimer:
                                  error_message_max_chars=settings.error_message_max_chars,
                                  secrets=(dsn_password(settings.dsn),))
         self.completer: Completer | None = None
-        self.peer_jobs = PeerJobs(self.peers, index, self.db, self.store)
+        self.peer_jobs = PeerJobs(self.peers, index, self.db, self.store, owner=self.worker_id)
 
     # -- lifecycle ------------------------------------------------------------------
 

@@ -6,8 +6,9 @@ came back empty takes over the next job waiting in a peer's batch instead of sle
 no job claimed by the pod waits behind another while one of its claimers is idle. The job
 keeps its lease and fencing token: only the slot moves, from the peer's table to the
 taker's (CLAIMED -> STOLEN there, then empty once the job is in the taker's table; see
-:mod:`pgworker.worker.slots`). The taker reads the job's row by id and token, since the
-payload lives in the peer's process, not in shared memory.
+:mod:`pgworker.worker.slots`), and the row's ``lease_owner`` becomes the taker. The taker
+reads the job's row by id and token (``job_take_over``), since the payload lives in the
+peer's process, not in shared memory.
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ class PeerJobs:
     """The jobs waiting in the batches of the pod's other claimers (``peers[index]`` is
     this claimer's own table)."""
 
-    def __init__(self, peers: Sequence[s.SlotTable], index: int, db: ClaimerConnection, store: Any) -> None:
+    def __init__(self, peers: Sequence[s.SlotTable], index: int, db: ClaimerConnection, store: Any, *,
+                 owner: str) -> None:
         self.peers = peers
         self.index = index
         self.db = db
         self.store = store
+        self.owner = owner  # this claimer's lease_owner
 
     def take(self) -> tuple[ClaimedJob, s.SlotView, s.SlotTable] | None:
         """The next waiting job of a peer, now this claimer's to run: (the job, its slot as
@@ -65,12 +68,12 @@ class PeerJobs:
         _quietly(peer.finish_move, v)
 
     def _fetch(self, v: s.SlotView) -> ClaimedJob | None:
-        """The job behind a peer's slot, from the table; None when its lease was lost
-        meanwhile. Raises psycopg errors."""
+        """The job behind a peer's slot, from the table, now owned by this claimer; None
+        when its lease was lost meanwhile. Raises psycopg errors."""
         with self.db.lock:
             if self.db.conn is None:
                 raise psycopg.OperationalError("no connection")
-            return self.store.fetch_claimed(self.db.conn, Lease(v.job_id, v.token))
+            return self.store.take_over(self.db.conn, Lease(v.job_id, v.token), owner=self.owner)
 
 
 def _quietly(method: Any, v: s.SlotView) -> None:
