@@ -90,12 +90,20 @@ def check_schema_name(name: object) -> str:
 # user:password@ in a URL; the password may itself hold '@' (greedy up to the last '@'
 # before the host, within one run of non-space, non-slash characters)
 _URL_PASSWORD = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*):(?P<pw>[^\s/]+)@")
-# password=..., PGPASSWORD=..., DATABASE_PASSWORD: ..., 'password': '...', passwd, pwd: the
-# key in any case, quoted or not, then = or :, then a quoted value (spaces allowed) or a
-# bare one up to a space or a separator (',', ';', '}', '&' of a URL query)
+# password=..., PGPASSWORD=..., DATABASE_PASSWORD: ..., 'password': '...', passwd, pwd,
+# and the other names secrets go by in configuration and HTTP errors (secret, api_key,
+# access_key, private_key, access_token, auth_token, refresh_token...; not a bare "token",
+# which would hide lease tokens): the key in any case, quoted or not, then = or :, then a
+# quoted value (spaces allowed) or a bare one up to a space or a separator (',', ';', '}',
+# '&' of a URL query)
 _KW_PASSWORD = re.compile(
-    r"""(?P<key>(?P<q>['"]?)[\w-]*(?:password|passwd|pwd)[\w-]*(?P=q)\s*[=:]\s*)"""
+    r"""(?P<key>(?P<q>['"]?)[\w-]*(?:password|passwd|pwd|secret|api[_-]?key|access[_-]?key|private[_-]?key"""
+    r"""|(?:access|auth|refresh|session|id|bearer)[_-]?token)[\w-]*(?P=q)\s*[=:]\s*)"""
     r"""(?P<pw>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s,;}&]+)""", re.IGNORECASE)
+# An HTTP Authorization value: "Authorization: Basic <base64>" (RFC 7617) or any scheme
+# after that header name, and "Bearer <token>" anywhere (RFC 6750)
+_AUTH_SCHEME = re.compile(r"""(?P<scheme>\bAuthorization['"]?\s*[:=]\s*['"]?\w+|\bBearer)"""
+                          r"""\s+(?P<pw>[A-Za-z0-9._~+/=-]{8,})""", re.IGNORECASE)
 REDACTED = "********"
 
 
@@ -118,7 +126,8 @@ def dsn_password(dsn: str | None) -> str | None:
 
 
 def redact(text: str, *secrets: str | None) -> str:
-    """Return ``text`` with DSN passwords and the given secrets replaced by asterisks."""
+    """Return ``text`` with DSN passwords, keyword secrets (password=, api_key:, 'secret':
+    ...), HTTP Bearer/Basic credentials and the given secrets replaced by asterisks."""
     if not text:
         return text
     for s in secrets:
@@ -126,6 +135,7 @@ def redact(text: str, *secrets: str | None) -> str:
             text = text.replace(s, REDACTED)
     text = _URL_PASSWORD.sub(lambda m: f"{m.group('scheme')}:{REDACTED}@", text)
     text = _KW_PASSWORD.sub(lambda m: f"{m.group('key')}{REDACTED}", text)
+    text = _AUTH_SCHEME.sub(lambda m: f"{m.group('scheme')} {REDACTED}", text)
     return text
 
 

@@ -61,7 +61,11 @@ def test_redaction_covers_url_and_keyword_forms():
 @pytest.mark.parametrize("text", [
     "env PGPASSWORD=s3cret psql", "{'password': 's3cret', 'user': 'x'}", "DATABASE_PASSWORD=s3cret",
     'password="s3cret with spaces" host=x', "postgresql://u:s3c@ret@db:5432/x", '{"db_password": "s3cret"}',
-    "postgresql://u@db/x?password=s3cret&sslmode=require", "Password: s3cret", "passwd=s3cret"])
+    "postgresql://u@db/x?password=s3cret&sslmode=require", "Password: s3cret", "passwd=s3cret",
+    # other secrets a handler's HTTP or cloud client may put in an exception message
+    "401 for https://api.x/v1?api_key=s3cret", "{'apiKey': 's3cret'}", "AWS_SECRET_ACCESS_KEY=s3cret",
+    "client_secret: s3cret", '{"access_token": "s3cret"}', "headers={'Authorization': 'Bearer s3cretTOKEN123'}",
+    "Authorization: Basic s3cretczNjcmV0"])
 def test_redaction_covers_the_forms_a_handler_error_may_hold(text):
     """Each once reached the stored error text or the logs (break-it trial): only the word
     'password' followed by '=' was recognised."""
@@ -71,7 +75,8 @@ def test_redaction_covers_the_forms_a_handler_error_may_hold(text):
 
 def test_redaction_leaves_ordinary_text_alone():
     for text in ('FATAL:  password authentication failed for user "bob"', "see https://example.com/a@b",
-                 "postgresql://u@h/db"):
+                 "postgresql://u@h/db", "job 7 lease_token=3 refused", "token: 12 of 40",
+                 "a secret of the trade", "Basic arithmetic"):
         assert redact(text) == text
 
 
