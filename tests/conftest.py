@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from pg import find_postgres, make_settings  # noqa: E402
 
-from pgworker import App, Settings  # noqa: E402
+from pgworker import App  # noqa: E402
 from pgworker.migrate import drop_schema  # noqa: E402
 
 _found: tuple[str, str] | None = None

@@ -114,7 +114,7 @@ def test_cooperative_handler_stops_within_one_lease_when_heartbeats_are_lost(env
     is lost, stops. The duplicate-execution window is measured."""
     schema = env.settings.schema
     lease = 2.0
-    job_id = env.enqueue("sleep", {"seconds": 20, "cooperative": True})
+    env.enqueue("sleep", {"seconds": 20, "cooperative": True})
     args = ["--lease", str(lease), "--reap-interval", "0.5", "--poll-interval", "0.3"]
     with Worker(pg_dsn, schema, "--concurrency", "1", *args, name="a") as a:
         wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE event = 'start'"), 30)

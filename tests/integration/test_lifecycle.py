@@ -9,7 +9,7 @@ import pytest
 from psycopg import sql
 
 from pgworker import LeaseLost, Permanent
-from pgworker.jobs import FailRequest, Lease
+from pgworker.jobs import Lease
 from pgworker import RetryPolicy
 
 pytestmark = pytest.mark.integration

@@ -3,7 +3,6 @@ Prometheus conventions, and WorkerMetrics builds exactly the catalogue."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
