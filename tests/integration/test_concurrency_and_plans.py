@@ -113,6 +113,17 @@ def test_priorities_are_taken_highest_first_across_many_priorities(app):
     assert {later, neg_later}.isdisjoint({p5, p3_old, p3, p0, neg})
 
 
+def test_priority_order_holds_past_the_priorities_walked_one_at_a_time(app):
+    """The claim walks 8 priorities one at a time, then scans the lower ones in order
+    (claim.sql, ranked_rest): 12 priorities with only later jobs above due jobs at 3
+    priorities, the batch crossing that boundary in (priority DESC, run_at, id) order."""
+    for p in range(100, 112):
+        app.enqueue("t", f"later {p}", priority=p, delay=3600)
+    due = [app.enqueue("t", f"p{p}.{i}", priority=p) for p in (99, 50, -7) for i in range(3)]
+    assert [j.id for j in app.claim(limit=4)] == due[:4]
+    assert [j.id for j in app.claim(limit=10)] == due[4:]
+
+
 def _claim_scan_buffers(conn, app, params) -> int:
     """Shared buffers (hit + read) the claim's scans of the jobs table touched (every
     scan node, whichever index the planner picked), measured by EXPLAIN (ANALYZE,
@@ -153,6 +164,26 @@ def test_jobs_scheduled_later_at_a_higher_priority_are_not_read_by_the_claim(app
     beside = _claim_scan_buffers(conn, app, params)
     assert beside <= without + 20, (without, beside)  # before: 3 pages, then 329
     assert [j.priority for j in app.claim(limit=10)] == [0] * 10
+
+
+def test_thousands_of_distinct_priorities_cost_the_claim_a_bounded_walk(app, conn):
+    """5,000 distinct priorities, each with one job scheduled later, above 20 due jobs:
+    walking every priority one at a time read about 30,000 pages; the walk stops after 8
+    and the ordered scan takes the rest, a few dozen pages more than the due jobs alone."""
+    ident = sql.Identifier(app.settings.schema)
+    params = {"queue": "default", "limit": 10, "owner": "x", "lease_seconds": 60,
+              "aging_seconds": None, "locked": False}
+    conn.execute(sql.SQL("INSERT INTO {}.jobs (queue, task, payload, priority) "
+                         "SELECT 'default', 't', '{{}}', -100 FROM generate_series(1, 20)").format(ident))
+    conn.execute(sql.SQL("VACUUM ANALYZE {}.jobs").format(ident))
+    without = _claim_scan_buffers(conn, app, params)
+    conn.execute(sql.SQL(
+        "INSERT INTO {}.jobs (queue, task, payload, priority, run_at) "
+        "SELECT 'default', 't', '{{}}', g, now() + interval '1 hour' FROM generate_series(1, 5000) AS g").format(ident))
+    conn.execute(sql.SQL("VACUUM ANALYZE {}.jobs").format(ident))
+    beside = _claim_scan_buffers(conn, app, params)
+    assert beside <= without + 150, (without, beside)
+    assert [j.priority for j in app.claim(limit=10)] == [-100] * 10
 
 
 def test_claim_is_per_queue(app):
