@@ -124,10 +124,12 @@ def test_priority_order_holds_past_the_priorities_walked_one_at_a_time(app):
     assert [j.id for j in app.claim(limit=10)] == due[4:]
 
 
-def _claim_scan_buffers(conn, app, params) -> int:
-    """Shared buffers (hit + read) the claim's scans of the jobs table touched (every
-    scan node, whichever index the planner picked), measured by EXPLAIN (ANALYZE,
-    BUFFERS) in a transaction rolled back: pages, not seconds."""
+def _claim_scan_buffers(conn, app) -> int:
+    """Shared buffers (hit + read) a claim of 10 jobs touched in its scans of the jobs
+    table (every scan node, whichever index the planner picked), measured by EXPLAIN
+    (ANALYZE, BUFFERS) in a transaction rolled back: pages, not seconds."""
+    params = {"queue": "default", "limit": 10, "owner": "x", "lease_seconds": 60,
+              "aging_seconds": None, "locked": False}
     with conn.transaction(force_rollback=True):
         [[plan]] = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + app.store.queries["job_claim"],
                                 params).fetchall()
@@ -144,45 +146,41 @@ def _claim_scan_buffers(conn, app, params) -> int:
     return sum(n["Shared Hit Blocks"] + n["Shared Read Blocks"] for n in scans)
 
 
+def _claim_buffers_without_and_beside(app, conn, *, due: str, later: str) -> tuple[int, int]:
+    """The claim's scan buffers with the due jobs alone, then beside jobs scheduled
+    later. ``due`` and ``later``: the rest of an INSERT ... SELECT after the queue, task
+    and payload: "<priority>, <run_at> FROM generate_series(...)"."""
+    ident = sql.Identifier(app.settings.schema)
+    measured = []
+    for rows in (due, later):
+        conn.execute(sql.SQL("INSERT INTO {}.jobs (queue, task, payload, priority, run_at) "
+                             "SELECT 'default', 't', '{{}}', " + rows).format(ident))
+        conn.execute(sql.SQL("VACUUM ANALYZE {}.jobs").format(ident))
+        measured.append(_claim_scan_buffers(conn, app))
+    return measured[0], measured[1]
+
+
 def test_jobs_scheduled_later_at_a_higher_priority_are_not_read_by_the_claim(app, conn):
     """The scheduled-later trap: 30,000 jobs due in an hour at priority 10, and 3,000 due
     jobs at priority 0 (a share at which the planner prefers jobs_claim_idx's order to a
-    sort, as at production sizes). A claim ordered by priority first read every one of the 30,000 index
-    entries (over 100 pages) before the first due job; it now reads about the same few
-    pages as without them (a deeper index adds a page per descent)."""
-    ident = sql.Identifier(app.settings.schema)
-    params = {"queue": "default", "limit": 10, "owner": "x", "lease_seconds": 60,
-              "aging_seconds": None, "locked": False}
-    conn.execute(sql.SQL("INSERT INTO {}.jobs (queue, task, payload) "
-                         "SELECT 'default', 't', '{{}}' FROM generate_series(1, 3000)").format(ident))
-    conn.execute(sql.SQL("VACUUM ANALYZE {}.jobs").format(ident))
-    without = _claim_scan_buffers(conn, app, params)
-    conn.execute(sql.SQL(
-        "INSERT INTO {}.jobs (queue, task, payload, priority, run_at) "
-        "SELECT 'default', 't', '{{}}', 10, now() + interval '1 hour' FROM generate_series(1, 30000)").format(ident))
-    conn.execute(sql.SQL("VACUUM ANALYZE {}.jobs").format(ident))
-    beside = _claim_scan_buffers(conn, app, params)
+    sort, as at production sizes). A claim ordered by priority first read every one of the
+    30,000 index entries (over 100 pages) before the first due job; it now reads about the
+    same few pages as without them (a deeper index adds a page per descent)."""
+    without, beside = _claim_buffers_without_and_beside(
+        app, conn, due="0, now() FROM generate_series(1, 3000)",
+        later="10, now() + interval '1 hour' FROM generate_series(1, 30000)")
     assert beside <= without + 20, (without, beside)  # before: 3 pages, then 329
     assert [j.priority for j in app.claim(limit=10)] == [0] * 10
 
 
 def test_thousands_of_distinct_priorities_cost_the_claim_a_bounded_walk(app, conn):
     """5,000 distinct priorities, each with one job scheduled later, above 20 due jobs:
-    walking every priority one at a time read about 30,000 pages; the walk stops after 8
+    walking every priority one at a time read about 20,000 pages; the walk stops after 8
     and the ordered scan takes the rest, a few dozen pages more than the due jobs alone."""
-    ident = sql.Identifier(app.settings.schema)
-    params = {"queue": "default", "limit": 10, "owner": "x", "lease_seconds": 60,
-              "aging_seconds": None, "locked": False}
-    conn.execute(sql.SQL("INSERT INTO {}.jobs (queue, task, payload, priority) "
-                         "SELECT 'default', 't', '{{}}', -100 FROM generate_series(1, 20)").format(ident))
-    conn.execute(sql.SQL("VACUUM ANALYZE {}.jobs").format(ident))
-    without = _claim_scan_buffers(conn, app, params)
-    conn.execute(sql.SQL(
-        "INSERT INTO {}.jobs (queue, task, payload, priority, run_at) "
-        "SELECT 'default', 't', '{{}}', g, now() + interval '1 hour' FROM generate_series(1, 5000) AS g").format(ident))
-    conn.execute(sql.SQL("VACUUM ANALYZE {}.jobs").format(ident))
-    beside = _claim_scan_buffers(conn, app, params)
-    assert beside <= without + 150, (without, beside)
+    without, beside = _claim_buffers_without_and_beside(
+        app, conn, due="-100, now() FROM generate_series(1, 20)",
+        later="g, now() + interval '1 hour' FROM generate_series(1, 5000) AS g")
+    assert beside <= without + 150, (without, beside)  # uncapped walk: 29 pages, then 20,060
     assert [j.priority for j in app.claim(limit=10)] == [-100] * 10
 
 
