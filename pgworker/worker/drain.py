@@ -1,8 +1,11 @@
 """Drain mode (``pgworker run --drain``): what a run does before it claims, and its report.
 
 A drain run is what a Kubernetes CronJob runs against a compute that must be allowed to
-suspend: no LISTEN, no poll, no timers, no statistics queries, no HTTP server. So the
-maintenance that an always-on worker does on timers happens once, before claiming:
+suspend: no LISTEN, no timers, no statistics queries, no HTTP server, and it exits once
+every claimer's last round found nothing (while it runs, the fallback poll wakes idle
+claimers, so a retry that becomes due while another job runs is not left waiting for
+it). So the maintenance that an always-on worker does on timers happens once, before
+claiming:
 reap expired leases (their jobs are due at once: the gap between runs is their
 backoff), enqueue the due slots of the app's periodic jobs, and prune finished jobs
 past their retention. At exit it prints one JSON summary line and can push it to a

@@ -14,8 +14,8 @@ then fail what still runs with ``SHUTDOWN`` (the attempt counts) and exit 0. A s
 signal exits at once with 128 + the signal's number; leases then expire and a reaper
 recovers the jobs.
 
-Drain mode (``--drain``): maintenance once (:mod:`.drain`), then claim until nothing is
-due and nothing is in flight, and exit 0; with ``max_duration`` and due work left at the
+Drain mode (``--drain``): maintenance once (:mod:`.drain`), then claim (woken by the
+fallback poll; no LISTEN) until nothing is due and nothing is in flight, and exit 0; with ``max_duration`` and due work left at the
 deadline, exit ``EXIT_DRAIN_DEADLINE``.
 """
 
@@ -213,7 +213,11 @@ class Supervisor:
                     next_hand_back = now + 1.0
                     self._hand_back(now - WAITING_HAND_BACK_SECONDS)
                 self.pool.restart_due(now)
-                if not self.drain and now >= next_poll:
+                if now >= next_poll:
+                    # In drain mode too: a retry or a job scheduled later that becomes due
+                    # while another job runs is taken by an idle claimer, not left for the
+                    # busy one (a drain run has no LISTEN). The run still ends when every
+                    # claimer's last round found nothing.
                     next_poll = now + self.settings.poll_interval_seconds
                     self.announce(-1, "poll")
             elif self.phase == "stopping":

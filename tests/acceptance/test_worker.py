@@ -307,6 +307,22 @@ def test_drain_processes_due_work_and_leaves_later_work(env, pg_dsn, conn):
     assert q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", later) == [("pending",)]
 
 
+def test_drain_runs_work_that_becomes_due_while_another_job_runs(env, pg_dsn, conn):
+    """A drain run has no LISTEN; its idle claimer is still woken by the fallback poll, so
+    a job that becomes due while a long one runs starts at once, not after the long one
+    (a new user saw a retry wait 20 s behind a long job with a claimer idle)."""
+    schema = env.settings.schema
+    long = env.enqueue("sleep", {"seconds": 6})
+    soon = env.enqueue("record", delay=1.0)
+    with Worker(pg_dsn, schema, "--drain", "--concurrency", "2", "--poll-interval", "0.3") as w:
+        assert w.wait(60) == 0
+        summary = json.loads(w.stdout().strip().splitlines()[-1])
+    assert summary["succeeded"] == 2 and summary["left"] == 0
+    [(started, long_finished)] = q(conn, schema, "SELECT (SELECT started_at FROM {s}.jobs WHERE id = %s), "
+                                                 "(SELECT finished_at FROM {s}.jobs WHERE id = %s)", soon, long)
+    assert started < long_finished, (started, long_finished)
+
+
 def test_drain_deadline_with_due_work_left_exits_75(env, pg_dsn, conn):
     schema = env.settings.schema
     env.enqueue_many([("sleep", {"seconds": 30})] + [("record", i) for i in range(5)])
