@@ -13,6 +13,8 @@ import sys
 import time
 
 STABLE_KEYS = ("action", "queue", "job_id", "attempt", "lease_token", "task", "worker")
+# A failed attempt's record also carries ``traceback``: the handler's frames (see
+# pgworker.worker.claimer.executor.handler_traceback), printed after the line.
 
 
 class JsonFormatter(logging.Formatter):
@@ -26,7 +28,25 @@ class JsonFormatter(logging.Formatter):
                 out[key] = getattr(record, key)
         if record.exc_info and record.exc_info[0] is not None:
             out["error"] = record.exc_info[0].__name__
+        if getattr(record, "traceback", None):
+            out["traceback"] = record.traceback
         return json.dumps(out, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """One line per record; a failed attempt's handler traceback (the record's
+    ``traceback``, frames only) follows on indented lines, as Python prints it."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        tb = getattr(record, "traceback", None)
+        if tb:
+            text += "\n  Traceback (most recent call last):\n" + "\n".join(
+                "  " + line for line in tb.splitlines())
+        return text
 
 
 def setup_logging(level: int | str | None = None, fmt: str | None = None) -> None:
@@ -37,7 +57,7 @@ def setup_logging(level: int | str | None = None, fmt: str | None = None) -> Non
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level if isinstance(level, int) else str(level).upper())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import time
@@ -141,11 +142,18 @@ def test_cooperative_handler_stops_within_one_lease_when_heartbeats_are_lost(env
 def test_retries_exhausted_leave_a_visible_dead_job(env, pg_dsn, conn):
     schema = env.settings.schema
     job_id = env.enqueue("always_fails")
-    with Worker(pg_dsn, schema, "--concurrency", "1", "--poll-interval", "0.2"):
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--poll-interval", "0.2") as w:
         wait_until(lambda: all_finished(conn, schema, 1), 30)
+        logs = w.logs()
     record = env.get_job(job_id)
     assert record["state"] == "dead" and record["attempts"] == 3
     assert [e["message"] for e in record["errors"]] == [f"failure number {i}" for i in (1, 2, 3)]
+    # each failed attempt's log line is followed by where the handler raised (a new user
+    # found only "RuntimeError: ..." with no file or line, in the log and the database)
+    failed = logs.split(f"job {job_id} (always_fails) attempt 3/3 failed: ")[1]
+    assert failed.startswith("RuntimeError: failure number 3\n  Traceback (most recent call last):\n"), failed[:600]
+    assert re.search(r'^    File ".*acceptance_app\.py", line \d+, in always_fails\n'
+                     r'^      raise RuntimeError\(f"failure number \{ctx\.attempt\}"\)$', failed, re.M), failed[:600]
 
 
 @pytest.mark.parametrize("kind", ["SystemExit", "KeyboardInterrupt", "GeneratorExit", "MemoryError"])

@@ -173,3 +173,28 @@ def test_quantity_words_a_count():
 
     assert [quantity(n, "claimer") for n in (0, 1, 2)] == ["0 claimers", "1 claimer", "2 claimers"]
     assert quantity(1, "finished job") == "1 finished job" and quantity(3, "entry", "entries") == "3 entries"
+
+
+def test_a_failed_attempts_traceback_follows_its_log_line_in_both_formats():
+    import json
+    import logging
+
+    from pgworker.logs import JsonFormatter, TextFormatter
+    from pgworker.worker.claimer.executor import handler_traceback
+
+    def handler(message):
+        raise RuntimeError(message)
+
+    message = "password=s3cret\nFORGED line"  # outside text: in the message, never in a frame
+    try:
+        handler(message)
+    except RuntimeError as exc:
+        tb = handler_traceback(exc)
+    record = logging.LogRecord("pgworker.claimer", logging.WARNING, __file__, 1, "job 1 failed", None, None)
+    record.traceback = tb
+    text = TextFormatter().format(record)
+    lines = text.splitlines()
+    assert lines[0].endswith("job 1 failed") and lines[1] == "  Traceback (most recent call last):"
+    assert any("in handler" in line for line in lines) and all(line.startswith("  ") for line in lines[1:])
+    assert "s3cret" not in text and "FORGED" not in text  # frames only: the message is the line's, escaped
+    assert json.loads(JsonFormatter().format(record))["traceback"] == tb

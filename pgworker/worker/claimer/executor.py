@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import traceback
 from typing import Any
 
 from ... import tracing
@@ -210,9 +211,27 @@ class Executor:
         if not isinstance(error, (Permanent, Retry)):
             log.warning("job %s (%s) attempt %s/%s failed: %s: %s", job.id, job.task, job.attempt,
                         job.max_attempts, code, _one_line(message[:200]),
-                        extra={"action": "job_failed", "job_id": job.id, "queue": job.queue})
+                        extra={"action": "job_failed", "job_id": job.id, "queue": job.queue,
+                               "traceback": handler_traceback(error, self.secrets)})
         return Outcome(job, slot, FAIL, "dead" if dead else "retried", elapsed, code=code, message=message,
                        delay=delay, permanent=permanent)
+
+
+TRACEBACK_FRAMES = 20
+TRACEBACK_MAX_CHARS = 8_000
+
+
+def handler_traceback(error: BaseException, secrets: Any = ()) -> str:
+    """Where a handler's exception was raised, for the worker log: the innermost
+    ``TRACEBACK_FRAMES`` frames as Python prints them (file, line, function, source line),
+    without the exception's message (the log line before it carries that, bounded and
+    escaped: only the message can hold outside text), redacted and at most
+    ``TRACEBACK_MAX_CHARS`` characters. The database and spans keep the message only."""
+    frames = traceback.format_tb(error.__traceback__)[-TRACEBACK_FRAMES:]
+    text = redact("".join(frames), *secrets).rstrip("\n")
+    if len(text) > TRACEBACK_MAX_CHARS:
+        text = "…" + text[-(TRACEBACK_MAX_CHARS - 1):]
+    return text
 
 
 def _one_line(text: str) -> str:
