@@ -7,7 +7,7 @@ import json
 import sys
 
 from ..errors import ConfigError
-from ..names import quantity
+from ..names import quantity, schema_flag
 from .output import emit
 from .settings import _make_app
 
@@ -106,7 +106,11 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     if state is None:
         print(f"error: job {args.id} is unknown or already finished", file=sys.stderr)
         return 1
-    msg = "cancelled" if state == "cancelled" else "cancellation requested (the job is running)"
+    msg = "cancelled" if state == "cancelled" else (
+        "cancellation requested (the job is running): its handler sees it with the next lease "
+        "renewal, within a third of the lease, and stops when it calls ctx.check() (an async "
+        "handler is cancelled for it); see `pgworker jobs show "
+        f"{args.id}{schema_flag(app.settings.schema)}`")
     emit(args, {"id": args.id, "state": state}) if args.json else print(f"job {args.id}: {msg}")
     return 0
 

@@ -251,6 +251,10 @@ def test_cancellation_of_pending_and_running_jobs(env, pg_dsn, conn):
         wait_until(lambda: len(q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE event = 'start'")) == 3, 60)
         out = cli(pg_dsn, schema, "cancel", str(sync_job))
         assert out.returncode == 0 and "requested" in out.stdout, out.stderr
+        # what happens next, and that a sync handler must call ctx.check() (a new user's
+        # handler read the flag and returned: the job ended succeeded)
+        assert "within a third of the lease" in out.stdout and "ctx.check()" in out.stdout, out.stdout
+        assert f"pgworker jobs show {sync_job} --schema {schema}`" in out.stdout, out.stdout
         assert env.cancel(async_job) == "running"
         assert env.cancel(ignoring) == "running"
         # a renewal after the request carried it to the worker (heartbeat_at is the renewal's)
