@@ -20,6 +20,16 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
+def retention_duration(text: str) -> float:
+    """A duration that deletes data: like :func:`parse_duration`, but its unit must be
+    written ('7' would be 7 seconds, and `prune --older-than 7` deleted what a user meant
+    to keep for 7 days)."""
+    if not text.strip() or text.strip()[-1].isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} has no unit: write it, e.g. {text.strip() or '7'}d for days "
+                                         f"or {text.strip() or '7'}s for seconds")
+    return parse_duration(text)
+
+
 #: Flags whose default is an environment variable other than a Settings field's: dest ->
 #: (variable, default when it is unset). Resolved after parsing, so that the parser (and
 #: the reference generated from it, docs/configuration.md) does not depend on the
@@ -158,8 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("prune", help="delete succeeded and cancelled jobs older than a retention")
     _common(p)
-    p.add_argument("--older-than", type=parse_duration, required=True, metavar="DURATION",
-                   help="finished longer ago than this, e.g. 7d")
+    p.add_argument("--older-than", type=retention_duration, required=True, metavar="DURATION",
+                   help="finished longer ago than this, with its unit, e.g. 7d (a bare number is refused: "
+                        "elsewhere it means seconds, here it would delete at once)")
     p.add_argument("--batch", type=_positive_int, default=10_000, metavar="N", help="rows deleted per statement")
 
     p = sub.add_parser("status", help="jobs by queue and state, oldest due job's age, running leases, "
