@@ -102,7 +102,7 @@ class App:
                 kwargs["retry"] = retry
             if renew is not None:
                 kwargs["renew"] = renew
-            task = Task(name=task_name, func=fn, queue=queue or "default", timeout_seconds=timeout,
+            task = Task(name=task_name, func=fn, queue="default" if queue is None else queue, timeout_seconds=timeout,
                         max_runtime_seconds=max_runtime, priority=priority,
                         permanent_errors=tuple(permanent_errors), payload_type=payload_type,
                         ordering_on_dead=ordering_on_dead,

@@ -65,10 +65,8 @@ class Task:
         check_queue_name(self.queue)
         check_max_attempts(self.max_attempts)
         check_priority(self.priority)
-        if self.timeout_seconds is not None and self.timeout_seconds <= 0:
-            raise ConfigError(f"task {self.name!r}: timeout must be > 0 seconds")
-        if self.max_runtime_seconds is not None and self.max_runtime_seconds <= 0:
-            raise ConfigError(f"task {self.name!r}: max_runtime must be > 0 seconds")
+        _check_seconds(self.name, "timeout", self.timeout_seconds)
+        _check_seconds(self.name, "max_runtime", self.max_runtime_seconds)
         if self.renew not in (RENEW_WHILE_ALIVE, RENEW_ON_PROGRESS):
             raise ConfigError(f"task {self.name!r}: renew must be 'alive' or 'progress'")
         check_ordering_on_dead(self.ordering_on_dead)
@@ -130,6 +128,20 @@ def retry_delays(tasks: dict[str, Task], override: RetryPolicy | None = None) ->
         return (task.retry if task is not None else default).delay(attempts)
 
     return delay
+
+
+def _check_seconds(task: str, option: str, value: object) -> None:
+    """A task's time limit: None, or seconds as a finite number in (0, 100 years];
+    raises :class:`ConfigError` naming the option and the fix."""
+    if value is None:
+        return
+    from .config import MAX_SETTING_SECONDS
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 < value <= MAX_SETTING_SECONDS:
+        hint = " (a number, not a duration string)" if isinstance(value, str) else ""
+        raise ConfigError(f"task {task!r}: {option} must be seconds{hint}, a number above 0 and at most "
+                          f"100 years, e.g. {option}=30; got {value!r}")
 
 
 def check_max_attempts(value: object) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from datetime import datetime, timedelta
 
 import pytest
@@ -198,3 +199,20 @@ def test_a_failed_attempts_traceback_follows_its_log_line_in_both_formats():
     assert any("in handler" in line for line in lines) and all(line.startswith("  ") for line in lines[1:])
     assert "s3cret" not in text and "FORGED" not in text  # frames only: the message is the line's, escaped
     assert json.loads(JsonFormatter().format(record))["traceback"] == tb
+
+
+@pytest.mark.parametrize("options, fragment", [
+    ({"timeout": "30s"}, "timeout must be seconds (a number, not a duration string)"),  # was a bare TypeError
+    ({"timeout": float("nan")}, "timeout must be seconds"),
+    ({"timeout": 0}, "timeout must be seconds"),
+    ({"max_runtime": float("inf")}, "max_runtime must be seconds"),
+    ({"max_runtime": True}, "max_runtime must be seconds"),
+    ({"queue": ""}, "queue name is empty"),  # was silently the default queue
+])
+def test_task_options_are_checked_where_the_task_is_declared(options, fragment):
+    from pgworker import App
+
+    app = App("postgresql://nobody@127.0.0.1:1/none")
+    with pytest.raises(Exception, match=re.escape(fragment)):
+        app.task(name="t", **options)(lambda payload: None)
+    assert "t" not in app.tasks
