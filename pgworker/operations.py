@@ -6,6 +6,7 @@ a queue's policies included, and their store calls; and whether a queue name is 
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Sequence
@@ -113,7 +114,7 @@ def delete_queue(app: App, queue: str, *, actor: str | None) -> dict[str, Any] |
         row = app.store.delete_queue(c, queue, actor=actor or _actor())
     if row is not None and not row["deleted"]:
         raise QueuePaused(f"queue {queue!r} is paused (since {row['paused_at'].isoformat(timespec='seconds')}, by "
-                          f"{row['paused_by']}): resume it first with `pgworker queue resume {queue}` "
+                          f"{row['paused_by']}): resume it first with `pgworker queue resume {shlex.quote(queue)}` "
                           "(App.resume_queue), then delete it; nothing was changed")
     if row is None:
         return None

@@ -4,6 +4,7 @@ delete/events."""
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from typing import Any
 
@@ -97,9 +98,9 @@ def _unused_queue_warning(app: Any, args: argparse.Namespace) -> str | None:
     usage = app.queue_usage(args.name)
     if any(usage.values()):
         return None
-    name = args.name
+    name = shlex.quote(args.name)  # the commands are pasted into a shell as printed
     tasks = "no task of the --app uses it" if args.app else "no --app was given to check its tasks' queues"
     undo = (f"`pgworker queue resume {name}` then `pgworker queue delete {name}`"
             if args.queue_command == "pause" else f"`pgworker queue delete {name}`")
-    return (f"warning: queue {name!r} has no pending, running or dead jobs and no schedule, and {tasks}: "
+    return (f"warning: queue {args.name!r} has no pending, running or dead jobs and no schedule, and {tasks}: "
             f"a typo? Undo with {undo}")

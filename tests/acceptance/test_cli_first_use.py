@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -183,6 +184,15 @@ def test_pausing_a_queue_nothing_uses_warns_and_queue_delete_removes_it(app, pg_
     # and the table shows the detail as JSON (it once printed a Python dict)
     table = cli(pg_dsn, schema, "queue", "events", "reprots").stdout
     assert '"concurrency_limit":2' in table and '"rate_per_second":null' in table and "None" not in table, table
+    # the printed commands are shell-quoted: a queue name with a space pasted as printed
+    # reaches the same queue (a new user's `queue resume bad queue!` did not)
+    odd = cli(pg_dsn, schema, "queue", "pause", "bad queue!")
+    resume, delete = re.findall(r"`(pgworker queue [^`]+)`", odd.stderr)
+    assert shlex.split(resume) == ["pgworker", "queue", "resume", "bad queue!"], odd.stderr
+    assert shlex.split(delete) == ["pgworker", "queue", "delete", "bad queue!"], odd.stderr
+    paused = cli(pg_dsn, schema, "queue", "delete", "bad queue!")
+    [hint] = re.findall(r"`(pgworker queue resume [^`]+)`", paused.stderr)
+    assert shlex.split(hint) == ["pgworker", "queue", "resume", "bad queue!"], paused.stderr
 
 
 # -- item 9: the CLI as a traced producer ---------------------------------------------------
