@@ -79,6 +79,7 @@ def test_dead_jobs_list_and_replay(pg_dsn, schema, app):
     (("run",), "needs your App"),
     (("run", "--app", "no.such.module:app"), "cannot import"),
     (("prune", "--older-than", "soon"), "is not a duration"),
+    (("--schema", "x", "status"), "--schema goes after the command's name, e.g. `pgworker status --schema ...`"),
     # a bare number is seconds everywhere else; here it deleted what a user meant to keep for days
     (("prune", "--older-than", "7"), "'7' has no unit: write it, e.g. 7d for days or 7s for seconds"),
 ])
