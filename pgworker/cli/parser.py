@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queues", help="comma-separated queues (default: the queues of the app's tasks)")
     p.add_argument("--concurrency", type=int, help="claimer processes (default: CPU count)")
     p.add_argument("--drain", action="store_true",
-                   help="claim until nothing is due and nothing runs, then exit (no LISTEN, no polling)")
+                   help="claim until nothing is due and nothing runs, then exit (no LISTEN; between runs "
+                        "nothing touches the database)")
     p.add_argument("--max-duration", type=parse_duration,
                    help="drain mode: stop at this deadline; exit 75 if due work is left")
     p.add_argument("--listen-dsn", help="direct connection for LISTEN (not a transaction pooler)")
