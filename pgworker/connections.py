@@ -53,7 +53,7 @@ def open_pool(s: Settings, name: str) -> Any:
         pool.close()
         raise DatabaseUnavailable(
             f"cannot connect to PostgreSQL at {redact_dsn(s.dsn)!r}: "
-            f"{redact(str(exc), dsn_password(s.dsn), s.dsn)}; check PGWORKER_DSN and that "
+            f"{redact(str(exc), dsn_password(s.dsn), s.dsn)}; check the DSN (--dsn or PGWORKER_DSN) and that "
             "the server is running") from None
     return pool
 

@@ -55,7 +55,7 @@ def connect(dsn: str | None, *, application_name: str = "pgworker", autocommit: 
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(
             f"cannot connect to PostgreSQL at {redact_dsn(dsn)!r}: "
-            f"{redact(str(exc).strip(), dsn_password(dsn), dsn)}; check PGWORKER_DSN and that the "
+            f"{redact(str(exc).strip(), dsn_password(dsn), dsn)}; check the DSN (--dsn or PGWORKER_DSN) and that the "
             "server is running and reachable") from None
     except psycopg.ProgrammingError as exc:
         raise ConfigError(f"invalid connection settings for {redact_dsn(dsn)!r}: "
