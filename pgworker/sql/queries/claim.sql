@@ -38,9 +38,10 @@ SELECT name FROM {schema}.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 -- is NULL and the index scan returns at once. The priority arm (ranked_top, then
 -- ranked_rest): the rest of the batch in priority order (priority DESC, run_at, id) on
 -- jobs_claim_idx, excluding the rows the first arm took (our own locks would not make
--- SKIP LOCKED skip them). Both arms repeat the partial-index predicate (state = 'pending' AND NOT blocked) so the planner can use
--- the indexes, and lock with FOR UPDATE SKIP LOCKED where the rows are chosen:
--- concurrent claimers skip each other's rows instead of waiting (PostgreSQL docs,
+-- SKIP LOCKED skip them). Both arms repeat the partial-index predicate (state =
+-- 'pending' AND NOT blocked) so the planner can use the indexes, and lock with FOR
+-- UPDATE SKIP LOCKED where the rows are chosen: concurrent claimers skip each other's
+-- rows instead of waiting (PostgreSQL docs,
 -- SELECT, "The Locking Clause"). Blocked jobs (not the head of their ordering key) are
 -- absent from both indexes, so a claim never comes back short because of them.
 --
