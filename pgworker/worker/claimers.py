@@ -168,6 +168,17 @@ class ClaimerPool:
                 return False
         return True
 
+    def holding_jobs(self) -> bool:
+        """Whether any claimer holds a job (claimed, running or deciding); a busy slot
+        table counts as holding."""
+        for h in self.handles:
+            try:
+                if h.table.live():
+                    return True
+            except s.SlotTableBusy:
+                return True
+        return False
+
     def ask_to_stop(self) -> None:
         for h in self.handles:
             h.table.header.stopping = 1

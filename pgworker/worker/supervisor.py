@@ -213,11 +213,13 @@ class Supervisor:
                     next_hand_back = now + 1.0
                     self._hand_back(now - WAITING_HAND_BACK_SECONDS)
                 self.pool.restart_due(now)
-                if now >= next_poll:
-                    # In drain mode too: a retry or a job scheduled later that becomes due
-                    # while another job runs is taken by an idle claimer, not left for the
-                    # busy one (a drain run has no LISTEN). The run still ends when every
-                    # claimer's last round found nothing.
+                if now >= next_poll and (not self.drain or self.pool.holding_jobs()):
+                    # In drain mode while the pod holds a job: a retry or a job scheduled
+                    # later that becomes due meanwhile is taken by an idle claimer, not left
+                    # for the busy one (a drain run has no LISTEN). Never once nothing is
+                    # held: a poll then could only keep waking claimers whose rounds find
+                    # nothing, and a round longer than the poll interval (many queues, a
+                    # slow network) would keep the run from ever counting as drained.
                     next_poll = now + self.settings.poll_interval_seconds
                     self.announce(-1, "poll")
             elif self.phase == "stopping":

@@ -331,6 +331,20 @@ def test_drain_runs_work_that_becomes_due_while_another_job_runs(env, pg_dsn, co
     assert started < long_finished, (started, long_finished)
 
 
+def test_drain_ends_when_a_claim_round_outlasts_the_poll_interval(env, pg_dsn, conn):
+    """A drain run's poll wakes idle claimers only while the pod holds a job: with 1,000
+    queues a round takes longer than a 0.05 s poll interval, and a poll that kept waking
+    the claimers whose rounds find nothing kept the run from ever counting as drained (a
+    break-it trial's finding: still running at 60 s)."""
+    queues = ",".join(["default"] + [f"q{i}" for i in range(1000)])
+    env.enqueue("sleep", {"seconds": 2})
+    with Worker(pg_dsn, env.settings.schema, "--drain", "--concurrency", "2", "--queues", queues,
+                "--poll-interval", "0.05") as w:
+        assert w.wait(60) == 0, w.logs()[-2000:]
+        summary = json.loads(w.stdout().strip().splitlines()[-1])
+    assert summary["succeeded"] == 1 and summary["left"] == 0 and summary["result"] == "succeeded"
+
+
 def test_drain_deadline_with_due_work_left_exits_75(env, pg_dsn, conn):
     schema = env.settings.schema
     env.enqueue_many([("sleep", {"seconds": 30})] + [("record", i) for i in range(5)])
