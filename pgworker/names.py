@@ -92,13 +92,13 @@ def check_schema_name(name: object) -> str:
 _URL_PASSWORD = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*):(?P<pw>[^\s/]+)@")
 # password=..., PGPASSWORD=..., DATABASE_PASSWORD: ..., 'password': '...', passwd, pwd,
 # and the other names secrets go by in configuration and HTTP errors (secret, api_key,
-# access_key, private_key, access_token, auth_token, refresh_token...; not a bare "token",
+# access_key, private_key, access_token, auth_token, api_token...; not a bare "token",
 # which would hide lease tokens): the key in any case, quoted or not, then = or :, then a
 # quoted value (spaces allowed) or a bare one up to a space or a separator (',', ';', '}',
 # '&' of a URL query)
 _KW_PASSWORD = re.compile(
     r"""(?P<key>(?P<q>['"]?)[\w-]*(?:password|passwd|pwd|secret|api[_-]?key|access[_-]?key|private[_-]?key"""
-    r"""|(?:access|auth|refresh|session|id|bearer)[_-]?token)[\w-]*(?P=q)\s*[=:]\s*)"""
+    r"""|(?:access|auth|refresh|session|id|bearer|api)[_-]?token)[\w-]*(?P=q)\s*[=:]\s*)"""
     r"""(?P<pw>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s,;}&]+)""", re.IGNORECASE)
 # An HTTP Authorization value: "Authorization: Basic <base64>" (RFC 7617) or any scheme
 # after that header name, and "Bearer <token>" anywhere (RFC 6750)

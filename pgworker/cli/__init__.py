@@ -33,18 +33,15 @@ COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "enqueue": cmd_enqueue, "job
             "queue": cmd_queue, "schedules": cmd_schedules, "sql": cmd_sql, "demo": cmd_demo}
 
 
-#: Options every command takes, after its name (argparse reads them per command).
-COMMON_OPTIONS = ("--dsn", "--schema", "--app", "--json")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0].split("=", 1)[0] in COMMON_OPTIONS:
-        # argparse would say "invalid choice: '<the DSN>'", naming neither the option nor the fix
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+        # Options belong to a command. argparse would say "invalid choice: '<the value>'",
+        # naming neither the option nor the fix, and echoing the value (a DSN's password).
         option = argv[0].split("=", 1)[0]
-        print(f"error: {option} goes after the command's name, e.g. `pgworker status {option} ...` "
-              f"(every command takes {', '.join(COMMON_OPTIONS)})", file=sys.stderr)
+        print(f"error: {option} goes after the command's name: `pgworker COMMAND {option} ...` "
+              "(`pgworker --help` lists the commands, `pgworker COMMAND --help` their options)", file=sys.stderr)
         return EXIT_USAGE
     args = parser.parse_args(argv)
     for dest, (variable, default) in ENV_FLAGS.items():

@@ -24,9 +24,11 @@ def retention_duration(text: str) -> float:
     """A duration that deletes data: like :func:`parse_duration`, but its unit must be
     written ('7' would be 7 seconds, and `prune --older-than 7` deleted what a user meant
     to keep for 7 days)."""
-    if not text.strip() or text.strip()[-1].isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} has no unit: write it, e.g. {text.strip() or '7'}d for days "
-                                         f"or {text.strip() or '7'}s for seconds")
+    number = text.strip()
+    if not number or number[-1].isdigit():
+        example = number if re.fullmatch(r"\d+(\.\d+)?", number) else "7"
+        raise argparse.ArgumentTypeError(f"{text!r} has no unit: write it, e.g. {example}d for days "
+                                         f"or {example}s for seconds")
     return parse_duration(text)
 
 

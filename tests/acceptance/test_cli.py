@@ -79,7 +79,8 @@ def test_dead_jobs_list_and_replay(pg_dsn, schema, app):
     (("run",), "needs your App"),
     (("run", "--app", "no.such.module:app"), "cannot import"),
     (("prune", "--older-than", "soon"), "is not a duration"),
-    (("--schema", "x", "status"), "--schema goes after the command's name, e.g. `pgworker status --schema ...`"),
+    (("--schema", "x", "status"), "--schema goes after the command's name: `pgworker COMMAND --schema ...`"),
+    (("--listen-dsn", "postgresql://u:S3cretPW@db/x", "run"), "--listen-dsn goes after the command's name"),
     # a bare number is seconds everywhere else; here it deleted what a user meant to keep for days
     (("prune", "--older-than", "7"), "'7' has no unit: write it, e.g. 7d for days or 7s for seconds"),
 ])
@@ -87,7 +88,7 @@ def test_bad_input_is_a_clear_error(app, pg_dsn, args, fragment):
     proc = cli(pg_dsn, app.settings.schema, *args, check=False)
     assert proc.returncode in (1, 2)
     assert fragment in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in proc.stderr and "S3cretPW" not in proc.stderr
 
 
 def test_a_password_in_the_dsn_is_never_printed(schema):

@@ -66,7 +66,7 @@ def test_redaction_covers_url_and_keyword_forms():
     # other secrets a handler's HTTP or cloud client may put in an exception message
     "401 for https://api.x/v1?api_key=s3cret", "{'apiKey': 's3cret'}", "AWS_SECRET_ACCESS_KEY=s3cret",
     "client_secret: s3cret", '{"access_token": "s3cret"}', "headers={'Authorization': 'Bearer s3cretTOKEN123'}",
-    "Authorization: Basic s3cretczNjcmV0"])
+    "Authorization: Basic s3cretczNjcmV0", 'api_token = "s3cret"'])
 def test_redaction_covers_the_forms_a_handler_error_may_hold(text):
     """Each once reached the stored error text or the logs (break-it trial): only the word
     'password' followed by '=' was recognised."""
@@ -216,3 +216,37 @@ def test_task_options_are_checked_where_the_task_is_declared(options, fragment):
     with pytest.raises(Exception, match=re.escape(fragment)):
         app.task(name="t", **options)(lambda payload: None)
     assert "t" not in app.tasks
+
+
+def test_a_traceback_is_bounded_escaped_and_never_fails_the_outcome():
+    """A break-it trial: a 30,000-character source line took redaction 38 s (a claimer
+    past its timeout was killed, the job ended TIMEOUT); a file name with a line break
+    forged log lines; a loader that raised while the frames were formatted killed the
+    claimer (WORKER_DIED)."""
+    import time
+
+    from pgworker.worker.claimer.executor import TRACEBACK_LINE_CHARS, handler_traceback
+
+    long_line = "blob = " + repr("ab" * 15_000) + "; raise ValueError('long line')"
+    namespace: dict = {}
+    exec(compile("def f():\n    " + long_line + "\n", "/tmp/x\n2030-01-01 00:00:00,000 ERROR FORGED.py", "exec"),
+         namespace)
+    try:
+        namespace["f"]()
+    except ValueError as exc:
+        started = time.process_time()
+        tb = handler_traceback(exc)
+        assert time.process_time() - started < 1.0  # CPU, not wall-clock: was 38 s
+    assert all(len(line) <= TRACEBACK_LINE_CHARS + 2 for line in tb.splitlines()), tb
+    assert "\nFORGED" not in tb and "\n2030" not in tb and "\\n2030-01-01" in tb, tb
+
+    class Loader:
+        def get_source(self, name):
+            raise RuntimeError("the loader fails")
+
+    namespace = {"__loader__": Loader(), "__name__": "virtmod"}
+    exec(compile("def g():\n    raise ValueError('x')\n", "/nonexistent/virtmod.py", "exec"), namespace)
+    try:
+        namespace["g"]()
+    except ValueError as exc:
+        assert isinstance(handler_traceback(exc), str)  # no exception escapes

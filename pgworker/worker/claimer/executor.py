@@ -35,7 +35,7 @@ from ... import tracing
 from ...context import JobContext
 from ...errors import InvalidPayload, JobCancelled, LeaseLost, Permanent, Retry, Snooze
 from ...jobs import ClaimedJob
-from ...names import redact, schema_flag
+from ...names import bounded_text, redact, schema_flag
 from ...retry import classify, error_code
 from ...tasks import Task
 from ..slots import SlotTable
@@ -212,26 +212,41 @@ class Executor:
             log.warning("job %s (%s) attempt %s/%s failed: %s: %s", job.id, job.task, job.attempt,
                         job.max_attempts, code, _one_line(message[:200]),
                         extra={"action": "job_failed", "job_id": job.id, "queue": job.queue,
-                               "traceback": handler_traceback(error, self.secrets)})
+                               # a timeout's frames are pgworker's own: nothing to show
+                               "traceback": "" if isinstance(error, HandlerTimeout) else
+                               handler_traceback(error, self.secrets)})
         return Outcome(job, slot, FAIL, "dead" if dead else "retried", elapsed, code=code, message=message,
                        delay=delay, permanent=permanent)
 
 
 TRACEBACK_FRAMES = 20
-TRACEBACK_MAX_CHARS = 8_000
+TRACEBACK_LINE_CHARS = 300
 
 
 def handler_traceback(error: BaseException, secrets: Any = ()) -> str:
     """Where a handler's exception was raised, for the worker log: the innermost
-    ``TRACEBACK_FRAMES`` frames as Python prints them (file, line, function, source line),
+    ``TRACEBACK_FRAMES`` frames, two lines each (file, line, function; the source line),
     without the exception's message (the log line before it carries that, bounded and
-    escaped: only the message can hold outside text), redacted and at most
-    ``TRACEBACK_MAX_CHARS`` characters. The database and spans keep the message only."""
-    frames = traceback.format_tb(error.__traceback__)[-TRACEBACK_FRAMES:]
-    text = redact("".join(frames), *secrets).rstrip("\n")
-    if len(text) > TRACEBACK_MAX_CHARS:
-        text = "…" + text[-(TRACEBACK_MAX_CHARS - 1):]
-    return text
+    escaped). Each line is cut to ``TRACEBACK_LINE_CHARS`` before it is redacted (a
+    source line can be megabytes; redaction of a long run is not linear), with control
+    characters and line breaks escaped so that a file or function name cannot forge log
+    lines. "" when the frames cannot be read: the attempt's outcome never depends on it.
+    The database and spans keep the message only."""
+    try:
+        frames = traceback.extract_tb(error.__traceback__, limit=-TRACEBACK_FRAMES)
+        lines = []
+        for f in frames:
+            lines.append(f'File "{f.filename}", line {f.lineno}, in {f.name}')
+            if f.line:
+                lines.append("  " + f.line.strip())
+        return "\n".join(redact(_log_text(line[:TRACEBACK_LINE_CHARS]), *secrets) for line in lines)
+    except Exception:  # noqa: BLE001 - a loader or linecache failing must not cost the outcome
+        return ""
+
+
+def _log_text(text: str) -> str:
+    """One printable line: line breaks escaped, other control characters replaced."""
+    return bounded_text(_one_line(text), len(text) + 2)
 
 
 def _one_line(text: str) -> str:
