@@ -385,7 +385,8 @@ class App:
         with self.connection() as c:
             rows = self.store.list_schedules(c)
             now = self.store.db_now(c)
-        return describe(self.schedules, rows, now)
+        # an App with tasks is the user's code: its schedules are all there are
+        return describe(self.schedules, rows, now, app_known=bool(self.tasks or self.schedules))
 
     def get_job(self, job_id: int) -> dict[str, Any] | None:
         """The job's row (payload, error history, audit events), or None."""

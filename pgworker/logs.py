@@ -45,7 +45,7 @@ class TextFormatter(logging.Formatter):
         tb = getattr(record, "traceback", None)
         if tb:
             text += "\n  Traceback (most recent call last):\n" + "\n".join(
-                "  " + line for line in tb.splitlines())
+                "    " + line for line in tb.splitlines())
         return text
 
 

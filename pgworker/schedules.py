@@ -300,10 +300,16 @@ class Scheduler:
                         extra=extra)
 
 
-def describe(declared: dict[str, Periodic], rows: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
+def describe(declared: dict[str, Periodic], rows: list[dict[str, Any]], now: datetime, *,
+             app_known: bool | None = None) -> list[dict[str, Any]]:
     """Rows for `pgworker schedules`: the recorded schedules merged with the declared ones,
     with the next run computed from the expression (in the schedule's zone). A last slot no
-    datetime holds ('infinity') is shown as the database's text for it."""
+    datetime holds ('infinity') is shown as the database's text for it. ``app_known``:
+    whether ``declared`` comes from the user's App (then a recorded schedule it lacks is
+    "no", not declared any more), or from a bare one (then "unknown"); None: known when
+    anything is declared."""
+    if app_known is None:
+        app_known = bool(declared)
     out = []
     seen = set()
     for r in rows:
@@ -319,7 +325,7 @@ def describe(declared: dict[str, Periodic], rows: list[dict[str, Any]], now: dat
                     "last_slot": r["last_slot"] if r["last_slot"] is not None else r["unusable_last_slot"],
                     "last_job_id": r["last_job_id"], "last_job_state": r["last_job_state"],
                     "skipped_slots": r["skipped_slots"],
-                    "declared": "yes" if p else ("unknown" if not declared else "no")})
+                    "declared": "yes" if p else ("no" if app_known else "unknown")})
     for name, p in declared.items():
         if name not in seen:
             out.append({"name": name, "task": p.task, "queue": p.queue, "cron": p.cron, "timezone": p.timezone,

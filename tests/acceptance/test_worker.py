@@ -152,8 +152,8 @@ def test_retries_exhausted_leave_a_visible_dead_job(env, pg_dsn, conn):
     # found only "RuntimeError: ..." with no file or line, in the log and the database)
     failed = logs.split(f"job {job_id} (always_fails) attempt 3/3 failed: ")[1]
     assert failed.startswith("RuntimeError: failure number 3\n  Traceback (most recent call last):\n"), failed[:600]
-    assert re.search(r'^  File ".*acceptance_app\.py", line \d+, in always_fails\n'
-                     r'^    raise RuntimeError\(f"failure number \{ctx\.attempt\}"\)$', failed, re.M), failed[:600]
+    assert re.search(r'^    File ".*acceptance_app\.py", line \d+, in always_fails\n'
+                     r'^      raise RuntimeError\(f"failure number \{ctx\.attempt\}"\)$', failed, re.M), failed[:600]
 
 
 @pytest.mark.parametrize("kind", ["SystemExit", "KeyboardInterrupt", "GeneratorExit", "MemoryError"])

@@ -141,6 +141,16 @@ def test_registration_owes_nothing_from_before(app, conn):
     [row] = app.list_schedules()
     assert row["name"] == "every-minute" and row["declared"] == "yes"
     assert row["next_run"] > row["last_slot"]
+    # the app's last schedule removed from its code: listed as not declared any more (it
+    # read "unknown", as for a bare App that knows no code), while a bare App cannot tell
+    app.schedules.clear()
+    app.task(name="still_here")(lambda payload: None)
+    assert [r["declared"] for r in app.list_schedules()] == ["no"]
+    bare = App(settings=app.settings)
+    try:
+        assert [r["declared"] for r in bare.list_schedules()] == ["unknown"]
+    finally:
+        bare.close()
 
 
 @pytest.mark.integration
