@@ -81,6 +81,11 @@ class ReadStatements(StoreBase):
     def due_count(self, conn: psycopg.Connection, queues: Sequence[str]) -> int:
         return self._exec(conn, "jobs_due_count", {"queues": list(queues)}).fetchone()[0]
 
+    def next_due_seconds(self, conn: psycopg.Connection, queues: Sequence[str]) -> float | None:
+        """Seconds until the earliest not-yet-due job of ``queues`` is due (paused queues
+        excepted), or None when none waits."""
+        return self._exec(conn, "jobs_next_due", {"queues": list(queues)}).fetchone()[0]
+
     def dead_blocked_keys(self, conn: psycopg.Connection, *, limit: int = 100) -> list[dict[str, Any]]:
         """Ordering keys held by a dead job, oldest first, with the jobs waiting behind each."""
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)

@@ -36,6 +36,7 @@ class RunSummary:
 
     counts: dict[str, int] = field(default_factory=lambda: {f: 0 for f in OUTCOME_FIELDS})
     left: int = 0
+    next_due_seconds: float | None = None  # until the earliest job not due yet (None: none)
     started: float = field(default_factory=time.time)
     result: str = "succeeded"
 
@@ -50,6 +51,7 @@ class RunSummary:
             "processed": sum(c.values()), "succeeded": c["succeeded"], "retried": c["retried"],
             "dead": c["dead"], "cancelled": c["cancelled"], "released": c["released"],
             "snoozed": c["snoozed"], "lost": c["lost"], "left": self.left,
+            "next_due_seconds": None if self.next_due_seconds is None else round(self.next_due_seconds, 3),
             "duration_seconds": round(time.time() - self.started, 3)}, sort_keys=False)
 
 

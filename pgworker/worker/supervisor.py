@@ -386,6 +386,7 @@ class Supervisor:
         try:
             with self.connect("pgworker:supervisor") as conn:
                 self.summary.left = self.store.due_count(conn, self.queues)
+                self.summary.next_due_seconds = self.store.next_due_seconds(conn, self.queues)
         except Exception as exc:  # noqa: BLE001
             log.error("could not count the jobs left: %s", type(exc).__name__)
             self.summary.left = -1

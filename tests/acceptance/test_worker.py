@@ -302,6 +302,7 @@ def test_drain_exits_0_on_an_empty_queue_and_reports(env, pg_dsn):
         assert w.wait(60) == 0
         summary = json.loads(w.stdout().strip().splitlines()[-1])
     assert summary["event"] == "drain_summary" and summary["processed"] == 0 and summary["left"] == 0
+    assert summary["next_due_seconds"] is None  # nothing waits for later either
 
 
 def test_drain_processes_due_work_and_leaves_later_work(env, pg_dsn, conn):
@@ -313,6 +314,8 @@ def test_drain_processes_due_work_and_leaves_later_work(env, pg_dsn, conn):
         summary = json.loads(w.stdout().strip().splitlines()[-1])
     assert summary["succeeded"] == 50 and summary["result"] == "succeeded"
     assert q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", later) == [("pending",)]
+    # "left": 0 is not "all done": the summary says when the next job falls due
+    assert summary["left"] == 0 and 3500 < summary["next_due_seconds"] <= 3600, summary
 
 
 def test_drain_runs_work_that_becomes_due_while_another_job_runs(env, pg_dsn, conn):

@@ -73,6 +73,21 @@ SELECT count(*) FROM {schema}.jobs
 WHERE queue = ANY(%(queues)s::text[]) AND state = 'pending' AND NOT blocked AND run_at <= now()
   AND queue NOT IN (SELECT name FROM {schema}.queues WHERE paused_at IS NOT NULL);
 
+-- name: jobs_next_due
+-- Seconds until the earliest job of these queues that is not due yet becomes due (NULL:
+-- none), paused queues excepted: a drain run's summary says when work comes next (a
+-- retry's backoff, a job scheduled later), so "left": 0 is not read as "all done". One
+-- descent of jobs_due_idx (queue, run_at) per queue, however many jobs wait.
+SELECT extract(epoch FROM min(n.run_at) - now())::float8
+FROM unnest(%(queues)s::text[]) AS q (name)
+CROSS JOIN LATERAL (
+    SELECT run_at FROM {schema}.jobs
+    WHERE queue = q.name AND state = 'pending' AND NOT blocked AND run_at > now()
+    ORDER BY run_at
+    LIMIT 1
+) AS n
+WHERE q.name NOT IN (SELECT name FROM {schema}.queues WHERE paused_at IS NOT NULL);
+
 -- name: ordering_keys_dead_blocked
 -- Ordering keys held by a dead job (dead-head policy 'block'), oldest first, with how
 -- many jobs wait behind each, for `pgworker status`. On demand only.
