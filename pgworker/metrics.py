@@ -286,14 +286,36 @@ def process_metrics(*, task_label: bool = True) -> WorkerMetrics:
         return _process_metrics
 
 
+def _created_files_collector(registry: CollectorRegistry) -> Any:
+    """prometheus_client's MultiProcessCollector, reading only the ``.db`` files that have
+    been created: ``MmapedDict`` creates a process's file before it sizes it, so a scrape in
+    that window read a 0-byte file, raised ``struct.error`` and failed whole with a 500 (a
+    claimer starting, restarted or recycled while /metrics is scraped; client_python issue
+    #1199, unfixed in 0.26). An empty file holds no samples yet; skipping it loses none."""
+    import glob
+
+    from prometheus_client import multiprocess
+
+    class CreatedFilesCollector(multiprocess.MultiProcessCollector):
+        def collect(self) -> Any:
+            files = []
+            for path in glob.glob(os.path.join(self._path, "*.db")):
+                try:
+                    if os.path.getsize(path) > 0:
+                        files.append(path)
+                except OSError:  # removed since the glob (a dead process's live gauges)
+                    pass
+            return self.merge(files, accumulate=True)
+
+    return CreatedFilesCollector(registry)
+
+
 def exposition_registry(extra: Iterable[Any] = ()) -> CollectorRegistry:
     """The registry ``/metrics`` serves: the merged multiprocess files (or the default
     registry outside multiprocess mode) plus ``extra`` collectors."""
     if multiprocess_enabled():
-        from prometheus_client import multiprocess
-
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+        _created_files_collector(registry)
     else:
         from prometheus_client import REGISTRY
 

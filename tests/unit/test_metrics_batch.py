@@ -32,3 +32,23 @@ def test_finished_many_matches_finished():
     m2.finished_many("q", "t", "retried", runs, "BOOM")
     for name in ("pgworker_jobs_finished", "pgworker_job_run_duration_seconds", "pgworker_job_retries"):
         assert _samples(one, name) and _samples(one, name) == _samples(many, name), name
+
+
+def test_metrics_render_while_a_process_file_is_being_created(tmp_path):
+    """A claimer's metrics file exists at 0 bytes for a moment after it is created; a scrape
+    then failed whole with a 500 (seen once in a full run: test_pod_work_sharing). Real
+    prometheus_client in multiprocess mode, in a process of its own (the mode is chosen at
+    import)."""
+    import subprocess
+    import sys
+
+    script = (
+        "from prometheus_client import Counter, generate_latest\n"
+        "from pgworker.metrics import exposition_registry\n"
+        "Counter('probe_total', 'a probe').inc(3)\n"
+        "import os; open(os.path.join(os.environ['PROMETHEUS_MULTIPROC_DIR'], 'counter_424242.db'), 'wb').close()\n"
+        "print(generate_latest(exposition_registry()).decode())\n")
+    proc = subprocess.run([sys.executable, "-c", script], env={**__import__("os").environ,
+                          "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "probe_total 3.0" in proc.stdout
