@@ -301,15 +301,12 @@ class Scheduler:
 
 
 def describe(declared: dict[str, Periodic], rows: list[dict[str, Any]], now: datetime, *,
-             app_known: bool | None = None) -> list[dict[str, Any]]:
+             app_known: bool) -> list[dict[str, Any]]:
     """Rows for `pgworker schedules`: the recorded schedules merged with the declared ones,
     with the next run computed from the expression (in the schedule's zone). A last slot no
     datetime holds ('infinity') is shown as the database's text for it. ``app_known``:
     whether ``declared`` comes from the user's App (then a recorded schedule it lacks is
-    "no", not declared any more), or from a bare one (then "unknown"); None: known when
-    anything is declared."""
-    if app_known is None:
-        app_known = bool(declared)
+    "no", not declared any more), or from a bare one (then "unknown")."""
     out = []
     seen = set()
     for r in rows:

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from .config import DEFAULT_QUEUE
+from .config import DEFAULT_QUEUE, MAX_SETTING_SECONDS
 from .errors import ConfigError, InvalidJob, InvalidPayload
 from .jobs import UndecodablePayload
 from .names import check_queue_name, check_task_name
@@ -135,8 +135,6 @@ def _check_seconds(task: str, option: str, value: object) -> None:
     raises :class:`ConfigError` naming the option and the fix."""
     if value is None:
         return
-    from .config import MAX_SETTING_SECONDS
-
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not 0 < value <= MAX_SETTING_SECONDS:
         hint = " (a number, not a duration string)" if isinstance(value, str) else ""

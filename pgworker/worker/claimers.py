@@ -157,16 +157,8 @@ class ClaimerPool:
 
     def drained(self) -> bool:
         """Drain mode: every claimer's last round found nothing, it waits, and holds nothing."""
-        for h in self.handles:
-            hdr = h.table.header
-            if h.process is None or not hdr.drained or not hdr.idle:
-                return False
-            try:
-                if h.table.live():
-                    return False
-            except s.SlotTableBusy:
-                return False
-        return True
+        return all(h.process is not None and h.table.header.drained and h.table.header.idle
+                   for h in self.handles) and not self.holding_jobs()
 
     def holding_jobs(self) -> bool:
         """Whether any claimer holds a job (claimed, running or deciding); a busy slot
