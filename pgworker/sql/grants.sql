@@ -1,6 +1,6 @@
 -- Least-privilege roles for one pgworker schema, printed or applied by
--- `pgworker sql grants --producer ROLE --worker ROLE [--schema S] [--apply]`.
--- {schema}, {producer} and {worker} are quoted identifiers. The schema's owner (the
+-- `pgworker sql grants --producer ROLE --worker ROLE --viewer ROLE [--schema S] [--apply]`.
+-- {schema}, {producer}, {worker} and {viewer} are quoted identifiers. The schema's owner (the
 -- role that runs `pgworker migrate`) keeps everything else: DDL, DELETE (prune),
 -- operator actions (cancel, replay write job_events). Privileges follow the PostgreSQL
 -- docs, 5.8 "Privileges": column-level INSERT/SELECT/UPDATE; SELECT ... FOR UPDATE needs
@@ -54,3 +54,18 @@ GRANT SELECT, INSERT, UPDATE ON {schema}.schedules TO {worker};
 GRANT USAGE ON SEQUENCE {schema}.jobs_id_seq TO {worker};
 GRANT SELECT ON {schema}.migrations TO {worker};
 GRANT EXECUTE ON FUNCTION {schema}.bounded_append(jsonb, jsonb, integer) TO {worker};
+-- the pod registry the console's Workers page reads: each pod refreshes its own row,
+-- marks it stopped, and prunes rows left by pods that were killed
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.pods TO {worker};
+
+-- name: viewer
+-- The web console in read-only mode (`pgworker web --read-only`): it reads every page's
+-- tables, payloads and errors included (the console redacts the fields it is told to),
+-- and writes nothing: no INSERT, UPDATE or DELETE anywhere, so a console left open by
+-- mistake, or a bug in it, cannot change a job. LISTEN needs no grant.
+GRANT USAGE ON SCHEMA {schema} TO {viewer};
+GRANT SELECT ON {schema}.jobs, {schema}.job_events, {schema}.queues, {schema}.queue_events,
+                {schema}.schedules, {schema}.migrations, {schema}.pods, {schema}.bulk_operations,
+                {schema}.bulk_operation_jobs TO {viewer};
+GRANT EXECUTE ON FUNCTION {schema}.console_job_filter(jsonb, text, text, text, text, text, text, timestamptz, jsonb)
+    TO {viewer};
