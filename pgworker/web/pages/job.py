@@ -36,6 +36,7 @@ def job_data(ctx: Any, job_id: int) -> dict[str, Any] | None:
     payload = redact(job["payload"], cfg.redact_keys)
     if cfg.redact is not None:
         payload = cfg.redact(payload, job)
+    job["payload"] = payload  # the API returns the job too: never the unredacted payload
     now = datetime.now(timezone.utc)
     actions = [a for a in ACTIONS_BY_STATE.get(job["state"], ()) if ctx.can(a)]
     if "retry" in actions and not (job["run_at"] > now):
