@@ -59,6 +59,7 @@ def create_app(app: Any, *, authenticate: Authenticate | None = None, permits: P
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        console.start_applier()  # resume operations a killed console left (mounted: on first request)
         yield
         console.close()
 

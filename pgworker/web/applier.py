@@ -1,7 +1,7 @@
 """The console process applies bulk operations (:mod:`pgworker.bulk`): a thread on the
 runtime's service base (one reconnect backoff, an outage logged once, bounded passes),
-woken at once when this process records an operation and every ``IDLE_SECONDS``
-otherwise (for operations another replica recorded, or one left by a console that was
+woken at once when this process records an operation and every ``bulk_idle_seconds``
+(:class:`pgworker.web.WebConfig`) otherwise (for operations another replica recorded, or one left by a console that was
 killed: the batch it had in flight rolled back, and this one goes on from the cursor)."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import psycopg
 from .. import bulk
 from ..worker.service import Service, worker_connect
 
-IDLE_SECONDS = 10.0
 #: A pass applies batches for at most this long, then yields (and reports progress).
 PASS_SECONDS = 5.0
 #: Finished operations (and their job rows) are kept this long.
@@ -27,9 +26,10 @@ class BulkApplier(Service):
     name = "bulk"
     action = "applying bulk operations"
 
-    def __init__(self, *, store: Any, **kw: Any) -> None:
+    def __init__(self, *, store: Any, idle_seconds: float = 10.0, **kw: Any) -> None:
         super().__init__(**kw)
         self.store = store
+        self.idle_seconds = idle_seconds
         self.wake = threading.Event()
         self.more = False
         self.pruned_at = 0.0
@@ -37,7 +37,7 @@ class BulkApplier(Service):
     @classmethod
     def for_console(cls, console: Any) -> "BulkApplier":
         settings = console.app.settings
-        return cls(store=console.store, connect=worker_connect(settings), stop=threading.Event(), dsn=settings.dsn,
+        return cls(store=console.store, idle_seconds=console.config.bulk_idle_seconds, connect=worker_connect(settings), stop=threading.Event(), dsn=settings.dsn,
                    pass_timeout=PASS_SECONDS + settings.statement_timeout_seconds + 5.0)
 
     def run(self) -> None:
@@ -65,7 +65,7 @@ class BulkApplier(Service):
             self.pruned_at = time.monotonic()
 
     def next_delay(self) -> float:
-        return 0.0 if self.more else IDLE_SECONDS
+        return 0.0 if self.more else self.idle_seconds
 
     def close_service(self) -> None:
         self.stop.set()

@@ -32,6 +32,9 @@ REDACT_KEYS = ("password", "passwd", "secret", "token", "api_key", "apikey", "au
 #: Failed logins from one client allowed per window before it is refused for a while.
 LOGIN_FAILURES = 5
 LOGIN_WINDOW_SECONDS = 60.0
+#: How often a console looks for bulk operations it did not record itself (another
+#: replica's, or one a killed console left); its own start at once.
+BULK_IDLE_SECONDS = 10.0
 
 Redactor = Callable[[Any, dict[str, Any]], Any]
 
@@ -62,6 +65,7 @@ class WebConfig:
     login_failures: int = LOGIN_FAILURES
     login_window_seconds: float = LOGIN_WINDOW_SECONDS
     apply_bulk: bool = True
+    bulk_idle_seconds: float = BULK_IDLE_SECONDS
     title: str = "pgworker"
 
     def __post_init__(self) -> None:
@@ -73,6 +77,9 @@ class WebConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10_000_000:
                 raise ConfigError(f"{name} must be an integer from 1 to 10,000,000, got {value!r}")
+        if not 0.05 <= self.bulk_idle_seconds <= 3600:
+            raise ConfigError(f"bulk_idle_seconds must be from 0.05 to 3600, got {self.bulk_idle_seconds!r} "
+                              "(PGWORKER_WEB_BULK_IDLE_SECONDS)")
         if self.page_size > 1000:
             raise ConfigError(f"page_size must be at most 1,000 jobs, got {self.page_size}")
 
@@ -84,7 +91,7 @@ class WebConfig:
         """The settings from ``PGWORKER_WEB_READ_ONLY`` (true/false), ``PGWORKER_WEB_TRACE_URL``,
         ``PGWORKER_WEB_REDACT_KEYS`` (comma-separated, replaces the default list),
         ``PGWORKER_WEB_SECRET`` (or ``PGWORKER_WEB_SECRET_FILE``), ``PGWORKER_WEB_SCAN_ROWS``,
-        ``PGWORKER_WEB_PAGE_SIZE``; ``overrides`` win."""
+        ``PGWORKER_WEB_PAGE_SIZE``, ``PGWORKER_WEB_BULK_IDLE_SECONDS``; ``overrides`` win."""
         env = os.environ if environ is None else environ
         kw: dict[str, Any] = {}
         if env.get("PGWORKER_WEB_READ_ONLY"):
@@ -103,6 +110,12 @@ class WebConfig:
                     kw[name] = int(env[variable])
                 except ValueError:
                     raise ConfigError(f"{variable}={env[variable]!r} is not an integer") from None
+        if env.get("PGWORKER_WEB_BULK_IDLE_SECONDS"):
+            try:
+                kw["bulk_idle_seconds"] = float(env["PGWORKER_WEB_BULK_IDLE_SECONDS"])
+            except ValueError:
+                raise ConfigError(f"PGWORKER_WEB_BULK_IDLE_SECONDS={env['PGWORKER_WEB_BULK_IDLE_SECONDS']!r} "
+                                  "is not a number of seconds") from None
         kw.update(overrides)
         return cls(**kw)
 
