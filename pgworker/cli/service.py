@@ -90,8 +90,10 @@ def cmd_sql(args: argparse.Namespace) -> int:
 def cmd_web(args: argparse.Namespace) -> int:
     from ..logs import setup_logging
 
-    import pgworker.web  # noqa: F401 - says how to install the 'web' extra when it is missing
+    from ..web import require_extra
     from ..web.config import WebConfig
+
+    require_extra()  # names the fix when the 'web' extra is not installed
     from ..web.standalone import serve
 
     setup_logging(args.log_level, "text")

@@ -49,7 +49,7 @@ def create_app(app: Any, *, authenticate: Authenticate | None = None, permits: P
     is required (:func:`pgworker.web.anonymous` lets everyone in, knowingly).
     ``permits(principal, action)`` decides every action (default: by role, see
     :data:`pgworker.web.ACTIONS`); ``config`` is a :class:`WebConfig` (default: from the
-    ``PGWORKER_WEB_*`` environment). Raises :class:`ConfigError` without ``authenticate``.
+    the console's environment variables). Raises :class:`ConfigError` without ``authenticate``.
     """
     if authenticate is None:
         raise ConfigError("create_app needs authenticate=: your application's check of who asks "

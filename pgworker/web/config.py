@@ -1,5 +1,6 @@
-"""The console's settings (``PGWORKER_WEB_*``), apart from the worker's: a console is
-another process, often with another role (read-only) and other secrets.
+"""The console's settings (its own environment variables, listed in docs/web.md), apart
+from the worker's: a console is another process, often with another role (read-only)
+and other secrets.
 
 Every field has a default; :meth:`WebConfig.from_env` reads the variables and refuses a
 bad value with the variable's name and the fix. docs/web.md lists them.
@@ -37,6 +38,28 @@ LOGIN_WINDOW_SECONDS = 60.0
 BULK_IDLE_SECONDS = 10.0
 
 Redactor = Callable[[Any, dict[str, Any]], Any]
+
+#: The console's variables, for the configuration reference: (variable, flag, default, meaning).
+WEB_VARIABLES: tuple[tuple[str, str, str, str], ...] = (
+    ("PGWORKER_WEB_USERS", "", "none", "HTTP basic users of `pgworker web`: `name:role:password` entries, one a line "
+     "or comma-separated; roles viewer, operator, admin. `PGWORKER_WEB_USERS_FILE` names a file instead."),
+    ("PGWORKER_WEB_TOKENS", "", "none", "Bearer tokens for scripts, `name:role:token` entries "
+     "(`PGWORKER_WEB_TOKENS_FILE` for a file). Without users or tokens the console serves loopback only."),
+    ("PGWORKER_WEB_USERS_FILE", "", "none", "A file (a mounted Secret) holding `PGWORKER_WEB_USERS`' entries."),
+    ("PGWORKER_WEB_TOKENS_FILE", "", "none", "A file holding `PGWORKER_WEB_TOKENS`' entries."),
+    ("PGWORKER_WEB_READ_ONLY", "--read-only", "false", "No action offered or accepted (pair it with the viewer "
+     "role of `pgworker sql grants`)."),
+    ("PGWORKER_WEB_TRACE_URL", "--trace-url", "none", "A URL template with `{trace_id}` linking a job to its trace."),
+    ("PGWORKER_WEB_REDACT_KEYS", "", ", ".join(REDACT_KEYS), "Payload keys whose values the job page redacts "
+     "(comma-separated; replaces the default list)."),
+    ("PGWORKER_WEB_SECRET", "", "random per process", "Signs CSRF tokens: give every replica the same one "
+     "(16+ characters; `PGWORKER_WEB_SECRET_FILE` for a file)."),
+    ("PGWORKER_WEB_SECRET_FILE", "", "none", "A file holding `PGWORKER_WEB_SECRET`."),
+    ("PGWORKER_WEB_SCAN_ROWS", "", f"{SCAN_ROWS}", "Jobs a list reads at most for a filter no index serves."),
+    ("PGWORKER_WEB_PAGE_SIZE", "", f"{PAGE_SIZE}", "Jobs per page of a list."),
+    ("PGWORKER_WEB_BULK_IDLE_SECONDS", "", "10", "How often a console looks for bulk operations it did not "
+     "record (another replica's, or one a killed console left)."),
+)
 
 
 @dataclass(frozen=True)
@@ -103,8 +126,7 @@ class WebConfig:
         secret = _secret(env)
         if secret is not None:
             kw["secret"] = secret
-        for name in ("scan_rows", "page_size"):
-            variable = f"PGWORKER_WEB_{name.upper()}"
+        for name, variable in (("scan_rows", "PGWORKER_WEB_SCAN_ROWS"), ("page_size", "PGWORKER_WEB_PAGE_SIZE")):
             if env.get(variable):
                 try:
                     kw[name] = int(env[variable])
