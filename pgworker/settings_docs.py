@@ -53,6 +53,8 @@ TEST_VARIABLES: tuple[tuple[str, str, str], ...] = (
     ("PGWORKER_BENCH_DSN", "PGWORKER_DSN, else 127.0.0.1:5432/test", "The PostgreSQL the benchmarks measure."),
     ("PGWORKER_CHROMIUM", "/usr/bin/chromium", "The browser of the console's tests (Debian's `chromium`)."),
     ("PGWORKER_CHROMEDRIVER", "/usr/bin/chromedriver", "Its driver (Debian's `chromium-driver`)."),
+    ("PGWORKER_WEB_SCREENSHOTS", "none", "A folder the browser tests also write their screenshots to "
+     "(`docs/web` refreshes docs/web.md's)."),
 )
 
 #: ``@app.task(...)`` options: name -> (unit, meaning). Defaults come from the signature

@@ -6,8 +6,8 @@ CSRF tokens are signed, not stored: ``<issued>.<HMAC(secret, principal name, iss
 valid for :data:`CSRF_MAX_AGE_SECONDS`, so any replica sharing the secret accepts a
 token another issued. A POST must carry one (form field ``csrf_token`` or header
 ``X-CSRF-Token``) unless the principal's credentials are not ambient (a bearer token).
-A request a browser marks cross-site (``Sec-Fetch-Site: cross-site``) or whose
-``Origin`` is another site is refused whatever it carries.
+A request a browser marks as coming from another origin (``Sec-Fetch-Site``), or whose
+``Origin`` is another one, is refused whatever it carries.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ HEADERS = [
     (b"content-security-policy", CSP.encode()),
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
+    # same-origin, not no-referrer: with no-referrer a browser sends "Origin: null" on the
+    # console's own form posts; links out (a trace) still carry no referrer
+    (b"referrer-policy", b"same-origin"),
     (b"cross-origin-opener-policy", b"same-origin"),
     (b"permissions-policy", b"camera=(), microphone=(), geolocation=()"),
 ]
@@ -86,11 +88,14 @@ def _sign(secret: bytes, name: str, issued: str) -> str:
 
 
 def same_site(headers: Any, host: str | None) -> bool:
-    """False when the browser says the request comes from another site: ``Sec-Fetch-Site``
-    cross-site, or an ``Origin`` whose host is not the request's ``Host``."""
-    if headers.get("sec-fetch-site", "").lower() == "cross-site":
-        return False
+    """False when the browser says the request comes from elsewhere: ``Sec-Fetch-Site``
+    other than same-origin (or none: typed by the user), else an ``Origin`` that is not
+    the request's ``Host`` (or is opaque, "null"). A client that sends neither (a script)
+    passes here; its credentials decide whether it needs a CSRF token."""
+    site = headers.get("sec-fetch-site")
+    if site:
+        return site.lower() in ("same-origin", "none")
     origin = headers.get("origin")
-    if origin and origin != "null":
-        return urlsplit(origin).netloc.lower() == (host or "").lower()
-    return origin != "null"
+    if origin is None:
+        return True
+    return origin != "null" and urlsplit(origin).netloc.lower() == (host or "").lower()

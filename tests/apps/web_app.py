@@ -1,6 +1,7 @@
 """Tasks for the console's tests: jobs that die until healed (the test creates the file
-$WEB_TEST_DIR/heal, then replays them), a job that runs until cancelled, quick ones, and a
-task and queue whose names, error message and payload carry HTML and script."""
+$WEB_TEST_DIR/heal-<the payload's group>, then replays them), a job that runs until
+cancelled, quick ones, a schedule, and a task and queue whose names, error message and
+payload carry HTML and script."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ HOSTILE_TASK = "<img src=x onerror=alert('task')>"
 HOSTILE_MESSAGE = "</pre><script>alert('error')</script><b onmouseover=alert(1)>x</b>"
 
 
-def _healed() -> bool:
-    return os.path.exists(os.path.join(os.environ.get("WEB_TEST_DIR", "/nonexistent"), "heal"))
+def _healed(payload) -> bool:
+    group = payload.get("group", "") if isinstance(payload, dict) else ""
+    return os.path.exists(os.path.join(os.environ.get("WEB_TEST_DIR", "/nonexistent"), f"heal-{group}"))
 
 
 @app.task(name="quick", max_attempts=1)
@@ -27,7 +29,7 @@ def quick(payload, ctx):
 
 @app.task(name="dies", max_attempts=1)
 def dies(payload, ctx):
-    if not _healed():
+    if not _healed(payload):
         raise pgworker.Permanent("upstream refused the request: HTTP 503")
 
 
@@ -41,6 +43,11 @@ def runs_until_cancelled(payload, ctx):
 
 @app.task(name="paused_queue_job", queue="pausable", max_attempts=1)
 def paused_queue_job(payload, ctx):
+    return None
+
+
+@app.task(name="yearly_report", max_attempts=1, schedule="0 6 1 1 *", schedule_tz="Europe/Paris")
+def yearly_report(payload, ctx):
     return None
 
 

@@ -130,7 +130,7 @@ def test_every_response_carries_the_security_headers(console, app, conn):
         csp = r.headers["Content-Security-Policy"]
         assert "script-src 'self'" in csp and "unsafe-inline" not in csp and "frame-ancestors 'none'" in csp, path
         assert r.headers["X-Content-Type-Options"] == "nosniff"
-        assert r.headers["Referrer-Policy"] == "no-referrer"
+        assert r.headers["Referrer-Policy"] == "same-origin"
         assert r.headers["Cache-Control"] == "no-store"
     page = console.get("/", auth=ALICE).text
     assert not re.search(r"<script(?![^>]*\bsrc=)", page), "an inline script"

@@ -65,7 +65,7 @@ def jobs_data(ctx: Any, params: Any) -> dict[str, Any]:
             more = len(rows) > limit
             rows = rows[:limit]
             out["window"] = {"scanned": scanned, "floor": floor, "before": before, "full": scanned >= cfg.scan_rows,
-                             "filtered": not job_filter.empty}
+                             "filtered": not job_filter.empty, "exhausted": False}
             if more:
                 out["next_cursor"] = str(rows[-1]["id"])
             elif floor > 1 and scanned >= cfg.scan_rows:
@@ -122,7 +122,12 @@ async def jobs(request: Request) -> Response:
         if not raw_id.isdigit():
             raise FilterError(f"job id {raw_id!r} is not a number")
         return ctx.redirect(f"/jobs/{int(raw_id)}")
-    data = await ctx.db(jobs_data, ctx, request.query_params)
+    try:
+        data = await ctx.db(jobs_data, ctx, request.query_params)
+    except FilterError as exc:  # the form again, with what to fix
+        data = {"error": str(exc), "form": dict(request.query_params), "sort": request.query_params.get("sort"),
+                "filter": JobFilter(), "jobs": [], "window": None, "next_cursor": None, "estimate": None}
+        return console.render(ctx, "jobs.html", data, status=400)
     return console.render(ctx, "jobs.html", data)
 
 
