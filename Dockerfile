@@ -2,12 +2,14 @@
 #
 #   docker build -t pgworker:0.1.0 .
 #   docker run --rm -e PGWORKER_DSN=... -e PGWORKER_APP=myapp.tasks:app pgworker:0.1.0
+#   docker run --rm -p 8080:8080 -e PGWORKER_DSN=... -e PGWORKER_WEB_USERS=... pgworker:0.1.0 \
+#       web --host 0.0.0.0                     # the web console (docs/web.md)
 #
 # Your tasks must be importable inside the image: build your own image FROM this one
 # and `pip install` your package into /opt/venv (see docs/deploy.md).
 # Checked with `hadolint --failure-threshold warning Dockerfile` (tests/deploy).
 
-# ---- builder: a virtualenv with pgworker and its OTLP exporter ------------------------
+# ---- builder: a virtualenv with pgworker, its OTLP exporter and its web console ------
 FROM python:3.11.14-slim-bookworm AS builder
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -20,7 +22,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY pgworker ./pgworker
 # The project itself, from this source tree (setuptools via pyproject.toml).
-RUN pip install --no-cache-dir "./[otlp]"
+RUN pip install --no-cache-dir "./[otlp,web]"
 
 # ---- runtime -------------------------------------------------------------------------
 FROM python:3.11.14-slim-bookworm
@@ -51,8 +53,9 @@ ENV PATH=/opt/venv/bin:$PATH \
 
 USER 10001:10001
 
-# /metrics, /healthz, /readyz (--metrics-port, PGWORKER_METRICS_PORT)
-EXPOSE 9186
+# /metrics, /healthz, /readyz (--metrics-port, PGWORKER_METRICS_PORT); the console of
+# `pgworker web` (--port)
+EXPOSE 9186 8080
 
 ENTRYPOINT ["tini", "--", "pgworker"]
 CMD ["run"]

@@ -31,6 +31,7 @@ EXPECTED_KINDS = {
     "all": {"ServiceAccount", "Service", "Deployment", "Job", "ScaledObject", "TriggerAuthentication",
             "ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap"},
     "no-migrations": {"Service", "Deployment"},
+    "web": {"ServiceAccount", "Service", "Deployment", "Job", "Ingress"},
 }
 
 
@@ -301,7 +302,7 @@ def test_container_args_parse_with_the_pgworker_cli(scenario):
         for pod in pod_specs(doc):
             for c in pod["containers"]:
                 args = parser.parse_args(c["args"])
-                assert args.command in ("run", "migrate"), shlex.join(c["args"])
+                assert args.command in ("run", "migrate", "web"), shlex.join(c["args"])
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

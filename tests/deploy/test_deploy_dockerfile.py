@@ -57,7 +57,7 @@ def test_multi_stage_pinned_slim_base():
 def test_venv_built_in_builder_and_copied():
     builder, final = _stages()
     assert any(w == "RUN" and "python -m venv /opt/venv" in a for w, a in builder)
-    assert any(w == "RUN" and re.search(r'pip install .*"\./\[otlp\]"', a) for w, a in builder)
+    assert any(w == "RUN" and re.search(r'pip install .*"\./\[otlp,web\]"', a) for w, a in builder)
     assert ("COPY", "--from=builder /opt/venv /opt/venv") in final
     assert not any(w == "RUN" and "pip install" in a for w, a in final)
 
@@ -78,7 +78,7 @@ def test_runtime_user_entrypoint_and_environment():
     assert _env(final)["PROMETHEUS_MULTIPROC_DIR"] == "/tmp/pgworker-metrics"
     from pgworker.config import METRICS_PORT
 
-    assert ("EXPOSE", str(METRICS_PORT)) in final
+    assert ("EXPOSE", f"{METRICS_PORT} 8080") in final  # /metrics; the console (`pgworker web`)
 
 
 def test_image_matches_the_chart():
