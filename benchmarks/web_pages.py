@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append({"page": name, "path": path, "first_ms": times[0],
                                  "median_ms": statistics.median(times[1:]), "max_ms": max(times[1:]),
                                  "target_ms": target, "met": statistics.median(times[1:]) <= target})
+            rows.append(_chart_statement(dsn, schema.name))
         finally:
             proc.terminate()
             proc.wait(15)
@@ -156,6 +157,23 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(args.out, f"web-{stamp}.json"), "w") as f:
         json.dump({"finished": args.finished, "pending": args.pending, "dead": args.dead, "rows": rows}, f, indent=1)
     return 0
+
+
+def _chart_statement(dsn: str, schema: str) -> dict[str, object]:
+    """The overview's chart read uncached (the page caches it 10 s, so its median hides it):
+    console_throughput through the store, timed in this process."""
+    from pgworker.store import Store
+
+    store = Store(schema)
+    times = []
+    with connect(dsn) as c:
+        for _ in range(6):
+            t0 = time.perf_counter()
+            store.console_throughput(c, limit=50_000)
+            times.append((time.perf_counter() - t0) * 1000)
+    return {"page": "overview's chart statement, uncached (console_throughput)", "path": "-", "first_ms": times[0],
+            "median_ms": statistics.median(times[1:]), "max_ms": max(times[1:]), "target_ms": TARGET_MS,
+            "met": statistics.median(times[1:]) <= TARGET_MS}
 
 
 def free_port() -> int:

@@ -85,6 +85,14 @@ class ConsoleStatements(StoreBase):
         of the newest ``scan`` dead jobs, the largest first."""
         return self._rows(conn, "console_dead_groups", {"queue": queue, "scan": scan, "limit": limit})
 
+    def console_dead_group_jobs(self, conn: psycopg.Connection, *, queue: str | None, task: str | None,
+                                error_code: str | None, before_at: datetime, before_id: int, scan: int,
+                                limit: int) -> list[dict[str, Any]]:
+        """The group's jobs among the newest ``scan`` dead ones, the last to die first."""
+        return self._rows(conn, "console_dead_group_jobs", {
+            "queue": queue, "task": task, "error_code": error_code, "before_at": before_at, "before_id": before_id,
+            "scan": scan, "limit": limit})
+
     def console_dead_count(self, conn: psycopg.Connection, *, queue: str | None, task: str | None,
                            error_code: str | None, cap: int) -> int:
         return self._exec(conn, "console_dead_count", {"queue": queue, "task": task, "error_code": error_code,

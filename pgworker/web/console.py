@@ -9,6 +9,7 @@ shows or does is reachable without it.
 from __future__ import annotations
 
 import inspect
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from . import security
 from .auth import Authenticate, Credentials, Permits, Principal, role_permits
 from .config import WebConfig
 from .render import environment
+
+log = logging.getLogger("pgworker.web")
 
 
 class Refused(HTTPException):
@@ -118,15 +121,30 @@ class Console:
     # -- helpers ------------------------------------------------------------------------
 
     def cached(self, key: str, seconds: float, compute: Callable[[], Any]) -> Any:
-        """``compute()``, kept ``seconds`` (the overview's chart: its reads are bounded but
-        not free, and an overview left open asks again every few seconds)."""
+        """``compute()``'s last value, recomputed in a thread of its own once older than
+        ``seconds`` while the stale one is served (the overview's chart: a bounded read
+        of up to 150,000 index entries that no request should wait for). Only the very
+        first call waits for it."""
         now = time.monotonic()
-        hit = self._cache.get(key)
-        if hit is not None and hit[0] > now:
-            return hit[1]
-        value = compute()
-        self._cache[key] = (now + seconds, value)
-        return value
+        with self._lock:
+            hit = self._cache.get(key)
+            stale = hit is None or hit[0] <= now
+            if hit is not None and stale:
+                self._cache[key] = (now + seconds, hit[1])  # one refresh at a time
+        if hit is None:
+            value = compute()
+            self._cache[key] = (time.monotonic() + seconds, value)
+            return value
+        if stale:
+            def refresh() -> None:
+                try:
+                    self._cache[key] = (time.monotonic() + seconds, compute())
+                except Exception as exc:  # noqa: BLE001 - the last value stays; the next request tries again
+                    log.warning("could not refresh %s: %s", key, type(exc).__name__)
+                    self._cache[key] = (0.0, hit[1])
+
+            threading.Thread(target=refresh, name=f"pgworker-web-{key}", daemon=True).start()
+        return hit[1]
 
     def render(self, ctx: "Ctx", template: str, data: dict[str, Any], status: int = 200) -> HTMLResponse:
         body = self.env.get_template(template).render(ctx=ctx, cfg=self.config, root=ctx.root,
@@ -175,11 +193,6 @@ class Ctx:
 
     def url(self, path: str) -> str:
         return f"{self.root}{path}"
-
-    @property
-    def partial(self) -> bool:
-        """A live update asking for the page's contents only (console.js)."""
-        return self.request.headers.get("x-pgworker-partial") == "1"
 
     def redirect(self, path: str) -> Response:
         return RedirectResponse(self.url(path), status_code=303)

@@ -153,6 +153,10 @@ def test_the_dead_jobs_page_reads_the_dead_set_only(big, conn):
         groups = _plan(conn, big, "console_dead_groups", {"queue": queue, "scan": 100_000, "limit": 200})
         _assert_indexed(groups)
         assert _indexes(groups) & {"jobs_finished_idx", "jobs_dead_idx"}
+        jobs = _plan(conn, big, "console_dead_group_jobs", {"queue": queue, "task": "t1", "error_code": "E1",
+                                                            "before_at": FAR, "before_id": NEWEST, "scan": 100_000,
+                                                            "limit": 51})
+        _assert_indexed(jobs, index)
         count = _plan(conn, big, "console_dead_count", {"queue": queue, "task": "t1", "error_code": "E1",
                                                         "cap": 1_000_000})
         _assert_indexed(count)

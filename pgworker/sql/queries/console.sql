@@ -196,6 +196,26 @@ GROUP BY d.task, d.last_error_code
 ORDER BY jobs DESC, d.task, d.last_error_code
 LIMIT %(limit)s;
 
+-- name: console_dead_group_jobs
+-- The jobs of one dead group (task, error code, optionally a queue), the last to die
+-- first, before the keyset position (%(before_at)s, %(before_id)s): among the newest
+-- %(scan)s dead jobs on jobs_finished_idx (or jobs_dead_idx for one queue), the group's
+-- first %(limit)s. The inner LIMIT bounds what a rare group costs; the outer one stops
+-- the walk as soon as a page is found. The dead set only, however long the history.
+SELECT d.* FROM (
+    SELECT id, queue, task, state::text AS state, priority, run_at, attempts, max_attempts, lease_owner,
+           lease_expires_at, last_error_code, created_at, finished_at, ordering_key, dedupe_key
+    FROM {schema}.jobs
+    WHERE state = 'dead' AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (finished_at, id) < (%(before_at)s::timestamptz, %(before_id)s::bigint)
+    ORDER BY finished_at DESC, id DESC
+    LIMIT %(scan)s
+) AS d
+WHERE (%(task)s::text IS NULL OR d.task = %(task)s::text)
+  AND (%(error_code)s::text IS NULL OR d.last_error_code = %(error_code)s::text)
+ORDER BY d.finished_at DESC, d.id DESC
+LIMIT %(limit)s;
+
 -- name: console_dead_count
 -- How many dead jobs match a group (task, error code, optionally a queue), up to %(cap)s:
 -- the count shown before a bulk replay or discard of the group is confirmed. The dead set

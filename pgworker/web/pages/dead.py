@@ -13,7 +13,7 @@ from starlette.routing import Route
 
 from ...errors import ConfigError
 from ...jobfilter import JobFilter
-from .jobs import NEWEST
+from .jobs import FAR, NEWEST, _keyset
 
 SELECTION_MAX = 1000
 GROUPS_SHOWN = 200
@@ -27,20 +27,17 @@ def dead_data(ctx: Any, params: Any) -> dict[str, Any]:
     with ctx.app.connection() as c:
         groups = ctx.store.console_dead_groups(c, queue=group.queue, scan=cfg.dead_scan_rows, limit=GROUPS_SHOWN)
         jobs: list[dict[str, Any]] = []
-        window = None
         if selected:
-            before = int(params.get("cursor") or NEWEST)
-            floor, scanned, jobs = ctx.store.console_jobs_window(
-                c, job_filter=group.to_json(), before=before, scan=cfg.scan_rows, limit=cfg.page_size + 1)
-            window = {"scanned": scanned, "floor": floor, "full": scanned >= cfg.scan_rows}
+            before_at, before_id = _keyset(params.get("cursor") or "", FAR, NEWEST)
+            jobs = ctx.store.console_dead_group_jobs(
+                c, queue=group.queue, task=group.task, error_code=group.error_code, before_at=before_at,
+                before_id=before_id, scan=cfg.dead_scan_rows, limit=cfg.page_size + 1)
     scanned = groups[0]["scanned"] if groups else 0
     more = len(jobs) > cfg.page_size
     jobs = jobs[:cfg.page_size]
-    next_cursor = str(jobs[-1]["id"]) if more else (
-        str(window["floor"]) if window and window["full"] and window["floor"] > 1 else None)
+    next_cursor = f"{jobs[-1]['finished_at'].isoformat()}|{jobs[-1]['id']}" if more else None
     return {"groups": groups, "scanned": scanned, "scan_cap": cfg.dead_scan_rows, "group": group,
-            "selected": selected, "jobs": jobs, "window": window, "next_cursor": next_cursor,
-            "queue": group.queue or ""}
+            "selected": selected, "jobs": jobs, "next_cursor": next_cursor, "queue": group.queue or ""}
 
 
 async def dead(request: Request) -> Response:

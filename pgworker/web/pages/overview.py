@@ -15,7 +15,7 @@ from .. import chart
 from ..live import overview_stream
 
 QUEUES_SHOWN = 500
-CHART_CACHE_SECONDS = 10.0
+CHART_CACHE_SECONDS = 15.0
 
 
 def overview_data(ctx: Any) -> dict[str, Any]:
