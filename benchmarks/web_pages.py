@@ -33,8 +33,10 @@ import requests  # noqa: E402
 from psycopg import sql  # noqa: E402
 
 from benchmarks.common import BenchSchema, connect, find_dsn  # noqa: E402
+from pgworker.web.config import WEB_VARIABLES  # noqa: E402
 
 TARGET_MS = 100.0
+WEB_VARIABLE_NAMES = {v[0] for v in WEB_VARIABLES}
 PAYLOAD_TARGET_MS = 500.0
 
 
@@ -115,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         filled = time.monotonic() - started
         port = free_port()
         env = dict(os.environ, PGWORKER_DSN=dsn, PGWORKER_SCHEMA=schema.name, PGWORKER_LOG_LEVEL="WARNING")
-        env = {k: v for k, v in env.items() if not k.startswith("PGWORKER_WEB_")}
+        env = {k: v for k, v in env.items() if k not in WEB_VARIABLE_NAMES}  # no credentials: loopback
         proc = subprocess.Popen([sys.executable, "-m", "pgworker.cli", "web", "--port", str(port)], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:

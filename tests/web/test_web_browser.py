@@ -85,11 +85,17 @@ def _open(driver, site, path, shot=None):
 def _text(driver, css, timeout=15):
     """The text of the first element matching ``css``, waiting for it to appear (a click
     that submits a form returns before the next page has loaded)."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout).until(ec.presence_of_element_located((By.CSS_SELECTOR, css))).text
+    for _ in range(10):  # a live update may swap the element out between finding and reading it
+        try:
+            return WebDriverWait(driver, timeout).until(ec.presence_of_element_located((By.CSS_SELECTOR, css))).text
+        except StaleElementReferenceException:
+            time.sleep(0.1)
+    raise AssertionError(f"{css} kept being replaced")
 
 
 def _click(driver, css):
