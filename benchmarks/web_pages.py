@@ -8,7 +8,7 @@ queues, analyses it, starts a real ``pgworker web`` on it, and asks each page
 ``--repeat`` times. The time is the console's own (its ``Server-Timing: app;dur=``
 header: the request as the server handled it, database included, network excluded).
 Prints a Markdown table with the first request (the overview's chart is computed then,
-and cached 10 s) and the median of the others (which the targets are read against), and
+later refreshed in the background) and the median of the others (which the targets are read against), and
 writes it with the JSON under ``benchmarks/results/web-<UTC time>``. Targets: every page under 100 ms, the jobs list
 with a payload filter under 500 ms. Never asserted by a test (tests/web runs the
 smallest size to keep the harness working).
@@ -162,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _chart_statement(dsn: str, schema: str) -> dict[str, object]:
-    """The overview's chart read uncached (the page caches it 10 s, so its median hides it):
-    console_throughput through the store, timed in this process."""
+    """The overview's chart read uncached (the page refreshes it in the background, so its
+    median hides it): console_throughput through the store, timed in this process."""
     from pgworker.store import Store
 
     store = Store(schema)
