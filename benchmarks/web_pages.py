@@ -144,8 +144,10 @@ def main(argv: list[str] | None = None) -> int:
             proc.terminate()
             proc.wait(15)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     head = (f"{args.finished:,} finished, {args.pending:,} pending and {args.dead:,} dead jobs (filled in "
-            f"{filled:.0f} s); server time from Server-Timing, {args.repeat} requests a page")
+            f"{filled:.0f} s); server time from Server-Timing, {args.repeat} requests a page; load average "
+            f"{load} at the end ({os.cpu_count()} CPUs: other work on the machine slows every figure)")
     lines = [f"# Console pages, {stamp}", "", head, "",
              "| page | first (ms) | median (ms) | max (ms) | target (ms) | met |", "|---|---:|---:|---:|---:|:---:|"]
     for r in rows:
