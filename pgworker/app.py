@@ -130,7 +130,8 @@ class App:
         default to the task's, and are checked now as :meth:`enqueue` checks them (JSON
         without NaN, at most ``max_payload_bytes``; priority -32768..32767; max_attempts
         1..1000000). Raises :class:`ConfigError` naming the schedule and the fix for an
-        invalid expression, zone, policy or job option, or a name declared twice.
+        invalid expression (one that matches no date included, such as '0 0 30 2 *'), zone,
+        policy or job option, or a name declared twice.
         """
         registered = task if isinstance(task, Task) else self.tasks.get(task)
         task_name = task.name if isinstance(task, Task) else task
