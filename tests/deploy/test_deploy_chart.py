@@ -272,6 +272,33 @@ def test_cronjob():
     assert not {"livenessProbe", "readinessProbe", "startupProbe", "ports"} & set(c)
 
 
+def _documented_exit_codes() -> dict[int, str]:
+    """{code: meaning} of the exit-code table of docs/deploy.md (which
+    tests/acceptance/test_exit_codes.py checks against the code)."""
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    table = re.search(r"<!-- exit-codes -->\n(.*?)<!-- /exit-codes -->", text, re.S)
+    assert table, "docs/deploy.md lost its <!-- exit-codes --> table"
+    return {int(c): m.strip() for c, m in re.findall(r"^\|\s*(\d+)\s*\|(.*)\|\s*$", table[1], re.M)}
+
+
+@pytest.mark.parametrize("scenario, kind", [("cronjob", "CronJob"), ("keda-scaledjob", "ScaledJob")])
+def test_the_pod_failure_policy_acts_on_documented_exit_codes(scenario, kind):
+    """The exit codes a drain Job's podFailurePolicy acts on are codes `pgworker run`
+    returns, with the meaning the policy assumes: FailJob for 75 alone (the deadline with
+    due work left: the next run continues); every other failure (1, 2, 130, 143 after a
+    second signal, 137 for a SIGKILL) is retried within backoffLimit."""
+    doc = one(scenario_documents(scenario), kind)
+    job = doc["spec"]["jobTemplate"]["spec"] if kind == "CronJob" else doc["spec"]["jobTargetRef"]
+    rules = job["podFailurePolicy"]["rules"]
+    table = _documented_exit_codes()
+    acted_on = {code for r in rules if "onExitCodes" in r for code in r["onExitCodes"]["values"]}
+    assert acted_on <= set(table), f"podFailurePolicy acts on {sorted(acted_on - set(table))}, not in docs/deploy.md"
+    failing = [r["onExitCodes"] for r in rules if r["action"] == "FailJob" and "onExitCodes" in r]
+    assert failing == [{"containerName": "worker", "operator": "In", "values": [75]}]
+    assert "--max-duration" in table[75] and "due jobs left" in table[75]
+    assert {128 + 15, 128 + 2} <= set(table)  # the second signals: retried, as any failure
+
+
 def test_cronjob_timezone_optional():
     cron = one(documents(render(merge(REQUIRED, {"mode": "cronjob"}))), "CronJob")
     assert "timeZone" not in cron["spec"]
