@@ -363,10 +363,10 @@ class App:
         return operations.delete_queue(self, queue, actor=actor)
 
     def queue_usage(self, queue: str) -> dict[str, bool]:
-        """Whether anything uses the queue name: ``has_jobs`` (claimable, running or
-        dead jobs; finished ones are not counted), ``scheduled`` (a recorded schedule
-        enqueues into it), ``configured`` (it has a settings row), ``in_app`` (it is one
-        of :meth:`queues`: a registered task's, or a configured one)."""
+        """Whether anything uses the queue name: ``has_jobs`` (claimable, running or dead
+        jobs), ``recently_finished`` (among the last 1000 succeeded or cancelled), ``scheduled``
+        (a recorded schedule enqueues into it), ``configured`` (a settings row), ``has_events``
+        (an audit event), ``in_app`` (one of :meth:`queues`: a registered task's, or a configured one)."""
         return operations.queue_usage(self, queue)
 
     def queue_settings(self) -> list[dict[str, Any]]:

@@ -91,11 +91,12 @@ class OperationStatements(StoreBase):
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)
         return cur.execute(self.queries["queues_list"]).fetchall()
 
-    def queue_usage(self, conn: psycopg.Connection, queue: str) -> dict[str, bool]:
+    def queue_usage(self, conn: psycopg.Connection, queue: str, *, recent: int = 1000) -> dict[str, bool]:
         """{'has_jobs': claimable, running or dead jobs, 'scheduled': a schedule enqueues
-        into it, 'configured': it has a settings row}."""
+        into it, 'configured': it has a settings row, 'has_events': an audit event,
+        'recently_finished': one of the ``recent`` last succeeded (or cancelled) jobs}."""
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-        return cur.execute(self.queries["queue_usage"], {"queue": queue}).fetchone()
+        return cur.execute(self.queries["queue_usage"], {"queue": queue, "recent": recent}).fetchone()
 
     def delete_queue(self, conn: psycopg.Connection, queue: str, *, actor: str | None) -> dict[str, Any] | None:
         """Delete the queue's settings row unless it is paused; returns the row as it was
