@@ -187,3 +187,24 @@ def safe_json_loads(data: "str | bytes") -> Any:
         return UndecodablePayload("nested too deeply for Python's JSON decoder", len(data))
     except ValueError as exc:
         return UndecodablePayload(f"invalid JSON: {exc}", len(data))
+
+
+class ReplayResult(list):  # type: ignore[type-arg]  # a list[int], as replay returned before
+    """What a replay did: the ids put back to pending (the list itself, so code that
+    compares or iterates it as before keeps working), and why the others stayed as they
+    were.
+
+    ``held_by``: {dead job id: id of the live job holding its dedupe key}: that job does
+    the work the key stands for (pending or running, or succeeded within its dedupe
+    window), so the dead one stays dead; discard it (``App.cancel``), or cancel the holder
+    and replay again. ``not_dead``: ids asked for that are not dead, or unknown.
+    """
+
+    def __init__(self, replayed: Sequence[int] = (), *, held_by: dict[int, int] | None = None,
+                 not_dead: Sequence[int] = ()) -> None:
+        super().__init__(replayed)
+        self.held_by: dict[int, int] = dict(held_by or {})
+        self.not_dead: list[int] = list(not_dead)
+
+    def __repr__(self) -> str:
+        return f"ReplayResult({list(self)!r}, held_by={self.held_by!r}, not_dead={self.not_dead!r})"

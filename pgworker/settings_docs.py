@@ -20,6 +20,7 @@ import inspect
 from . import cli
 from .app import App
 from .config import Settings
+from .jobs import MAX_DELAY_SECONDS
 from .retry import RetryPolicy
 from .tasks import DEFAULT_MAX_ATTEMPTS
 
@@ -285,6 +286,10 @@ def _retry_section() -> list[str]:
              "| field | default | unit | meaning |", "|---|---|---|---|"]
     for name, unit, meaning in rows:
         lines.append(f"| `{name}` | {_g(getattr(policy, name))} | {unit} | {meaning} |")
+    lines += ["", "Each is a finite number; `max_seconds` is at most "
+              f"{MAX_DELAY_SECONDS:,.0f} s (100 years, the longest delay a job can be given), `base_seconds` "
+              "at most `max_seconds`, `factor` at least 1, `jitter` from 0 to 1: anything else is refused "
+              "with a `ConfigError` when the policy is made."]
     waits = []
     for n in range(1, DEFAULT_MAX_ATTEMPTS):
         longest = policy.delay(n, rng=lambda: 0.0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 from typing import Any
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
@@ -222,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     sg.add_argument("--worker", help="role that may claim, record outcomes and run the reaper")
     sg.add_argument("--apply", action="store_true", help="run the statements with --dsn (the schema's owner)")
 
+    parser.commands = sub.choices  # type: ignore[attr-defined]  # name -> parser, for usage errors of one command
     p = sub.add_parser("demo", help="run a realistic workload end to end (embedded PostgreSQL without --dsn)")
     _common(p)
     p.add_argument("--jobs", type=int, default=400, metavar="N", help="jobs in the workload")
@@ -230,6 +232,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the outputs and, without --dsn, the embedded PostgreSQL running (to inspect "
                         "the jobs)")
     return parser
+
+
+def unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]) -> None:
+    """Exit 2 for arguments no parser took, as argparse does, but with the fix for the
+    usual slip: `pgworker enqueue send_email '{"to": ...}'` (the payload goes in
+    --payload; argparse said only "unrecognized arguments"). The stray value is not
+    echoed there: a payload may hold a secret."""
+    # a value right after an unknown option is that option's (`--prio 5`), not a stray argument
+    stray = [a for i, a in enumerate(extras) if not a.startswith("-")
+             and not (i and extras[i - 1].startswith("-") and "=" not in extras[i - 1])]
+    if args.command == "enqueue" and stray:
+        options = [a for a in extras if a.startswith("-")]
+        parser.commands["enqueue"].error(  # type: ignore[attr-defined]
+            "unexpected argument after the task's name (a payload?): give the payload with --payload, e.g. "
+            f"`pgworker enqueue {shlex.quote(args.task)} --payload '{{\"to\": \"a@example.com\"}}'`"
+            + (f"; also unrecognized: {' '.join(options)}" if options else ""))
+    parser.error(f"unrecognized arguments: {' '.join(extras)}")
 
 
 _NONE = ("none", "off", "null", "-")

@@ -91,10 +91,11 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
 def _unused_queue_warning(app: Any, args: argparse.Namespace) -> str | None:
     """The warning for pausing or configuring a queue nothing uses, or None: no claimable,
-    running or dead job, no schedule, no settings row yet, and not a queue of the --app's
-    tasks (or 'default'). The name is then likely a typo, and the command would make a
-    row nobody uses. Only a warning: limiting a queue ahead of its first job is fine.
-    Asked before the command runs (the command makes the row)."""
+    running or dead job, none among the last finished ones, no schedule, no settings row
+    or audit event yet, and not a queue of the --app's tasks (or 'default'). The name is
+    then likely a typo, and the command would make a row nobody uses. Only a warning:
+    limiting a queue ahead of its first job is fine. Asked before the command runs (the
+    command makes the row)."""
     usage = app.queue_usage(args.name)
     if any(usage.values()):
         return None
@@ -102,5 +103,5 @@ def _unused_queue_warning(app: Any, args: argparse.Namespace) -> str | None:
     tasks = "no task of the --app uses it" if args.app else "no --app was given to check its tasks' queues"
     undo = (f"`pgworker queue resume {name}` then `pgworker queue delete {name}`"
             if args.queue_command == "pause" else f"`pgworker queue delete {name}`")
-    return (f"warning: queue {args.name!r} has no pending, running or dead jobs and no schedule, and {tasks}: "
-            f"a typo? Undo with {undo}")
+    return (f"warning: queue {args.name!r} has no pending, running or dead jobs, none among the jobs that "
+            f"finished last, no schedule and no history of settings, and {tasks}: a typo? Undo with {undo}")

@@ -65,11 +65,47 @@ def test_dead_jobs_list_and_replay(pg_dsn, schema, app):
     out = cli(pg_dsn, pg_schema, "dead", "replay", str(ids[0]))
     assert "replayed 1 job" in out.stdout
     assert js(cli(pg_dsn, pg_schema, "dead", "replay", "--queue", "default", "--all", "--json")) == \
-        {"replayed": sorted(ids[1:])}
+        {"replayed": sorted(ids[1:]), "not_dead": [], "held": []}
     missing = cli(pg_dsn, pg_schema, "dead", "replay", str(ids[0]), check=False)
     assert missing.returncode == 1 and "not dead" in missing.stderr
     events = js(cli(pg_dsn, pg_schema, "jobs", "show", str(ids[0]), "--json"))["events"]
     assert events[-1]["kind"] == "replayed" and events[-1]["actor"]
+
+
+def test_replaying_a_dead_job_whose_dedupe_key_is_held_says_by_which_job_and_what_to_do(pg_dsn, app):
+    """Before: "not dead (or unknown)" for a job that was dead, its key held by another."""
+    from pgworker import Permanent
+
+    schema = app.settings.schema
+    dead = app.enqueue("t", dedupe_key="welcome:42")
+    [job] = app.claim()
+    app.fail(job, Permanent("broken"))
+    # the key is free again: a new job takes it, and keeps it an hour after it succeeds
+    holder = app.enqueue("t", dedupe_key="welcome:42", dedupe_window=3600)
+    other = app.enqueue("t")  # not dead: said apart
+    out = cli(pg_dsn, schema, "dead", "replay", str(dead), str(other), "999999", check=False)
+    assert out.returncode == 1 and out.stdout == "replayed 0 jobs\n"
+    flag = f" --schema {schema}"
+    assert out.stderr.splitlines() == [
+        f"job {dead} stayed dead: its dedupe key 'welcome:42' is held by job {holder} (pending), which does that "
+        f"key's work; discard job {dead} with `pgworker cancel {dead}{flag}`, or, to run job {dead} instead, "
+        f"cancel job {holder} (`pgworker cancel {holder}{flag}`) and replay again",
+        f"not dead (or unknown), left as they were: {other}, 999999"]
+    assert js(cli(pg_dsn, schema, "dead", "replay", str(dead), "--json", check=False)) == \
+        {"replayed": [], "not_dead": [], "held": [{"id": dead, "held_by": holder}]}
+    assert app.get_job(dead)["state"] == "dead"
+    # the holder succeeds and keeps its key for its window: the note says so
+    [job] = app.claim()
+    app.complete(job)
+    out = cli(pg_dsn, schema, "dead", "replay", "--queue", "default", "--all", check=False)
+    assert out.returncode == 0 and out.stdout == "replayed 0 jobs\n"  # --all replays what it can
+    [note] = out.stderr.splitlines()
+    assert note.startswith(f"job {dead} stayed dead: its dedupe key 'welcome:42' is held by job {holder}, which "
+                           "succeeded and keeps the key until ") and note.endswith(
+        f" (its dedupe window): the work was done; discard job {dead} with `pgworker cancel {dead}{flag}`, "
+        "or replay it after then")
+    # following the advice: discarded
+    assert "cancelled" in cli(pg_dsn, schema, "cancel", str(dead)).stdout
 
 
 @pytest.mark.parametrize("args, fragment", [

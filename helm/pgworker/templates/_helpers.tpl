@@ -113,7 +113,7 @@ schema names are restricted by values.schema.json so that they need no quoting h
 {{- end }}
 
 {{/*
-Environment shared by every pgworker container. The DSN only ever comes from a Secret.
+The DSN and schema of the worker containers. A DSN only ever comes from a Secret.
 */}}
 {{- define "pgworker.env" -}}
 - name: PGWORKER_DSN
@@ -121,6 +121,20 @@ Environment shared by every pgworker container. The DSN only ever comes from a S
     secretKeyRef:
       name: {{ .Values.database.existingSecret | quote }}
       key: {{ .Values.database.dsnKey | quote }}
+- name: PGWORKER_SCHEMA
+  value: {{ .Values.database.schema | quote }}
+{{- end }}
+
+{{/*
+Environment of the pods that act as the schema's owner (the migration hook, the prune
+CronJob): the owner's DSN when database.ownerDsnKey is set, else the workers' DSN.
+*/}}
+{{- define "pgworker.ownerEnv" -}}
+- name: PGWORKER_DSN
+  valueFrom:
+    secretKeyRef:
+      name: {{ default .Values.database.existingSecret .Values.database.ownerDsnSecret | quote }}
+      key: {{ default .Values.database.dsnKey .Values.database.ownerDsnKey | quote }}
 - name: PGWORKER_SCHEMA
   value: {{ .Values.database.schema | quote }}
 {{- end }}

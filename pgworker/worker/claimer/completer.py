@@ -33,7 +33,7 @@ import psycopg
 from ... import tracing
 from ...db import connection_lost, describe_failure, sqlstate_class
 from ...jobs import ClaimedJob, FenceReport
-from ...names import schema_flag
+from ...names import bounded_text, schema_flag
 from .. import slots as s
 from ..outcome import FAIL, OUTCOME_INVALID, Outcome, Write, write_outcomes, written_outcome
 from .connection import ClaimerConnection
@@ -289,11 +289,16 @@ def _merge(reports: dict[int, FenceReport], kind: int, report: FenceReport) -> N
                                 {**old.details, **report.details})
 
 
+#: The most of a dead job's message its log line quotes (an UNKNOWN_TASK message fits whole).
+DEAD_LOG_MESSAGE_CHARS = 400
+
+
 def _log_dead(o: Outcome, schema_flag: str) -> None:
     """Whatever the cause (last attempt, permanent, unknown task): say it once, with the
     commands to inspect and replay, ``--schema`` included when it is not the default
-    (the task name as repr: a name from a raw INSERT may hold line breaks and escapes)."""
-    message = o.message[:200].replace("\r", "\\r").replace("\n", "\\n")
+    (the task name as repr: a name from a raw INSERT may hold line breaks and escapes).
+    A long message is cut with a visible '…' (the whole one is in `jobs show`)."""
+    message = bounded_text(o.message.replace("\r", "\\r").replace("\n", "\\n"), DEAD_LOG_MESSAGE_CHARS)
     log.error("job %s (task %r) is dead after attempt %s/%s: %s: %s; see `pgworker jobs show %s%s`, "
               "replay with `pgworker dead replay %s%s`", o.job.id, o.job.task, o.job.attempt,
               o.job.max_attempts, o.code, message, o.job.id, schema_flag, o.job.id, schema_flag,
