@@ -9,8 +9,8 @@
 
 # The base of both stages: Python 3.11 on Debian bookworm with venv. The default is the
 # official image; any Debian bookworm with python3, python3-venv and ca-certificates
-# works too (CI builds on one assembled with debootstrap from Debian's packages:
-# `buildah bud --build-arg BASE_IMAGE=... `, see tests/deploy/test_deploy_image.py).
+# works too (`--build-arg BASE_IMAGE=...`: CI builds with buildah on one assembled with
+# debootstrap from Debian's packages, see tests/deploy/test_deploy_image.py).
 ARG BASE_IMAGE=python:3.11.14-slim-bookworm
 
 # ---- builder: a virtualenv with pgworker and its OTLP exporter ------------------------

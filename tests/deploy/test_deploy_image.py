@@ -51,7 +51,8 @@ def image():
     started = time.monotonic()
     imagetools.build_image(buildah, ROOT, base, tag)
     built = time.monotonic() - started
-    how = "from the cache" if base_seconds is None else f"debootstrapped in {base_seconds:.0f} s"
+    how = ("PGWORKER_IMAGE_BASE" if configured else "debootstrapped base from the cache" if base_seconds is None
+           else f"debootstrapped in {base_seconds:.0f} s")
     imagetools.REPORT.append(f"image {tag}: built in {built:.0f} s on {base} ({how})")
     yield buildah, tag, buildah.image_config(tag)
     buildah("rmi", "--force", tag, check=False)
