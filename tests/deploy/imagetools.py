@@ -135,6 +135,11 @@ def debian_base(buildah: Buildah) -> tuple[str, float | None]:
     with _lock("base"):
         if buildah.image_exists(name):
             return name, None
+        # A run killed while it built the base left its container (nothing else in this
+        # storage starts from scratch, and the lock says no base is being built now).
+        for ctr in json.loads(buildah("containers", "--json").stdout or "[]"):
+            if ctr.get("imagename") == "scratch":
+                buildah("rm", ctr["id"], check=False)
         started = time.monotonic()
         ctr = buildah("from", "scratch").stdout.strip()
         try:
