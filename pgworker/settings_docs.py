@@ -47,6 +47,11 @@ TEST_VARIABLES: tuple[tuple[str, str, str], ...] = (
     ("PGWORKER_CRD_DIR", "none: those tests skip", "Folder of the CustomResourceDefinitions (KEDA, "
      "Prometheus Operator) the chart's custom resources are validated against; `.ci/run` sets it to "
      "`../shared/k8s-crds`."),
+    ("PGWORKER_IMAGE_BASE", "none: a Debian bookworm base made with debootstrap", "Base image the image "
+     "tests build the Dockerfile on (its `BASE_IMAGE`), e.g. `docker.io/library/python:3.11.14-slim-bookworm` "
+     "where that registry is reachable."),
+    ("PGWORKER_BUILDAH_ROOT", "`/var/cache/pgworker-ci/containers`", "buildah storage of the image tests, "
+     "where the debootstrapped base is kept between runs."),
     ("PGWORKER_BACKLOG_JOBS", "200000", "Jobs in the backlog of the memory-bound acceptance test."),
     ("PGWORKER_CHAOS_SEED", "11", "Seed of the chaos soak test."),
     ("PGWORKER_OUTAGE_SECONDS", "37", "Length of the database outage in the outage test, in seconds."),
