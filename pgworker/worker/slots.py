@@ -16,11 +16,12 @@ A slot moves through::
                 \\-> STOLEN -> EMPTY   (an idle claimer of the pod took it over, see take_unstarted,
                                       or the supervisor took it back to release it, see take_waiting)
 
-Locking: one ``multiprocessing`` lock per table, held for a few microseconds and never
-across I/O. The claimer waits for its own lock; anyone else (the supervisor, a peer
-taking over a job) waits at most ``LOCK_TIMEOUT_SECONDS`` and gets
-:class:`SlotTableBusy`, since a claimer stopped (SIGSTOP) or killed while holding it
-would otherwise stall them.
+Locking: one :class:`~pgworker.worker.podlock.PodLock` per table, held for a few
+microseconds and never across I/O; a process killed while holding it (the claimer, the
+supervisor, or a peer inside this table) releases it as it dies. The claimer waits for
+its own lock; anyone else (the supervisor, a peer taking over a job) waits at most
+``LOCK_TIMEOUT_SECONDS`` and gets :class:`SlotTableBusy`, since a claimer stopped
+(SIGSTOP) while holding it would otherwise stall them.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
+from .podlock import PodLock
 from .wakeups import WakeUp
 
 # Slot states.
@@ -183,7 +185,7 @@ class SlotTable:
     def __init__(self, capacity: int, ctx: Any | None = None) -> None:
         ctx = ctx or multiprocessing.get_context("spawn")
         self.capacity = capacity
-        self.lock = ctx.Lock()
+        self.lock = PodLock("pgworker-slots-")
         self.slots = ctx.RawArray(Slot, capacity)
         self.header = ctx.RawValue(Header)
         self.header.hint_queue = -1
@@ -386,13 +388,6 @@ class SlotTable:
             yield
         finally:
             self.lock.release()
-
-    def replace_lock(self, ctx: Any) -> None:
-        """Give the table a fresh lock after its claimer died holding the old one (the
-        only other holder, so the old lock can never be released). The replacement
-        claimer receives the new lock at spawn; peers still holding the old one time out
-        on it and leave this table alone."""
-        self.lock = ctx.Lock()
 
     def live(self) -> list[SlotView]:
         """Copies of the slots whose lease the pod keeps (claimed, running, decided, stolen)."""

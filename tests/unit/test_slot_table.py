@@ -56,20 +56,119 @@ def test_waking_a_claimer_killed_while_waiting_never_hangs():
     assert _returns_within(lambda: [table.wake.set() for _ in range(100_000)], 10)  # one pending wake-up is enough
 
 
-def test_a_lock_held_by_a_dead_claimer_is_not_a_deadlock():
+def test_a_lock_held_by_a_dead_claimer_is_released_with_it():
     table = lease.SlotTable(4, CTX)
     _spawn_and_kill(_hold_lock_forever, table)
     outcome = []
 
     def read():
         try:
-            table.held()
+            outcome.append(table.held())
         except lease.SlotTableBusy:
             outcome.append("busy")
 
-    assert _returns_within(read, 5) and outcome == ["busy"]  # a bounded wait, then a clear answer
-    table.replace_lock(CTX)  # what the dispatcher does for the replacement claimer
-    assert table.held() == [] and table.reset() is not None
+    assert _returns_within(read, 10) and outcome == [[]]  # no lock to replace: the kernel released it
+    assert table.reset() is not None
+
+
+def test_a_lock_held_by_a_stopped_process_gives_a_bounded_busy_answer():
+    table = lease.SlotTable(4, CTX)
+    p = CTX.Process(target=_hold_lock_forever, args=(table,))
+    p.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not table.header.idle and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(p.pid, signal.SIGSTOP)
+        outcome = []
+
+        def read():
+            try:
+                table.held()
+            except lease.SlotTableBusy:
+                outcome.append("busy")
+
+        assert _returns_within(read, 10) and outcome == ["busy"]  # a bounded wait, then a clear answer
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.join()
+
+
+# -- issue 18, item 7: a claimer killed inside a PEER's table --------------------------
+
+def _peer(tables, index, commands, answers):
+    """A claimer stand-in: runs commands on the pod's tables until told to stop."""
+    while True:
+        command = commands.get(timeout=60)
+        if command == "hold-peer-lock-and-die":  # killed inside a take-over of claimer 0's job
+            tables[0].lock.acquire()
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif command == "hold-own-lock-and-die":
+            tables[index].lock.acquire()
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif command == "take-from-0":
+            try:
+                v = tables[0].take_unstarted(index)
+                answers.put(None if v is None else v.job_id)
+            except lease.SlotTableBusy:
+                answers.put("busy")
+        else:
+            return
+
+
+def _pod(count, commands, answers):
+    from pgworker.worker.claimers import ClaimerPool
+
+    def start(h):
+        p = CTX.Process(target=_peer, args=(pool.tables, h.index, commands[h.index], answers))
+        p.start()
+        return p
+
+    pool = ClaimerPool(mp=CTX, count=count, capacity=4, start_process=start)
+    pool.start()
+    return pool
+
+
+def _died(pool, h):
+    h.process.join(30)
+    assert h.process.exitcode == -signal.SIGKILL
+    pool.held_by(h)  # what the supervisor does for a claimer that is gone (the lock recovery)
+
+
+def test_a_peer_killed_inside_a_claimers_table_does_not_wedge_that_claimer():
+    """Claimer 1 dies (SIGKILL) while it holds claimer 0's table lock, as in a take-over.
+    Claimer 0 (here: this process) waits for its own lock without a timeout: it must get
+    it, and the supervisor's bounded reads must not find the table busy for good."""
+    commands, answers = [CTX.Queue() for _ in range(2)], CTX.Queue()
+    pool = _pod(2, commands, answers)
+    try:
+        commands[1].put("hold-peer-lock-and-die")
+        _died(pool, pool.handles[1])
+        t0 = pool.tables[0]
+        assert _returns_within(lambda: t0.put(7, 1, 0, 1, 60.0, lease.RENEW_ALIVE), 10), \
+            "claimer 0 waits forever on its own lock"
+        assert [v.job_id for v in t0.live()] == [7]
+    finally:
+        commands[0].put("stop")
+        pool.kill_all()
+
+
+def test_peers_keep_using_the_table_of_a_claimer_that_died_holding_its_lock():
+    """Claimer 0 dies holding its own lock; claimer 1, started before, must still reach
+    claimer 0's table (its replacement's waiting jobs) with the lock it was given at
+    spawn: no lock is replaced behind its back, so it never pays the lock timeout."""
+    commands, answers = [CTX.Queue() for _ in range(2)], CTX.Queue()
+    pool = _pod(2, commands, answers)
+    try:
+        commands[0].put("hold-own-lock-and-die")
+        _died(pool, pool.handles[0])
+        pool.tables[0].reset()
+        pool.tables[0].put(9, 1, 0, 1, 60.0, lease.RENEW_ALIVE)  # claimed by the replacement claimer
+        commands[1].put("take-from-0")
+        assert answers.get(timeout=30) == 9
+    finally:
+        commands[1].put("stop")
+        pool.kill_all()
 
 
 def test_a_replacement_claimer_gets_a_working_wake_up():
