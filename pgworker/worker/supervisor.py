@@ -133,6 +133,7 @@ class Supervisor:
                 self.pod_limits.close()
             if self.pool is not None:
                 self.pool.close()
+            self.signals.close()
             tracing.flush(provider)
 
     def _on_signal(self, signum: int, frame: Any) -> None:

@@ -197,3 +197,39 @@ def test_slot_protocol():
     assert not table.mark(i, 7, 3, lost=True)  # an outcome write in flight is never marked lost
     table.clear(i, 7)
     assert table.free_count() == 2 and table.flags(i, 7) == (True, False)  # a gone job reads as lost
+
+
+# -- issue 18, item 9: the wake-up generation never moves backwards -------------------
+
+BUMPS = 40_000
+
+
+def _bump_and_watch(signals, go, backwards):
+    go.wait(30)
+    last = 0
+    for _ in range(BUMPS):
+        signals.announce([], -1)
+        seen = signals.generation
+        if seen < last:
+            backwards.value += 1
+        last = seen
+
+
+def test_the_wake_up_generation_counts_every_bump_of_every_process():
+    """Four processes announce work at once, as the supervisor's threads and the claimers
+    do: the generation each sees never goes back (a claimer that saw it move must not see
+    it return to a value it had), and no bump is lost."""
+    from pgworker.worker.wakeups import PodSignals
+
+    signals = PodSignals(CTX)
+    go = CTX.Event()
+    backwards = CTX.Value("q", 0)
+    procs = [CTX.Process(target=_bump_and_watch, args=(signals, go, backwards)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    go.set()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    assert backwards.value == 0
+    assert signals.generation == 4 * BUMPS
