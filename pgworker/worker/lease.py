@@ -28,7 +28,9 @@ the SQL that enforces the database side is in ``pgworker/sql/queries/lease.sql``
    an expired lease is never revived, since the pod has by then told the handler it may
    be lost (rule 3). A renewal that updates no row means the lease is lost: the slot is
    marked ``lost`` at once, logged, and counted (``pgworker_fenced_writes_total`` with
-   operation ``renew``).
+   operation ``renew``). A renewal never waits on a row another session holds locked: that
+   lease is skipped (neither renewed nor refused), logged, and tried again; a row locked
+   for a whole lease falls under rule 3 like any lease without an accepted renewal.
 
 3. **Presuming a lease lost.** When ``lease_seconds`` have passed since the last accepted
    renewal was sent (or since the claim was sent) the lease has expired in the database
