@@ -138,3 +138,51 @@ def test_a_claimer_that_dies_with_a_decided_success_gets_it_written_as_decided(e
         assert w.stop() == 0
     assert state(conn, schema, job)[:3] == ("succeeded", 1, None)
     assert len(q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", job)) == 1  # never run again
+
+
+def refuse_outcomes_as_read_only(conn, schema):
+    """The database refuses every outcome write (a running job leaving 'running') with
+    SQLSTATE 25006, as a primary turned read-only by a failover does; claims and renewals
+    still go through, so the claimer's slot table fills with decided outcomes. Only this
+    test's schema is affected (the server is shared)."""
+    s = sql.Identifier(schema)
+    conn.execute(sql.SQL(
+        "CREATE FUNCTION {s}.refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "RAISE EXCEPTION 'cannot execute UPDATE in a read-only transaction' USING ERRCODE = '25006'; END $$")
+        .format(s=s))
+    conn.execute(sql.SQL("CREATE TRIGGER refuse BEFORE UPDATE ON {s}.jobs FOR EACH ROW "
+                         "WHEN (OLD.state = 'running' AND NEW.state <> 'running') EXECUTE FUNCTION {s}.refuse()")
+                 .format(s=s))
+
+
+def test_a_claimer_whose_outcomes_cannot_be_written_backs_off_logs_once_and_is_not_ready(env, pg_dsn, conn):
+    """Issue 18, item 5. The claimer's slot table is full of decided outcomes and the
+    server refuses every write (read-only): the claimer retries with backoff (it once made
+    ~700 failed flushes a second), says so once per outage and once when it ends, and
+    /readyz names it meanwhile. Then every outcome is written, each job having run once."""
+    schema = env.settings.schema
+    refuse_outcomes_as_read_only(conn, schema)
+    jobs = env.enqueue_many([("record", i) for i in range(4)])
+    port = free_port()
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--batch-size", "4", "--metrics-port", str(port),
+                "--metrics-host", "127.0.0.1", *FAST, "--lease", "30", env={"PGWORKER_MAX_BATCH_SIZE": "4"}) as w:
+        wait_until(lambda: len(q(conn, schema, "SELECT 1 FROM {s}.ledger")) == 4, 30,
+                   message=lambda: f"the four jobs to run; log:\n{w.logs()[-3000:]}")
+        ready = lambda: requests.get(f"http://127.0.0.1:{port}/readyz", timeout=5)  # noqa: E731
+        not_ready = wait_until(lambda: (r := ready()).status_code == 503 and "cannot write job outcomes" in r.text
+                               and r.text, 30, message=lambda: f"/readyz to name the claimer; log:\n{w.logs()[-3000:]}")
+        assert "claimer 0" in not_ready and "read-only" in not_ready
+        failed = total(try_scrape(port), "pgworker_outcome_write_errors_total")
+        outage_lines = [line for line in w.logs().splitlines() if " WARNING " in line or " ERROR " in line]
+        # ten seconds and more of refused writes: a backoff makes a handful of attempts
+        # (0.5 s doubling, jittered), not one per loop iteration
+        assert 1 <= failed <= 30, f"{failed} failed outcome writes; log:\n{w.logs()[-3000:]}"
+        assert len(outage_lines) == 1 and "read-only" in outage_lines[0], outage_lines[:10]
+        allow(conn, schema)
+        wait_until(lambda: all(state(conn, schema, j)[0] == "succeeded" for j in jobs), 60,
+                   message=lambda: f"the outcomes, once writable; log:\n{w.logs()[-3000:]}")
+        wait_until(lambda: ready().status_code == 200, 30, message="/readyz back to ready")
+        assert w.stop() == 0
+        logs = w.logs()
+    assert len([line for line in logs.splitlines() if "back after" in line]) == 1, logs[-3000:]
+    assert len(q(conn, schema, "SELECT 1 FROM {s}.ledger")) == 4  # each ran once
