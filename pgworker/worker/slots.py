@@ -319,7 +319,8 @@ class SlotTable:
             self.header.idle = 1 if idle else 0
 
     def count(self, outcome: str, n: int = 1) -> None:
-        setattr(self.header, outcome, getattr(self.header, outcome) + n)
+        with self.lock:  # the claimer's main and flusher threads both account their flushes
+            setattr(self.header, outcome, getattr(self.header, outcome) + n)
 
     def write_health(self, failure: str | None) -> None:
         """Record whether outcome writes succeed (None) or fail, and why: the supervisor's

@@ -233,3 +233,28 @@ def test_the_wake_up_generation_counts_every_bump_of_every_process():
         assert p.exitcode == 0
     assert backwards.value == 0
     assert signals.generation == 4 * BUMPS
+
+
+def test_outcome_counts_of_two_threads_are_exact():
+    """Issue 18, item 16 (c): a claimer's main thread and its flusher thread both account
+    their flushes in the table's counters (the drain summary's): none may be lost."""
+    import sys
+
+    table = lease.SlotTable(2, CTX)
+    n = 100_000
+
+    def account():
+        for _ in range(n):
+            table.count("succeeded", 1)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # thread switches as often as a loaded machine may make them
+    try:
+        threads = [threading.Thread(target=account) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        sys.setswitchinterval(interval)
+    assert table.outcome_counts()["succeeded"] == 2 * n
