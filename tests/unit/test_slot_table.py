@@ -258,3 +258,29 @@ def test_outcome_counts_of_two_threads_are_exact():
     finally:
         sys.setswitchinterval(interval)
     assert table.outcome_counts()["succeeded"] == 2 * n
+
+
+def test_a_taker_that_dies_mid_move_leaves_no_stolen_slot_behind():
+    """Issue 18, item 16 (b). Claimer 1 takes over claimer 0's waiting job, records it in
+    its own table, and dies before it empties the old slot. Settling claimer 1's jobs must
+    empty that old slot too: it once stayed STOLEN for good (a slot lost to claimer 0, the
+    pod's per-queue count off, and a drain that never ended, since the pod held a job)."""
+    from types import SimpleNamespace
+
+    from pgworker.worker.claimers import ClaimerPool
+    from pgworker.worker.settler import settlements
+
+    pool = ClaimerPool(mp=CTX, count=2, capacity=2, start_process=lambda h: None)
+    owner, taker = pool.tables
+    slot = owner.put(7, 3, 0, 1, 60.0, lease.RENEW_ALIVE)
+    view = owner.take_unstarted(1)
+    assert view is not None and view.job_id == 7
+    taker.put(7, 3, 0, 1, 60.0, lease.RENEW_ALIVE)  # the taker's _hold; then it is killed
+    held, in_transit = pool.held_by(pool.handles[1])
+    items = settlements(held, in_transit, app=SimpleNamespace(tasks={}), queue_name=lambda v: "default",
+                        kill_reasons={}, clear=lambda v: None)
+    assert [i.write.lease.job_id for i in items] == [7]  # settled once (released: it never started)
+    for i in items:
+        i.clear()  # what settle() does once the write went through
+    assert owner.state_of(slot, 7) == lease.EMPTY
+    assert owner.live() == [] and owner.free_count() == 2
