@@ -86,7 +86,7 @@ class LifecycleStatements(StoreBase):
     def take_over(self, conn: psycopg.Connection, lease: Lease, *, owner: str) -> ClaimedJob | None:
         """Take over the claimed job under ``lease`` (still running under that token) for
         ``owner``, another claimer of the same pod; returns the job, or None when the
-        lease was lost meanwhile. Lease, expiry and token are unchanged."""
+        lease was lost or has expired meanwhile. Lease, expiry and token are unchanged."""
         row = self._exec(conn, "job_take_over", {"id": lease.job_id, "token": lease.token,
                                                  "owner": owner}).fetchone()
         return None if row is None else ClaimedJob(*row)

@@ -362,14 +362,19 @@ class SlotTable:
                     out.append(self._view(i, s))
             return out
 
-    def finish_move(self, index: int, job_id: int, token: int) -> None:
+    def finish_move(self, index: int, job_id: int, token: int) -> tuple[bool, bool]:
         """The job taken over with :meth:`take_unstarted` now lives in the peer's table
-        (or was found lost): empty its old slot here."""
+        (or was found lost): empty its old slot here. Returns the slot's (lost, cancel)
+        flags, which the renewer and the lease clock set here until then: the taker's slot
+        must carry them (a cancelled job is never started, nor one whose lease is lost)."""
         with self._bounded_lock():
             s = self.slots[index]
             if s.job_id == job_id and s.token == token and s.state == STOLEN:
+                flags = bool(s.lost), bool(s.cancel)
                 s.state = EMPTY
                 s.job_id = s.token = 0
+                return flags
+            return False, False
 
     def give_back(self, index: int, job_id: int, token: int) -> None:
         """Undo :meth:`take_unstarted` (the peer could not reach the database): STOLEN ->

@@ -261,3 +261,16 @@ def test_the_pods_renewal_skips_a_row_another_session_holds_locked(app, pg_dsn, 
         assert report.details[free.id][0] is False  # no cancellation requested
         again = app.store.renew_skip_locked(renewer, [locked.lease], lease_seconds=60)
         assert again.accepted == (locked.id,) and not again.skipped
+
+
+def test_a_take_over_is_refused_once_the_lease_has_expired(app, conn):
+    """Issue 18, item 16 (a): a peer of the pod never takes over (and starts) a job whose
+    lease has expired, even while the reaper has not moved it yet."""
+    schema = app.settings.schema
+    app.enqueue("t")
+    [claimed] = app.claim(owner="pod:c0")
+    with app.connection() as c:
+        assert app.store.take_over(c, claimed.lease, owner="pod:c1") is not None
+        expire(conn, schema, claimed.id)
+        assert app.store.take_over(c, claimed.lease, owner="pod:c2") is None
+    assert q(conn, schema, "SELECT lease_owner FROM {s}.jobs WHERE id = %s", claimed.id)[0][0] == "pod:c1"

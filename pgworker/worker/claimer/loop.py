@@ -392,7 +392,9 @@ class Claimer:
         # peer's row counts it until then, so the pod's total never dips below what it
         # holds (it did: a peer then found room for a second job of a queue limited to one)
         self._refresh_pod_limits()
-        self.peer_jobs.moved(peer, view)
+        lost, cancel = self.peer_jobs.moved(peer, view)
+        if lost or cancel:  # learnt while it waited in the peer's batch: never start it then
+            self.table.mark(self.batch[job.id][1], job.id, job.lease_token, lost=lost, cancel=cancel)
         self.run_batch([job])
         return True
 
