@@ -97,6 +97,8 @@ class Renewer(Service):
         for _, v in candidates:  # still locked by another session: the next pass tries again
             q = self.queue_name(v)
             per_queue.setdefault(q, {"renewed": 0, "lost": 0, "skipped": 0})["skipped"] += 1
+            if v.state == s.WRITING:
+                continue  # locked by the pod's own outcome write, in flight
             if (v.job_id, v.token) not in self.locked_since:
                 self.locked_since[(v.job_id, v.token)] = first_seen
                 log.warning("lease of job %s (token %s) not renewed: its row is locked by another session (an "

@@ -41,12 +41,12 @@ EMPTY = 0
 CLAIMED = 1    # claimed, waiting in the claimer's batch (its clocks have not started)
 RUNNING = 2    # the handler runs
 DECIDED = 3    # outcome decided and recorded in the slot, waiting for the batched write
-WRITING = 4    # the outcome write is in flight (not renewed, never marked lost)
+WRITING = 4    # the outcome write is in flight (renewed: a split write may outlast a lease; never marked lost)
 STOLEN = 5     # another claimer of the pod is taking it over (moved_to); it renews and settles it
 #: ``moved_to`` of a job the supervisor took back to release it (it waited too long, or the pod stops)
 SUPERVISOR = -2
 
-LIVE_STATES = (CLAIMED, RUNNING, DECIDED, STOLEN)
+LIVE_STATES = (CLAIMED, RUNNING, DECIDED, WRITING, STOLEN)
 
 # What SlotTable.start answers.
 NOT_STARTABLE, STARTED, CANCEL_REQUESTED = 0, 1, 2
@@ -396,7 +396,7 @@ class SlotTable:
             self.lock.release()
 
     def live(self) -> list[SlotView]:
-        """Copies of the slots whose lease the pod keeps (claimed, running, decided, stolen)."""
+        """Copies of the slots whose lease the pod keeps (every state but empty)."""
         with self._bounded_lock():
             return [self._view(i, s) for i, s in enumerate(self.slots) if s.state in LIVE_STATES]
 

@@ -186,3 +186,35 @@ def test_a_claimer_whose_outcomes_cannot_be_written_backs_off_logs_once_and_is_n
         logs = w.logs()
     assert len([line for line in logs.splitlines() if "back after" in line]) == 1, logs[-3000:]
     assert len(q(conn, schema, "SELECT 1 FROM {s}.ledger")) == 4  # each ran once
+
+
+def test_a_split_write_that_outlasts_the_lease_keeps_the_batchs_leases(env, pg_dsn, conn):
+    """Issue 18, item 16 (d). Three rows of a batch are locked by another session, so the
+    batch's write waits lock_timeout, is split, and each locked row waits lock_timeout
+    again: the whole write lasts longer than a lease. The batch's other jobs, waiting in
+    the split for their turn, must keep their leases meanwhile (slots being written were
+    not renewed: they expired, were reaped, and ran a second time)."""
+    import psycopg
+
+    schema = env.settings.schema
+    gate = env.enqueue("sleep", {"seconds": 2})
+    locked = [env.enqueue("record", f"locked {i}") for i in range(3)]
+    free = [env.enqueue("record", f"free {i}") for i in range(2)]
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--batch-size", "6", *FAST,
+                env={"PGWORKER_LOCK_TIMEOUT_SECONDS": "1.5",  # the six outcomes in one flush, at the batch's end
+                     "PGWORKER_COMPLETION_FLUSH_SECONDS": "20"}) as w, psycopg.connect(pg_dsn) as operator:
+        wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", gate), 30,
+                   message=lambda: f"the batch to start; log:\n{w.logs()[-3000:]}")
+        assert all(state(conn, schema, j)[0] == "running" for j in locked + free)  # one batch of six
+        q(operator, schema, "SELECT 1 FROM {s}.jobs WHERE id = ANY(%s) FOR UPDATE", locked)
+        wait_until(lambda: all(state(conn, schema, j)[0] != "running" for j in free), 60,
+                   message=lambda: f"the free rows' outcomes; log:\n{w.logs()[-3000:]}")
+        operator.rollback()
+        wait_until(lambda: all(state(conn, schema, j)[0] == "succeeded" for j in locked), 60,
+                   message=lambda: f"the locked rows' outcomes once unlocked; log:\n{w.logs()[-3000:]}")
+        assert w.stop() == 0
+        logs = w.logs()
+    assert "writing the batch's 6 outcomes one at a time" in logs  # the split did happen
+    for j in free:
+        assert state(conn, schema, j)[:3] == ("succeeded", 1, None), (j, logs[-3000:])
+        assert len(q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", j)) == 1, logs[-3000:]

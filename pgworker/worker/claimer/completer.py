@@ -72,7 +72,7 @@ class Completer:
         self.backoff = Backoff()
         self.retry_at = 0.0
         self.refusal: psycopg.Error | None = None
-        self.outage = OutageLog(log, f"claimer {index} (writing job outcomes)", app.settings.dsn)
+        self.outage = OutageLog(log, f"claimer {index}", app.settings.dsn)
 
     def add(self, outcome: Outcome) -> None:
         with self.pending_lock:
