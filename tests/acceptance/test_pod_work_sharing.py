@@ -145,7 +145,9 @@ def test_a_job_cancelled_while_it_waits_in_a_peers_batch_is_not_run_by_its_taker
                 "--poll-interval", "0.3", "--reap-interval", "0.5") as w:
         wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", busy), 30,
                    message=lambda: f"the first claimer's job to start; log:\n{w.logs()[-3000:]}")
-        long, waiting = env.enqueue("sleep", {"seconds": 8}), env.enqueue("record", "cancelled")
+        # one commit: the idle claimer's claim takes both, in this order (two enqueues let
+        # it claim the first alone)
+        long, waiting = env.enqueue_many([("sleep", {"seconds": 8}), ("record", "cancelled")])
         wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", long), 30,
                    message=lambda: f"the batch of two to start; log:\n{w.logs()[-3000:]}")
         assert q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", waiting)[0][0] == "running"
