@@ -377,7 +377,10 @@ class Supervisor:
             while not self.settler.queue.empty():
                 self._settle_now(self.settler.queue.get_nowait())
         for h in self.pool.handles:
-            held, in_transit = self.pool.held_by(h)
+            try:
+                held, in_transit = self.pool.held_by(h)
+            except SlotTableBusy:
+                continue  # a killed claimer still in uninterruptible sleep holds its lock: its leases expire
             items = settlements(held, in_transit, app=self.app, queue_name=self._queue_name,
                                 kill_reasons=h.kill_reasons, clear=lambda v: None)
             if items:
