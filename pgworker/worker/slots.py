@@ -363,10 +363,9 @@ class SlotTable:
             return out
 
     def finish_move(self, index: int, job_id: int, token: int) -> tuple[bool, bool]:
-        """The job taken over with :meth:`take_unstarted` now lives in the peer's table
-        (or was found lost): empty its old slot here. Returns the slot's (lost, cancel)
-        flags, which the renewer and the lease clock set here until then: the taker's slot
-        must carry them (a cancelled job is never started, nor one whose lease is lost)."""
+        """The job taken over with :meth:`take_unstarted` now lives in the peer's table (or
+        was found lost): empty its old slot here. Returns its (lost, cancel) flags, set here
+        until then, for the taker's slot (a cancelled job is never started, nor a lost one)."""
         with self._bounded_lock():
             s = self.slots[index]
             if s.job_id == job_id and s.token == token and s.state == STOLEN:
