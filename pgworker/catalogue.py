@@ -104,7 +104,8 @@ METRICS: tuple[MetricDef, ...] = (
               recorded_by="claimers; the supervisor (WORKER_DIED, TIMEOUT); the reaper (LEASE_EXPIRED)"),
     MetricDef("pgworker_lease_renewals_total", "counter", ("queue", "result"),
               "Lease renewals by result: renewed; lost (refused by the fence, or presumed lost after a "
-              "whole lease without an accepted renewal); error (the statement failed).", "worker",
+              "whole lease without an accepted renewal); skipped (its row was locked by another session: "
+              "not waited for, tried again); error (the statement failed).", "worker",
               recorded_by="the supervisor (renewer, lease clock)"),
     MetricDef("pgworker_lease_expirations_total", "counter", ("queue", "action"),
               "Expired leases recovered by the reaper, by action (requeued, dead, cancelled).", "worker",

@@ -107,12 +107,15 @@ class FenceReport:
     complete) its lease expired. The caller must not act as owner of a refused job.
     ``accepted`` and ``refused`` list job ids; ``details`` maps an accepted job id to
     what the statement reported for it (the new state, or a cancellation flag).
+    ``skipped`` (the pod's renewals only) lists leases whose rows another session held
+    locked: neither renewed nor refused.
     """
 
     operation: str
     accepted: tuple[int, ...] = ()
     refused: tuple[int, ...] = ()
     details: dict[int, Any] = field(default_factory=dict)
+    skipped: tuple[int, ...] = ()
 
     @property
     def ok(self) -> bool:

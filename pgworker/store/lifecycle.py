@@ -62,10 +62,31 @@ class LifecycleStatements(StoreBase):
         rows = [(r[0], r[1], (r[2], r[3])) for r in cur.fetchall()]
         return FenceReport.build("renew", leases, rows, detail_column=2)
 
+    def renew_skip_locked(self, conn: psycopg.Connection, leases: Sequence[Lease], *,
+                          lease_seconds: float) -> FenceReport:
+        """:meth:`renew` for the pod's renewer: never waits on a row another session holds
+        locked. ``skipped`` lists the leases whose rows were locked (neither renewed nor
+        refused: try again); ``refused`` those the fence refused (lost)."""
+        if not leases:
+            return FenceReport("renew")
+        cur = self._exec(conn, "job_renew_skip_locked", {"ids": [le.job_id for le in leases],
+                                                          "tokens": [le.token for le in leases],
+                                                          "lease_seconds": lease_seconds})
+        rows = cur.fetchall()
+        report = FenceReport.build("renew", leases, [(r[0], r[1], (r[2], r[3])) for r in rows if not r[4]],
+                                   detail_column=2)
+        skipped = {(r[0], r[1]) for r in rows if r[4]}
+        if not skipped:
+            return report
+        return FenceReport("renew", report.accepted,
+                           tuple(le.job_id for le in leases if le.job_id in report.refused
+                                 and (le.job_id, le.token) not in skipped),
+                           report.details, tuple(le.job_id for le in leases if (le.job_id, le.token) in skipped))
+
     def take_over(self, conn: psycopg.Connection, lease: Lease, *, owner: str) -> ClaimedJob | None:
         """Take over the claimed job under ``lease`` (still running under that token) for
         ``owner``, another claimer of the same pod; returns the job, or None when the
-        lease was lost meanwhile. Lease, expiry and token are unchanged."""
+        lease was lost or has expired meanwhile. Lease, expiry and token are unchanged."""
         row = self._exec(conn, "job_take_over", {"id": lease.job_id, "token": lease.token,
                                                  "owner": owner}).fetchone()
         return None if row is None else ClaimedJob(*row)

@@ -48,7 +48,7 @@ from .scheduler import SchedulerService
 from .service import worker_connect
 from .startup import wait_for_database
 from .settler import SHUTDOWN, Settler, hand_backs, settle, settlements
-from .slots import SlotView
+from .slots import SlotTableBusy, SlotView
 from .stats import StatsSource
 from .wakeups import PodSignals
 from ..tasks import retry_delays
@@ -131,6 +131,9 @@ class Supervisor:
                 self.stats.close()
             if self.pod_limits is not None:
                 self.pod_limits.close()
+            if self.pool is not None:
+                self.pool.close()
+            self.signals.close()
             tracing.flush(provider)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -283,7 +286,10 @@ class Supervisor:
 
     def _claimer_gone(self, h: ClaimerHandle) -> None:
         exitcode, pid = h.process.exitcode, h.process.pid
-        held, in_transit = self.pool.held_by(h)
+        try:
+            held, in_transit = self.pool.held_by(h)
+        except SlotTableBusy:
+            return  # a peer stopped (SIGSTOP) inside its table holds the lock: a later tick settles it
         stopping = self.phase != "running"
         items = settlements(held, in_transit, app=self.app, queue_name=self._queue_name,
                             kill_reasons=h.kill_reasons, clear=lambda v: None)
@@ -371,7 +377,10 @@ class Supervisor:
             while not self.settler.queue.empty():
                 self._settle_now(self.settler.queue.get_nowait())
         for h in self.pool.handles:
-            held, in_transit = self.pool.held_by(h)
+            try:
+                held, in_transit = self.pool.held_by(h)
+            except SlotTableBusy:
+                continue  # a killed claimer still in uninterruptible sleep holds its lock: its leases expire
             items = settlements(held, in_transit, app=self.app, queue_name=self._queue_name,
                                 kill_reasons=h.kill_reasons, clear=lambda v: None)
             if items:

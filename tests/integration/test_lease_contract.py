@@ -237,3 +237,40 @@ def test_delays_are_bounded_before_they_reach_a_statement(app, conn):
         report = app.store.snooze(c, [claimed.lease], [float("inf")])
     assert report.details[job_id] == "pending"
     assert job(conn, schema, job_id)[3] > 86400 * 365 * 50  # 'interval out of range' never reached it
+
+
+# -- the pod's renewal never waits on a row (issue 18, item 1) ------------------------------
+
+
+def test_the_pods_renewal_skips_a_row_another_session_holds_locked(app, pg_dsn, conn):
+    """A row locked by an operator's open transaction is skipped (neither renewed nor
+    refused: not a lost lease); the others are renewed, an expired one is refused."""
+    schema = app.settings.schema
+    for _ in range(3):
+        app.enqueue("t")
+    locked, free, gone = sorted(app.claim(limit=3), key=lambda j: j.id)
+    expire(conn, schema, gone.id)
+    with psycopg.connect(pg_dsn) as operator, \
+            psycopg.connect(pg_dsn, autocommit=True, options="-c lock_timeout=30s") as renewer:
+        q(operator, schema, "SELECT 1 FROM {s}.jobs WHERE id = %s FOR UPDATE", locked.id)
+        report = app.store.renew_skip_locked(renewer, [j.lease for j in (locked, free, gone)], lease_seconds=60)
+        operator.rollback()
+        assert report.accepted == (free.id,)
+        assert report.skipped == (locked.id,)
+        assert report.refused == (gone.id,)
+        assert report.details[free.id][0] is False  # no cancellation requested
+        again = app.store.renew_skip_locked(renewer, [locked.lease], lease_seconds=60)
+        assert again.accepted == (locked.id,) and not again.skipped
+
+
+def test_a_take_over_is_refused_once_the_lease_has_expired(app, conn):
+    """Issue 18, item 16 (a): a peer of the pod never takes over (and starts) a job whose
+    lease has expired, even while the reaper has not moved it yet."""
+    schema = app.settings.schema
+    app.enqueue("t")
+    [claimed] = app.claim(owner="pod:c0")
+    with app.connection() as c:
+        assert app.store.take_over(c, claimed.lease, owner="pod:c1") is not None
+        expire(conn, schema, claimed.id)
+        assert app.store.take_over(c, claimed.lease, owner="pod:c2") is None
+    assert q(conn, schema, "SELECT lease_owner FROM {s}.jobs WHERE id = %s", claimed.id)[0][0] == "pod:c1"

@@ -190,10 +190,11 @@ ORDER BY c.aged DESC, CASE WHEN c.aged THEN c.run_at END, c.priority DESC, c.run
 -- fenced by id and token, it records itself as the lease's owner (so a WORKER_DIED entry
 -- or `pgworker jobs show` names the claimer that really runs the job) and reads the claim's
 -- columns (the peer's process holds the payload, not shared memory). The lease, its
--- expiry and the token are kept. No row: the lease was lost meanwhile.
+-- expiry and the token are kept. No row: the lease was lost meanwhile, or has expired
+-- (a job whose lease may be gone is never started; the reaper recovers it).
 UPDATE {schema}.jobs AS j
 SET lease_owner = %(owner)s
-WHERE j.id = %(id)s AND j.state = 'running' AND j.lease_token = %(token)s
+WHERE j.id = %(id)s AND j.state = 'running' AND j.lease_token = %(token)s AND j.lease_expires_at > now()
 RETURNING j.id, j.queue, j.task, j.payload, j.priority, j.attempts, j.max_attempts, j.lease_token,
           j.lease_expires_at, j.run_at, j.created_at, j.trace_context, j.ordering_key, j.dedupe_key,
           extract(epoch FROM statement_timestamp() - j.run_at)::float8 AS wait_seconds;
