@@ -49,7 +49,10 @@ class Worker:
         self.log_path = os.path.join(log_dir or LOG_DIR or tempfile.gettempdir(),
                                      f"pgworker-{name}-{os.getpid()}-{time.monotonic_ns()}.log")
         self.log = open(self.log_path, "w+")
-        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=subprocess.PIPE, stderr=self.log,
+        # stdout to a file, not a pipe: a pipe is read only after the exit, and a run that
+        # prints more than its 64 KiB (the console span exporter does) blocked on it forever
+        self.out = open(self.log_path + ".stdout", "w+")
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self.out, stderr=self.log,
                                      start_new_session=True, text=True)
 
     @property
@@ -102,7 +105,10 @@ class Worker:
         self.proc.wait()
 
     def stdout(self) -> str:
-        return self.proc.stdout.read() if self.proc.stdout else ""
+        """What the worker printed on stdout so far (the drain summary, console spans)."""
+        self.out.flush()
+        with open(self.out.name) as f:
+            return f.read()
 
     def logs(self) -> str:
         if not self.log.closed:
@@ -117,6 +123,7 @@ class Worker:
         if self.proc.poll() is None:
             self.kill()
         self.log.close()
+        self.out.close()
 
 
 def q(conn: psycopg.Connection, schema: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
