@@ -12,7 +12,7 @@ import json
 import math
 import re
 from collections import Counter, defaultdict
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
 
 import psycopg
@@ -117,6 +117,24 @@ def _delay_seconds(delay: "float | timedelta | None") -> float:
     return seconds
 
 
+def _check_run_at(run_at: Any) -> datetime | None:
+    """``run_at`` as the UTC instant it names (None stays None), or :class:`InvalidJob`.
+
+    Converted to UTC here, once: an aware datetime in the repeated hour of a daylight-saving
+    fall-back names one of two instants by its ``fold``, which equality and hashing ignore
+    (PEP 495), so anything that compares or remembers run_at values (the Preparer's cache)
+    could otherwise confuse the two. A UTC datetime is unambiguous.
+    """
+    if run_at is None:
+        return None
+    if not isinstance(run_at, datetime):
+        raise InvalidJob(f"run_at must be a datetime, got {type(run_at).__name__}")
+    if run_at.tzinfo is None or run_at.utcoffset() is None:
+        raise InvalidJob("run_at has no time zone; pass an aware datetime such as "
+                         "datetime.now(timezone.utc) + timedelta(minutes=5), or use delay=seconds")
+    return run_at.astimezone(timezone.utc)
+
+
 # How many registered names an UnknownTask message lists when none is close to the typo.
 _KNOWN_TASKS_SHOWN = 10
 
@@ -145,13 +163,7 @@ def prepare(spec: JobSpec, tasks: dict[str, Task], max_payload_bytes: int, *,
                                       else (registered.max_attempts if registered else DEFAULT_MAX_ATTEMPTS))
     if spec.run_at is not None and spec.delay is not None:
         raise InvalidJob("give run_at or delay, not both")
-    run_at = spec.run_at
-    if run_at is not None:
-        if not isinstance(run_at, datetime):
-            raise InvalidJob(f"run_at must be a datetime, got {type(run_at).__name__}")
-        if run_at.tzinfo is None or run_at.utcoffset() is None:
-            raise InvalidJob("run_at has no time zone; pass an aware datetime such as "
-                             "datetime.now(timezone.utc) + timedelta(minutes=5), or use delay=seconds")
+    run_at = _check_run_at(spec.run_at)
     dedupe_key = check_key("dedupe_key", spec.dedupe_key)
     window = check_dedupe_window(spec.dedupe_window if spec.dedupe_window is not None
                                  else (registered.dedupe_window_seconds if registered else None))
@@ -189,7 +201,11 @@ class Preparer:
             self._shared.clear()  # a task registered since (its defaults apply now), or full
             self._tasks_seen = len(self.tasks)
         task = spec.task
-        key = (task if isinstance(task, str) else id(task), any_task, *spec[2:])
+        # run_at's fold goes into the key: datetimes that differ only by fold (the two
+        # instants of a fall-back's repeated hour) are equal and hash alike (PEP 495), and
+        # one would be served the other's prepared instant, an hour off
+        key = (task if isinstance(task, str) else id(task), any_task, *spec[2:],
+               getattr(spec.run_at, "fold", None))
         try:
             base = self._shared.get(key)
         except TypeError:  # an unhashable option: validated (and refused) on its own
