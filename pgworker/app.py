@@ -226,8 +226,8 @@ class App:
         name this App does not register (a task another service's worker handles), as an
         App with no tasks (a pure producer) always does; such a job takes the queue
         'default' unless one is given, and 5 attempts. ``payload: JSON-serialisable, at most ``max_payload_bytes``
-        (default 1 MiB). ``run_at`` (timezone-aware) or ``delay`` (seconds, or a
-        timedelta) defers it. ``priority``: higher runs first. ``dedupe_key``: while a
+        (default 1 MiB). ``run_at`` (timezone-aware, from 1970-01-01 UTC to 100 years from
+        now; a past one is due now) or ``delay`` (seconds, or a timedelta) defers it. ``priority``: higher runs first. ``dedupe_key``: while a
         job with this key is pending or running (and, with ``dedupe_window`` seconds, for
         that long after it succeeded), enqueueing another returns that job's id instead;
         a unique index decides, and a duplicate never aborts the caller's transaction.

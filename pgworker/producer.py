@@ -19,7 +19,7 @@ import psycopg
 
 from . import tracing
 from .errors import InvalidJob, PayloadError, UnknownTask
-from .jobs import MAX_DELAY_SECONDS
+from .jobs import EARLIEST_TIMESTAMP, MAX_DELAY_SECONDS
 from .names import check_key, check_queue_name, check_task_name
 from .store import Store, atomic
 from .tasks import (DEFAULT_MAX_ATTEMPTS, ORDERING_ON_DEAD, Task, check_dedupe_window, check_max_attempts,
@@ -132,6 +132,14 @@ def _check_run_at(run_at: Any) -> datetime | None:
     if run_at.tzinfo is None or run_at.utcoffset() is None:
         raise InvalidJob("run_at has no time zone; pass an aware datetime such as "
                          "datetime.now(timezone.utc) + timedelta(minutes=5), or use delay=seconds")
+    # The range delay= has too (0 to 100 years from now), with any past time down to 1970
+    # (a past run_at is due now), inside the jobs table's range (jobs_run_at_range, which
+    # refuses what no claim could handle). Checked on the worker's clock: only the bounds
+    # depend on it, and they are decades wide.
+    if run_at < EARLIEST_TIMESTAMP or run_at - datetime.now(timezone.utc) > timedelta(seconds=MAX_DELAY_SECONDS):
+        raise InvalidJob(f"run_at {run_at.isoformat()} is out of range: a job can be scheduled from "
+                         "1970-01-01 UTC to 100 years from now; pass a run_at in that range (any past "
+                         "time means due now), or delay=seconds")
     return run_at.astimezone(timezone.utc)
 
 

@@ -1,4 +1,4 @@
--- The whole pgworker schema as it stands (version 4), in one file, for reading and
+-- The whole pgworker schema as it stands (version 5), in one file, for reading and
 -- review. Installing and upgrading go through the numbered migrations
 -- (pgworker/sql/migrations, `pgworker migrate`); a test applies both to two schemas and
 -- checks that they produce the same catalog, so this file cannot drift from them.
@@ -60,7 +60,15 @@ CREATE TABLE {schema}.jobs (
     CONSTRAINT jobs_task_length CHECK (length(task) BETWEEN 1 AND 255),
     CONSTRAINT jobs_running_has_lease CHECK (state <> 'running' OR lease_expires_at IS NOT NULL),
     CONSTRAINT jobs_dedupe_window_positive CHECK (dedupe_window IS NULL OR dedupe_window > interval '0'),
-    CONSTRAINT jobs_schedule_slot_pair CHECK ((schedule_name IS NULL) = (schedule_slot IS NULL))
+    CONSTRAINT jobs_schedule_slot_pair CHECK ((schedule_name IS NULL) = (schedule_slot IS NULL)),
+    -- Timestamps every claim can compute with and read back in any session time zone
+    -- (no infinity, no year outside 1..9999 in any zone; migration 0005 says why).
+    CONSTRAINT jobs_run_at_range
+        CHECK (run_at BETWEEN '1970-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00'),
+    CONSTRAINT jobs_created_at_range
+        CHECK (created_at BETWEEN '1970-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00'),
+    CONSTRAINT jobs_lease_expires_at_range
+        CHECK (lease_expires_at BETWEEN '1970-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00')
 ) WITH (
     -- Autovacuum for a high-churn table; no fillfactor, since no frequent update can be
     -- HOT (migration 0003 and docs/deploy.md, "Vacuum and the jobs table", say why).
@@ -141,7 +149,10 @@ CREATE TABLE {schema}.queues (
     CONSTRAINT queues_rate_positive CHECK (rate_per_second IS NULL OR rate_per_second > 0),
     CONSTRAINT queues_rate_burst CHECK ((rate_per_second IS NULL) = (rate_burst IS NULL)
                                         AND (rate_burst IS NULL OR rate_burst >= 1)),
-    CONSTRAINT queues_aging_positive CHECK (aging_seconds IS NULL OR aging_seconds > 0)
+    CONSTRAINT queues_aging_positive CHECK (aging_seconds IS NULL OR aging_seconds > 0),
+    -- the claim computes the bucket's refill from it (as jobs_run_at_range)
+    CONSTRAINT queues_tokens_at_range
+        CHECK (tokens_at BETWEEN '1970-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00')
 );
 
 -- Operator actions on queues (pause, resume, configuration), who did them and when.
