@@ -322,13 +322,14 @@ def enqueue_batch(store: Store, conn: psycopg.Connection, jobs: Sequence[Prepare
             # run_at from the database clock, as single enqueues do
             run_ats = [j.run_at or (db_now + timedelta(seconds=j.delay_seconds) if j.delay_seconds else db_now)
                        for j in jobs]
+            holders: dict[int, int] = {}
             if not keyed:  # a large batch: COPY (its fixed round trips amortised over the rows)
                 store.copy_jobs(conn, ((i, j.queue, j.task, j.payload_json, j.priority, r,
                                         j.max_attempts, ctx_json)
                                        for i, j, r in zip(ids, jobs, run_ats)))
                 inserted = {i: r <= db_now for i, r in zip(ids, run_ats)}
-            else:
-                inserted = store.insert_jobs_many(conn, {
+            else:  # a job refused by its dedupe key gets the holder's id
+                inserted, holders = store.insert_jobs_many(conn, {
                     "ids": ids, "queues": [j.queue for j in jobs], "tasks": [j.task for j in jobs],
                     "payloads": [j.payload_json for j in jobs],
                     "priorities": [j.priority for j in jobs], "run_ats": run_ats,
@@ -339,14 +340,7 @@ def enqueue_batch(store: Store, conn: psycopg.Connection, jobs: Sequence[Prepare
                     "dead_blocks_keys": [j.dead_blocks_key for j in jobs],
                     "trace_contexts": [ctx_json] * len(jobs)})
             store.notify_queues(conn, {j.queue for i, j in zip(ids, jobs) if inserted.get(i)})
-            out = list(ids)
-            refused = [pos for pos, i in enumerate(ids) if i not in inserted]
-            if refused:
-                holders = store.dedupe_holders(conn, sorted({jobs[p].dedupe_key for p in refused}))
-                for pos in refused:
-                    holder = holders.get(jobs[pos].dedupe_key)  # type: ignore[arg-type]
-                    # the holder finished in between: enqueue this one on its own
-                    out[pos] = holder if holder is not None else enqueue_one(store, conn, jobs[pos])
+            out = [holders.get(pos, i) for pos, i in enumerate(ids)]
         if metrics:
             counts: dict[str, int] = defaultdict(int)
             for i, j in zip(ids, jobs):
