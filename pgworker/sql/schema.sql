@@ -190,3 +190,36 @@ RETURNS jsonb LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         coalesce(history, '[]'::jsonb) || jsonb_build_array(entry),
         '$[last - $n to last]', jsonb_build_object('n', greatest(keep, 1) - 1))
 $$;
+
+-- Retention for a role without DELETE (the least-privilege worker's pruner): SECURITY
+-- DEFINER functions that delete, of the ids given, only what is finished and past the
+-- caller's retention (migration 0005 says why each clause is there). The caller chooses
+-- and locks the rows (jobs_prune, queue_events_prune); EXECUTE is revoked from PUBLIC and
+-- granted by `pgworker sql grants --worker`.
+CREATE FUNCTION {schema}.delete_finished_jobs(ids bigint[], succeeded_seconds double precision,
+                                              cancelled_seconds double precision, dead_seconds double precision)
+RETURNS TABLE (deleted_state text, deleted_key text)
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
+    DELETE FROM jobs AS j
+    WHERE j.id = ANY (ids)
+      AND ((j.state = 'succeeded' AND j.finished_at < now() - make_interval(secs => succeeded_seconds)
+            AND (j.dedupe_until IS NULL OR j.dedupe_until <= now()))
+        OR (j.state = 'cancelled' AND j.finished_at < now() - make_interval(secs => cancelled_seconds))
+        OR (j.state = 'dead' AND j.finished_at < now() - make_interval(secs => dead_seconds)))
+    -- the key of a dead job that headed it: the caller promotes its next job
+    RETURNING j.state::text, CASE WHEN j.state = 'dead' AND j.dead_blocks_key THEN j.ordering_key END
+$$;
+REVOKE ALL ON FUNCTION {schema}.delete_finished_jobs(bigint[], double precision, double precision,
+                                                     double precision) FROM PUBLIC;
+
+CREATE FUNCTION {schema}.delete_queue_events(ids bigint[], older_than_seconds double precision)
+RETURNS SETOF bigint
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
+    -- SKIP LOCKED: the pruners of several pods may have chosen the same events
+    DELETE FROM queue_events AS e
+    WHERE e.id IN (SELECT x.id FROM queue_events AS x
+                   WHERE x.id = ANY (ids) AND x.at < now() - make_interval(secs => older_than_seconds)
+                   FOR UPDATE SKIP LOCKED)
+    RETURNING e.id
+$$;
+REVOKE ALL ON FUNCTION {schema}.delete_queue_events(bigint[], double precision) FROM PUBLIC;

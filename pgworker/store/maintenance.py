@@ -63,12 +63,20 @@ class MaintenanceStatements(StoreBase):
               cancelled_seconds: float | None, dead_seconds: float | None, limit: int) -> dict[str, int]:
         """Delete one batch of finished jobs past their state's retention (seconds since
         they finished; None keeps that state), up to ``limit`` of each state; returns how
-        many of each state went. Repeat while any state's count equals ``limit``."""
-        rows = self._exec(conn, "jobs_prune", {"succeeded_seconds": succeeded_seconds,
-                                               "cancelled_seconds": cancelled_seconds,
-                                               "dead_seconds": dead_seconds, "limit": limit}).fetchall()
+        many of each state went. Repeat while any state's count equals ``limit``.
+
+        One transaction: a dead job that headed its ordering key goes only under the key's
+        lock (tried in jobs_prune, never waited for: a key locked elsewhere is passed over
+        this time), and the key's next job is promoted in a new statement under that lock.
+        """
+        with atomic(conn):
+            rows = self._exec(conn, "jobs_prune", {"succeeded_seconds": succeeded_seconds,
+                                                   "cancelled_seconds": cancelled_seconds,
+                                                   "dead_seconds": dead_seconds, "limit": limit,
+                                                   "namespace": self._ordering_namespace}).fetchall()
+            self._promote(conn, [key for _, key in rows if key is not None])
         counts = {"succeeded": 0, "cancelled": 0, "dead": 0}
-        for (state,) in rows:
+        for state, _ in rows:
             counts[state] += 1
         return counts
 

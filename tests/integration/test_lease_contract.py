@@ -212,7 +212,8 @@ def test_a_prune_batch_reads_its_own_rows_on_jobs_finished_idx(app, conn):
                     "FROM generate_series(1, 20000) RETURNING 1")
     conn.execute(sql.SQL("ANALYZE {}.jobs").format(sql.Identifier(schema)))
     statement = app.store.queries["jobs_prune"]
-    params = {"succeeded_seconds": 86400, "cancelled_seconds": 86400, "dead_seconds": None, "limit": 1000}
+    params = {"succeeded_seconds": 86400, "cancelled_seconds": 86400, "dead_seconds": 86400, "limit": 1000,
+              "namespace": "pgworker:x:ordering"}
     nodes = list(_nodes(_plan(conn, statement, params)))
     scans = [(n["Node Type"], n.get("Index Name")) for n in nodes if n.get("Relation Name") == "jobs"]
     assert not [s for s in scans if s[0] == "Seq Scan"], json.dumps(scans)

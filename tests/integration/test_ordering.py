@@ -153,6 +153,56 @@ def test_dead_head_with_skip_policy_lets_the_next_job_run(app, conn):
     assert run_one_at_a_time(app) == [a, c, d]
 
 
+def _dead_heads(app, conn, key, n_behind):
+    """A dead head of ``key`` that died two days ago, with ``n_behind`` jobs waiting behind it."""
+    schema = app.settings.schema
+    head = app.enqueue("t", ordering_key=key, queue=f"q-{key}")
+    behind = [app.enqueue("t", ordering_key=key, queue=f"q-{key}") for _ in range(n_behind)]
+    [job] = app.claim(f"q-{key}")
+    assert app.fail(job, Permanent("bad")) == "dead"
+    q(conn, schema, "UPDATE {s}.jobs SET finished_at = now() - interval '2 days' WHERE id = %s RETURNING id", head)
+    return head, behind
+
+
+def test_the_pruner_deleting_a_dead_head_promotes_the_next_job_of_its_key(app, conn):
+    """With retention_dead_seconds set, the pruner deleted a dead head and promoted nothing:
+    its key's jobs stayed blocked for good, and with the dead row gone `pgworker status` and
+    the blocked-keys gauge no longer showed why."""
+    from pgworker.worker.pruner import Retention, prune_pass
+
+    schema = app.settings.schema
+    head, behind = _dead_heads(app, conn, "x", 2)
+    with app.connection() as c:
+        assert prune_pass(app.store, c, Retention(None, None, 3600, None))["dead"] == 1
+    assert states(conn, schema, behind) == ["pending", "pending/blocked"]
+    assert [j.id for j in app.claim("q-x", limit=5)] == behind[:1]
+    assert q(conn, schema, "SELECT count(*) FROM {s}.jobs WHERE id = %s", head) == [(0,)]
+
+
+def test_the_pruner_passes_over_a_dead_head_whose_key_is_locked_and_prunes_the_rest(app, conn, pg_dsn):
+    """Maintenance never waits for a key: a dead head whose key a caller's open transaction
+    holds (it enqueued for the key) stays this pass, and does not hide the dead jobs behind
+    it; once the transaction commits, the next pass deletes it and promotes its key."""
+    from pgworker.worker.pruner import Retention, prune_pass
+
+    schema = app.settings.schema
+    locked_head, locked_behind = _dead_heads(app, conn, "locked", 1)
+    free_head, free_behind = _dead_heads(app, conn, "free", 1)
+    q(conn, schema, "UPDATE {s}.jobs SET finished_at = now() - interval '3 days' WHERE id = %s RETURNING id",
+      locked_head)  # the oldest, first in the pruner's scan
+    retention = Retention(None, None, 3600, None)
+    with psycopg.connect(pg_dsn) as tx:
+        late = app.enqueue("t", ordering_key="locked", queue="q-locked", conn=tx)  # holds the key's lock
+        with app.connection() as c:
+            assert prune_pass(app.store, c, retention, batch=1)["dead"] == 1  # the free one, behind it
+        assert states(conn, schema, [locked_head, *free_behind]) == ["dead", "pending"]
+        tx.commit()
+    with app.connection() as c:
+        assert prune_pass(app.store, c, retention)["dead"] == 1
+    assert states(conn, schema, [*locked_behind, late]) == ["pending", "pending/blocked"]
+    assert q(conn, schema, "SELECT count(*) FROM {s}.jobs WHERE id = ANY(%s)", [locked_head, free_head]) == [(0,)]
+
+
 def test_reaper_kills_a_head_and_applies_the_policy(app, conn):
     schema = app.settings.schema
     blocking = [app.enqueue("t", ordering_key="rb", max_attempts=1) for _ in range(2)]

@@ -40,7 +40,7 @@ CATALOG = {
         SELECT i.relname, pg_get_indexdef(i.oid) FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid
         WHERE i.relnamespace = %(ns)s::regnamespace ORDER BY 1""",
     "functions": """
-        SELECT p.proname, pg_get_function_identity_arguments(p.oid), pg_get_functiondef(p.oid)
+        SELECT p.proname, pg_get_function_identity_arguments(p.oid), pg_get_functiondef(p.oid), p.proacl::text
         FROM pg_proc p WHERE p.pronamespace = %(ns)s::regnamespace ORDER BY 1, 2""",
     "types": """
         SELECT t.typname, t.typtype::text,
@@ -67,8 +67,10 @@ CATALOG = {
 
 
 def catalog(conn: psycopg.Connection, schema: str) -> dict[str, list[tuple]]:
-    def blank(v):
-        return v.replace(f'"{schema}".', "{schema}.").replace(f"{schema}.", "{schema}.") if isinstance(v, str) else v
+    def blank(v):  # the schema qualifying a name, and as a string (a function's SET search_path)
+        if not isinstance(v, str):
+            return v
+        return v.replace(f'"{schema}".', "{schema}.").replace(f"{schema}.", "{schema}.").replace(f"'{schema}'", "'{schema}'")
 
     ident = psycopg.sql.Identifier(schema).as_string(conn)
     return {kind: [tuple(blank(v) for v in row) for row in conn.execute(q, {"ns": ident}).fetchall()]
@@ -161,3 +163,30 @@ def test_migration_0005_keeps_rows_whose_timestamps_no_claim_could_handle(pg_dsn
         assert app.get_job(ids["minus infinity"])["events"][0]["kind"] == "timestamps_clamped"
     finally:
         app.close()
+
+
+def test_migration_0005_promotes_the_keys_the_fixed_defects_stranded(pg_dsn, schema):
+    """A version-4 schema can hold keys stranded by the defects version 5 fixes (a batch
+    enqueue's refused job, a pruned dead head): every job of the key blocked, none active.
+    The migration promotes each such head and leaves every other key as it was."""
+    from worker import q
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        migrate_to(conn, schema, 4)
+
+        def job(key, state="pending", blocked=True):
+            lease = "now() + interval '1 minute'" if state == "running" else "NULL"
+            return q(conn, schema, "INSERT INTO {s}.jobs (queue, task, payload, ordering_key, state, blocked, "
+                                   f"finished_at, lease_expires_at) VALUES ('default', 't', '1', %s, %s, %s, "
+                                   f"CASE WHEN %s = 'dead' THEN now() END, {lease}) RETURNING id",
+                     key, state, blocked, state)[0][0]
+
+        stranded = [job("stranded"), job("stranded")]
+        behind_running = [job("running", "running", False), job("running")]
+        behind_dead = [job("dead", "dead", False), job("dead")]
+        active = [job("active", blocked=False), job("active")]
+        migrate(conn, schema)
+        rows = dict(q(conn, schema, "SELECT id, blocked FROM {s}.jobs"))
+        assert [rows[i] for i in stranded] == [False, True]
+        assert [rows[i] for i in behind_running + behind_dead + active] == [False, True, False, True, False, True]
+        assert q(conn, schema, "SELECT job_id, kind FROM {s}.job_events") == [(stranded[0], "promoted")]

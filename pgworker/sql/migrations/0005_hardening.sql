@@ -1,4 +1,5 @@
--- pgworker schema, version 5: no value may poison a queue.
+-- pgworker schema, version 5: no value may poison a queue, no key stays stranded, and a
+-- least-privilege worker may prune.
 -- {schema} is replaced by the quoted schema name before this file runs.
 --
 -- The jobs table is locked first, for the whole migration (ALTER TABLE ... ADD
@@ -69,3 +70,73 @@ ALTER TABLE {schema}.jobs
 ALTER TABLE {schema}.queues
     ADD CONSTRAINT queues_tokens_at_range
         CHECK (tokens_at BETWEEN '1970-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00');
+
+-- 2. Ordering keys stranded by the defects this version fixes (a batch enqueue whose job
+-- was refused by its dedupe key, the pruner deleting a dead head: each changed which job
+-- heads a key without promoting the next one). A key whose head, its oldest unfinished
+-- job, is pending and blocked while nothing of the key is active can never move again;
+-- no correct transition leaves one (each promotes in the transaction that changes the
+-- head), and with the table locked no transaction is half done. Each such head is
+-- promoted, as ordering_keys_promote would have, and the job's audit trail says so
+-- ('promoted'). The heads are found as ordering_keys_promote finds them (DISTINCT ON
+-- over jobs_ordering_key_idx's order).
+WITH heads AS (
+    SELECT DISTINCT ON (ordering_key) id, ordering_key, state, blocked
+    FROM {schema}.jobs
+    WHERE ordering_key IS NOT NULL
+      AND (state IN ('pending', 'running') OR (state = 'dead' AND dead_blocks_key))
+    ORDER BY ordering_key, id
+), stranded AS (
+    SELECT h.id FROM heads AS h
+    WHERE h.state = 'pending' AND h.blocked
+      AND NOT EXISTS (
+          SELECT 1 FROM {schema}.jobs AS a
+          WHERE a.ordering_key = h.ordering_key
+            AND (a.state = 'running' OR (a.state = 'pending' AND NOT a.blocked)))
+), promoted AS (
+    UPDATE {schema}.jobs AS j SET blocked = false FROM stranded WHERE j.id = stranded.id RETURNING j.id
+)
+INSERT INTO {schema}.job_events (job_id, kind, actor, detail)
+SELECT p.id, 'promoted', 'pgworker migrate (schema version 5)',
+       jsonb_build_object('reason', 'the head of its ordering key was blocked with nothing of the key active')
+FROM promoted AS p;
+
+-- 3. Retention for a role without DELETE (the least-privilege worker of `pgworker sql
+-- grants --worker`, whose pruner, on by default, could only log an ERROR and stop).
+-- SECURITY DEFINER: these run as the schema's owner (the role that migrates), and what
+-- they may delete is fixed here, so EXECUTE can be granted to a role that may not DELETE:
+-- of the ids given, only jobs that are finished (succeeded without a live dedupe hold,
+-- cancelled, dead) longer ago than the caller's retention for their state (NULL keeps the
+-- state), and audit events older than the caller's retention. The caller chooses which
+-- rows and locks them (jobs_prune, queue_events_prune in sql/queries/maintenance.sql,
+-- with the ordering-key locks a dead head needs); these re-check and delete. search_path
+-- fixed to the schema itself (only its owner may create objects in it) with pg_temp last,
+-- so no caller's object can stand in for one named here (PostgreSQL docs, CREATE
+-- FUNCTION, "Writing SECURITY DEFINER Functions Safely"); EXECUTE revoked from PUBLIC.
+CREATE FUNCTION {schema}.delete_finished_jobs(ids bigint[], succeeded_seconds double precision,
+                                              cancelled_seconds double precision, dead_seconds double precision)
+RETURNS TABLE (deleted_state text, deleted_key text)
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
+    DELETE FROM jobs AS j
+    WHERE j.id = ANY (ids)
+      AND ((j.state = 'succeeded' AND j.finished_at < now() - make_interval(secs => succeeded_seconds)
+            AND (j.dedupe_until IS NULL OR j.dedupe_until <= now()))
+        OR (j.state = 'cancelled' AND j.finished_at < now() - make_interval(secs => cancelled_seconds))
+        OR (j.state = 'dead' AND j.finished_at < now() - make_interval(secs => dead_seconds)))
+    -- the key of a dead job that headed it: the caller promotes its next job
+    RETURNING j.state::text, CASE WHEN j.state = 'dead' AND j.dead_blocks_key THEN j.ordering_key END
+$$;
+REVOKE ALL ON FUNCTION {schema}.delete_finished_jobs(bigint[], double precision, double precision,
+                                                     double precision) FROM PUBLIC;
+
+CREATE FUNCTION {schema}.delete_queue_events(ids bigint[], older_than_seconds double precision)
+RETURNS SETOF bigint
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
+    -- SKIP LOCKED: the pruners of several pods may have chosen the same events
+    DELETE FROM queue_events AS e
+    WHERE e.id IN (SELECT x.id FROM queue_events AS x
+                   WHERE x.id = ANY (ids) AND x.at < now() - make_interval(secs => older_than_seconds)
+                   FOR UPDATE SKIP LOCKED)
+    RETURNING e.id
+$$;
+REVOKE ALL ON FUNCTION {schema}.delete_queue_events(bigint[], double precision) FROM PUBLIC;

@@ -61,8 +61,25 @@ RETURNING j.id, j.queue, j.task, j.state::text AS state, j.ordering_key, j.lease
 -- their dedupe key (dedupe_until in the future) stay. Each arm is a range scan of
 -- jobs_finished_idx (state, finished_at), oldest first, so a batch costs its own rows
 -- however much history is kept; SKIP LOCKED lets the pruners of several pods share the
--- work. The caller repeats while an arm comes back full; each batch is a short
--- transaction.
+-- work, and a row another session holds locked never hides the rows behind it. The
+-- caller repeats while an arm comes back full; each batch is a short transaction.
+--
+-- A dead job that blocks its ordering key heads it: deleting it changes which job of the
+-- key runs next, so it goes only under the key's lock, and the caller promotes the key's
+-- next job afterwards (a new statement of the same transaction; the pruner once deleted
+-- such heads and promoted nothing: the key's jobs stayed blocked for good, with no dead
+-- row left to show why). Maintenance never waits for a key: the lock is tried
+-- (pg_try_advisory_xact_lock, the lock of ordering_keys_lock) in the arm's filter, so a
+-- head whose key another transaction holds is passed over this time, and the scan goes on
+-- to the rows behind it. The filter runs in the scan, before FOR UPDATE locks the row:
+-- the key lock comes before the row lock, as in every keyed transition (and, tried, it
+-- can never wait in a cycle). CASE keeps the try-lock to the dead heads only (the planner
+-- may reorder a WHERE clause's conditions, never a CASE's).
+--
+-- The delete itself is delete_finished_jobs (schema.sql, migration 0005): a SECURITY
+-- DEFINER function that re-checks each id is finished and past the retention given, so
+-- that the least-privilege worker role, which has no DELETE, may prune. It returns each
+-- deleted row's state, and the key of a deleted dead head.
 WITH succeeded AS (
     SELECT id FROM {schema}.jobs
     WHERE state = 'succeeded'
@@ -78,22 +95,26 @@ WITH succeeded AS (
 ), dead AS (
     SELECT id FROM {schema}.jobs
     WHERE state = 'dead' AND finished_at < now() - make_interval(secs => %(dead_seconds)s::float8)
+      AND CASE WHEN ordering_key IS NOT NULL AND dead_blocks_key
+               THEN pg_try_advisory_xact_lock(hashtext(%(namespace)s), hashtext(ordering_key))
+               ELSE true END
     ORDER BY finished_at LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM {schema}.jobs
-WHERE id = ANY (ARRAY(SELECT id FROM succeeded UNION ALL SELECT id FROM cancelled UNION ALL SELECT id FROM dead))
-RETURNING state::text;
+SELECT d.deleted_state, d.deleted_key
+FROM {schema}.delete_finished_jobs(
+    ARRAY(SELECT id FROM succeeded UNION ALL SELECT id FROM cancelled UNION ALL SELECT id FROM dead),
+    %(succeeded_seconds)s::float8, %(cancelled_seconds)s::float8, %(dead_seconds)s::float8) AS d;
 
 -- name: queue_events_prune
 -- Retention of the queues' audit trail: delete up to %(limit)s events older than
--- %(older_than_seconds)s, oldest first, on queue_events_at_idx.
-DELETE FROM {schema}.queue_events
-WHERE id IN (
+-- %(older_than_seconds)s, oldest first, on queue_events_at_idx. Chosen here without a
+-- lock (the least-privilege worker may read the trail, not lock it; nobody else locks an
+-- event) and deleted by delete_queue_events (schema.sql, migration 0005), a SECURITY
+-- DEFINER function that re-checks the age and skips events another pruner has locked.
+SELECT e.id
+FROM {schema}.delete_queue_events(ARRAY(
     SELECT id FROM {schema}.queue_events
     WHERE at < now() - make_interval(secs => %(older_than_seconds)s::float8)
     ORDER BY at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-RETURNING id;
+    LIMIT %(limit)s), %(older_than_seconds)s::float8) AS e (id);
