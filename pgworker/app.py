@@ -298,7 +298,10 @@ class App:
     def reap(self, *, limit: int = 1000, retry: RetryPolicy | None = None) -> ReapResult:
         """Recover up to ``limit`` expired leases: back to pending after the retry policy
         of the job's task (``retry`` overrides it for every job), dead once its attempts
-        are spent, cancelled when a cancellation was requested."""
+        are spent, cancelled when a cancellation was requested. Rows other sessions hold
+        locked, and leases of ordering keys locked elsewhere (``skipped``), are left for
+        later; a row that cannot be written (a CHECK constraint or trigger refuses it) is
+        in ``failed``, and the rest of the batch is reaped."""
         return lifecycle.reap(self, limit=limit, retry=retry)
 
     # -- operator actions -----------------------------------------------------------

@@ -149,6 +149,32 @@ class FailRequest:
     permanent: bool = False
 
 
+class ReapCandidate(NamedTuple):
+    """An expired lease as the reaper found it (``jobs_reap_candidates``)."""
+
+    id: int
+    queue: str
+    ordering_key: str | None
+    task: str
+    attempts: int
+    lease_expires_at: datetime
+
+
+@dataclass(frozen=True)
+class ReapFailure:
+    """An expired lease whose row the reaper could not write, alone in its transaction (a
+    CHECK constraint or trigger a user added refused it, a value out of range): the rest of
+    its batch was reaped without it."""
+
+    job_id: int
+    queue: str
+    sqlstate: str
+    message: str
+    """The server's primary message, bounded (never its DETAIL, which can quote the row)."""
+    noted: bool
+    """Whether the failure could be written to the job's error history (REAP_FAILED)."""
+
+
 @dataclass(frozen=True)
 class ReapResult:
     """Expired leases recovered by one reap batch, by the state each job went to."""
@@ -163,6 +189,11 @@ class ReapResult:
     skipped: int = 0
     """Expired leases left for a later pass because another transaction held their
     ordering key's lock (maintenance never waits for a lock)."""
+    failed: tuple[ReapFailure, ...] = ()
+    """Expired leases whose row could not be written (each isolated from its batch)."""
+    last: tuple[datetime, int] | None = None
+    """(lease expiry, id) of the last candidate found: where the next batch of the same
+    pass goes on (``after``), so that candidates left behind never hide the ones after them."""
 
     @property
     def total(self) -> int:

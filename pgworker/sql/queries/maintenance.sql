@@ -11,16 +11,39 @@
 SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off';
 
 -- name: jobs_reap_candidates
--- Expired leases, oldest first, with their ordering keys, tasks and attempts. Read
--- without locks: the caller computes each job's retry delay from its task's retry policy
--- (the same policy as a handler's failure), try-locks the ordering keys (before any row
--- lock, the lock order of every keyed transition; a key held by someone else is skipped
--- this pass, never waited for), and reaps these ids with jobs_reap, which re-checks each.
-SELECT id, ordering_key, task, attempts
+-- Expired leases, oldest first, with what their reap needs (queue, ordering key, task,
+-- attempts: the caller computes each job's retry delay from its task's retry policy, the
+-- same policy as a handler's failure) and the expiry, the cursor of a reaper pass.
+--
+-- FOR UPDATE SKIP LOCKED: a row another session holds locked (an operator's open
+-- transaction, App.cancel(conn=...) inside a caller's transaction) is passed over here.
+-- Read without locks, such rows filled the batch, jobs_reap then skipped every one, and
+-- the pass ended with nothing reaped: the expired leases behind them stayed stuck, pass
+-- after pass (seen: 0 of 250 reapable leases reaped behind 1,500 older locked rows).
+--
+-- The cursor: a pass walks the expired leases in (lease_expires_at, id) order, each
+-- batch after the last candidate of the one before (%(after_at)s, %(after_id)s; NULL for
+-- the first), so the candidates a batch had to leave (key locked elsewhere, a row that
+-- cannot be written) never hide the ones after them either; the next pass starts over.
+-- The range on lease_expires_at is the index condition of jobs_lease_expiry_idx; the row
+-- comparison settles ties on id.
+--
+-- Lock order: this statement runs on its own (a transaction of its own on the reaper's
+-- autocommit connection), so its row locks end with it, before the reap's transaction
+-- (Store.reap) try-locks the candidates' ordering keys and then locks the rows again in
+-- jobs_reap, which re-checks each: key locks before row locks, as in every keyed
+-- transition. Read and reap in one transaction, the rows would be locked before their
+-- keys; harmless while every lock here is tried or skipped (nothing waits, so nothing can
+-- wait in a cycle), but the one rule would then have an exception to reason about. The
+-- price is a tuple lock per candidate, for a pass that only runs when leases expired.
+SELECT id, queue, ordering_key, task, attempts, lease_expires_at
 FROM {schema}.jobs
 WHERE state = 'running' AND lease_expires_at <= now()
-ORDER BY lease_expires_at
-LIMIT %(limit)s;
+  AND lease_expires_at >= coalesce(%(after_at)s::timestamptz, '-infinity')
+  AND (lease_expires_at, id) > (coalesce(%(after_at)s::timestamptz, '-infinity'), coalesce(%(after_id)s::bigint, 0))
+ORDER BY lease_expires_at, id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
 
 -- name: jobs_reap
 -- Recover the given jobs whose lease expired: back to pending after the delay computed
@@ -53,6 +76,22 @@ FROM expired AS e
 JOIN unnest(%(ids)s::bigint[], %(delays)s::float8[]) AS d(id, delay) ON d.id = e.id
 WHERE j.id = e.id
 RETURNING j.id, j.queue, j.task, j.state::text AS state, j.ordering_key, j.lease_token, j.dead_blocks_key;
+
+-- name: job_reap_failure_note
+-- A job the reaper could not write (jobs_reap failed for its row alone: a CHECK
+-- constraint or a trigger a user added, a value out of range): its error history says so
+-- (code REAP_FAILED, the server's message), so `pgworker jobs show ID` explains a job left
+-- running with an expired lease. Only the history and last_error_code change (the row
+-- cannot be reaped yet); this update can fail too (a trigger refusing every update), and
+-- the caller then reports the job in its log and metric only. Not fenced by a token: it is
+-- the reaper's record on a row still running with an expired lease, whoever owned it.
+UPDATE {schema}.jobs AS j
+SET last_error_code = 'REAP_FAILED',
+    errors = {schema}.bounded_append(j.errors, jsonb_build_object(
+        'attempt', j.attempts, 'at', now(), 'code', 'REAP_FAILED', 'message', %(message)s::text,
+        'worker', j.lease_owner), %(keep)s)
+WHERE j.id = %(id)s AND j.state = 'running' AND j.lease_expires_at <= now()
+RETURNING j.id;
 
 -- name: jobs_prune
 -- Retention: delete up to %(limit)s jobs of each finished state that finished longer
