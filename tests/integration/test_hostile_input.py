@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 import psycopg
 import pytest
 
-from pgworker import App, JobSpec, Settings
+from pgworker import App, JobSpec, Permanent, Settings
 from pgworker.errors import InvalidJob, InvalidName, PayloadError
 from pgworker.store import notify_channel
 
@@ -155,6 +155,25 @@ def test_json_nested_deeper_than_postgresql_allows_is_refused_by_the_server(app,
           nested(200_000))
     assert q(conn, app.settings.schema, "SELECT count(*) FROM {s}.jobs") == [(0,)]
     app.enqueue("noop", 1)  # the queue is unaffected
+
+
+def test_a_raw_row_python_cannot_decode_does_not_lose_app_claims_batch(app, conn):
+    """App.claim (the public API, on the App's pooled connections) read the claim's rows
+    with psycopg's plain JSON loader: one payload nested deeper than Python decodes raised
+    RecursionError after the claim had committed, and every job of the batch was left
+    leased to nobody (reaped later, its attempt spent, without running)."""
+    from pgworker.jobs import UndecodablePayload
+
+    schema = app.settings.schema
+    good = app.enqueue("noop", {"fine": True})
+    [(bad,)] = q(conn, schema, "INSERT INTO {s}.jobs (queue, task, payload) VALUES ('default', 'noop', %s) "
+                               "RETURNING id", nested(5000))
+    jobs = {j.id: j for j in app.claim(limit=10)}
+    assert set(jobs) == {good, bad}
+    assert jobs[good].payload == {"fine": True} and isinstance(jobs[bad].payload, UndecodablePayload)
+    app.complete(jobs[good])
+    app.fail(jobs[bad], Permanent("undecodable"))
+    assert dict(q(conn, schema, "SELECT id, state::text FROM {s}.jobs")) == {good: "succeeded", bad: "dead"}
 
 
 @pytest.mark.parametrize("lease", [60.0, 131_072.0, 2 * 86400.0, 365 * 86400.0])
