@@ -41,6 +41,9 @@ REAP_MAX_BATCHES_PER_PASS = 100
 # failing, reported) again; and how many such rows a reaper remembers.
 RETRY_UNREAPABLE_SECONDS = 300.0
 MAX_UNREAPABLE_REMEMBERED = 10_000
+# Rows that could not be reaped logged one by one per pass; past that, one line says how
+# many more (a trigger refusing every row must not write thousands of lines a pass).
+MAX_UNREAPABLE_LOGGED = 10
 
 DelayFor = Callable[[str, int], float]
 
@@ -74,6 +77,7 @@ def reap_pass(store: Store, conn: psycopg.Connection, config: ReaperConfig, metr
     for job_id in [j for j, at in unreapable.items() if now - at >= RETRY_UNREAPABLE_SECONDS]:
         del unreapable[job_id]
     total = 0
+    failed = 0
     after = None
     for _ in range(config.max_batches):
         result = store.reap(conn, limit=config.batch, delay_for=config.delay_for, after=after, skip=unreapable)
@@ -84,7 +88,11 @@ def reap_pass(store: Store, conn: psycopg.Connection, config: ReaperConfig, metr
             log.info("reaper: %s expired lease(s) left for a later pass: their ordering key is locked by "
                      "another transaction", result.skipped, extra={"action": "reap_skipped"})
         for failure in result.failed:
-            _report(failure, metrics)
+            if metrics is not None:
+                metrics.reap_failed(failure.queue)
+            if failed < MAX_UNREAPABLE_LOGGED:
+                _report(failure)
+            failed += 1
             unreapable[failure.job_id] = now
         per_queue: dict[str, dict[str, int]] = {}
         for (queue, state), n in result.by_queue.items():
@@ -100,14 +108,17 @@ def reap_pass(store: Store, conn: psycopg.Connection, config: ReaperConfig, metr
         if result.candidates < config.batch:
             break  # all found; the next batch would start after this one's last candidate
         after = result.last
-    while len(unreapable) > MAX_UNREAPABLE_REMEMBERED:  # the oldest failures are tried again first
-        del unreapable[min(unreapable, key=unreapable.__getitem__)]
+    if failed > MAX_UNREAPABLE_LOGGED:
+        log.error("reaper: %s more expired lease(s) could not be reaped, their rows refused alike "
+                  "(pgworker_reap_failed_total counts them; each has REAP_FAILED in its error history "
+                  "where that could be written)", failed - MAX_UNREAPABLE_LOGGED, extra={"action": "reap_failed"})
+    if len(unreapable) > MAX_UNREAPABLE_REMEMBERED:  # forget the oldest failures: they are tried first
+        for job_id in sorted(unreapable, key=unreapable.__getitem__)[:len(unreapable) - MAX_UNREAPABLE_REMEMBERED]:
+            del unreapable[job_id]
     return total
 
 
-def _report(failure: ReapFailure, metrics: Any) -> None:
-    if metrics is not None:
-        metrics.reap_failed(failure.queue)
+def _report(failure: ReapFailure) -> None:
     log.error("reaper: job %s (queue %r) cannot be reaped, its row was refused: %s. The rest of its batch "
               "was reaped; this job stays running with an expired lease, tried again in %.0f s. Fix the "
               "row, or what refuses it (a CHECK constraint or trigger on the jobs table?)%s",

@@ -279,6 +279,28 @@ def test_a_row_no_update_may_touch_is_reported_without_its_history(app, conn, ca
     assert app.get_job(frozen)["errors"] == []
 
 
+def test_a_rule_refusing_every_row_is_reported_in_a_bounded_number_of_lines(app, conn, caplog):
+    """A trigger refusing the reap of every row: each row is isolated and counted, the
+    pass logs the first ones one by one and then how many more, not a line per row."""
+    import logging
+
+    from pgworker.worker.reaper import MAX_UNREAPABLE_LOGGED, ReaperConfig, reap_pass
+
+    schema = app.settings.schema
+    expired_running(conn, schema, MAX_UNREAPABLE_LOGGED + 15, minutes_ago=1)
+    ddl(conn, schema, """CREATE FUNCTION {s}.users_freeze() RETURNS trigger LANGUAGE plpgsql AS $$
+                         BEGIN RAISE EXCEPTION 'nothing may be reaped'; END $$""")
+    ddl(conn, schema, "CREATE TRIGGER users_freeze BEFORE UPDATE ON {s}.jobs FOR EACH ROW "
+                      "EXECUTE FUNCTION {s}.users_freeze()")
+    caplog.set_level(logging.INFO, logger="pgworker.reaper")
+    unreapable: dict = {}
+    with app.connection() as c:
+        assert reap_pass(app.store, c, ReaperConfig(batch=10), unreapable=unreapable) == 0
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(lines) == MAX_UNREAPABLE_LOGGED + 1 and "15 more expired lease(s)" in lines[-1]
+    assert len(unreapable) == MAX_UNREAPABLE_LOGGED + 15
+
+
 def test_every_worker_session_has_bounded_statement_and_lock_timeouts(app, pg_dsn, schema):
     from pgworker.worker.claimer.connection import ClaimerConnection
     from pgworker.worker.service import worker_connect
