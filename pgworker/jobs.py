@@ -13,15 +13,15 @@ from typing import Any, NamedTuple, Sequence
 # 8.5, "Date/Time Types").
 MAX_DELAY_SECONDS = 100 * 365 * 86400.0
 
-# The range of the timestamps a job's row may hold (run_at, created_at, lease_expires_at;
-# a queue's tokens_at): CHECK constraints since migration 0005 (jobs_run_at_range, ...).
-# Every claim can compute with a value in it ('-infinity' made every claim of its queue
-# fail: "cannot subtract infinite timestamps") and psycopg can read it back in any session
-# time zone (a year before 1 or after 9999 in the session's zone cannot be a datetime: a
-# claim that committed such a row was lost whole). 1970 is far before any real job; the
-# upper bound is far past now + MAX_DELAY_SECONDS, the latest an enqueue accepts.
+# The earliest timestamp a job's row may hold (run_at, created_at, lease_expires_at; a
+# queue's tokens_at), up to 9999-01-01 UTC: CHECK constraints since migration 0005
+# (jobs_run_at_range, ...). Every claim can compute with a value in that range ('-infinity'
+# made every claim of its queue fail: "cannot subtract infinite timestamps") and psycopg
+# can read it back in any session time zone (a year before 1 or after 9999 in the
+# session's zone cannot be a datetime: a claim that committed such a row was lost whole).
+# 1970 is far before any real job; 9999 is far past now + MAX_DELAY_SECONDS, the latest an
+# enqueue accepts.
 EARLIEST_TIMESTAMP = datetime(1970, 1, 1, tzinfo=timezone.utc)
-LATEST_TIMESTAMP = datetime(9999, 1, 1, tzinfo=timezone.utc)
 
 
 class JobState(str, enum.Enum):

@@ -8,7 +8,7 @@
 -- once; on a large table, migrate at a quiet moment.
 LOCK TABLE {schema}.jobs, {schema}.queues IN ACCESS EXCLUSIVE MODE;
 
--- 1. Timestamps every claim can handle (pgworker.jobs.EARLIEST_TIMESTAMP, LATEST_TIMESTAMP).
+-- 1. Timestamps every claim can handle (pgworker.jobs.EARLIEST_TIMESTAMP says so too).
 -- One row with run_at = '-infinity' (written by SQL, a migration, a restore) made every
 -- claim of its queue fail ("cannot subtract infinite timestamps"), and a run_at before
 -- year 1 or after 9999 in the session's time zone cannot be read back by psycopg: the
