@@ -226,8 +226,8 @@ class App:
         name this App does not register (a task another service's worker handles), as an
         App with no tasks (a pure producer) always does; such a job takes the queue
         'default' unless one is given, and 5 attempts. ``payload: JSON-serialisable, at most ``max_payload_bytes``
-        (default 1 MiB). ``run_at`` (timezone-aware) or ``delay`` (seconds, or a
-        timedelta) defers it. ``priority``: higher runs first. ``dedupe_key``: while a
+        (default 1 MiB). ``run_at`` (timezone-aware, from 1970-01-01 UTC to 100 years from
+        now; a past one is due now) or ``delay`` (seconds, or a timedelta) defers it. ``priority``: higher runs first. ``dedupe_key``: while a
         job with this key is pending or running (and, with ``dedupe_window`` seconds, for
         that long after it succeeded), enqueueing another returns that job's id instead;
         a unique index decides, and a duplicate never aborts the caller's transaction.
@@ -298,7 +298,10 @@ class App:
     def reap(self, *, limit: int = 1000, retry: RetryPolicy | None = None) -> ReapResult:
         """Recover up to ``limit`` expired leases: back to pending after the retry policy
         of the job's task (``retry`` overrides it for every job), dead once its attempts
-        are spent, cancelled when a cancellation was requested."""
+        are spent, cancelled when a cancellation was requested. Rows other sessions hold
+        locked, and leases of ordering keys locked elsewhere (``skipped``), are left for
+        later; a row that cannot be written (a CHECK constraint or trigger refuses it) is
+        in ``failed``, and the rest of the batch is reaped."""
         return lifecycle.reap(self, limit=limit, retry=retry)
 
     # -- operator actions -----------------------------------------------------------

@@ -140,6 +140,11 @@ METRICS: tuple[MetricDef, ...] = (
               "Expired leases a reaper pass left for a later pass because another transaction held their "
               "ordering key's lock (maintenance never waits for a lock).", "worker",
               recorded_by="the supervisor (reaper)"),
+    MetricDef("pgworker_reap_failed_total", "counter", ("queue",),
+              "Expired leases whose row the reaper could not write (a CHECK constraint or trigger a user added "
+              "refused it, a value out of range): each is logged with its job id and the error, noted in the "
+              "job's error history (REAP_FAILED) when that can be written, and tried again 5 minutes later; "
+              "the rest of its batch is reaped.", "worker", recorded_by="the supervisor (reaper)"),
     MetricDef("pgworker_jobs_pruned_total", "counter", ("outcome",),
               "Finished jobs deleted by the pruner once past their retention, by how they ended "
               "(succeeded, cancelled, dead).", "worker",

@@ -5,13 +5,23 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, NamedTuple, Sequence
 
 # The longest delay pgworker accepts anywhere (enqueue, retry, snooze), in seconds: 100
 # years, far inside what a PostgreSQL interval and timestamp can hold (PostgreSQL docs
 # 8.5, "Date/Time Types").
 MAX_DELAY_SECONDS = 100 * 365 * 86400.0
+
+# The earliest timestamp a job's row may hold (run_at, created_at, lease_expires_at; a
+# queue's tokens_at), up to 9999-01-01 UTC: CHECK constraints since migration 0005
+# (jobs_run_at_range, ...). Every claim can compute with a value in that range ('-infinity'
+# made every claim of its queue fail: "cannot subtract infinite timestamps") and psycopg
+# can read it back in any session time zone (a year before 1 or after 9999 in the
+# session's zone cannot be a datetime: a claim that committed such a row was lost whole).
+# 1970 is far before any real job; 9999 is far past now + MAX_DELAY_SECONDS, the latest an
+# enqueue accepts.
+EARLIEST_TIMESTAMP = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 class JobState(str, enum.Enum):
@@ -142,6 +152,32 @@ class FailRequest:
     permanent: bool = False
 
 
+class ReapCandidate(NamedTuple):
+    """An expired lease as the reaper found it (``jobs_reap_candidates``)."""
+
+    id: int
+    queue: str
+    ordering_key: str | None
+    task: str
+    attempts: int
+    lease_expires_at: datetime
+
+
+@dataclass(frozen=True)
+class ReapFailure:
+    """An expired lease whose row the reaper could not write, alone in its transaction (a
+    CHECK constraint or trigger a user added refused it, a value out of range): the rest of
+    its batch was reaped without it."""
+
+    job_id: int
+    queue: str
+    sqlstate: str
+    message: str
+    """The server's primary message, bounded (never its DETAIL, which can quote the row)."""
+    noted: bool
+    """Whether the failure could be written to the job's error history (REAP_FAILED)."""
+
+
 @dataclass(frozen=True)
 class ReapResult:
     """Expired leases recovered by one reap batch, by the state each job went to."""
@@ -156,6 +192,11 @@ class ReapResult:
     skipped: int = 0
     """Expired leases left for a later pass because another transaction held their
     ordering key's lock (maintenance never waits for a lock)."""
+    failed: tuple[ReapFailure, ...] = ()
+    """Expired leases whose row could not be written (each isolated from its batch)."""
+    last: tuple[datetime, int] | None = None
+    """(lease expiry, id) of the last candidate found: where the next batch of the same
+    pass goes on (``after``), so that candidates left behind never hide the ones after them."""
 
     @property
     def total(self) -> int:

@@ -90,6 +90,7 @@ class WorkerMetrics:
                 c("pgworker_lease_renewals_total", q, r)
             for a in cat.EXPIRATION_ACTIONS:
                 c("pgworker_lease_expirations_total", q, a)
+            c("pgworker_reap_failed_total", q)
             for op in cat.FENCED_OPERATIONS:
                 c("pgworker_fenced_writes_total", q, op)
             tasks = (tasks_by_queue or {}).get(q, ()) if self.task_label else ("",)
@@ -228,6 +229,10 @@ class WorkerMetrics:
     def reap_skipped(self, count: int) -> None:
         if count:
             self.m["pgworker_reap_skipped_total"].inc(count)
+
+    def reap_failed(self, queue: str) -> None:
+        """An expired lease whose row the reaper could not write."""
+        self._child("pgworker_reap_failed_total", queue).inc()
 
     def pruned(self, state: str, count: int) -> None:
         if count:

@@ -177,6 +177,37 @@ def test_expired_lease_shows_then_is_reaped_and_the_stale_completion_is_fenced(e
     assert q(conn, schema, "SELECT state::text, lease_token FROM {s}.jobs WHERE id = %s", job) == [("succeeded", 2)]
 
 
+def test_a_row_the_reaper_cannot_write_is_counted_and_logged_and_the_rest_reaped(env, pg_dsn, conn):
+    """A CHECK constraint a user added refuses the reap of one expired lease: the worker's
+    reaper reaps the rest of its batch, counts the row in pgworker_reap_failed_total and
+    logs it once (it once failed the whole batch on every pass), and the pod stays ready."""
+    schema = env.settings.schema
+    insert = ("INSERT INTO {s}.jobs (queue, task, payload, state, attempts, lease_token, lease_owner, "
+              "lease_expires_at) VALUES ('default', 'ok', %s::jsonb, 'running', 1, 1, 'gone', "
+              "now() - interval '1 minute') RETURNING id")
+    good = [q(conn, schema, insert, "1")[0][0] for _ in range(5)]
+    [bad] = q(conn, schema, insert, '"poison"')[0]
+    conn.execute(psycopg.sql.SQL("""ALTER TABLE {}.jobs ADD CONSTRAINT users_own_rule
+                                    CHECK (state <> 'pending' OR payload <> '"poison"'::jsonb)""")
+                 .format(psycopg.sql.Identifier(schema)))
+    port = free_port()
+    with worker(pg_dsn, schema, "--concurrency", "1", "--reap-interval", "0.5", "--poll-interval", "0.3",
+                port=port) as w:
+        text = wait_for_metrics(port, lambda t: total(t, "pgworker_reap_failed_total", queue="default") == 1
+                                and total(t, "pgworker_lease_expirations_total", action="requeued") == 5, 30,
+                                "the rest of the batch reaped, the bad row counted")
+        wait_until(lambda: finished(conn, schema, 5), 30, message=lambda: w.logs()[-3000:])
+        wait_ready(port)
+        assert w.stop() == 0
+        logs = w.logs()
+    assert total(text, "pgworker_reap_failed_total") == 1
+    assert logs.count(f"job {bad} (queue 'default') cannot be reaped") == 1, logs[-3000:]
+    assert "users_own_rule" in logs and "poison" not in logs  # the server's DETAIL quotes the row: never logged
+    assert q(conn, schema, "SELECT state::text, last_error_code FROM {s}.jobs WHERE id = %s", bad) == [
+        ("running", "REAP_FAILED")]
+    assert len(good) == 5
+
+
 def test_a_stuck_due_job_makes_the_oldest_age_grow(env, pg_dsn, conn):
     schema = env.settings.schema
     job = env.enqueue("ok")
