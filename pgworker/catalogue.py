@@ -157,7 +157,8 @@ METRICS: tuple[MetricDef, ...] = (
               "When the last drain run ended (Unix time), by result (succeeded, deadline, interrupted, failed).", "drain",
               recorded_by=_DRAIN),
     MetricDef("pgworker_drain_duration_seconds", "gauge", (),
-              "How long the last drain run took.", "drain", recorded_by=_DRAIN),
+              "How long the last drain run took (measured on the monotonic clock: a wall clock stepped "
+              "back during the run does not shorten it).", "drain", recorded_by=_DRAIN),
     MetricDef("pgworker_drain_jobs_processed", "gauge", ("outcome",),
               "Attempts settled by the last drain run, by outcome.", "drain", recorded_by=_DRAIN),
     MetricDef("pgworker_drain_jobs_left", "gauge", (),

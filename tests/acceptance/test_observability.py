@@ -365,6 +365,29 @@ def test_drain_prints_its_summary_when_the_pushgateway_is_unreachable(env, pg_ds
         assert "pushing the drain summary" in w.logs()
 
 
+def test_drain_duration_survives_the_wall_clock_stepping_back(env, pg_dsn, conn, tmp_path):
+    """The supervisor's wall clock steps back an hour while its job runs (an NTP step, a VM
+    resumed from a snapshot; tests/apps/wallclock_step.py moves only that process's
+    time.time): the summary line and the pushed gauge still say how long the run took,
+    not about -3600 s. The run's last-run timestamp is wall-clock time, as it should be."""
+    flag = tmp_path / "step-and-finish"
+    env.enqueue("wait_for_file", str(flag))
+    launcher = os.path.join(HERE, "apps", "wallclock_step.py")
+    with pushgateway_server() as gw:
+        with Worker(pg_dsn, env.settings.schema, "--drain", "--concurrency", "1", "--pushgateway-url", gw.url(),
+                    app=OBS_APP, env={"WALLCLOCK_STEP_FLAG": str(flag)}, launcher=launcher, name="clock") as w:
+            wait_until(lambda: q(conn, env.settings.schema, "SELECT 1 FROM {s}.ledger WHERE event = 'start'"), 60,
+                       message="the job to start")
+            flag.touch()  # the supervisor's clock steps back; the job ends
+            assert w.wait(60) == 0
+            summary = json.loads(w.stdout().strip().splitlines()[-1])
+        assert summary["succeeded"] == 1
+        assert 0 < summary["duration_seconds"] < 600, summary
+        pushed = requests.get(gw.url("/metrics"), timeout=10).text
+        [(_, duration)] = series(pushed, "pgworker_drain_duration_seconds")
+        assert 0 < duration < 600
+
+
 # -- /healthz and /readyz ----------------------------------------------------------------
 
 

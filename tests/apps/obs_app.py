@@ -70,6 +70,17 @@ def hold(payload, ctx):
     ledger(ctx, "end")
 
 
+@app.task(name="wait_for_file", max_attempts=1)
+def wait_for_file(payload, ctx):
+    """Runs until the file named by the payload exists (at most a minute), then succeeds:
+    a test decides when it ends."""
+    ledger(ctx, "start")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(payload) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ledger(ctx, "end")
+
+
 @app.task(name="outlive_lease", max_attempts=3, retry=FAST)
 def outlive_lease(payload, ctx):
     """First attempt: keep running until another worker has taken the job over (its lease
