@@ -18,9 +18,13 @@ RENEW_RESULTS = ("renewed", "lost", "error")
 EXPIRATION_ACTIONS = ("requeued", "dead", "cancelled")
 FENCED_OPERATIONS = ("renew", "complete", "fail", "release", "snooze", "cancel")
 WAKEUP_REASONS = ("notify", "poll", "reconnect", "sweep", "claim")
-STATS_STATES = ("pending", "blocked", "running", "dead")
+# pgworker_queue_jobs{state}: the live jobs of a queue, each in one of them. A pending
+# job is due (run_at has come: claimable now, unless its queue is paused), scheduled
+# (run_at later) or blocked (behind its ordering key's head).
+STATS_STATES = ("due", "scheduled", "blocked", "running", "dead")
 OUTCOME_WRITE_ERRORS = ("connection", "statement", "invalid_value")
 PRUNED_STATES = ("succeeded", "cancelled", "dead")
+DRAIN_RESULTS = ("succeeded", "deadline", "interrupted", "failed")
 # The task label of a job whose task this worker did not register (a typo, a rolling
 # deploy, hostile input): one bounded value, not a series per unknown name.
 UNREGISTERED_TASK = "unregistered"
@@ -62,7 +66,9 @@ _TABLE = "the supervisor, at scrape time (a second cached query, with the queue 
 METRICS: tuple[MetricDef, ...] = (
     # read from PostgreSQL at scrape time, in the exporting process only
     MetricDef("pgworker_queue_jobs", "gauge", ("queue", "state"),
-              "Jobs by queue and state (pending, blocked, running, dead), from the database.", "database",
+              "Jobs by queue and state, from the database: due (pending and due now: the backlog to "
+              "scale and alert on), scheduled (pending, run_at later: retries in backoff, delayed jobs), "
+              "blocked (pending behind its ordering key's head), running, dead.", "database",
               recorded_by=_STATS),
     MetricDef("pgworker_queue_oldest_job_age_seconds", "gauge", ("queue",),
               "Age of the oldest due, claimable job (database clock); 0 when none.", "database",
@@ -154,7 +160,7 @@ METRICS: tuple[MetricDef, ...] = (
               recorded_by="every process"),
     # reported once at the end of a --drain run (pushed to a Pushgateway when configured)
     MetricDef("pgworker_drain_last_run_timestamp_seconds", "gauge", ("result",),
-              "When the last drain run ended (Unix time), by result (succeeded, deadline, interrupted, failed).", "drain",
+              f"When the last drain run ended (Unix time), by result ({', '.join(DRAIN_RESULTS)}).", "drain",
               recorded_by=_DRAIN),
     MetricDef("pgworker_drain_duration_seconds", "gauge", (),
               "How long the last drain run took (measured on the monotonic clock: a wall clock stepped "

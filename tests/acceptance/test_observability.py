@@ -187,7 +187,7 @@ def test_a_stuck_due_job_makes_the_oldest_age_grow(env, pg_dsn, conn):
             age = lambda t: total(t, "pgworker_queue_oldest_job_age_seconds", queue="default")  # noqa: E731
             first = age(wait_for_metrics(port, lambda t: age(t) > 0, 30, "an oldest-age sample"))
             text = wait_for_metrics(port, lambda t: age(t) >= first + 2, 30, "the oldest age to grow")
-            assert total(text, "pgworker_queue_jobs", queue="default", state="pending") == 1
+            assert total(text, "pgworker_queue_jobs", queue="default", state="due") == 1
             assert total(text, "pgworker_queue_stats_up") == 1
             holder.rollback()
             wait_for_metrics(port, lambda t: age(t) == 0 and outcome(t, "succeeded") == 1, 30,
@@ -282,7 +282,7 @@ def test_no_stats_means_no_statistics_query(env, pg_dsn, conn):
 
 
 def test_a_real_prometheus_ingests_the_metrics_and_answers_the_documented_queries(env, pg_dsn, conn):
-    from pgworker.metrics_docs import all_queries
+    from pgworker.metrics_questions import all_queries
 
     schema = env.settings.schema
     job = env.enqueue("ok")

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pgworker import catalogue as cat
-from pgworker import metrics_docs
+from pgworker import metrics_docs, metrics_questions
 from pgworker.metrics import WorkerMetrics
 from pgworker.worker.health import HealthState
 
@@ -64,7 +64,7 @@ def test_names_follow_the_prometheus_conventions():
 
 def test_every_documented_query_uses_catalogued_metrics():
     series = cat.all_series_names()
-    for expr in metrics_docs.all_queries():
+    for expr in metrics_questions.all_queries():
         used = set(re.findall(r"\bpgworker_[a-z0-9_]+", expr))
         assert used and used <= series, (expr, used - series)
 

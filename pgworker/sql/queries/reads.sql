@@ -28,15 +28,20 @@ ORDER BY id DESC
 LIMIT %(limit)s;
 
 -- name: queue_stats
--- Statistics for the metrics collector, one row per queue, each figure from the
--- partial index that covers it: jobs by state (the finished states are counted by the
--- workers' counters instead: counting them would scan the history), the age of the
--- oldest due claimable job and of the oldest dead job (database clock), running
--- jobs whose lease expired but were not reaped yet, ordering keys held by a dead job
--- (dead-head policy 'block', on jobs_dead_idx), and whether the queue is paused.
+-- Statistics for the metrics collector and `pgworker status`, one row per queue, each
+-- figure from the partial index that covers it: jobs by state (the finished states are
+-- counted by the workers' counters instead: counting them would scan the history), the
+-- age of the oldest due claimable job and of the oldest dead job (database clock),
+-- running jobs whose lease expired but were not reaped yet, ordering keys held by a dead
+-- job (dead-head policy 'block', on jobs_dead_idx), and whether the queue is paused.
+-- Pending jobs are split by run_at into due (claimable now: what autoscaling and backlog
+-- alerts want) and scheduled (run_at later: a retry's backoff, a delayed job), two
+-- ranges of jobs_due_idx (queue, run_at); with blocked, each pending job is in one.
 SELECT q.queue,
        (SELECT count(*) FROM {schema}.jobs j
-         WHERE j.queue = q.queue AND j.state = 'pending' AND NOT j.blocked) AS pending,
+         WHERE j.queue = q.queue AND j.state = 'pending' AND NOT j.blocked AND j.run_at <= now()) AS due,
+       (SELECT count(*) FROM {schema}.jobs j
+         WHERE j.queue = q.queue AND j.state = 'pending' AND NOT j.blocked AND j.run_at > now()) AS scheduled,
        (SELECT count(*) FROM {schema}.jobs j
          WHERE j.ordering_key IS NOT NULL AND j.queue = q.queue AND j.state = 'pending' AND j.blocked) AS blocked,
        (SELECT count(*) FROM {schema}.jobs j
