@@ -14,12 +14,17 @@ from .parser import _ABSENT
 from .settings import _make_app
 
 
+def status_reads(app: Any, conn: Any) -> dict[str, Any]:
+    """Everything `pgworker status` reads, on ``conn``."""
+    return {"rows": app.store.queue_status(conn), "queues": app.store.list_queues(conn),
+            "blocked": app.store.dead_blocked_keys(conn)}
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     app = _make_app(args)
     with app.connection() as conn:
-        rows = app.store.queue_status(conn)
-        queues = app.store.list_queues(conn)
-        blocked = app.store.dead_blocked_keys(conn)
+        reads = status_reads(app, conn)
+    rows, queues, blocked = reads["rows"], reads["queues"], reads["blocked"]
     paused = [q for q in queues if q["paused_at"] is not None]
     if args.json:  # the state rows, each saying whether its queue is paused (`dead keys` lists the keys)
         names = {q["name"] for q in paused}
