@@ -3,8 +3,9 @@
 Under ``pgworker run`` every process writes its counters to ``PROMETHEUS_MULTIPROC_DIR``
 (prometheus_client multiprocess mode; the CLI sets the directory and wipes it before the
 library is imported) and the supervisor serves the merged view. Counters of a claimer
-killed with ``kill -9`` survive in its files; its ``livesum``/``livemin`` gauges go once
-the supervisor calls ``mark_process_dead``. Outside ``pgworker run`` (a
+killed with ``kill -9`` survive in its files; when a claimer is gone its
+``livesum``/``livemin`` gauges go and its other values are merged into the pod's
+compacted files (:mod:`pgworker.metrics_files`). Outside ``pgworker run`` (a
 web process that enqueues) the same metrics live in the default registry.
 
 Labels are bounded: queue, task (switchable off), outcome, result, operation, action,
@@ -286,36 +287,14 @@ def process_metrics(*, task_label: bool = True) -> WorkerMetrics:
         return _process_metrics
 
 
-def _created_files_collector(registry: CollectorRegistry) -> Any:
-    """prometheus_client's MultiProcessCollector, reading only the ``.db`` files that have
-    been created: ``MmapedDict`` creates a process's file before it sizes it, so a scrape in
-    that window read a 0-byte file, raised ``struct.error`` and failed whole with a 500 (a
-    claimer starting, restarted or recycled while /metrics is scraped; client_python issue
-    #1199, unfixed in 0.26). An empty file holds no samples yet; skipping it loses none."""
-    import glob
-
-    from prometheus_client import multiprocess
-
-    class CreatedFilesCollector(multiprocess.MultiProcessCollector):
-        def collect(self) -> Any:
-            files = []
-            for path in glob.glob(os.path.join(self._path, "*.db")):
-                try:
-                    if os.path.getsize(path) > 0:
-                        files.append(path)
-                except OSError:  # removed since the glob (a dead process's live gauges)
-                    pass
-            return self.merge(files, accumulate=True)
-
-    return CreatedFilesCollector(registry)
-
-
 def exposition_registry(extra: Iterable[Any] = ()) -> CollectorRegistry:
     """The registry ``/metrics`` serves: the merged multiprocess files (or the default
     registry outside multiprocess mode) plus ``extra`` collectors."""
     if multiprocess_enabled():
+        from .metrics_files import exposition_collector
+
         registry = CollectorRegistry()
-        _created_files_collector(registry)
+        exposition_collector(registry)
     else:
         from prometheus_client import REGISTRY
 

@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from obs import (Cluster, free_port, get, prometheus_server, pushgateway_server, require_tool, samples,
-                 scrape, series, tcp_client_ports, total, wait_for_metrics, wait_ready)
+                 scrape, series, tcp_client_ports, total, try_scrape, wait_for_metrics, wait_ready)
 from pg import wait_until
 from worker import HERE, Worker, create_ledger, q
 
@@ -115,6 +115,52 @@ def test_counter_totals_across_claimers_survive_kill_9(env, pg_dsn, conn):
         assert w.stop() == 0
     assert q(conn, schema, "SELECT state::text, last_error_code FROM {s}.jobs WHERE id = %s", hold) == \
         [("dead", "WORKER_DIED")]
+
+
+def test_recycled_claimers_leave_a_bounded_number_of_metric_files(env, pg_dsn, conn, tmp_path):
+    """--max-jobs-per-child 1: every job ends its claimer's life. Each gone claimer's
+    counters and histograms are merged into the pod's compacted files, so the directory
+    holds the live processes' files plus a few (it kept three files per process ever
+    started: 51 from 17 processes after 15 jobs, all merged at every scrape), and the
+    totals scraped over HTTP meanwhile never go backwards and end exact."""
+    schema = env.settings.schema
+    n = 20
+    metrics_dir = tmp_path / "metrics"
+    port = free_port()
+    watched = {"claimed": ("pgworker_claimed_jobs_total", {}),
+               "succeeded": ("pgworker_jobs_finished_total", {"outcome": "succeeded"}),
+               "runs": ("pgworker_job_run_duration_seconds_count", {}),
+               "run_seconds": ("pgworker_job_run_duration_seconds_sum", {}),
+               "claims": ("pgworker_claims_total", {}),
+               "waits_under_1s": ("pgworker_job_wait_duration_seconds_bucket", {"le": "1.0"})}
+    seen: list[dict[str, float]] = []
+
+    def scraped() -> dict[str, float] | None:
+        text = try_scrape(port)
+        if text is None:
+            return None
+        seen.append({k: total(text, name, **labels) for k, (name, labels) in watched.items()})
+        return seen[-1]
+
+    with worker(pg_dsn, schema, "--concurrency", "2", "--max-jobs-per-child", "1", "--batch-size", "1",
+                "--poll-interval", "0.3", "--metrics-dir", str(metrics_dir), port=port) as w:
+        wait_ready(port)
+        env.enqueue_many([("ok", i) for i in range(n)])
+        wait_until(lambda: (scraped() or {}).get("succeeded") == n, 180, 0.1,
+                   message=lambda: f"{n} jobs through recycled claimers; last scrape {seen[-1:]}")
+        assert finished(conn, schema, n)
+        final = scraped()
+        files = sorted(p.name for p in metrics_dir.glob("*.db"))
+        assert w.stop() == 0
+    started = w.logs().count("recycling")
+    assert started >= n - 2, f"the claimers were recycled ({started} times)"
+    # the supervisor and two claimers (counter, histogram, three kinds of gauge each), and
+    # one compacted file per kind of merged value
+    assert len(files) <= 3 * 5 + 3, files
+    assert (final["claimed"], final["succeeded"], final["runs"]) == (n, n, n)
+    for before, after in zip(seen, seen[1:]):
+        for key in watched:
+            assert after[key] >= before[key], (key, before, after)
 
 
 def test_claimer_heartbeat_stays_fresh_while_a_long_job_runs(env, pg_dsn):
