@@ -163,6 +163,30 @@ def test_recycled_claimers_leave_a_bounded_number_of_metric_files(env, pg_dsn, c
             assert after[key] >= before[key], (key, before, after)
 
 
+def test_the_error_class_cap_holds_for_the_pod_across_recycled_claimers(env, pg_dsn, conn):
+    """30 distinct handler error classes, one job each, through claimers recycled after
+    every job: the pod exports the first 20 (catalogue.ERROR_CLASS_TOP_N) and folds the
+    rest into 'other', counting every one (each claimer had a budget of its own, and each
+    replacement a new one: 29 classes seen from one pod)."""
+    schema = env.settings.schema
+    n, cap = 30, cat.ERROR_CLASS_TOP_N
+    port = free_port()
+    with worker(pg_dsn, schema, "--concurrency", "2", "--max-jobs-per-child", "1", "--batch-size", "1",
+                "--poll-interval", "0.3", port=port) as w:
+        wait_ready(port)
+        env.enqueue_many([("fail_as", f"E{i:02d}") for i in range(n)])
+        text = wait_for_metrics(port, lambda t: total(t, "pgworker_jobs_dead_total") == n, 180,
+                                "every job dead")
+        assert w.stop() == 0
+    assert w.logs().count("recycling") >= n - 2
+    ours = {labels["error_class"]: v for labels, v in series(text, "pgworker_jobs_dead_total")
+            if labels["error_class"] not in cat.KNOWN_ERROR_CODES}
+    named = {k for k, v in ours.items() if k != cat.OTHER and v > 0}
+    assert len(named) == cap, sorted(named)
+    assert ours[cat.OTHER] == n - cap
+    assert all(ours[k] == 1 for k in named)
+
+
 def test_claimer_heartbeat_stays_fresh_while_a_long_job_runs(env, pg_dsn):
     """The livemin heartbeat is the oldest beat of the live claimers: it moves on while a
     job keeps the only claimer's loop busy, and the dispatcher never drags it to 0."""

@@ -70,6 +70,13 @@ def hold(payload, ctx):
     ledger(ctx, "end")
 
 
+@app.task(name="fail_as", max_attempts=1)
+def fail_as(payload, ctx):
+    """Dies at once with the error class named by the payload (its pgworker_code)."""
+    ledger(ctx, "run")
+    raise type("NamedError", (Exception,), {"pgworker_code": payload})("failed on purpose")
+
+
 @app.task(name="wait_for_file", max_attempts=1)
 def wait_for_file(payload, ctx):
     """Runs until the file named by the payload exists (at most a minute), then succeeds:
