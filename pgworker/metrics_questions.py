@@ -78,6 +78,13 @@ QUESTIONS: tuple[tuple[str, tuple[Query, ...]], ...] = (
         Query("time() - min by (instance) (pgworker_claimer_heartbeat_timestamp_seconds)",
               "Seconds since the least recent claimer heartbeat of each pod; it stays near the "
               "poll interval, also during long jobs, unless a claimer is stuck."),
+        Query("time() - max by (instance, loop) (pgworker_loop_last_success_timestamp_seconds)",
+              "Seconds since each background loop of each pod (reaper, pruner, scheduler, renewer, "
+              "settler, listener) completed a pass; compare with `pgworker_loop_interval_seconds`."),
+        Query("(time() - max by (instance, claimer) (pgworker_claimer_loop_last_success_timestamp_seconds)) "
+              "unless on (instance, claimer) (max by (instance, claimer) (pgworker_claimer_handler_running) > 0)",
+              "Seconds since each claimer's loop went round, for the claimers that run no handler "
+              "(about 1 s when idle; more means it waits on a claim, a write or a lock)."),
         Query('sum by (queue) (rate(pgworker_claims_total{result="error"}[5m]))',
               "Claims that failed (the database is unreachable, read-only, or refusing)."),
         Query("histogram_quantile(0.99, sum by (queue, le) (rate(pgworker_claim_duration_seconds_bucket[5m])))",

@@ -144,9 +144,10 @@ class Supervisor:
 
     def _start_http(self) -> None:
         from ..database_gauges import QueueStatsCollector
+        from ..loop_gauges import LoopGauges
         from ..metrics import exposition_registry
 
-        extra = []
+        extra: list[Any] = [LoopGauges(lambda: self.services, lambda: self.pool)]
         if self.settings.stats:
             self.stats = StatsSource(self.store, self.settings)
             extra.append(QueueStatsCollector(self.stats.fetch, lambda: self.queues, self.settings.stats_cache_seconds))

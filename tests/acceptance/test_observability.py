@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import psycopg
 import pytest
 import requests
+from psycopg import sql
 
 from obs import (Cluster, free_port, get, prometheus_server, pushgateway_server, require_tool, samples,
                  scrape, series, tcp_client_ports, total, try_scrape, wait_for_metrics, wait_ready)
@@ -207,6 +209,64 @@ def test_claimer_heartbeat_stays_fresh_while_a_long_job_runs(env, pg_dsn):
         w.stop()
 
 
+# -- the pod's loops: when each last went round --------------------------------------------
+
+
+def service_loops(text: str) -> dict[str, float]:
+    return {ls["loop"]: v for ls, v in series(text, "pgworker_loop_last_success_timestamp_seconds")}
+
+
+def claimer_loops(text: str) -> dict[str, float]:
+    return {ls["claimer"]: v for ls, v in series(text, "pgworker_claimer_loop_last_success_timestamp_seconds")}
+
+
+def test_a_stalled_background_loop_shows_in_its_last_success(env, pg_dsn, conn):
+    """Every service of the pod and every claimer loop exports when it last went round.
+    The test locks the jobs table: the reaper's and the pruner's passes wait on it and their
+    timestamps stop, while the services that need no row go on; after the lock, they move
+    again. A claimer running a long job says so, and its loop stands still meanwhile."""
+    schema = env.settings.schema
+    port = free_port()
+    fast = {"PGWORKER_PRUNE_INTERVAL_SECONDS": "0.5"}
+    with worker(pg_dsn, schema, "--concurrency", "2", "--reap-interval", "0.5", "--lease", "3",
+                "--poll-interval", "0.3", "--no-stats", port=port, env=fast) as w:
+        services = {"renewer", "settler", "listener", "reaper", "pruner"}
+        text = wait_for_metrics(port, lambda t: set(service_loops(t)) == services and len(claimer_loops(t)) == 2,
+                                60, "a last-success timestamp for every service and claimer")
+        intervals = {ls["loop"]: v for ls, v in series(text, "pgworker_loop_interval_seconds")}
+        assert intervals["reaper"] == 0.5 and intervals["pruner"] == 0.5 and intervals["renewer"] == 1.0
+        first = service_loops(text)
+        wait_for_metrics(port, lambda t: all(v > first[k] + 1 for k, v in service_loops(t).items()), 30,
+                         "every service to complete passes")
+
+        with psycopg.connect(pg_dsn) as locker:
+            locker.execute(sql.SQL("LOCK TABLE {}.jobs IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(schema)))
+            held_at = time.time()
+            text = wait_for_metrics(port, lambda t: min(service_loops(t)[k] for k in ("listener", "settler", "renewer"))
+                                    > held_at + 3, 30, "the services that need no row to go on")
+            stalled = service_loops(text)
+            assert stalled["reaper"] < held_at + 0.5 and stalled["pruner"] < held_at + 0.5, (held_at, stalled)
+            locker.rollback()
+        released = time.time()
+        wait_for_metrics(port, lambda t: min(service_loops(t)[k] for k in ("reaper", "pruner")) > released, 30,
+                         "the reaper and the pruner back")
+
+        job = env.enqueue("hold", 4)
+        text = wait_for_metrics(port, lambda t: total(t, "pgworker_claimer_handler_running") == 1, 30,
+                                "the long job's claimer")
+        [(busy, _)] = [(ls["claimer"], v) for ls, v in series(text, "pgworker_claimer_handler_running") if v == 1]
+        started = claimer_loops(text)[busy]
+        later = wait_for_metrics(port, lambda t: all(v > started + 2 for k, v in claimer_loops(t).items() if k != busy)
+                                 and total(t, "pgworker_claimer_handler_running") == 1, 30,
+                                 "the idle claimer's loop to go round while the job runs")
+        assert claimer_loops(later)[busy] == pytest.approx(started, abs=0.05)  # its loop waits for the handler
+        wait_until(lambda: q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", job) == [("succeeded",)],
+                   30, message="the long job")
+        wait_for_metrics(port, lambda t: total(t, "pgworker_claimer_handler_running") == 0
+                         and claimer_loops(t)[busy] > started + 0.5, 30, "its loop back")
+        assert w.stop() == 0
+
+
 # -- leases, the reaper and the fence ----------------------------------------------------
 
 
@@ -296,7 +356,8 @@ def test_every_catalogued_metric_is_exposed_by_a_running_worker(exposition):
 def test_exposed_labels_are_the_catalogued_ones_with_bounded_values(exposition):
     allowed = {"outcome": set(cat.OUTCOMES), "action": set(cat.EXPIRATION_ACTIONS),
                "operation": set(cat.FENCED_OPERATIONS), "reason": set(cat.WAKEUP_REASONS),
-               "state": set(cat.STATS_STATES), "queue": {"default"}}
+               "state": set(cat.STATS_STATES), "queue": {"default"}, "loop": set(cat.LOOPS),
+               "claimer": {"0", "1"}}
     defs = {n: m for m in cat.METRICS for n in cat.exposed_names(m)}
     for name, labels, _ in samples(exposition):
         if not name.startswith("pgworker_"):

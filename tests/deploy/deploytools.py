@@ -292,7 +292,7 @@ def _bounded_label_values() -> dict[str, set[str]]:
     return {"state": set(cat.STATS_STATES), "action": set(cat.EXPIRATION_ACTIONS),
             "operation": set(cat.FENCED_OPERATIONS), "reason": set(cat.WAKEUP_REASONS),
             "result": set(cat.CLAIM_RESULTS) | set(cat.RENEW_RESULTS) | set(cat.DRAIN_RESULTS),
-            "outcome": set(cat.OUTCOMES)}
+            "outcome": set(cat.OUTCOMES), "loop": set(cat.LOOPS)}
 
 
 def grouping_labels(expr: str) -> set[str]:

@@ -52,7 +52,7 @@ def test_names_follow_the_prometheus_conventions():
         assert (m.kind == "counter") == m.name.endswith("_total"), m.name
         assert m.kind in ("counter", "gauge", "histogram")
         assert (m.kind == "histogram") == (m.buckets is not None), m.name
-        assert m.source in ("worker", "database", "drain")
+        assert m.source in ("worker", "database", "supervisor", "drain")
         assert m.help.endswith(".") and m.recorded_by, m.name
         if "duration" in m.name or "age" in m.name or "timestamp" in m.name:
             assert m.name.removesuffix("_total").endswith("_seconds"), f"{m.name}: base unit seconds"
