@@ -83,7 +83,7 @@ def test_status_cost_does_not_grow_with_finished_jobs(app, conn, pg_dsn):
     app.claim("default", limit=5, lease_seconds=300)
     finished(conn, schema, "succeeded", 20_000, days_ago=9)
     finished(conn, schema, "cancelled", 500, days_ago=9)
-    before, report = measure(app, pg_dsn)
+    before, _ = measure(app, pg_dsn)
     finished(conn, schema, "succeeded", 180_000, days_ago=3)
     after, report_after = measure(app, pg_dsn)
     print(f"status read {before} buffers with 20,500 finished jobs, {after} with 200,500")
