@@ -98,8 +98,9 @@ class ClaimResult:
     ``paused``: the queue is paused (no jobs). ``limited``: it has a global concurrency or
     rate limit (claims lock its row). ``allowance``: how many jobs the policies allowed
     this claim (the batch size when unlimited). ``retry_after_seconds``: for a rate-limited
-    queue whose bucket holds less than one token after this claim, when the next token
-    arrives (None otherwise).
+    queue whose bucket holds less than one token after this claim while a due job is
+    left unclaimed, the seconds until the next token arrives (None otherwise: nothing
+    waits for a token).
     """
 
     jobs: list[ClaimedJob]

@@ -38,12 +38,16 @@ class Worker:
     """A `pgworker run` subprocess in its own process group."""
 
     def __init__(self, dsn: str, schema: str, *args: str, app: str = ACCEPTANCE_APP,
-                 env: dict[str, str] | None = None, log_dir: str | None = None, name: str = "worker") -> None:
+                 env: dict[str, str] | None = None, log_dir: str | None = None, name: str = "worker",
+                 launcher: str | None = None) -> None:
+        """``launcher``: a script run instead of ``-m pgworker.cli`` with the same arguments
+        (e.g. tests/apps/wallclock_step.py, which steps the supervisor's wall clock)."""
         self.env = dict(os.environ, PGWORKER_DSN=dsn, PGWORKER_SCHEMA=schema, PGWORKER_LOG_LEVEL="INFO",
                         PYTHONUNBUFFERED="1", **(env or {}))
         self.env.setdefault("LEDGER_DSN", dsn)
         self.env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-        self.cmd = [sys.executable, "-m", "pgworker.cli", "run", "--app", app, *args]
+        entry = [launcher] if launcher else ["-m", "pgworker.cli"]
+        self.cmd = [sys.executable, *entry, "run", "--app", app, *args]
         if "--metrics-port" not in args:
             self.cmd += ["--metrics-port", "0"]
         self.log_path = os.path.join(log_dir or LOG_DIR or tempfile.gettempdir(),

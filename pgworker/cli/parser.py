@@ -177,8 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "elsewhere it means seconds, here it would delete at once)")
     p.add_argument("--batch", type=_positive_int, default=10_000, metavar="N", help="rows deleted per statement")
 
-    p = sub.add_parser("status", help="jobs by queue and state, oldest due job's age, running leases, "
-                                      "paused queues, ordering keys held by a dead job")
+    p = sub.add_parser("status", help="live jobs by queue and state (due, scheduled, blocked, running, dead), "
+                                      "oldest due job's age, expired leases; finished jobs of all queues "
+                                      "(counted up to 10,000 a state, then estimated); paused queues, "
+                                      "ordering keys held by a dead job")
     _common(p)
 
     p = sub.add_parser("queue", help="queue policies: list, pause, resume, set limits, events")

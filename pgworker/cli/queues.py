@@ -15,25 +15,32 @@ from .settings import _make_app
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from ..status import FINISHED_COUNT_LIMIT, status_reads
+
     app = _make_app(args)
     with app.connection() as conn:
-        rows = app.store.queue_status(conn)
-        queues = app.store.list_queues(conn)
-        blocked = app.store.dead_blocked_keys(conn)
-    paused = [q for q in queues if q["paused_at"] is not None]
+        report = status_reads(app, conn)
+    rows = report.state_rows()
+    paused = [q for q in report.queues if q["paused_at"] is not None]
     if args.json:  # the state rows, each saying whether its queue is paused (`dead keys` lists the keys)
-        names = {q["name"] for q in paused}
-        emit(args, [{**r, "paused": r["queue"] in names} for r in rows])
+        emit(args, rows)
         return 0
-    emit(args, rows, ["queue", "state", "jobs", "oldest_due_age_seconds", "expired_leases"])
+    live = [r for r in rows if r["queue"] is not None]
+    emit(args, live, ["queue", "state", "jobs", "oldest_due_age_seconds", "expired_leases"])
+    done = [{"state": r["state"], "jobs": f"~{r['jobs']:,}" if r["estimated"] else f"{r['jobs']:,}"}
+            for r in rows if r["queue"] is None]
+    if done:
+        print(f"\nfinished jobs, all queues (counted up to {FINISHED_COUNT_LIMIT:,} a state, past that ~ the "
+              "planner's estimate; by queue: pgworker_jobs_finished_total):")
+        emit(args, done, ["state", "jobs"])
     if paused:
         print("\npaused queues (enqueues go on; nothing is claimed):")
         emit(args, paused, ["name", "paused_at", "paused_by", "running"])
-    if blocked:
+    if report.blocked:
         print("\nordering keys held by a dead job (replay it with `pgworker dead replay ID`, "
               "or discard it with `pgworker cancel ID`):")
-        emit(args, blocked, ["queue", "ordering_key", "dead_job_id", "task", "last_error_code", "finished_at",
-                             "waiting"])
+        emit(args, report.blocked, ["queue", "ordering_key", "dead_job_id", "task", "last_error_code", "finished_at",
+                                    "waiting"])
     return 0
 
 

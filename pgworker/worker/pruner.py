@@ -84,6 +84,7 @@ class Pruner(Service):
 
     name = "pruner"
     action = "pruning finished jobs"
+    idle_counts_as_pass = False  # has_work() is False once the role was refused: no pass prunes
 
     def __init__(self, *, store: Store, retention: Retention, interval: float, metrics: Any, **kw: Any) -> None:
         super().__init__(**kw)

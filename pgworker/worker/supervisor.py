@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any
 
-from .. import tracing
+from .. import metrics_files, tracing
 from ..config import Settings
 from ..errors import PoolerError, SchemaVersionError
 from ..schedules import Scheduler
@@ -147,9 +147,10 @@ class Supervisor:
 
     def _start_http(self) -> None:
         from ..database_gauges import QueueStatsCollector
+        from ..loop_gauges import LoopGauges
         from ..metrics import exposition_registry
 
-        extra = []
+        extra: list[Any] = [LoopGauges(lambda: self.services, lambda: self.pool)]
         if self.settings.stats:
             self.stats = StatsSource(self.store, self.settings)
             extra.append(QueueStatsCollector(self.stats.fetch, lambda: self.queues, self.settings.stats_cache_seconds))
@@ -294,10 +295,8 @@ class Supervisor:
         items = settlements(held, in_transit, app=self.app, queue_name=self._queue_name,
                             kill_reasons=h.kill_reasons, clear=lambda v: None)
         h.process = None
-        if pid and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-            from prometheus_client import multiprocess
-
-            multiprocess.mark_process_dead(pid)
+        if pid:  # before its replacement starts: a new claimer may get the same pid
+            metrics_files.process_gone(pid)
         if items:
             if stopping:
                 self._settle_now(items)

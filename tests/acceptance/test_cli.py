@@ -33,7 +33,8 @@ def test_operator_workflow(pg_dsn, schema):
                  "--queue", "reports", "--priority", "5", "--json"))["id"]
     delayed = int(cli(pg_dsn, schema, "enqueue", "reports.build", "--delay", "1h").stdout)
     status = js(cli(pg_dsn, schema, "status", "--json"))
-    assert {(r["queue"], r["state"], r["jobs"]) for r in status} == {("reports", "pending", 1), ("default", "pending", 1)}
+    # the job delayed by an hour is scheduled, not due work
+    assert {(r["queue"], r["state"], r["jobs"]) for r in status} == {("reports", "due", 1), ("default", "scheduled", 1)}
     listed = js(cli(pg_dsn, schema, "jobs", "list", "--queue", "reports", "--json"))
     assert [r["id"] for r in listed] == [job] and listed[0]["priority"] == 5
     shown = js(cli(pg_dsn, schema, "jobs", "show", str(job), "--json"))
@@ -41,7 +42,8 @@ def test_operator_workflow(pg_dsn, schema):
     assert "job %d: cancelled" % delayed in cli(pg_dsn, schema, "cancel", str(delayed)).stdout
     assert cli(pg_dsn, schema, "cancel", str(delayed), check=False).returncode == 1
     table = cli(pg_dsn, schema, "status").stdout
-    assert "QUEUE" in table and "reports" in table
+    assert "QUEUE" in table and "reports" in table and "due" in table
+    assert "finished jobs, all queues" in table and "cancelled" in table  # the job cancelled above
     assert js(cli(pg_dsn, schema, "prune", "--older-than", "0s", "--json")) == {"deleted": 1}
     # a batch of 0 once looped for good; negative limits reached PostgreSQL
     for args in (("prune", "--older-than", "7d", "--batch", "0"), ("jobs", "list", "--limit", "-1"),

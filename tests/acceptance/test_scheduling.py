@@ -461,7 +461,7 @@ def test_queue_and_dead_keys_commands(env, pg_dsn, conn):
     assert cli(pg_dsn, schema, "queue", "pause", "emails").returncode == 0
     env.enqueue("record", queue="emails")
     status = json.loads(cli(pg_dsn, schema, "status", "--json").stdout)
-    assert [(r["queue"], r["state"], r["paused"]) for r in status] == [("emails", "pending", True)]
+    assert [(r["queue"], r["state"], r["paused"]) for r in status] == [("emails", "due", True)]
     listed = json.loads(cli(pg_dsn, schema, "queue", "list", "--json").stdout)
     assert [(r["name"], r["paused_by"]) for r in listed] == [("emails", "tester@ci")]
     head = env.enqueue("t", ordering_key="k", max_attempts=1, any_task=True)

@@ -362,6 +362,42 @@ def test_drain_deadline_with_due_work_left_exits_75(env, pg_dsn, conn):
     assert q(conn, schema, "SELECT attempts, last_error_code FROM {s}.jobs WHERE task = 'sleep'") == [(1, "SHUTDOWN")]
 
 
+HOURLY = 1 / 3600  # one token an hour: a claimer that waits for the next token waits an hour
+
+
+def test_drain_exits_when_a_rate_limited_queue_has_nothing_due(env, pg_dsn, conn):
+    """Its only job took the bucket's last token: the queue owes nothing, so the run ends
+    (it waited for the next token, an hour here: a scale-to-zero run stayed up for it)."""
+    schema = env.settings.schema
+    env.configure_queue("limited", rate_limit=HOURLY, burst=1)
+    env.enqueue("limited", {})
+    with Worker(pg_dsn, schema, "--drain", "--concurrency", "2", "--queues", "limited") as w:
+        assert w.wait(60) == 0, w.logs()[-2000:]
+        summary = json.loads(w.stdout().strip().splitlines()[-1])
+    assert (summary["result"], summary["succeeded"], summary["left"], summary["next_due_seconds"]) == \
+        ("succeeded", 1, 0, None)
+    # and a run that starts with the bucket already empty and nothing due ends too
+    with Worker(pg_dsn, schema, "--drain", "--concurrency", "1", "--queues", "limited") as w:
+        assert w.wait(60) == 0, w.logs()[-2000:]
+        summary = json.loads(w.stdout().strip().splitlines()[-1])
+    assert (summary["result"], summary["processed"], summary["left"]) == ("succeeded", 0, 0)
+
+
+def test_drain_due_jobs_waiting_for_tokens_are_work_left(env, pg_dsn, conn):
+    """Due jobs that a rate limit holds back are due work the run did not do: it waits
+    for their tokens and, at its deadline, reports them as left and exits 75 (run again);
+    next_due_seconds is about jobs not due yet, and none is."""
+    schema = env.settings.schema
+    env.configure_queue("limited", rate_limit=HOURLY, burst=1)
+    env.enqueue_many([("limited", {}) for _ in range(3)])
+    with Worker(pg_dsn, schema, "--drain", "--concurrency", "2", "--queues", "limited",
+                "--max-duration", "3") as w:
+        assert w.wait(60) == 75, w.logs()[-2000:]
+        summary = json.loads(w.stdout().strip().splitlines()[-1])
+    assert (summary["result"], summary["succeeded"], summary["left"], summary["next_due_seconds"]) == \
+        ("deadline", 1, 2, None)
+
+
 def test_drain_reaps_expired_leases_first(env, pg_dsn, conn):
     schema = env.settings.schema
     env.enqueue("record")

@@ -538,7 +538,7 @@ def test_crd_backed_objects_are_off_by_default():
 
 #: The groups of grafana/alerts.yaml each mode renders.
 RULE_GROUPS = {
-    "all": ["pgworker-queues", "pgworker-leases"],  # KEDA ScaledObject: workers may be at zero
+    "all": ["pgworker-queues", "pgworker-leases", "pgworker-loops"],  # KEDA ScaledObject: workers may be at zero
     "cronjob": ["pgworker-drain"],
 }
 

@@ -155,7 +155,10 @@ class Claimer:
                 if self.take_over_one():
                     continue
                 self.completer.flush()
-                if self.drain and not self.retry_at:  # a rate-limited queue still owes a claim
+                # retry_at holds only queues whose due jobs wait for a token (the claim says
+                # so only then): that is work left, claimed when the token comes or left at
+                # the deadline; an empty bucket with nothing due owes nothing
+                if self.drain and not self.retry_at:
                     self.table.header.drained = 1
                 self.wait_for_work(seen)
         finally:
