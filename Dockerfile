@@ -9,23 +9,30 @@
 # and `pip install` your package into /opt/venv (see docs/deploy.md).
 # Checked with `hadolint --failure-threshold warning Dockerfile` (tests/deploy).
 
+# The base of both stages: Python 3.11 on Debian bookworm with venv. The default is the
+# official image; any Debian bookworm with python3, python3-venv and ca-certificates
+# works too (`--build-arg BASE_IMAGE=...`: CI builds with buildah on one assembled with
+# debootstrap from Debian's packages, see tests/deploy/test_deploy_image.py).
+ARG BASE_IMAGE=python:3.11.14-slim-bookworm
+
 # ---- builder: a virtualenv with pgworker, its OTLP exporter and its web console ------
-FROM python:3.11.14-slim-bookworm AS builder
+FROM ${BASE_IMAGE} AS builder
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PATH=/opt/venv/bin:$PATH
 
-RUN python -m venv /opt/venv
+RUN python3 -m venv /opt/venv
 
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY pgworker ./pgworker
-# The project itself, from this source tree (setuptools via pyproject.toml).
-RUN pip install --no-cache-dir "./[otlp,web]"
+# The project itself, from this source tree (setuptools via pyproject.toml); its
+# dependencies as wheels only, so no compiler is ever needed (nor installed).
+RUN pip install --no-cache-dir --only-binary=:all: "./[otlp,web]"
 
 # ---- runtime -------------------------------------------------------------------------
-FROM python:3.11.14-slim-bookworm
+FROM ${BASE_IMAGE}
 
 LABEL org.opencontainers.image.title="pgworker" \
       org.opencontainers.image.description="PostgreSQL-backed job queue and multiprocess worker" \

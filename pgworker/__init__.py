@@ -29,14 +29,14 @@ from .errors import (  # noqa: E402
     Snooze,
     UnknownTask,
 )
-from .jobs import ClaimedJob, FenceReport, JobState, Lease, Outcome  # noqa: E402
+from .jobs import ClaimedJob, FenceReport, JobState, Lease, Outcome, ReplayResult  # noqa: E402
 from .producer import JobSpec  # noqa: E402
 from .retry import FailureClass, RetryPolicy  # noqa: E402
 from .tasks import Task  # noqa: E402
 
 __all__ = [
     "App", "Settings", "JobContext", "Task", "JobSpec", "RetryPolicy", "FailureClass",
-    "ClaimedJob", "Lease", "FenceReport", "JobState", "Outcome",
+    "ClaimedJob", "Lease", "FenceReport", "JobState", "Outcome", "ReplayResult",
     "PgworkerError", "ConfigError", "InvalidName", "InvalidJob", "PayloadError", "InvalidPayload",
     "DatabaseUnavailable", "SchemaVersionError", "SchemaNotMigrated", "SchemaTooNew",
     "LeaseLost", "Permanent", "Retry", "Snooze", "JobCancelled", "UnknownTask",

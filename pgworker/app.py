@@ -15,7 +15,7 @@ import psycopg
 from . import connections, db, lifecycle, operations
 from .config import Settings
 from .errors import ConfigError
-from .jobs import ClaimedJob, Lease, ReapResult
+from .jobs import ClaimedJob, Lease, ReapResult, ReplayResult
 from .migrate import MigrationReport, migrate
 from .names import redact_dsn
 from .operations import PRUNE_BATCH, UNSET
@@ -129,8 +129,8 @@ class App:
         due slots at its start). ``payload``, ``queue``, ``priority``, ``max_attempts``
         default to the task's, and are checked now as :meth:`enqueue` checks them (JSON
         without NaN, at most ``max_payload_bytes``; priority -32768..32767; max_attempts
-        1..1000000). Raises :class:`ConfigError` naming the schedule and the fix for an
-        invalid expression, zone, policy or job option, or a name declared twice.
+        1..1000000). Raises :class:`ConfigError` naming the schedule and the fix for an invalid
+        expression (or one no date has: '0 0 30 2 *'), zone, policy or job option, or a name declared twice.
         """
         registered = task if isinstance(task, Task) else self.tasks.get(task)
         task_name = task.name if isinstance(task, Task) else task
@@ -226,8 +226,8 @@ class App:
         name this App does not register (a task another service's worker handles), as an
         App with no tasks (a pure producer) always does; such a job takes the queue
         'default' unless one is given, and 5 attempts. ``payload: JSON-serialisable, at most ``max_payload_bytes``
-        (default 1 MiB). ``run_at`` (timezone-aware) or ``delay`` (seconds, or a
-        timedelta) defers it. ``priority``: higher runs first. ``dedupe_key``: while a
+        (default 1 MiB). ``run_at`` (timezone-aware, from 1970-01-01 UTC to 100 years from
+        now; a past one is due now) or ``delay`` (seconds, or a timedelta) defers it. ``priority``: higher runs first. ``dedupe_key``: while a
         job with this key is pending or running (and, with ``dedupe_window`` seconds, for
         that long after it succeeded), enqueueing another returns that job's id instead;
         a unique index decides, and a duplicate never aborts the caller's transaction.
@@ -298,7 +298,10 @@ class App:
     def reap(self, *, limit: int = 1000, retry: RetryPolicy | None = None) -> ReapResult:
         """Recover up to ``limit`` expired leases: back to pending after the retry policy
         of the job's task (``retry`` overrides it for every job), dead once its attempts
-        are spent, cancelled when a cancellation was requested."""
+        are spent, cancelled when a cancellation was requested. Rows other sessions hold
+        locked, and leases of ordering keys locked elsewhere (``skipped``), are left for
+        later; a row that cannot be written (a CHECK constraint or trigger refuses it) is
+        in ``failed``, and the rest of the batch is reaped."""
         return lifecycle.reap(self, limit=limit, retry=retry)
 
     # -- operator actions -----------------------------------------------------------
@@ -311,9 +314,10 @@ class App:
         return operations.cancel(self, job_id, actor=actor, conn=conn)
 
     def replay(self, job_ids: Sequence[int] = (), *, queue: str | None = None, limit: int = 1000,
-               actor: str | None = None) -> list[int]:
+               actor: str | None = None) -> ReplayResult:
         """Put dead jobs back to pending (same ids, history kept, audited); by id, or up to
-        ``limit`` dead jobs of ``queue``. Returns the replayed ids."""
+        ``limit`` dead jobs of ``queue``. Returns a :class:`ReplayResult`, the list of replayed ids with
+        ``held_by`` ({id: id of the job holding its dedupe key}) and ``not_dead`` (not dead, or unknown)."""
         return operations.replay(self, job_ids, queue=queue, limit=limit, actor=actor)
 
     def prune(self, older_than: "float | timedelta", *, batch: int = PRUNE_BATCH) -> int:
@@ -368,10 +372,10 @@ class App:
         return operations.delete_queue(self, queue, actor=actor)
 
     def queue_usage(self, queue: str) -> dict[str, bool]:
-        """Whether anything uses the queue name: ``has_jobs`` (claimable, running or
-        dead jobs; finished ones are not counted), ``scheduled`` (a recorded schedule
-        enqueues into it), ``configured`` (it has a settings row), ``in_app`` (it is one
-        of :meth:`queues`: a registered task's, or a configured one)."""
+        """Whether anything uses the queue name: ``has_jobs`` (claimable, running or dead
+        jobs), ``recently_finished`` (among the last 1000 succeeded or cancelled), ``scheduled``
+        (a recorded schedule enqueues into it), ``configured`` (a settings row), ``has_events``
+        (an audit event), ``in_app`` (one of :meth:`queues`: a registered task's, or a configured one)."""
         return operations.queue_usage(self, queue)
 
     def queue_settings(self) -> list[dict[str, Any]]:

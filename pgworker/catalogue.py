@@ -18,9 +18,19 @@ RENEW_RESULTS = ("renewed", "lost", "error")
 EXPIRATION_ACTIONS = ("requeued", "dead", "cancelled")
 FENCED_OPERATIONS = ("renew", "complete", "fail", "release", "snooze", "cancel")
 WAKEUP_REASONS = ("notify", "poll", "reconnect", "sweep", "claim")
-STATS_STATES = ("pending", "blocked", "running", "dead")
+# pgworker_queue_jobs{state}: the live jobs of a queue, each in one of them. A pending
+# job is due (run_at has come: claimable now, unless its queue is paused), scheduled
+# (run_at later) or blocked (behind its ordering key's head).
+STATS_STATES = ("due", "scheduled", "blocked", "running", "dead")
 OUTCOME_WRITE_ERRORS = ("connection", "statement", "invalid_value")
 PRUNED_STATES = ("succeeded", "cancelled", "dead")
+DRAIN_RESULTS = ("succeeded", "deadline", "interrupted", "failed")
+# The supervisor's background loops (pgworker_loop_*{loop}); the scheduler runs when the
+# app has periodic jobs, the listener unless --no-listen, the pruner unless
+# PGWORKER_PRUNE=false, the reaper, pruner, scheduler and listener not in drain mode. The
+# label is not `service`: the Prometheus Operator's ServiceMonitor adds a target label of
+# that name (the Kubernetes Service), which would rename ours to exported_service.
+LOOPS = ("renewer", "settler", "listener", "reaper", "pruner", "scheduler")
 # The task label of a job whose task this worker did not register (a typo, a rolling
 # deploy, hostile input): one bounded value, not a series per unknown name.
 UNREGISTERED_TASK = "unregistered"
@@ -48,7 +58,9 @@ class MetricDef:
     kind: str  # counter | gauge | histogram
     labels: tuple[str, ...]
     help: str
-    source: str  # "worker" (multiprocess, every process) | "database" (scrape-time query) | "drain"
+    # "worker" (multiprocess, every process) | "database" (scrape-time query) | "supervisor"
+    # (scrape-time, the supervisor's own state) | "drain"
+    source: str
     multiprocess_mode: str | None = None
     buckets: tuple[float, ...] | None = None
     recorded_by: str = ""  # which processes record it (the docs' "source" column)
@@ -58,11 +70,14 @@ _STATS = "the supervisor, at scrape time (one cached query)"
 _CLAIMERS = "claimers"
 _DRAIN = "a `--drain` run, at exit"
 _TABLE = "the supervisor, at scrape time (a second cached query, with the queue statistics)"
+_LOOPS = "the supervisor, at scrape time (its services' and claimers' own clocks; no query)"
 
 METRICS: tuple[MetricDef, ...] = (
     # read from PostgreSQL at scrape time, in the exporting process only
     MetricDef("pgworker_queue_jobs", "gauge", ("queue", "state"),
-              "Jobs by queue and state (pending, blocked, running, dead), from the database.", "database",
+              "Jobs by queue and state, from the database: due (pending and due now: the backlog to "
+              "scale and alert on), scheduled (pending, run_at later: retries in backoff, delayed jobs), "
+              "blocked (pending behind its ordering key's head), running, dead.", "database",
               recorded_by=_STATS),
     MetricDef("pgworker_queue_oldest_job_age_seconds", "gauge", ("queue",),
               "Age of the oldest due, claimable job (database clock); 0 when none.", "database",
@@ -104,7 +119,8 @@ METRICS: tuple[MetricDef, ...] = (
               recorded_by="claimers; the supervisor (WORKER_DIED, TIMEOUT); the reaper (LEASE_EXPIRED)"),
     MetricDef("pgworker_lease_renewals_total", "counter", ("queue", "result"),
               "Lease renewals by result: renewed; lost (refused by the fence, or presumed lost after a "
-              "whole lease without an accepted renewal); error (the statement failed).", "worker",
+              "whole lease without an accepted renewal); skipped (its row was locked by another session: "
+              "not waited for, tried again); error (the statement failed).", "worker",
               recorded_by="the supervisor (renewer, lease clock)"),
     MetricDef("pgworker_lease_expirations_total", "counter", ("queue", "action"),
               "Expired leases recovered by the reaper, by action (requeued, dead, cancelled).", "worker",
@@ -139,6 +155,11 @@ METRICS: tuple[MetricDef, ...] = (
               "Expired leases a reaper pass left for a later pass because another transaction held their "
               "ordering key's lock (maintenance never waits for a lock).", "worker",
               recorded_by="the supervisor (reaper)"),
+    MetricDef("pgworker_reap_failed_total", "counter", ("queue",),
+              "Expired leases whose row the reaper could not write (a CHECK constraint or trigger a user added "
+              "refused it, a value out of range): each is logged with its job id and the error, noted in the "
+              "job's error history (REAP_FAILED) when that can be written, and tried again 5 minutes later; "
+              "the rest of its batch is reaped.", "worker", recorded_by="the supervisor (reaper)"),
     MetricDef("pgworker_jobs_pruned_total", "counter", ("outcome",),
               "Finished jobs deleted by the pruner once past their retention, by how they ended "
               "(succeeded, cancelled, dead).", "worker",
@@ -152,12 +173,29 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("pgworker_build_info", "gauge", ("version",),
               "Always 1; the version label is pgworker's.", "worker", multiprocess_mode="max",
               recorded_by="every process"),
+    # the pod's loops, from the supervisor's own state at scrape time (pgworker/loop_gauges.py)
+    MetricDef("pgworker_loop_last_success_timestamp_seconds", "gauge", ("loop",),
+              "When the supervisor's background loop (a service: renewer, settler, listener, reaper, "
+              "pruner, scheduler) last completed a pass (Unix time; its start until its first pass): "
+              "a loop stuck on a hung statement or a lock, or failing every pass, falls behind.", "supervisor",
+              recorded_by=_LOOPS),
+    MetricDef("pgworker_loop_interval_seconds", "gauge", ("loop",),
+              "The longest the healthy loop waits between two passes (its configured interval): "
+              "the unit of the stall alert.", "supervisor", recorded_by=_LOOPS),
+    MetricDef("pgworker_claimer_loop_last_success_timestamp_seconds", "gauge", ("claimer",),
+              "When the claimer's loop last went round (a claim round, or a wake-up check while idle, "
+              "about every second; Unix time; its start until then). It stands still while a handler "
+              "runs (pgworker_claimer_handler_running).", "supervisor", recorded_by=_LOOPS),
+    MetricDef("pgworker_claimer_handler_running", "gauge", ("claimer",),
+              "1 while a handler runs in the claimer (its loop waits for it, as long as the handler's "
+              "hard limit allows), else 0.", "supervisor", recorded_by=_LOOPS),
     # reported once at the end of a --drain run (pushed to a Pushgateway when configured)
     MetricDef("pgworker_drain_last_run_timestamp_seconds", "gauge", ("result",),
-              "When the last drain run ended (Unix time), by result (succeeded, deadline, interrupted, failed).", "drain",
+              f"When the last drain run ended (Unix time), by result ({', '.join(DRAIN_RESULTS)}).", "drain",
               recorded_by=_DRAIN),
     MetricDef("pgworker_drain_duration_seconds", "gauge", (),
-              "How long the last drain run took.", "drain", recorded_by=_DRAIN),
+              "How long the last drain run took (measured on the monotonic clock: a wall clock stepped "
+              "back during the run does not shorten it).", "drain", recorded_by=_DRAIN),
     MetricDef("pgworker_drain_jobs_processed", "gauge", ("outcome",),
               "Attempts settled by the last drain run, by outcome.", "drain", recorded_by=_DRAIN),
     MetricDef("pgworker_drain_jobs_left", "gauge", (),

@@ -151,11 +151,11 @@ def build_workload(n: int, rng: random.Random) -> tuple[list[JobSpec], int]:
 
 
 def _counts(app: App) -> dict[str, int]:
+    from .status import status_reads
+
     with app.connection() as conn:
-        rows = app.store.queue_status(conn)
-    out: dict[str, int] = {}
-    for r in rows:
-        out[r["state"]] = out.get(r["state"], 0) + r["jobs"]
+        out = status_reads(app, conn).totals()
+    out["pending"] = sum(out.get(state, 0) for state in ("due", "scheduled", "blocked"))
     return out
 
 

@@ -1,7 +1,7 @@
 """The console's job filter: which jobs a list shows and a bulk operation changes.
 
 One definition in SQL reads it (``console_job_filter`` in the schema, migration
-0005_console.sql); this module turns what an operator typed into its normalised JSON,
+0006_console.sql); this module turns what an operator typed into its normalised JSON,
 refusing what it cannot use with a message that names the fix. The keys: ``queue``,
 ``state``, ``task``, ``ordering_key``, ``dedupe_key``, ``error_code`` (exact matches),
 ``created_after`` / ``created_before`` (ISO 8601 UTC), ``payload`` (a JSON object the

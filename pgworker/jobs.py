@@ -5,13 +5,23 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, NamedTuple, Sequence
 
 # The longest delay pgworker accepts anywhere (enqueue, retry, snooze), in seconds: 100
 # years, far inside what a PostgreSQL interval and timestamp can hold (PostgreSQL docs
 # 8.5, "Date/Time Types").
 MAX_DELAY_SECONDS = 100 * 365 * 86400.0
+
+# The earliest timestamp a job's row may hold (run_at, created_at, lease_expires_at; a
+# queue's tokens_at), up to 9999-01-01 UTC: CHECK constraints since migration 0005
+# (jobs_run_at_range, ...). Every claim can compute with a value in that range ('-infinity'
+# made every claim of its queue fail: "cannot subtract infinite timestamps") and psycopg
+# can read it back in any session time zone (a year before 1 or after 9999 in the
+# session's zone cannot be a datetime: a claim that committed such a row was lost whole).
+# 1970 is far before any real job; 9999 is far past now + MAX_DELAY_SECONDS, the latest an
+# enqueue accepts.
+EARLIEST_TIMESTAMP = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 class JobState(str, enum.Enum):
@@ -88,8 +98,9 @@ class ClaimResult:
     ``paused``: the queue is paused (no jobs). ``limited``: it has a global concurrency or
     rate limit (claims lock its row). ``allowance``: how many jobs the policies allowed
     this claim (the batch size when unlimited). ``retry_after_seconds``: for a rate-limited
-    queue whose bucket holds less than one token after this claim, when the next token
-    arrives (None otherwise).
+    queue whose bucket holds less than one token after this claim while a due job is
+    left unclaimed, the seconds until the next token arrives (None otherwise: nothing
+    waits for a token).
     """
 
     jobs: list[ClaimedJob]
@@ -107,12 +118,15 @@ class FenceReport:
     complete) its lease expired. The caller must not act as owner of a refused job.
     ``accepted`` and ``refused`` list job ids; ``details`` maps an accepted job id to
     what the statement reported for it (the new state, or a cancellation flag).
+    ``skipped`` (the pod's renewals only) lists leases whose rows another session held
+    locked: neither renewed nor refused.
     """
 
     operation: str
     accepted: tuple[int, ...] = ()
     refused: tuple[int, ...] = ()
     details: dict[int, Any] = field(default_factory=dict)
+    skipped: tuple[int, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -139,6 +153,32 @@ class FailRequest:
     permanent: bool = False
 
 
+class ReapCandidate(NamedTuple):
+    """An expired lease as the reaper found it (``jobs_reap_candidates``)."""
+
+    id: int
+    queue: str
+    ordering_key: str | None
+    task: str
+    attempts: int
+    lease_expires_at: datetime
+
+
+@dataclass(frozen=True)
+class ReapFailure:
+    """An expired lease whose row the reaper could not write, alone in its transaction (a
+    CHECK constraint or trigger a user added refused it, a value out of range): the rest of
+    its batch was reaped without it."""
+
+    job_id: int
+    queue: str
+    sqlstate: str
+    message: str
+    """The server's primary message, bounded (never its DETAIL, which can quote the row)."""
+    noted: bool
+    """Whether the failure could be written to the job's error history (REAP_FAILED)."""
+
+
 @dataclass(frozen=True)
 class ReapResult:
     """Expired leases recovered by one reap batch, by the state each job went to."""
@@ -153,6 +193,11 @@ class ReapResult:
     skipped: int = 0
     """Expired leases left for a later pass because another transaction held their
     ordering key's lock (maintenance never waits for a lock)."""
+    failed: tuple[ReapFailure, ...] = ()
+    """Expired leases whose row could not be written (each isolated from its batch)."""
+    last: tuple[datetime, int] | None = None
+    """(lease expiry, id) of the last candidate found: where the next batch of the same
+    pass goes on (``after``), so that candidates left behind never hide the ones after them."""
 
     @property
     def total(self) -> int:
@@ -187,3 +232,24 @@ def safe_json_loads(data: "str | bytes") -> Any:
         return UndecodablePayload("nested too deeply for Python's JSON decoder", len(data))
     except ValueError as exc:
         return UndecodablePayload(f"invalid JSON: {exc}", len(data))
+
+
+class ReplayResult(list):  # type: ignore[type-arg]  # a list[int], as replay returned before
+    """What a replay did: the ids put back to pending (the list itself, so code that
+    compares or iterates it as before keeps working), and why the others stayed as they
+    were.
+
+    ``held_by``: {dead job id: id of the live job holding its dedupe key}: that job does
+    the work the key stands for (pending or running, or succeeded within its dedupe
+    window), so the dead one stays dead; discard it (``App.cancel``), or cancel the holder
+    and replay again. ``not_dead``: ids asked for that are not dead, or unknown.
+    """
+
+    def __init__(self, replayed: Sequence[int] = (), *, held_by: dict[int, int] | None = None,
+                 not_dead: Sequence[int] = ()) -> None:
+        super().__init__(replayed)
+        self.held_by: dict[int, int] = dict(held_by or {})
+        self.not_dead: list[int] = list(not_dead)
+
+    def __repr__(self) -> str:
+        return f"ReplayResult({list(self)!r}, held_by={self.held_by!r}, not_dead={self.not_dead!r})"

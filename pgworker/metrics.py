@@ -3,14 +3,15 @@
 Under ``pgworker run`` every process writes its counters to ``PROMETHEUS_MULTIPROC_DIR``
 (prometheus_client multiprocess mode; the CLI sets the directory and wipes it before the
 library is imported) and the supervisor serves the merged view. Counters of a claimer
-killed with ``kill -9`` survive in its files; its ``livesum``/``livemin`` gauges go once
-the supervisor calls ``mark_process_dead``. Outside ``pgworker run`` (a
+killed with ``kill -9`` survive in its files; when a claimer is gone its
+``livesum``/``livemin`` gauges go and its other values are merged into the pod's
+compacted files (:mod:`pgworker.metrics_files`). Outside ``pgworker run`` (a
 web process that enqueues) the same metrics live in the default registry.
 
 Labels are bounded: queue, task (switchable off), outcome, result, operation, action,
-reason, cause, and error_class folded to 'other' past the first 20 classes a process
-sees; unregistered task names share one value. The gauges read from PostgreSQL at scrape
-time are in :mod:`pgworker.database_gauges`.
+reason, cause, and error_class folded to 'other' past the first 20 classes a pod sees
+(:mod:`pgworker.error_classes`); unregistered task names share one value. The gauges
+read from PostgreSQL at scrape time are in :mod:`pgworker.database_gauges`.
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from . import __version__
 from . import catalogue as cat
+from .error_classes import ErrorClassBudget
+from .metrics_files import multiproc_dir
 
 log = logging.getLogger("pgworker.metrics")
 
 
 def multiprocess_enabled() -> bool:
-    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir"))
+    return bool(multiproc_dir())
 
 
 class WorkerMetrics:
@@ -52,7 +55,9 @@ class WorkerMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None, *, task_label: bool = True) -> None:
         self.task_label = task_label
-        self._error_classes: set[str] = set(cat.KNOWN_ERROR_CODES)
+        # the pod's budget under `pgworker run` (its multiprocess directory), else this process's
+        self._error_classes = ErrorClassBudget(cat.ERROR_CLASS_TOP_N, cat.KNOWN_ERROR_CODES, cat.OTHER,
+                                               multiproc_dir() if registry is None else None)
         self._lock = threading.Lock()
         self._kw: dict[str, Any] = {} if registry is None else {"registry": registry}
         self._children: dict[tuple[str, ...], Any] = {}
@@ -90,6 +95,7 @@ class WorkerMetrics:
                 c("pgworker_lease_renewals_total", q, r)
             for a in cat.EXPIRATION_ACTIONS:
                 c("pgworker_lease_expirations_total", q, a)
+            c("pgworker_reap_failed_total", q)
             for op in cat.FENCED_OPERATIONS:
                 c("pgworker_fenced_writes_total", q, op)
             tasks = (tasks_by_queue or {}).get(q, ()) if self.task_label else ("",)
@@ -117,17 +123,10 @@ class WorkerMetrics:
         return task if known is None or task in known else cat.UNREGISTERED_TASK
 
     def error_class(self, code: str) -> str:
-        """Fold error classes past the first N (catalogue.ERROR_CLASS_TOP_N) that this
-        process sees into 'other'; pgworker's own codes never count against N."""
-        if code in self._error_classes:
-            return code
-        with self._lock:
-            if code in self._error_classes:
-                return code
-            if len(self._error_classes) < cat.ERROR_CLASS_TOP_N + len(cat.KNOWN_ERROR_CODES):
-                self._error_classes.add(code)
-                return code
-        return cat.OTHER
+        """Fold error classes past the first N (catalogue.ERROR_CLASS_TOP_N) that the pod
+        sees into 'other' (:mod:`pgworker.error_classes`); pgworker's own codes never count
+        against N."""
+        return self._error_classes.label(code)
 
     # -- events ---------------------------------------------------------------------
 
@@ -229,6 +228,10 @@ class WorkerMetrics:
         if count:
             self.m["pgworker_reap_skipped_total"].inc(count)
 
+    def reap_failed(self, queue: str) -> None:
+        """An expired lease whose row the reaper could not write."""
+        self._child("pgworker_reap_failed_total", queue).inc()
+
     def pruned(self, state: str, count: int) -> None:
         if count:
             self._child("pgworker_jobs_pruned_total", state).inc(count)
@@ -286,36 +289,14 @@ def process_metrics(*, task_label: bool = True) -> WorkerMetrics:
         return _process_metrics
 
 
-def _created_files_collector(registry: CollectorRegistry) -> Any:
-    """prometheus_client's MultiProcessCollector, reading only the ``.db`` files that have
-    been created: ``MmapedDict`` creates a process's file before it sizes it, so a scrape in
-    that window read a 0-byte file, raised ``struct.error`` and failed whole with a 500 (a
-    claimer starting, restarted or recycled while /metrics is scraped; client_python issue
-    #1199, unfixed in 0.26). An empty file holds no samples yet; skipping it loses none."""
-    import glob
-
-    from prometheus_client import multiprocess
-
-    class CreatedFilesCollector(multiprocess.MultiProcessCollector):
-        def collect(self) -> Any:
-            files = []
-            for path in glob.glob(os.path.join(self._path, "*.db")):
-                try:
-                    if os.path.getsize(path) > 0:
-                        files.append(path)
-                except OSError:  # removed since the glob (a dead process's live gauges)
-                    pass
-            return self.merge(files, accumulate=True)
-
-    return CreatedFilesCollector(registry)
-
-
 def exposition_registry(extra: Iterable[Any] = ()) -> CollectorRegistry:
     """The registry ``/metrics`` serves: the merged multiprocess files (or the default
     registry outside multiprocess mode) plus ``extra`` collectors."""
     if multiprocess_enabled():
+        from .metrics_files import exposition_collector
+
         registry = CollectorRegistry()
-        _created_files_collector(registry)
+        exposition_collector(registry)
     else:
         from prometheus_client import REGISTRY
 

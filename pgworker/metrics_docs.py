@@ -1,130 +1,16 @@
 """docs/observability.md, rendered from the catalogue (``pgworker.catalogue``).
 
 ``python -m pgworker.catalogue > docs/observability.md`` regenerates the file; a test
-fails when the committed copy differs. The PromQL in :data:`QUESTIONS` is checked by
-the tests too: by promtool, against the catalogue's names and labels, and through the
-query API of a real Prometheus server scraping a real worker.
+fails when the committed copy differs. Its PromQL comes from
+:mod:`pgworker.metrics_questions`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from . import catalogue as cat
 from . import config
+from .metrics_questions import QUESTIONS
 from .worker.health import SUPERVISION_STALL_SECONDS
-
-
-@dataclass(frozen=True)
-class Query:
-    """One PromQL expression a user needs, with what its value means."""
-
-    expr: str
-    meaning: str
-
-
-#: The common questions and the PromQL that answers each. The pgworker_queue_* gauges
-#: come from the database, so every pod reports the same figure: take max, not sum.
-QUESTIONS: tuple[tuple[str, tuple[Query, ...]], ...] = (
-    ("Is the queue keeping up?", (
-        Query("max by (queue) (pgworker_queue_oldest_job_age_seconds)",
-              "How long the oldest due job has been waiting (database clock). The one number to "
-              "alert on: it grows when workers are too few, stuck or down, whatever the cause."),
-        Query('max by (queue) (pgworker_queue_jobs{state="pending"})',
-              "Backlog: claimable jobs due now or later (blocked ones are counted under `blocked`)."),
-        Query('max by (queue) (deriv(pgworker_queue_jobs{state="pending"}[15m]))',
-              "Jobs per second by which the backlog grows (> 0) or shrinks (< 0)."),
-        Query('sum by (queue) (rate(pgworker_jobs_finished_total{outcome=~"succeeded|dead|cancelled"}[5m]))',
-              "Throughput: jobs finished per second, all pods."),
-        Query("histogram_quantile(0.95, sum by (queue, le) (rate(pgworker_job_wait_duration_seconds_bucket[5m])))",
-              "95th percentile of the wait from due to claim."),
-        Query("sum by (queue) (pgworker_jobs_in_flight)",
-              "Jobs running or claimed right now; compare with the pods' total concurrency."),
-    )),
-    ("Which jobs die, and why?", (
-        Query("sum by (queue, error_class) (increase(pgworker_jobs_dead_total[1h]))",
-              "Jobs that went to dead in the last hour, by error class (the exception class or its "
-              "code; `LEASE_EXPIRED`, `WORKER_DIED`, `TIMEOUT` are pgworker's own)."),
-        Query('sum by (queue, task) (increase(pgworker_jobs_finished_total{outcome="dead"}[1h]))',
-              "The same by task (attempts a worker settled as dead)."),
-        Query("sum by (queue, error_class) (rate(pgworker_job_retries_total[5m]))",
-              "Failed attempts that will be retried: the errors that are not fatal yet."),
-        Query('max by (queue) (pgworker_queue_jobs{state="dead"})',
-              "Dead jobs waiting for an operator; `pgworker dead list` shows them with their "
-              "errors (error text never goes into a metric label)."),
-        Query("max by (queue) (pgworker_queue_oldest_dead_job_age_seconds)",
-              "How long the oldest dead job has been left unresolved."),
-    )),
-    ("Are leases being lost?", (
-        Query("sum by (queue, action) (increase(pgworker_lease_expirations_total[15m]))",
-              "Expired leases the reaper recovered: a worker crashed, was paused or was cut off "
-              "from the database while it held a job."),
-        Query("max by (queue) (pgworker_queue_expired_leases)",
-              "Expired leases not reaped yet: > 0 for longer than the reap interval means no reaper "
-              "runs (no pod is up, or the reaper fails)."),
-        Query("sum by (queue, operation) (increase(pgworker_fenced_writes_total[15m]))",
-              "Writes refused by the fencing token: a stale owner tried to act on a job another "
-              "worker now holds. Each one is a duplicate execution the fence stopped from committing."),
-        Query('sum by (queue, result) (rate(pgworker_lease_renewals_total{result!="renewed"}[5m]))',
-              "Renewals refused (`lost`) or failed (`error`, the database was unreachable)."),
-        Query('sum by (queue, task) (increase(pgworker_jobs_finished_total{outcome="lost"}[15m]))',
-              "Attempts whose outcome was not written because the lease was gone."),
-    )),
-    ("Are the workers alive?", (
-        Query("time() - min by (instance) (pgworker_claimer_heartbeat_timestamp_seconds)",
-              "Seconds since the least recent claimer heartbeat of each pod; it stays near the "
-              "poll interval, also during long jobs, unless a claimer is stuck."),
-        Query('sum by (queue) (rate(pgworker_claims_total{result="error"}[5m]))',
-              "Claims that failed (the database is unreachable, read-only, or refusing)."),
-        Query("histogram_quantile(0.99, sum by (queue, le) (rate(pgworker_claim_duration_seconds_bucket[5m])))",
-              "99th percentile latency of the claim statement."),
-        Query("sum by (reason) (rate(pgworker_dispatcher_wakeups_total[5m]))",
-              "What wakes the claimers: notify (LISTEN), poll (the fallback timer), sweep, reconnect."),
-        Query("sum by (instance) (increase(pgworker_listener_reconnects_total[1h]))",
-              "LISTEN connections lost and re-established (the fallback poll covers the gap)."),
-    )),
-    ("Is the statistics query healthy?", (
-        Query("min by (instance) (pgworker_queue_stats_up)",
-              "0 when the last statistics query failed (timed out, or the database is unreachable); "
-              "the pgworker_queue_* gauges are then absent, not stale."),
-        Query("max by (instance) (pgworker_queue_stats_duration_seconds)",
-              "Time the statistics query took; close to `PGWORKER_STATS_TIMEOUT_SECONDS` "
-              "means it is about to time out (a huge backlog, or a missing index)."),
-        Query("min by (instance) (pgworker_table_stats_up)",
-              "0 when the last jobs table health query failed (the pgworker_table_* gauges are then "
-              "absent; the queue statistics do not depend on it)."),
-    )),
-    ("Is vacuum keeping up with the jobs table?", (
-        Query("max by (job) (pgworker_table_dead_tuples)",
-              "Dead row versions of the jobs table not removed yet. Falling back after each vacuum "
-              "is health; still rising across vacuums means something holds the horizon back."),
-        Query("min by (job) (pgworker_table_last_vacuum_age_seconds)",
-              "Seconds since the jobs table was last vacuumed, by autovacuum or by hand (`+Inf`: "
-              "never, since the statistics were reset)."),
-        Query("max by (job, holder, holder_name, holder_state) (pgworker_table_horizon_age_seconds)",
-              "How long the oldest snapshot has held the vacuum horizon back, and what holds it: a "
-              "session (its application_name and state, such as `idle in transaction`), a "
-              "replication slot or a prepared transaction."),
-        Query("max by (job) (pgworker_table_horizon_lag_transactions)",
-              "Transactions started since that snapshot: dead rows that any of them left cannot be "
-              "removed until it goes."),
-        Query("max by (job) (deriv(pgworker_table_size_bytes[1h]))",
-              "Bytes per second by which the jobs table (with indexes and TOAST) grows; lasting "
-              "growth with a steady backlog is bloat, or history that `pgworker prune` should remove."),
-    )),
-    ("Did the last drain run work? (Pushgateway)", (
-        Query("time() - max by (schema) (pgworker_drain_last_run_timestamp_seconds)",
-              "Seconds since the last drain run ended, whatever its result."),
-        Query('max by (schema, result) (pgworker_drain_last_run_timestamp_seconds{result!="succeeded"})',
-              "Present when the last run hit its deadline, was interrupted or failed."),
-        Query("max by (schema) (pgworker_drain_jobs_left)",
-              "Due jobs the last run left behind (it ran out of time)."),
-    )),
-)
-
-
-def all_queries() -> list[str]:
-    return [q.expr for _, queries in QUESTIONS for q in queries]
 
 
 def _cell(text: str) -> str:
@@ -168,7 +54,7 @@ def render() -> str:
         "of the last section runs on a real Prometheus.",
         "",
         "Contents: [metrics from the database](#metrics-from-the-database),",
-        "[metrics from the workers](#metrics-from-the-workers),",
+        "[metrics from the workers](#metrics-from-the-workers), [the pod's loops](#the-pods-loops),",
         "[drain runs](#drain-runs-pushgateway), [label values](#label-values),",
         "[processes and multiprocess mode](#processes-and-multiprocess-mode),",
         "[health endpoints](#health-endpoints), [traces](#traces),",
@@ -184,6 +70,11 @@ def render() -> str:
         "(`PGWORKER_STATS=false`) turns the query off, and these gauges with it: on a serverless",
         "compute that should suspend when idle, every periodic query keeps it awake. Every pod",
         "reports the same figures: aggregate them with `max`, not `sum`.",
+        "",
+        "Queue depth is `pgworker_queue_jobs{state=\"due\"}`: jobs whose run_at has come, the work",
+        "waiting for a worker now (scale and alert on it, or on the oldest due job's age). Jobs",
+        "scheduled later, retries in their backoff included, are `state=\"scheduled\"`: 10,000 jobs",
+        "delayed by an hour make no backlog.",
         "",
         *_metric_table("database", "pgworker_queue_"),
         "",
@@ -265,6 +156,21 @@ def render() -> str:
         "- `pgworker_job_wait_duration_seconds` is measured by the claim statement itself",
         "  (`now() - run_at`, database clock), so worker clock skew does not enter it.",
         "",
+        "## The pod's loops",
+        "",
+        "When each loop of the pod last went round, read from the supervisor's own state when",
+        "`/metrics` is scraped (no query; `pgworker/loop_gauges.py`): a loop stuck on a hung",
+        "statement, a lock or a wedged slot table shows at once, not through its effects much",
+        "later. The background loops are the supervisor's services (`loop`: renewer, settler,",
+        "listener, reaper, pruner, scheduler; each records the end of every pass that succeeded,",
+        "and its start until the first); the claimer loops are labelled by the claimer's index",
+        "(`claimer`: 0 to `--concurrency` - 1, the same across its replacements). The alerts",
+        "`PgworkerLoopStalled` (no pass for three intervals and at least 2 minutes) and",
+        "`PgworkerClaimerLoopStalled` (a claimer loop still for 2 minutes with no handler",
+        "running in it) watch them (docs/deploy.md, \"Alert runbook\").",
+        "",
+        *_metric_table("supervisor"),
+        "",
         "## Drain runs (Pushgateway)",
         "",
         "A `pgworker run --drain` is over before a scrape would find it. At exit it prints one",
@@ -293,8 +199,10 @@ def render() -> str:
         f"| `action` | {_values(cat.EXPIRATION_ACTIONS)} |",
         f"| `operation` | {_values(cat.FENCED_OPERATIONS)} |",
         f"| `reason` | {_values(cat.WAKEUP_REASONS)} |",
-        f"| `state` | {_values(cat.STATS_STATES)} (finished states are counted by the counters, not the database) |",
-        f"| `error_class` | the stored error code: an exception's `pgworker_code`, else its class name (module-qualified outside builtins); pgworker's own codes ({_values(cat.KNOWN_ERROR_CODES)}) always; past the first {cat.ERROR_CLASS_TOP_N} other classes a process sees, `{cat.OTHER}` |",
+        f"| `state` | {_values(cat.STATS_STATES)}: a pending job is `due` (its run_at has come), `scheduled` (run_at later) or `blocked` (behind its ordering key's head), never `pending`; finished states are counted by the counters, not the database |",
+        f"| `error_class` | the stored error code: an exception's `pgworker_code`, else its class name (module-qualified outside builtins); pgworker's own codes ({_values(cat.KNOWN_ERROR_CODES)}) always; past the first {cat.ERROR_CLASS_TOP_N} other classes a pod sees (all its processes, recycled claimers included: see [multiprocess mode](#processes-and-multiprocess-mode)), `{cat.OTHER}` |",
+        f"| `loop` | {_values(cat.LOOPS)} (not `service`: the Prometheus Operator adds a target label of that name) |",
+        "| `claimer` | a claimer's index, `0` to `--concurrency` - 1 (its replacements keep it) |",
         "| `version` | pgworker's version |",
         f"| `vacuum` | {_values(cat.VACUUM_KINDS)} |",
         f"| `holder` | {_values(cat.HORIZON_HOLDERS)} |",
@@ -306,15 +214,24 @@ def render() -> str:
         "into prometheus_client's multiprocess mode:",
         "",
         "- `pgworker run` gives each run a fresh `PROMETHEUS_MULTIPROC_DIR` (a temporary",
-        "  directory, or `--metrics-dir` wiped of `*.db` files) before anything imports",
+        "  directory, or `--metrics-dir` wiped of its `*.db` files and `error_classes`) before anything imports",
         "  prometheus_client, which reads the variable at import. Claimers inherit it.",
         "- Each process writes its values to mmap files of its own; `/metrics` merges them.",
-        "  Counters and histograms of a claimer that exits, even by `kill -9`, stay in its files,",
+        "  Counters and histograms of a claimer that exits, even by `kill -9`, stay counted,",
         "  so totals never drop when a claimer dies or is recycled.",
         "- When a claimer exits the supervisor calls `mark_process_dead(pid)`, which removes its",
         "  live gauges: `pgworker_jobs_in_flight` (`livesum`: the sum over live claimers) and",
         "  `pgworker_claimer_heartbeat_timestamp_seconds` (`livemin`: the oldest beat among live",
-        "  claimers; only claimers create it, so the supervisor never reports a 0).",
+        "  claimers; only claimers create it, so the supervisor never reports a 0). It then merges",
+        "  the claimer's counters, histograms and `max` gauges into one compacted file per kind",
+        "  (`counter_compacted.db`, ...) with prometheus_client's own merge, and removes its files,",
+        "  under the lock the scrape takes: every total is the same before and after, and the",
+        "  directory holds the live processes' files plus at most three, however often",
+        "  `--max-jobs-per-child` recycles the claimers (`pgworker/metrics_files.py`).",
+        f"- The `error_class` label's budget ({cat.ERROR_CLASS_TOP_N} classes) is the pod's: the classes admitted so far are",
+        "  one file in the directory, `error_classes`, which each process reads and appends to",
+        "  under an exclusive `flock` when it first meets a class (the kernel releases the lock",
+        "  of a process that dies holding it), and remembers (`pgworker/error_classes.py`).",
         "- Custom collectors do not work in children: the queue statistics are collected by the",
         "  supervisor's HTTP server at scrape time.",
         "- Outside `pgworker run` (your web process enqueueing) the same metrics live in",

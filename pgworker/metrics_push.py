@@ -20,9 +20,9 @@ def push_drain_summary(url: str, summary: Any, schema: str, timeout_seconds: flo
     d = cat.METRICS_BY_NAME
     last = Gauge("pgworker_drain_last_run_timestamp_seconds",
                  d["pgworker_drain_last_run_timestamp_seconds"].help, ["result"], registry=registry)
-    last.labels(summary.result).set(time.time())
+    last.labels(summary.result).set(time.time())  # when it ended: wall-clock time, as a timestamp is
     Gauge("pgworker_drain_duration_seconds", d["pgworker_drain_duration_seconds"].help,
-          registry=registry).set(time.time() - summary.started)
+          registry=registry).set(summary.duration_seconds)
     processed = Gauge("pgworker_drain_jobs_processed", d["pgworker_drain_jobs_processed"].help,
                       ["outcome"], registry=registry)
     for outcome, n in summary.counts.items():

@@ -15,6 +15,7 @@ import psycopg
 
 from .config import MAX_SETTING_SECONDS
 from .errors import ConfigError, QueuePaused
+from .jobs import ReplayResult
 from .names import check_queue_name
 
 if TYPE_CHECKING:
@@ -33,7 +34,8 @@ def cancel(app: App, job_id: int, *, actor: str | None, conn: psycopg.Connection
         return app.store.cancel(c, job_id, actor=actor or _actor())
 
 
-def replay(app: App, job_ids: Sequence[int], *, queue: str | None, limit: int, actor: str | None) -> list[int]:
+def replay(app: App, job_ids: Sequence[int], *, queue: str | None, limit: int,
+           actor: str | None) -> ReplayResult:
     if queue is not None:
         check_queue_name(queue)
     with app.connection() as c:

@@ -12,14 +12,14 @@ import json
 import math
 import re
 from collections import Counter, defaultdict
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
 
 import psycopg
 
 from . import tracing
 from .errors import InvalidJob, PayloadError, UnknownTask
-from .jobs import MAX_DELAY_SECONDS
+from .jobs import EARLIEST_TIMESTAMP, MAX_DELAY_SECONDS
 from .names import check_key, check_queue_name, check_task_name
 from .store import Store, atomic
 from .tasks import (DEFAULT_MAX_ATTEMPTS, ORDERING_ON_DEAD, Task, check_dedupe_window, check_max_attempts,
@@ -117,6 +117,32 @@ def _delay_seconds(delay: "float | timedelta | None") -> float:
     return seconds
 
 
+def _check_run_at(run_at: Any) -> datetime | None:
+    """``run_at`` as the UTC instant it names (None stays None), or :class:`InvalidJob`.
+
+    Converted to UTC here, once: an aware datetime in the repeated hour of a daylight-saving
+    fall-back names one of two instants by its ``fold``, which equality and hashing ignore
+    (PEP 495), so anything that compares or remembers run_at values (the Preparer's cache)
+    could otherwise confuse the two. A UTC datetime is unambiguous.
+    """
+    if run_at is None:
+        return None
+    if not isinstance(run_at, datetime):
+        raise InvalidJob(f"run_at must be a datetime, got {type(run_at).__name__}")
+    if run_at.tzinfo is None or run_at.utcoffset() is None:
+        raise InvalidJob("run_at has no time zone; pass an aware datetime such as "
+                         "datetime.now(timezone.utc) + timedelta(minutes=5), or use delay=seconds")
+    # The range delay= has too (0 to 100 years from now), with any past time down to 1970
+    # (a past run_at is due now), inside the jobs table's range (jobs_run_at_range, which
+    # refuses what no claim could handle). Checked on the worker's clock: only the bounds
+    # depend on it, and they are decades wide.
+    if run_at < EARLIEST_TIMESTAMP or run_at - datetime.now(timezone.utc) > timedelta(seconds=MAX_DELAY_SECONDS):
+        raise InvalidJob(f"run_at {run_at.isoformat()} is out of range: a job can be scheduled from "
+                         "1970-01-01 UTC to 100 years from now; pass a run_at in that range (any past "
+                         "time means due now), or delay=seconds")
+    return run_at.astimezone(timezone.utc)
+
+
 # How many registered names an UnknownTask message lists when none is close to the typo.
 _KNOWN_TASKS_SHOWN = 10
 
@@ -145,13 +171,7 @@ def prepare(spec: JobSpec, tasks: dict[str, Task], max_payload_bytes: int, *,
                                       else (registered.max_attempts if registered else DEFAULT_MAX_ATTEMPTS))
     if spec.run_at is not None and spec.delay is not None:
         raise InvalidJob("give run_at or delay, not both")
-    run_at = spec.run_at
-    if run_at is not None:
-        if not isinstance(run_at, datetime):
-            raise InvalidJob(f"run_at must be a datetime, got {type(run_at).__name__}")
-        if run_at.tzinfo is None or run_at.utcoffset() is None:
-            raise InvalidJob("run_at has no time zone; pass an aware datetime such as "
-                             "datetime.now(timezone.utc) + timedelta(minutes=5), or use delay=seconds")
+    run_at = _check_run_at(spec.run_at)
     dedupe_key = check_key("dedupe_key", spec.dedupe_key)
     window = check_dedupe_window(spec.dedupe_window if spec.dedupe_window is not None
                                  else (registered.dedupe_window_seconds if registered else None))
@@ -189,7 +209,11 @@ class Preparer:
             self._shared.clear()  # a task registered since (its defaults apply now), or full
             self._tasks_seen = len(self.tasks)
         task = spec.task
-        key = (task if isinstance(task, str) else id(task), any_task, *spec[2:])
+        # run_at's fold goes into the key: datetimes that differ only by fold (the two
+        # instants of a fall-back's repeated hour) are equal and hash alike (PEP 495), and
+        # one would be served the other's prepared instant, an hour off
+        key = (task if isinstance(task, str) else id(task), any_task, *spec[2:],
+               getattr(spec.run_at, "fold", None))
         try:
             base = self._shared.get(key)
         except TypeError:  # an unhashable option: validated (and refused) on its own
@@ -298,13 +322,14 @@ def enqueue_batch(store: Store, conn: psycopg.Connection, jobs: Sequence[Prepare
             # run_at from the database clock, as single enqueues do
             run_ats = [j.run_at or (db_now + timedelta(seconds=j.delay_seconds) if j.delay_seconds else db_now)
                        for j in jobs]
+            holders: dict[int, int] = {}
             if not keyed:  # a large batch: COPY (its fixed round trips amortised over the rows)
                 store.copy_jobs(conn, ((i, j.queue, j.task, j.payload_json, j.priority, r,
                                         j.max_attempts, ctx_json)
                                        for i, j, r in zip(ids, jobs, run_ats)))
                 inserted = {i: r <= db_now for i, r in zip(ids, run_ats)}
-            else:
-                inserted = store.insert_jobs_many(conn, {
+            else:  # a job refused by its dedupe key gets the holder's id
+                inserted, holders = store.insert_jobs_many(conn, {
                     "ids": ids, "queues": [j.queue for j in jobs], "tasks": [j.task for j in jobs],
                     "payloads": [j.payload_json for j in jobs],
                     "priorities": [j.priority for j in jobs], "run_ats": run_ats,
@@ -315,14 +340,7 @@ def enqueue_batch(store: Store, conn: psycopg.Connection, jobs: Sequence[Prepare
                     "dead_blocks_keys": [j.dead_blocks_key for j in jobs],
                     "trace_contexts": [ctx_json] * len(jobs)})
             store.notify_queues(conn, {j.queue for i, j in zip(ids, jobs) if inserted.get(i)})
-            out = list(ids)
-            refused = [pos for pos, i in enumerate(ids) if i not in inserted]
-            if refused:
-                holders = store.dedupe_holders(conn, sorted({jobs[p].dedupe_key for p in refused}))
-                for pos in refused:
-                    holder = holders.get(jobs[pos].dedupe_key)  # type: ignore[arg-type]
-                    # the holder finished in between: enqueue this one on its own
-                    out[pos] = holder if holder is not None else enqueue_one(store, conn, jobs[pos])
+            out = [holders.get(pos, i) for pos, i in enumerate(ids)]
         if metrics:
             counts: dict[str, int] = defaultdict(int)
             for i, j in zip(ids, jobs):

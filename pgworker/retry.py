@@ -13,7 +13,8 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from .errors import InvalidPayload, JobCancelled, LeaseLost, Permanent, PgworkerError, Retry
+from .errors import ConfigError, InvalidPayload, JobCancelled, LeaseLost, Permanent, PgworkerError, Retry
+from .jobs import MAX_DELAY_SECONDS
 from .names import bounded_text, redact
 
 RETRY_BASE_SECONDS = 1.0
@@ -26,7 +27,12 @@ RETRY_JITTER = 0.5
 class RetryPolicy:
     """How long to wait before each retry (seconds).
 
-    Raises ``ValueError`` at construction for negative or inconsistent values.
+    ``base_seconds``: the wait after the first failed attempt, 0 up to ``max_seconds``.
+    ``factor``: each further wait is this many times longer, >= 1. ``max_seconds``: the
+    cap of every wait, 0 up to ``MAX_DELAY_SECONDS`` (100 years, the longest delay a job
+    can be given anywhere). ``jitter``: the fraction taken off at random, 0 to 1. Each a
+    finite int or float (not a bool). Raises :class:`ConfigError` (a ``ValueError``)
+    naming the field and the fix.
     """
 
     base_seconds: float = RETRY_BASE_SECONDS
@@ -35,14 +41,26 @@ class RetryPolicy:
     jitter: float = RETRY_JITTER
 
     def __post_init__(self) -> None:
-        if not all(math.isfinite(v) for v in (self.base_seconds, self.factor, self.max_seconds, self.jitter)):
-            raise ValueError("RetryPolicy: every value must be a finite number")
-        if self.base_seconds < 0 or self.max_seconds < 0:
-            raise ValueError("RetryPolicy: base_seconds and max_seconds must be >= 0")
+        for name in ("base_seconds", "factor", "max_seconds", "jitter"):
+            value = getattr(self, name)
+            # a bool is an int to Python: RetryPolicy(jitter=True) is a slip, not a fraction
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                hint = " (a number, not a duration string)" if isinstance(value, str) else ""
+                raise ConfigError(f"RetryPolicy: {name} must be a finite number{hint}, got {value!r}")
+        if not 0 <= self.max_seconds <= MAX_DELAY_SECONDS:
+            raise ConfigError(f"RetryPolicy: max_seconds (the cap of every wait) must be from 0 to "
+                              f"{MAX_DELAY_SECONDS:,.0f} seconds (100 years, the longest delay a job can be "
+                              f"given), got {self.max_seconds!r}; e.g. max_seconds=3600 for an hour")
+        if not 0 <= self.base_seconds <= self.max_seconds:
+            raise ConfigError(f"RetryPolicy: base_seconds ({self.base_seconds!r}) must be from 0 to max_seconds "
+                              f"({self.max_seconds!r}), the cap of every wait; lower base_seconds or raise "
+                              "max_seconds to at least base_seconds")
         if self.factor < 1:
-            raise ValueError("RetryPolicy: factor must be >= 1")
+            raise ConfigError(f"RetryPolicy: factor must be >= 1 (each retry waits at least as long as the one "
+                              f"before; 1 for a constant wait), got {self.factor!r}")
         if not 0 <= self.jitter <= 1:
-            raise ValueError("RetryPolicy: jitter must be between 0 and 1")
+            raise ConfigError(f"RetryPolicy: jitter is the fraction of each wait taken off at random, from 0 "
+                              f"(none) to 1 (full jitter), got {self.jitter!r}")
 
     def delay(self, attempt: int, rng: Callable[[], float] = random.random) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based), between

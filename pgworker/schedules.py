@@ -31,7 +31,8 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Sequence
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+import psycopg
+from croniter import CroniterBadDateError, croniter
 from psycopg import sql
 
 from .config import MAX_PAYLOAD_BYTES
@@ -41,8 +42,6 @@ from .producer import serialize_payload
 from .tasks import check_max_attempts, check_priority
 
 if TYPE_CHECKING:
-    import psycopg
-
     from .store import Store
 
 log = logging.getLogger("pgworker.schedules")
@@ -70,7 +69,8 @@ class Periodic:
     ``PGWORKER_MAX_PAYLOAD_BYTES``; ``check_priority``; ``check_max_attempts``), so that a
     bad value fails the declaration instead of every slot.
     Raises :class:`ConfigError` naming the schedule and the fix for an invalid
-    expression, zone, policy, payload, queue, priority or max_attempts.
+    expression (one that matches no date included, such as '0 0 30 2 *': it would never
+    fire), zone, policy, payload, queue, priority or max_attempts.
     """
 
     name: str
@@ -108,6 +108,15 @@ class Periodic:
         except (ZoneInfoNotFoundError, ValueError, TypeError):
             raise ConfigError(f"schedule {self.name!r}: unknown time zone {self.timezone!r}; use an IANA "
                               "name such as 'UTC' or 'Europe/Paris'") from None
+        try:  # an expression croniter parses may still name no date at all ('0 0 30 2 *')
+            now = datetime.now(timezone.utc)
+            self.next_after(now)
+            self.latest_at_or_before(now)
+        except CroniterBadDateError:
+            raise ConfigError(f"schedule {self.name!r}: {self.cron!r} matches no date (a day of the month its "
+                              "months never have, such as 30 or 31 February or 31 April), so it would never "
+                              "fire; fix its day-of-month or month field, e.g. 'L' for the last day of the month "
+                              "('0 0 L 2 *')") from None
         if self.missed not in MISSED_POLICIES:
             raise ConfigError(f"schedule {self.name!r}: missed must be 'latest' (run the latest missed "
                               f"slot once) or 'skip', got {self.missed!r}")
@@ -198,32 +207,51 @@ class Scheduler:
         # Schedules failing now, with the failures of the current streak: the first
         # failure of a streak is logged, the others only counted.
         self._failing: dict[str, int] = {}
+        # The schedules the last register() could not record, with the error: tick() skips
+        # them, as failures of theirs, until a registration succeeds.
+        self.unregistered: dict[str, Exception] = {}
 
     def register(self, conn: "psycopg.Connection") -> None:
-        """Record the declared schedules (new ones start at their latest past slot)."""
+        """Record the declared schedules (new ones start at their latest past slot).
+
+        Each on its own: one whose slots cannot be computed or whose row cannot be written
+        is kept in ``unregistered`` (with its error) and skipped, so that the others are
+        recorded; :meth:`tick` then counts and logs it as that schedule's failure. Errors of
+        the connection itself (lost, closed) propagate."""
         now = self.store.db_now(conn)
+        self.unregistered = {}
         for p in self.periodics.values():
-            self.store.register_schedule(
-                conn, name=p.name, task=p.task, queue=p.queue, cron=p.cron, timezone=p.timezone,
-                missed=p.missed, initial_slot=p.latest_at_or_before(now), next_slot=p.next_after(now))
+            try:
+                initial, nxt = p.latest_at_or_before(now), p.next_after(now)
+                with self._own_statement(conn):
+                    self.store.register_schedule(
+                        conn, name=p.name, task=p.task, queue=p.queue, cron=p.cron, timezone=p.timezone,
+                        missed=p.missed, initial_slot=initial, next_slot=nxt)
+            except Exception as exc:  # noqa: BLE001 - one schedule must not stop the others
+                if conn.closed or conn.broken:
+                    raise
+                self.unregistered[p.name] = exc
 
     def tick(self, conn: "psycopg.Connection") -> float:
         """Fire what is due; returns seconds until the next slot of any schedule (at most
         RESYNC_SECONDS).
 
-        Each schedule fires on its own: one that fails (a statement error for it, or a
-        row a manual change made unusable) is logged once per failure streak with its
-        name and the fix, counted in ``errors``, and tried again at the next tick, while
-        the others still fire. Errors of the connection itself (lost, closed) propagate:
-        the caller reconnects.
+        Each schedule fires on its own: one that fails (its registration, the computation
+        of its slots, a statement error for it, or a row a manual change made unusable) is
+        logged once per failure streak with its name and the fix, counted in ``errors``,
+        and tried again at the next tick, while the others still fire. Errors of the
+        connection itself (lost, closed) propagate: the caller reconnects.
         """
         state, now, unusable = self.store.schedules_state(conn, list(self.periodics))
         missing = [name for name in self.periodics if name not in state and name not in unusable]
-        if missing:  # a row was deleted by hand: record it again
+        if missing:  # a row was deleted by hand, or its registration failed: record it again
             self.register(conn)
             state, now, unusable = self.store.schedules_state(conn, list(self.periodics))
         wait = RESYNC_SECONDS
         for p in self.periodics.values():
+            if p.name in self.unregistered:
+                self._failed(p, self.unregistered[p.name], recording=True)
+                continue
             try:
                 if p.name in unusable:
                     raise UnusableScheduleRow(unusable[p.name])
@@ -252,7 +280,9 @@ class Scheduler:
         and with it the next schedules' statements."""
         return contextlib.nullcontext() if conn.autocommit else conn.transaction()
 
-    def _failed(self, p: Periodic, exc: Exception) -> None:
+    def _failed(self, p: Periodic, exc: Exception, *, recording: bool = False) -> None:
+        """Count a failure of ``p``; log the first of a streak with the fix. ``recording``:
+        it failed to be recorded (register), not to fire."""
         self.errors[p.name] += 1
         streak = self._failing.get(p.name, 0) + 1
         self._failing[p.name] = streak
@@ -268,14 +298,21 @@ class Scheduler:
             fix = f"run `{reset.as_string(None)}`: the schedule then starts afresh at its next slot"
         else:
             what = f"{type(exc).__name__}: {bounded_text(' '.join(str(exc).split()), 500)}"
-            if getattr(exc, "sqlstate", None) == "42501":
+            if not isinstance(exc, psycopg.Error):  # from the declaration, not the database
+                fix = (f"correct its declaration in the app's code (cron {p.cron!r} in {p.timezone!r}): "
+                       "its slots could not be computed")
+            elif getattr(exc, "sqlstate", None) == "42501":
                 fix = "grant this role what `pgworker sql grants --worker ROLE` lists"
+            elif recording:
+                fix = (f"the database refused to record it in {table.as_string(None)}.schedules (a trigger, "
+                       "constraint or rule added there?): lift what refuses it, or remove the schedule "
+                       "from the app's code")
             else:
                 fix = (f"if a manual change to its row caused it (`SELECT * FROM {row}`), run "
                        f"`DELETE FROM {row}`: the scheduler records it again from the code and "
                        "starts at its next slot")
-        log.error("schedule %r could not fire: %s; the other schedules go on and this one is tried "
-                  "again at every tick; fix: %s", p.name, what, fix,
+        log.error("schedule %r could not %s: %s; the other schedules go on and this one is tried "
+                  "again at every tick; fix: %s", p.name, "be recorded" if recording else "fire", what, fix,
                   extra={"action": "schedule_error", "queue": p.queue, "task": p.task})
 
     def _succeeded(self, p: Periodic) -> None:

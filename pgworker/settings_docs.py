@@ -20,6 +20,7 @@ import inspect
 from . import cli
 from .app import App
 from .config import Settings
+from .jobs import MAX_DELAY_SECONDS
 from .retry import RetryPolicy
 from .tasks import DEFAULT_MAX_ATTEMPTS
 from .web.config import WEB_VARIABLES
@@ -47,6 +48,11 @@ TEST_VARIABLES: tuple[tuple[str, str, str], ...] = (
     ("PGWORKER_CRD_DIR", "none: those tests skip", "Folder of the CustomResourceDefinitions (KEDA, "
      "Prometheus Operator) the chart's custom resources are validated against; `.ci/run` sets it to "
      "`../shared/k8s-crds`."),
+    ("PGWORKER_IMAGE_BASE", "none: a Debian bookworm base made with debootstrap", "Base image the image "
+     "tests build the Dockerfile on (its `BASE_IMAGE`), e.g. `docker.io/library/python:3.11.14-slim-bookworm` "
+     "where that registry is reachable."),
+    ("PGWORKER_BUILDAH_ROOT", "`/var/cache/pgworker-ci/containers`", "buildah storage of the image tests, "
+     "where the debootstrapped base is kept between runs."),
     ("PGWORKER_BACKLOG_JOBS", "200000", "Jobs in the backlog of the memory-bound acceptance test."),
     ("PGWORKER_CHAOS_SEED", "11", "Seed of the chaos soak test."),
     ("PGWORKER_OUTAGE_SECONDS", "37", "Length of the database outage in the outage test, in seconds."),
@@ -290,6 +296,10 @@ def _retry_section() -> list[str]:
              "| field | default | unit | meaning |", "|---|---|---|---|"]
     for name, unit, meaning in rows:
         lines.append(f"| `{name}` | {_g(getattr(policy, name))} | {unit} | {meaning} |")
+    lines += ["", "Each is a finite number; `max_seconds` is at most "
+              f"{MAX_DELAY_SECONDS:,.0f} s (100 years, the longest delay a job can be given), `base_seconds` "
+              "at most `max_seconds`, `factor` at least 1, `jitter` from 0 to 1: anything else is refused "
+              "with a `ConfigError` when the policy is made."]
     waits = []
     for n in range(1, DEFAULT_MAX_ATTEMPTS):
         longest = policy.delay(n, rng=lambda: 0.0)

@@ -38,18 +38,25 @@ class Worker:
     """A `pgworker run` subprocess in its own process group."""
 
     def __init__(self, dsn: str, schema: str, *args: str, app: str = ACCEPTANCE_APP,
-                 env: dict[str, str] | None = None, log_dir: str | None = None, name: str = "worker") -> None:
+                 env: dict[str, str] | None = None, log_dir: str | None = None, name: str = "worker",
+                 launcher: str | None = None) -> None:
+        """``launcher``: a script run instead of ``-m pgworker.cli`` with the same arguments
+        (e.g. tests/apps/wallclock_step.py, which steps the supervisor's wall clock)."""
         self.env = dict(os.environ, PGWORKER_DSN=dsn, PGWORKER_SCHEMA=schema, PGWORKER_LOG_LEVEL="INFO",
                         PYTHONUNBUFFERED="1", **(env or {}))
         self.env.setdefault("LEDGER_DSN", dsn)
         self.env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-        self.cmd = [sys.executable, "-m", "pgworker.cli", "run", "--app", app, *args]
+        entry = [launcher] if launcher else ["-m", "pgworker.cli"]
+        self.cmd = [sys.executable, *entry, "run", "--app", app, *args]
         if "--metrics-port" not in args:
             self.cmd += ["--metrics-port", "0"]
         self.log_path = os.path.join(log_dir or LOG_DIR or tempfile.gettempdir(),
                                      f"pgworker-{name}-{os.getpid()}-{time.monotonic_ns()}.log")
         self.log = open(self.log_path, "w+")
-        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=subprocess.PIPE, stderr=self.log,
+        # stdout to a file, not a pipe: a pipe is read only after the exit, and a run that
+        # prints more than its 64 KiB (the console span exporter does) blocked on it forever
+        self.out = open(self.log_path + ".stdout", "w+")
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self.out, stderr=self.log,
                                      start_new_session=True, text=True)
 
     @property
@@ -102,7 +109,10 @@ class Worker:
         self.proc.wait()
 
     def stdout(self) -> str:
-        return self.proc.stdout.read() if self.proc.stdout else ""
+        """What the worker printed on stdout so far (the drain summary, console spans)."""
+        self.out.flush()
+        with open(self.out.name) as f:
+            return f.read()
 
     def logs(self) -> str:
         if not self.log.closed:
@@ -117,6 +127,7 @@ class Worker:
         if self.proc.poll() is None:
             self.kill()
         self.log.close()
+        self.out.close()
 
 
 def q(conn: psycopg.Connection, schema: str, query: str, *params: Any) -> list[tuple[Any, ...]]:

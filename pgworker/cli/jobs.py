@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from ..errors import ConfigError
-from ..names import quantity, schema_flag
+from ..names import bounded_text, quantity, schema_flag
 from .output import emit
 from .settings import _make_app
 
@@ -104,19 +104,54 @@ def cmd_dead(args: argparse.Namespace) -> int:
     if getattr(args, "dead_command", None) == "replay":
         if not args.ids and not (args.queue and args.all):
             raise ConfigError("give job ids, or --queue QUEUE --all")
-        ids = app.replay(args.ids, queue=args.queue if args.all else None, limit=args.limit)
+        result = app.replay(args.ids, queue=args.queue if args.all else None, limit=args.limit)
         if args.json:
-            emit(args, {"replayed": ids})
+            emit(args, {"replayed": list(result), "not_dead": result.not_dead,
+                        "held": [{"id": i, "held_by": h} for i, h in sorted(result.held_by.items())]})
         else:
-            print(f"replayed {quantity(len(ids), 'job')}" + (f": {', '.join(map(str, ids[:50]))}" if ids else ""))
-        missing = sorted(set(args.ids) - set(ids))
-        if missing:
-            print(f"not dead (or unknown), left as they were: {', '.join(map(str, missing))}", file=sys.stderr)
-            return 1
-        return 0
+            print(f"replayed {quantity(len(result), 'job')}"
+                  + (f": {', '.join(map(str, result[:50]))}" if result else ""))
+        for line in _held_keys_notes(app, result.held_by):
+            print(line, file=sys.stderr)
+        if result.not_dead:
+            print(f"not dead (or unknown), left as they were: {', '.join(map(str, result.not_dead))}",
+                  file=sys.stderr)
+        # by id, every job asked for must be replayed; --all replays what it can
+        return 1 if (result.not_dead or result.held_by) and args.ids else 0
     rows = app.list_jobs(queue=args.queue, state="dead", limit=args.limit)
     emit(args, rows, ["id", "queue", "task", "attempts", "last_error_code", "finished_at"])
     return 0
+
+
+#: The dead jobs left behind a held dedupe key whose holder a replay describes; the rest by id.
+HELD_DESCRIBED = 10
+
+
+def _held_keys_notes(app: Any, held_by: dict[int, int]) -> list[str]:
+    """What to do about each dead job a replay left dead because another job holds its dedupe
+    key: that job does the key's work, so discard the dead one, or cancel the holder first.
+    The holder's state (one read each, for the first HELD_DESCRIBED) says which applies."""
+    flag = schema_flag(app.settings.schema)
+    notes = []
+    for n, (dead, holder) in enumerate(sorted(held_by.items())):
+        if n == HELD_DESCRIBED:
+            rest = sorted(held_by)[n:]
+            notes.append(f"{quantity(len(rest), 'more job')} stayed dead, their dedupe keys held by other jobs: "
+                         + ", ".join(f"{d} (by {held_by[d]})" for d in rest[:50]))
+            break
+        job = app.get_job(holder) or {}
+        key = bounded_text(repr(job.get("dedupe_key")), 80)
+        if job.get("state") == "succeeded":
+            until = job["dedupe_until"].isoformat(timespec="seconds") if job.get("dedupe_until") else "?"
+            notes.append(f"job {dead} stayed dead: its dedupe key {key} is held by job {holder}, which succeeded "
+                         f"and keeps the key until {until} (its dedupe window): the work was done; discard job "
+                         f"{dead} with `pgworker cancel {dead}{flag}`, or replay it after then")
+        else:
+            state = f" ({job['state']})" if job.get("state") else ""
+            notes.append(f"job {dead} stayed dead: its dedupe key {key} is held by job {holder}{state}, which does "
+                         f"that key's work; discard job {dead} with `pgworker cancel {dead}{flag}`, or, to run job "
+                         f"{dead} instead, cancel job {holder} (`pgworker cancel {holder}{flag}`) and replay again")
+    return notes
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 from typing import Any
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
@@ -179,8 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "elsewhere it means seconds, here it would delete at once)")
     p.add_argument("--batch", type=_positive_int, default=10_000, metavar="N", help="rows deleted per statement")
 
-    p = sub.add_parser("status", help="jobs by queue and state, oldest due job's age, running leases, "
-                                      "paused queues, ordering keys held by a dead job")
+    p = sub.add_parser("status", help="live jobs by queue and state (due, scheduled, blocked, running, dead), "
+                                      "oldest due job's age, expired leases; finished jobs of all queues "
+                                      "(counted up to 10,000 a state, then estimated); paused queues, "
+                                      "ordering keys held by a dead job")
     _common(p)
 
     p = sub.add_parser("queue", help="queue policies: list, pause, resume, set limits, events")
@@ -244,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="link a job's trace id: a URL with {trace_id} (env PGWORKER_WEB_TRACE_URL)")
     p.add_argument("--log-level", metavar="LEVEL", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
 
+    parser.commands = sub.choices  # type: ignore[attr-defined]  # name -> parser, for usage errors of one command
     p = sub.add_parser("demo", help="run a realistic workload end to end (embedded PostgreSQL without --dsn)")
     _common(p)
     p.add_argument("--jobs", type=int, default=400, metavar="N", help="jobs in the workload")
@@ -252,6 +256,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the outputs and, without --dsn, the embedded PostgreSQL running (to inspect "
                         "the jobs)")
     return parser
+
+
+def unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]) -> None:
+    """Exit 2 for arguments no parser took, as argparse does, but with the fix for the
+    usual slip: `pgworker enqueue send_email '{"to": ...}'` (the payload goes in
+    --payload; argparse said only "unrecognized arguments"). The stray value is not
+    echoed there: a payload may hold a secret."""
+    # a value right after an unknown option is that option's (`--prio 5`), not a stray argument
+    stray = [a for i, a in enumerate(extras) if not a.startswith("-")
+             and not (i and extras[i - 1].startswith("-") and "=" not in extras[i - 1])]
+    if args.command == "enqueue" and stray:
+        options = [a for a in extras if a.startswith("-")]
+        parser.commands["enqueue"].error(  # type: ignore[attr-defined]
+            "unexpected argument after the task's name (a payload?): give the payload with --payload, e.g. "
+            f"`pgworker enqueue {shlex.quote(args.task)} --payload '{{\"to\": \"a@example.com\"}}'`"
+            + (f"; also unrecognized: {' '.join(options)}" if options else ""))
+    parser.error(f"unrecognized arguments: {' '.join(extras)}")
 
 
 _NONE = ("none", "off", "null", "-")

@@ -15,25 +15,32 @@ from .settings import _make_app
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from ..status import FINISHED_COUNT_LIMIT, status_reads
+
     app = _make_app(args)
     with app.connection() as conn:
-        rows = app.store.queue_status(conn)
-        queues = app.store.list_queues(conn)
-        blocked = app.store.dead_blocked_keys(conn)
-    paused = [q for q in queues if q["paused_at"] is not None]
+        report = status_reads(app, conn)
+    rows = report.state_rows()
+    paused = [q for q in report.queues if q["paused_at"] is not None]
     if args.json:  # the state rows, each saying whether its queue is paused (`dead keys` lists the keys)
-        names = {q["name"] for q in paused}
-        emit(args, [{**r, "paused": r["queue"] in names} for r in rows])
+        emit(args, rows)
         return 0
-    emit(args, rows, ["queue", "state", "jobs", "oldest_due_age_seconds", "expired_leases"])
+    live = [r for r in rows if r["queue"] is not None]
+    emit(args, live, ["queue", "state", "jobs", "oldest_due_age_seconds", "expired_leases"])
+    done = [{"state": r["state"], "jobs": f"~{r['jobs']:,}" if r["estimated"] else f"{r['jobs']:,}"}
+            for r in rows if r["queue"] is None]
+    if done:
+        print(f"\nfinished jobs, all queues (counted up to {FINISHED_COUNT_LIMIT:,} a state, past that ~ the "
+              "planner's estimate; by queue: pgworker_jobs_finished_total):")
+        emit(args, done, ["state", "jobs"])
     if paused:
         print("\npaused queues (enqueues go on; nothing is claimed):")
         emit(args, paused, ["name", "paused_at", "paused_by", "running"])
-    if blocked:
+    if report.blocked:
         print("\nordering keys held by a dead job (replay it with `pgworker dead replay ID`, "
               "or discard it with `pgworker cancel ID`):")
-        emit(args, blocked, ["queue", "ordering_key", "dead_job_id", "task", "last_error_code", "finished_at",
-                             "waiting"])
+        emit(args, report.blocked, ["queue", "ordering_key", "dead_job_id", "task", "last_error_code", "finished_at",
+                                    "waiting"])
     return 0
 
 
@@ -91,10 +98,11 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
 def _unused_queue_warning(app: Any, args: argparse.Namespace) -> str | None:
     """The warning for pausing or configuring a queue nothing uses, or None: no claimable,
-    running or dead job, no schedule, no settings row yet, and not a queue of the --app's
-    tasks (or 'default'). The name is then likely a typo, and the command would make a
-    row nobody uses. Only a warning: limiting a queue ahead of its first job is fine.
-    Asked before the command runs (the command makes the row)."""
+    running or dead job, none among the last finished ones, no schedule, no settings row
+    or audit event yet, and not a queue of the --app's tasks (or 'default'). The name is
+    then likely a typo, and the command would make a row nobody uses. Only a warning:
+    limiting a queue ahead of its first job is fine. Asked before the command runs (the
+    command makes the row)."""
     usage = app.queue_usage(args.name)
     if any(usage.values()):
         return None
@@ -102,5 +110,5 @@ def _unused_queue_warning(app: Any, args: argparse.Namespace) -> str | None:
     tasks = "no task of the --app uses it" if args.app else "no --app was given to check its tasks' queues"
     undo = (f"`pgworker queue resume {name}` then `pgworker queue delete {name}`"
             if args.queue_command == "pause" else f"`pgworker queue delete {name}`")
-    return (f"warning: queue {args.name!r} has no pending, running or dead jobs and no schedule, and {tasks}: "
-            f"a typo? Undo with {undo}")
+    return (f"warning: queue {args.name!r} has no pending, running or dead jobs, none among the jobs that "
+            f"finished last, no schedule and no history of settings, and {tasks}: a typo? Undo with {undo}")

@@ -15,12 +15,15 @@ from .settings import _make_app
 def _prepare_metrics_dir(args: argparse.Namespace) -> str | None:
     """Give this run a fresh prometheus multiprocess directory, before any import of
     prometheus_client (the library reads the variable at import time)."""
+    from .. import error_classes
+
     path = args.metrics_dir or os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if path:
         os.makedirs(path, exist_ok=True)
         for name in os.listdir(path):
-            if name.endswith(".db"):
+            if name.endswith((".db", ".db.partial")):  # values, and a merge cut short (metrics_files)
                 os.unlink(os.path.join(path, name))
+        error_classes.clear(path)  # the pod's error_class budget starts again with its series
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
         return None
     path = tempfile.mkdtemp(prefix="pgworker-metrics-")

@@ -1,8 +1,9 @@
 -- Least-privilege roles for one pgworker schema, printed or applied by
 -- `pgworker sql grants --producer ROLE --worker ROLE --viewer ROLE [--schema S] [--apply]`.
 -- {schema}, {producer}, {worker} and {viewer} are quoted identifiers. The schema's owner (the
--- role that runs `pgworker migrate`) keeps everything else: DDL, DELETE (prune),
--- operator actions (cancel, replay write job_events). Privileges follow the PostgreSQL
+-- role that runs `pgworker migrate`) keeps everything else: DDL, DELETE (a worker prunes
+-- through two functions of the owner's, below), operator actions (cancel, replay write
+-- job_events). Privileges follow the PostgreSQL
 -- docs, 5.8 "Privileges": column-level INSERT/SELECT/UPDATE; SELECT ... FOR UPDATE needs
 -- UPDATE on at least one column; UPDATE ... WHERE needs SELECT on the columns it reads.
 -- A "producer" owns the jobs of the schema it may write to: one schema per tenant
@@ -33,9 +34,9 @@ GRANT UPDATE (dedupe_until) ON {schema}.jobs TO {producer};
 GRANT SELECT ON {schema}.migrations TO {producer};
 
 -- name: worker
--- Claim, renew, record outcomes, run the reaper and read queue statistics: SELECT on
--- jobs and UPDATE of the lifecycle columns only (never the payload, queue, task,
--- priority, attempt budget or keys). No DELETE, TRUNCATE, DDL or job_events.
+-- Claim, renew, record outcomes, run the reaper and the pruner, read queue statistics:
+-- SELECT on jobs and UPDATE of the lifecycle columns only (never the payload, queue,
+-- task, priority, attempt budget or keys). No DELETE, TRUNCATE, DDL or job_events.
 GRANT USAGE ON SCHEMA {schema} TO {worker};
 GRANT SELECT ON {schema}.jobs TO {worker};
 GRANT UPDATE (state, run_at, attempts, lease_owner, lease_token, lease_expires_at, started_at,
@@ -54,6 +55,14 @@ GRANT SELECT, INSERT, UPDATE ON {schema}.schedules TO {worker};
 GRANT USAGE ON SEQUENCE {schema}.jobs_id_seq TO {worker};
 GRANT SELECT ON {schema}.migrations TO {worker};
 GRANT EXECUTE ON FUNCTION {schema}.bounded_append(jsonb, jsonb, integer) TO {worker};
+-- the pruner (on by default): retention through two SECURITY DEFINER functions owned by
+-- the schema's owner (migration 0005), which delete only finished jobs and queue audit
+-- events past the retention given; the queues' audit trail is read to choose its events
+-- (nothing in it is a payload or an error message, and the producer may read it too)
+GRANT EXECUTE ON FUNCTION {schema}.delete_finished_jobs(bigint[], double precision, double precision,
+                                                        double precision) TO {worker};
+GRANT EXECUTE ON FUNCTION {schema}.delete_queue_events(bigint[], double precision) TO {worker};
+GRANT SELECT ON {schema}.queue_events TO {worker};
 -- the pod registry the console's Workers page reads: each pod refreshes its own row,
 -- marks it stopped, and prunes rows left by pods that were killed
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.pods TO {worker};

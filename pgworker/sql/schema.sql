@@ -1,4 +1,4 @@
--- The whole pgworker schema as it stands (version 5), in one file, for reading and
+-- The whole pgworker schema as it stands (version 6), in one file, for reading and
 -- review. Installing and upgrading go through the numbered migrations
 -- (pgworker/sql/migrations, `pgworker migrate`); a test applies both to two schemas and
 -- checks that they produce the same catalog, so this file cannot drift from them.
@@ -60,7 +60,15 @@ CREATE TABLE {schema}.jobs (
     CONSTRAINT jobs_task_length CHECK (length(task) BETWEEN 1 AND 255),
     CONSTRAINT jobs_running_has_lease CHECK (state <> 'running' OR lease_expires_at IS NOT NULL),
     CONSTRAINT jobs_dedupe_window_positive CHECK (dedupe_window IS NULL OR dedupe_window > interval '0'),
-    CONSTRAINT jobs_schedule_slot_pair CHECK ((schedule_name IS NULL) = (schedule_slot IS NULL))
+    CONSTRAINT jobs_schedule_slot_pair CHECK ((schedule_name IS NULL) = (schedule_slot IS NULL)),
+    -- Timestamps every claim can compute with and read back in any session time zone
+    -- (no infinity, no year outside 1..9999 in any zone; migration 0005 says why).
+    CONSTRAINT jobs_run_at_range
+        CHECK (run_at BETWEEN '1970-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00'),
+    CONSTRAINT jobs_created_at_range
+        CHECK (created_at BETWEEN '1970-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00'),
+    CONSTRAINT jobs_lease_expires_at_range
+        CHECK (lease_expires_at BETWEEN '1970-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00')
 ) WITH (
     -- Autovacuum for a high-churn table; no fillfactor, since no frequent update can be
     -- HOT (migration 0003 and docs/deploy.md, "Vacuum and the jobs table", say why).
@@ -141,7 +149,10 @@ CREATE TABLE {schema}.queues (
     CONSTRAINT queues_rate_positive CHECK (rate_per_second IS NULL OR rate_per_second > 0),
     CONSTRAINT queues_rate_burst CHECK ((rate_per_second IS NULL) = (rate_burst IS NULL)
                                         AND (rate_burst IS NULL OR rate_burst >= 1)),
-    CONSTRAINT queues_aging_positive CHECK (aging_seconds IS NULL OR aging_seconds > 0)
+    CONSTRAINT queues_aging_positive CHECK (aging_seconds IS NULL OR aging_seconds > 0),
+    -- the claim computes the bucket's refill from it (as jobs_run_at_range)
+    CONSTRAINT queues_tokens_at_range
+        CHECK (tokens_at BETWEEN '1970-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00')
 );
 
 -- Operator actions on queues (pause, resume, configuration), who did them and when.
@@ -180,7 +191,40 @@ RETURNS jsonb LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         '$[last - $n to last]', jsonb_build_object('n', greatest(keep, 1) - 1))
 $$;
 
--- The web console's own records (migration 0005_console.sql says why each is shaped so).
+-- Retention for a role without DELETE (the least-privilege worker's pruner): SECURITY
+-- DEFINER functions that delete, of the ids given, only what is finished and past the
+-- caller's retention (migration 0005 says why each clause is there). The caller chooses
+-- and locks the rows (jobs_prune, queue_events_prune); EXECUTE is revoked from PUBLIC and
+-- granted by `pgworker sql grants --worker`.
+CREATE FUNCTION {schema}.delete_finished_jobs(ids bigint[], succeeded_seconds double precision,
+                                              cancelled_seconds double precision, dead_seconds double precision)
+RETURNS TABLE (deleted_state text, deleted_key text)
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
+    DELETE FROM jobs AS j
+    WHERE j.id = ANY (ids)
+      AND ((j.state = 'succeeded' AND j.finished_at < now() - make_interval(secs => succeeded_seconds)
+            AND (j.dedupe_until IS NULL OR j.dedupe_until <= now()))
+        OR (j.state = 'cancelled' AND j.finished_at < now() - make_interval(secs => cancelled_seconds))
+        OR (j.state = 'dead' AND j.finished_at < now() - make_interval(secs => dead_seconds)))
+    -- the key of a dead job that headed it: the caller promotes its next job
+    RETURNING j.state::text, CASE WHEN j.state = 'dead' AND j.dead_blocks_key THEN j.ordering_key END
+$$;
+REVOKE ALL ON FUNCTION {schema}.delete_finished_jobs(bigint[], double precision, double precision,
+                                                     double precision) FROM PUBLIC;
+
+CREATE FUNCTION {schema}.delete_queue_events(ids bigint[], older_than_seconds double precision)
+RETURNS SETOF bigint
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
+    -- SKIP LOCKED: the pruners of several pods may have chosen the same events
+    DELETE FROM queue_events AS e
+    WHERE e.id IN (SELECT x.id FROM queue_events AS x
+                   WHERE x.id = ANY (ids) AND x.at < now() - make_interval(secs => older_than_seconds)
+                   FOR UPDATE SKIP LOCKED)
+    RETURNING e.id
+$$;
+REVOKE ALL ON FUNCTION {schema}.delete_queue_events(bigint[], double precision) FROM PUBLIC;
+
+-- The web console's own records (migration 0006_console.sql says why each is shaped so).
 
 -- The pod registry. A row is rewritten every renewal interval: no index but the primary
 -- key, and fillfactor 50, so those updates stay HOT (the table holds a row per pod).

@@ -8,6 +8,7 @@ from typing import Any, Iterable, Sequence
 import psycopg
 from psycopg import sql
 
+from ..errors import InvalidJob
 from .base import StoreBase, atomic
 
 
@@ -53,13 +54,57 @@ class EnqueueStatements(StoreBase):
         cur = self._exec(conn, "jobs_insert_batch", {**rows, "sequence": self._sequence, "channel": self.channel})
         return [r[0] for r in cur.fetchall()]
 
-    def insert_jobs_many(self, conn: psycopg.Connection, rows: dict[str, list[Any]]) -> dict[int, bool]:
-        """Bulk insert with dedupe/ordering keys; returns {inserted id: due now}."""
-        keys = sorted({k for k in rows["ordering_keys"] if k is not None})
-        if keys:
-            self.lock_ordering_keys(conn, keys)
-        cur = self._exec(conn, "jobs_insert_many", rows)
-        return {r[0]: r[1] for r in cur.fetchall()}
+    def insert_jobs_many(self, conn: psycopg.Connection,
+                         rows: dict[str, list[Any]]) -> tuple[dict[int, bool], dict[int, int]]:
+        """Bulk insert with dedupe/ordering keys (ids reserved by :meth:`allocate_ids`),
+        ending as the same jobs enqueued one at a time in order would.
+
+        ``rows`` holds one list per column of ``jobs_insert_many``. Returns ({inserted id:
+        due now}, {position in ``rows``: id of the job holding its dedupe key}); every
+        position is in one of the two. Raises :class:`InvalidJob` if a dedupe key keeps
+        changing hands (10 times in a row).
+
+        The keyed path of one transaction: lock the keys, insert, then promote the keys
+        whose blocked flags the insert got wrong. jobs_insert_many blocks the later jobs of
+        a key behind the batch's first one, before ON CONFLICT decides which rows go in;
+        when a job of a key is refused by its dedupe key, the jobs behind it were blocked
+        for a job that does not exist, and nothing else would ever promote them (issue 18
+        item 2). The promotion runs last, once no refused job can still go in, in a new
+        statement under the keys' locks (so it sees this transaction's inserts); it unblocks
+        each such key's head when nothing of the key is active, which is what the enqueue
+        of those jobs one by one would have left.
+        """
+        ids, dedupe_keys, ordering_keys = rows["ids"], rows["dedupe_keys"], rows["ordering_keys"]
+        keys = sorted({k for k in ordering_keys if k is not None})
+        with atomic(conn):
+            if keys:
+                self.lock_ordering_keys(conn, keys)
+            inserted = self._insert_many(conn, rows)
+            todo = [pos for pos, i in enumerate(ids) if i not in inserted]
+            stranded = {ordering_keys[pos] for pos in todo} - {None}
+            holders: dict[int, int] = {}
+            for _ in range(10):
+                if not todo:
+                    break
+                found = self.dedupe_holders(conn, [dedupe_keys[pos] for pos in todo])
+                for pos in todo:
+                    if (holder := found.get(dedupe_keys[pos])) is not None:
+                        holders[pos] = holder
+                # A key with no holder now was held by a job that finished since, or by an
+                # expired hold (released by dedupe_holders): insert those jobs again with
+                # the ids reserved for them, so that each keeps its place in its key
+                # (behind the earlier jobs, before the later ones of the batch).
+                again = [pos for pos in todo if pos not in holders]
+                if again:
+                    inserted.update(self._insert_many(conn, {c: [v[pos] for pos in again] for c, v in rows.items()}))
+                todo = [pos for pos in again if ids[pos] not in inserted]
+            if todo:  # pragma: no cover - needs a key changing hands 10 times in a row
+                raise InvalidJob(f"dedupe key {dedupe_keys[todo[0]]!r} kept changing hands; try again")
+            self._promote(conn, stranded)
+        return inserted, holders
+
+    def _insert_many(self, conn: psycopg.Connection, rows: dict[str, list[Any]]) -> dict[int, bool]:
+        return {r[0]: r[1] for r in self._exec(conn, "jobs_insert_many", rows).fetchall()}
 
     def copy_jobs(self, conn: psycopg.Connection, rows: Iterable[tuple[Any, ...]]) -> None:
         """COPY jobs without dedupe or ordering keys (ids reserved by :meth:`allocate_ids`).

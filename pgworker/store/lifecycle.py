@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any, Iterable, Sequence
 
 import psycopg
+from psycopg.types.json import set_json_loads
 
-from ..jobs import ClaimedJob, ClaimResult, FailRequest, FenceReport, Lease
+from ..jobs import ClaimedJob, ClaimResult, FailRequest, FenceReport, Lease, safe_json_loads
 from .base import StoreBase, _delay, atomic
 
 
@@ -34,13 +35,26 @@ class LifecycleStatements(StoreBase):
         params = {"queue": queue, "limit": limit, "owner": owner, "lease_seconds": lease_seconds,
                   "aging_seconds": aging_seconds, "locked": False}
         if not limited:
-            result = self._claim_result(self._exec(conn, "job_claim", params).fetchall())
+            result = self._claim_result(self._claim_cursor(conn).execute(self.queries["job_claim"], params).fetchall())
             if not (result.limited and not result.jobs and not result.paused):
                 return result
         params["locked"] = True
         with atomic(conn):
             self._exec(conn, "queue_lock", {"queue": queue}).fetchall()
-            return self._claim_result(self._exec(conn, "job_claim", params).fetchall())
+            return self._claim_result(self._claim_cursor(conn).execute(self.queries["job_claim"], params).fetchall())
+
+    @staticmethod
+    def _claim_cursor(conn: psycopg.Connection) -> psycopg.Cursor:
+        """A cursor that reads a claim's rows whatever their JSON: the claim has committed
+        when its rows are read, so a payload (or trace context) Python cannot decode (nested
+        deeper than its recursion limit; PostgreSQL stores tens of thousands of levels) must
+        not fail the whole batch: its job gets an UndecodablePayload (the worker ends it dead
+        with PAYLOAD_INVALID), the others run. (The timestamps it reads back cannot be out of
+        psycopg's range: the table's CHECK constraints, migration 0005.) The claimer's
+        connection does this for every statement; App.claim's pooled connections do not."""
+        cur = conn.cursor()
+        set_json_loads(safe_json_loads, cur)
+        return cur
 
     @staticmethod
     def _claim_result(rows: list[tuple[Any, ...]]) -> ClaimResult:
@@ -62,12 +76,33 @@ class LifecycleStatements(StoreBase):
         rows = [(r[0], r[1], (r[2], r[3])) for r in cur.fetchall()]
         return FenceReport.build("renew", leases, rows, detail_column=2)
 
+    def renew_skip_locked(self, conn: psycopg.Connection, leases: Sequence[Lease], *,
+                          lease_seconds: float) -> FenceReport:
+        """:meth:`renew` for the pod's renewer: never waits on a row another session holds
+        locked. ``skipped`` lists the leases whose rows were locked (neither renewed nor
+        refused: try again); ``refused`` those the fence refused (lost)."""
+        if not leases:
+            return FenceReport("renew")
+        cur = self._exec(conn, "job_renew_skip_locked", {"ids": [le.job_id for le in leases],
+                                                          "tokens": [le.token for le in leases],
+                                                          "lease_seconds": lease_seconds})
+        rows = cur.fetchall()
+        report = FenceReport.build("renew", leases, [(r[0], r[1], (r[2], r[3])) for r in rows if not r[4]],
+                                   detail_column=2)
+        skipped = {(r[0], r[1]) for r in rows if r[4]}
+        if not skipped:
+            return report
+        return FenceReport("renew", report.accepted,
+                           tuple(le.job_id for le in leases if le.job_id in report.refused
+                                 and (le.job_id, le.token) not in skipped),
+                           report.details, tuple(le.job_id for le in leases if (le.job_id, le.token) in skipped))
+
     def take_over(self, conn: psycopg.Connection, lease: Lease, *, owner: str) -> ClaimedJob | None:
         """Take over the claimed job under ``lease`` (still running under that token) for
         ``owner``, another claimer of the same pod; returns the job, or None when the
-        lease was lost meanwhile. Lease, expiry and token are unchanged."""
-        row = self._exec(conn, "job_take_over", {"id": lease.job_id, "token": lease.token,
-                                                 "owner": owner}).fetchone()
+        lease was lost or has expired meanwhile. Lease, expiry and token are unchanged."""
+        row = self._claim_cursor(conn).execute(self.queries["job_take_over"], {
+            "id": lease.job_id, "token": lease.token, "owner": owner}).fetchone()
         return None if row is None else ClaimedJob(*row)
 
     def complete(self, conn: psycopg.Connection, leases: Sequence[Lease],

@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 import psycopg
 
+from ..jobs import ReplayResult
 from .base import StoreBase, atomic
 
 
@@ -32,17 +33,19 @@ class OperationStatements(StoreBase):
         return row[1]
 
     def replay(self, conn: psycopg.Connection, *, ids: Sequence[int] = (), queue: str | None = None,
-               limit: int = 1000, actor: str | None) -> list[int]:
+               limit: int = 1000, actor: str | None) -> ReplayResult:
         """Replay dead jobs by id, or up to ``limit`` dead jobs of ``queue``.
 
         A job with an ordering key comes back behind whatever of its key is active and
         runs before the key's later jobs; one whose dedupe key is now held by another job
-        stays dead (not returned). The keys are locked first, expired dedupe holds released.
+        stays dead (in ``held_by``, with the holder read after the replay, so a dead job
+        left behind the one of its key just replayed names that one). The keys are locked
+        first, expired dedupe holds released. Ids that were not dead are in ``not_dead``.
         """
         targets = self._exec(conn, "jobs_replay_targets", {"ids": list(ids), "queue": queue,
                                                            "limit": limit}).fetchall()
         if not targets:
-            return []
+            return ReplayResult(not_dead=sorted(set(ids)))
         keys = sorted({r[1] for r in targets if r[1] is not None})
         dedupe = [r[2] for r in targets if r[2] is not None]
         with atomic(conn):
@@ -53,8 +56,13 @@ class OperationStatements(StoreBase):
             cur = self._exec(conn, "jobs_replay", {"ids": [r[0] for r in targets], "actor": actor,
                                                    "channel": self.channel})
             replayed = [r[0] for r in cur.fetchall()]
+            done = set(replayed)
+            left = [r for r in targets if r[0] not in done and r[2] is not None]
+            holders = self.dedupe_holders(conn, [r[2] for r in left]) if left else {}
             self._promote(conn, keys)
-        return replayed
+        held_by = {r[0]: holders[r[2]] for r in left if r[2] in holders}
+        return ReplayResult(replayed, held_by=held_by,
+                            not_dead=sorted(set(ids) - done - set(held_by)))
 
     # -- queues ---------------------------------------------------------------------
 
@@ -83,11 +91,12 @@ class OperationStatements(StoreBase):
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)
         return cur.execute(self.queries["queues_list"]).fetchall()
 
-    def queue_usage(self, conn: psycopg.Connection, queue: str) -> dict[str, bool]:
+    def queue_usage(self, conn: psycopg.Connection, queue: str, *, recent: int = 1000) -> dict[str, bool]:
         """{'has_jobs': claimable, running or dead jobs, 'scheduled': a schedule enqueues
-        into it, 'configured': it has a settings row}."""
+        into it, 'configured': it has a settings row, 'has_events': an audit event,
+        'recently_finished': one of the ``recent`` last succeeded (or cancelled) jobs}."""
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-        return cur.execute(self.queries["queue_usage"], {"queue": queue}).fetchone()
+        return cur.execute(self.queries["queue_usage"], {"queue": queue, "recent": recent}).fetchone()
 
     def delete_queue(self, conn: psycopg.Connection, queue: str, *, actor: str | None) -> dict[str, Any] | None:
         """Delete the queue's settings row unless it is paused; returns the row as it was

@@ -56,8 +56,7 @@ class ReadStatements(StoreBase):
         None and ``table_error`` naming the exception class. Errors of the per-queue
         statement, and a broken connection, propagate (``psycopg.Error``).
         """
-        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-        rows = cur.execute(self.queries["queue_stats"], {"queues": list(queues)}).fetchall()
+        rows = self.queue_figures(conn, queues)
         try:
             with conn.transaction():  # a savepoint: a failure here keeps the rows above
                 table = self.table_health(conn)
@@ -74,9 +73,26 @@ class ReadStatements(StoreBase):
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)
         return cur.execute(self.queries["table_health"], {"schema": self.schema}).fetchone()
 
-    def queue_status(self, conn: psycopg.Connection) -> list[dict[str, Any]]:
+    def queue_figures(self, conn: psycopg.Connection, queues: Sequence[str]) -> list[dict[str, Any]]:
+        """One row per queue of ``queues``, in their order (the ``queue_stats`` statement):
+        ``queue``; the live jobs by state, ``due``, ``scheduled``, ``blocked``, ``running``,
+        ``dead`` (exact counts); ``oldest_due_age_seconds`` and ``oldest_dead_age_seconds``
+        (database clock, 0 when none); ``expired_leases``; ``dead_blocked_keys``; ``paused``."""
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-        return cur.execute(self.queries["queue_status"]).fetchall()
+        return cur.execute(self.queries["queue_stats"], {"queues": list(queues)}).fetchall()
+
+    def live_queues(self, conn: psycopg.Connection) -> list[str]:
+        """The queues holding pending, running or dead jobs, or with a settings row, by name
+        (``queues_live``: a few index descents per queue, whatever history is kept)."""
+        return [r[0] for r in self._exec(conn, "queues_live").fetchall()]
+
+    def finished_counts(self, conn: psycopg.Connection, *, limit: int) -> list[dict[str, Any]]:
+        """Finished jobs of the whole table, one row per state (succeeded, cancelled):
+        ``counted``, the exact count when under ``limit`` (``limit`` means at least that
+        many), and ``estimated``, the planner's estimate from the last ANALYZE (None when
+        the table was never analyzed). Reads at most ``limit`` index entries per state."""
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["jobs_finished_counts"], {"schema": self.schema, "limit": limit}).fetchall()
 
     def due_count(self, conn: psycopg.Connection, queues: Sequence[str]) -> int:
         return self._exec(conn, "jobs_due_count", {"queues": list(queues)}).fetchone()[0]

@@ -97,14 +97,9 @@ class ClaimerPool:
 
     def held_by(self, h: ClaimerHandle) -> tuple[list[s.SlotView], list[tuple[s.SlotTable, s.SlotView]]]:
         """What a gone claimer held: its own slots, and the slots of other tables it was
-        taking over. If it died holding its table's lock (kill -9 in those few
-        microseconds), nobody can release it: the table gets a new lock."""
-        try:
-            held = h.table.held()
-        except s.SlotTableBusy:
-            log.error("claimer %s died holding its slot table's lock; the table gets a new lock", h.index)
-            h.table.replace_lock(self.mp)
-            held = h.table.held()
+        taking over. (A lock it held, its own table's or a peer's, was released as it
+        died: see :mod:`pgworker.worker.podlock`.)"""
+        held = h.table.held()
         in_transit = []
         for other in self.handles:
             if other is h:
@@ -197,6 +192,11 @@ class ClaimerPool:
             return [v.job_id for v in h.table.live() if v.state == s.RUNNING]
         except s.SlotTableBusy:
             return []
+
+    def close(self) -> None:
+        """Remove the tables' lock files (at the supervisor's exit)."""
+        for h in self.handles:
+            h.table.lock.close()
 
     def kill_all(self) -> None:
         for h in self.handles:

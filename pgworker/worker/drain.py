@@ -37,8 +37,15 @@ class RunSummary:
     counts: dict[str, int] = field(default_factory=lambda: {f: 0 for f in OUTCOME_FIELDS})
     left: int = 0
     next_due_seconds: float | None = None  # until the earliest job not due yet (None: none)
-    started: float = field(default_factory=time.time)
+    # time.monotonic() at the start: a duration must not follow the wall clock, which an
+    # NTP step or a resumed VM moves back (a run once reported -3593 s)
+    started: float = field(default_factory=time.monotonic)
     result: str = "succeeded"
+
+    @property
+    def duration_seconds(self) -> float:
+        """Seconds since the run started (monotonic clock)."""
+        return time.monotonic() - self.started
 
     def add(self, counts: dict[str, int]) -> None:
         for k, v in counts.items():
@@ -52,7 +59,7 @@ class RunSummary:
             "dead": c["dead"], "cancelled": c["cancelled"], "released": c["released"],
             "snoozed": c["snoozed"], "lost": c["lost"], "left": self.left,
             "next_due_seconds": None if self.next_due_seconds is None else round(self.next_due_seconds, 3),
-            "duration_seconds": round(time.time() - self.started, 3)}, sort_keys=False)
+            "duration_seconds": round(self.duration_seconds, 3)}, sort_keys=False)
 
 
 def before_claiming(app: Any, connect: Callable[[str], psycopg.Connection], metrics: Any, *,

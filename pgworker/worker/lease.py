@@ -18,7 +18,8 @@ the SQL that enforces the database side is in ``pgworker/sql/queries/lease.sql``
    - the process that holds the job is alive and not stopped (SIGSTOP, a zombie);
    - the lease is not already known lost;
    - the job waits unstarted in a batch (its clocks have not started: waiting is never
-     held against it), or its outcome is decided and waits to be written, or its handler
+     held against it), or its outcome is decided and waits to be written or is being
+     written (a split write, one lock wait per outcome, can outlast a lease), or its handler
      runs and, counted from the handler's start, (a) runs for less than its hard limit
      (the task's ``timeout``, else its ``max_runtime``, else the worker's
      ``--max-runtime``) and (b) for a task with ``renew="progress"``, reported progress
@@ -28,7 +29,9 @@ the SQL that enforces the database side is in ``pgworker/sql/queries/lease.sql``
    an expired lease is never revived, since the pod has by then told the handler it may
    be lost (rule 3). A renewal that updates no row means the lease is lost: the slot is
    marked ``lost`` at once, logged, and counted (``pgworker_fenced_writes_total`` with
-   operation ``renew``).
+   operation ``renew``). A renewal never waits on a row another session holds locked: that
+   lease is skipped (neither renewed nor refused), logged, and tried again; a row locked
+   for a whole lease falls under rule 3 like any lease without an accepted renewal.
 
 3. **Presuming a lease lost.** When ``lease_seconds`` have passed since the last accepted
    renewal was sent (or since the claim was sent) the lease has expired in the database
@@ -91,7 +94,7 @@ def renewable(terms: LeaseTerms, v: s.SlotView, now: float) -> bool:
     if v.lost or v.state not in s.LIVE_STATES:
         return False
     if v.state != s.RUNNING:
-        return True  # waiting unstarted, being taken over, or decided: clocks not running
+        return True  # waiting unstarted, being taken over, decided or being written: clocks not running
     runtime = now - v.started_at
     if v.hard_limit > 0 and runtime > v.hard_limit:
         return False
@@ -102,8 +105,9 @@ def renewable(terms: LeaseTerms, v: s.SlotView, now: float) -> bool:
 
 def presumed_lost(terms: LeaseTerms, v: s.SlotView, now: float) -> bool:
     """Rule 3: a whole lease has passed since the last accepted renewal (or the claim)
-    was sent, so the database's lease has expired."""
-    if v.lost or v.state not in s.LIVE_STATES:
+    was sent, so the database's lease has expired. Never for an outcome write in flight
+    (its handler is done, and the fence decides the write)."""
+    if v.lost or v.state not in s.LIVE_STATES or v.state == s.WRITING:
         return False
     last = max(v.renewed_at, v.claimed_at)
     return now - last >= terms.lease_seconds

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Callable
 
 from psycopg import sql
@@ -27,7 +28,13 @@ NOTIFIES_WAIT_SECONDS = 1.0  # how often the loop looks at its stop flag while i
 
 
 class Listener:
-    """``announce(queue_index, reason)`` tells the pod; -1 means every queue."""
+    """``announce(queue_index, reason)`` tells the pod; -1 means every queue.
+
+    ``last_success``: Unix time of the last wait for notifications that ended on a live
+    LISTEN connection (about every NOTIFIES_WAIT_SECONDS; its start until connected), as
+    the services' (pgworker.loop_gauges)."""
+
+    name = "listener"
 
     def __init__(self, *, dsn: str | None, channel: str, queues: list[str], lease_seconds: float,
                  announce: Callable[[int, str], None], health: Any, metrics: Any, stop: threading.Event) -> None:
@@ -40,8 +47,13 @@ class Listener:
         self.metrics = metrics
         self.stop = stop
         self.thread: threading.Thread | None = None
+        self.last_success = 0.0
+
+    def interval_seconds(self) -> float:
+        return NOTIFIES_WAIT_SECONDS
 
     def start(self) -> "Listener":
+        self.last_success = time.time()
         self.thread = threading.Thread(target=self.run, name="pgworker-listener", daemon=True)
         self.thread.start()
         return self
@@ -73,6 +85,7 @@ class Listener:
                             qi = self.queue_index.get(note.payload)
                             if qi is not None:
                                 self.announce(qi, "notify")
+                        self.last_success = time.time()
             except Exception as exc:  # noqa: BLE001 - the listener must outlive any failure
                 self.health.listening = False
                 if self.stop.is_set():

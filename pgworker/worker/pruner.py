@@ -71,11 +71,12 @@ def prune_pass(store: Store, conn: psycopg.Connection, retention: Retention, met
 
 
 def refused_hint(schema: str, exc: psycopg.Error) -> str:
-    """What to do when the role may not prune (the least-privilege worker role has no DELETE)."""
-    return (f"this worker's role may not delete finished jobs ({exc.diag.message_primary}). Either run "
-            f"`pgworker prune --older-than 7d` as the schema's owner (a CronJob) and set PGWORKER_PRUNE=false "
-            f"on workers, or grant the worker role DELETE ON {schema}.jobs and SELECT, DELETE ON "
-            f"{schema}.queue_events")
+    """What to do when the role may not prune: a least-privilege worker role granted before
+    schema version 5 lacks EXECUTE on the retention functions (``sql/grants.sql``)."""
+    return (f"this worker's role may not delete finished jobs ({exc.diag.message_primary}). Apply the "
+            f"worker's grants again as the schema's owner (`pgworker sql grants --worker ROLE --schema "
+            f"{schema} --apply`: since schema version 5 they let the worker prune), or run `pgworker prune "
+            f"--older-than 7d` as the owner (a CronJob) and set PGWORKER_PRUNE=false on workers")
 
 
 class Pruner(Service):
@@ -83,6 +84,7 @@ class Pruner(Service):
 
     name = "pruner"
     action = "pruning finished jobs"
+    idle_counts_as_pass = False  # has_work() is False once the role was refused: no pass prunes
 
     def __init__(self, *, store: Store, retention: Retention, interval: float, metrics: Any, **kw: Any) -> None:
         super().__init__(**kw)
@@ -90,7 +92,7 @@ class Pruner(Service):
         self.retention = retention
         self.interval = interval
         self.metrics = metrics
-        self.refused = False  # the role may not DELETE: no pass will succeed until it may
+        self.refused = False  # the role may not prune: no pass will succeed until it may
 
     def has_work(self) -> bool:
         return not self.refused
@@ -105,8 +107,8 @@ class Pruner(Service):
         try:
             prune_pass(self.store, conn, self.retention, self.metrics)
         except psycopg.errors.InsufficientPrivilege as exc:
-            # The least-privilege worker role (`pgworker sql grants --worker`) has no
-            # DELETE: retrying cannot help, and a failing service would mark the pod's
+            # A worker role granted before schema version 5 may not run the retention
+            # functions: retrying cannot help, and a failing service would mark the pod's
             # database as failing. Say what to do once and stop pruning in this pod.
             self.refused = True
             log.error("the pruner stops: %s", refused_hint(self.store.schema, exc), extra={"action": "prune_refused"})

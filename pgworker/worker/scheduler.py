@@ -37,6 +37,9 @@ class SchedulerService(Service):
     def next_delay(self) -> float:
         return min(self.wait, RESYNC_SECONDS)
 
+    def interval_seconds(self) -> float:
+        return RESYNC_SECONDS  # it sleeps until the next slot, at most this long
+
     def on_failure(self, exc: BaseException) -> None:
         self.registered_at = None  # register again on the next connection
 

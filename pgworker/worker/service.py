@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Callable
 
 import psycopg
@@ -75,6 +76,9 @@ class Service:
 
     name = "service"
     action = ""  # what a failed pass was doing, for the outage log
+    # Whether a pass skipped for want of work (has_work() False) is the loop going round
+    # as it should (a service fed by a queue), or a loop that does nothing any more.
+    idle_counts_as_pass = True
 
     def __init__(self, *, connect: Connect, stop: threading.Event, health: Any = None,
                  dsn: str | None = None, pass_timeout: float = 60.0) -> None:
@@ -86,6 +90,9 @@ class Service:
         self.outage = OutageLog(log, self.name, dsn)
         self.conn: psycopg.Connection | None = None
         self.thread: threading.Thread | None = None
+        # Unix time of the last completed pass (its start until the first):
+        # pgworker_loop_last_success_timestamp_seconds (pgworker.loop_gauges)
+        self.last_success = 0.0
 
     # -- what a service defines -------------------------------------------------------
 
@@ -107,9 +114,14 @@ class Service:
         """False skips a pass without touching the database (a service fed by a queue)."""
         return True
 
+    def interval_seconds(self) -> float:
+        """The longest a healthy service waits between two passes (the stall alert's unit)."""
+        return self.next_delay()
+
     # -- the loop ---------------------------------------------------------------------
 
     def start(self) -> "Service":
+        self.last_success = time.time()
         self.thread = threading.Thread(target=self.run, name=f"pgworker-{self.name}", daemon=True)
         self.thread.start()
         return self
@@ -129,6 +141,8 @@ class Service:
     def pass_once(self) -> float:
         """One pass with its error handling; returns the delay before the next one."""
         if not self.has_work():
+            if self.idle_counts_as_pass:
+                self.last_success = time.time()
             return self.next_delay()
         try:
             self.bounded(self._connect_and_run, self.pass_timeout)
@@ -138,6 +152,7 @@ class Service:
                 self.close()
             self.on_failure(exc)
             return self.backoff.next()
+        self.last_success = time.time()
         self.backoff.reset()
         self.outage.ok()
         self.health.db_ok()

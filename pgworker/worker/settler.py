@@ -15,7 +15,10 @@ once rather than when their leases expire:
 - a job whose outcome was decided, but not yet written, gets that outcome written as
   decided (the handler's success is not turned into a failure);
 - a job a peer was taking over (STOLEN) is the peer's to settle, unless the peer is the
-  one that died before the job reached its table: then it is released.
+  one that died before the job reached its table: then it is released. A taker that
+  died after the job reached its table, but before it emptied the old slot, has the job
+  settled from its own table, and the old slot emptied with it (it once stayed STOLEN
+  for good: a slot lost, the pod's per-queue count off, a drain that never ended).
 
 Every write is fenced; a refused write whose outcome turns out to be already recorded
 (the claimer's own write committed just before it died) is counted as that outcome.
@@ -63,11 +66,16 @@ def settlements(held: list[s.SlotView], in_transit: list[tuple[s.SlotTable, s.Sl
     delay = retry_delays(app.tasks)
     out = []
     own = {v.job_id for v in held}
+    old_slots: dict[int, list[tuple[s.SlotTable, s.SlotView]]] = {}
+    for table, v in in_transit:
+        if v.job_id in own:  # moved into the gone claimer's table, the old slot not yet emptied
+            old_slots.setdefault(v.job_id, []).append((table, v))
     for v in held:
         task = task_names[v.task_index] if 0 <= v.task_index < len(task_names) else "unknown"
         lease = _lease(v)
         if v.state == s.STOLEN:
             continue  # a live peer takes it over and settles it
+        moved_from = tuple(old_slots.get(v.job_id, ()))
         if v.state in (s.DECIDED, s.WRITING) and v.outcome:
             w = Write(lease, v.outcome, None, v.code or None, v.message, v.delay, v.permanent)
         elif v.state == s.CLAIMED:
@@ -76,7 +84,8 @@ def settlements(held: list[s.SlotView], in_transit: list[tuple[s.SlotTable, s.Sl
             code = kill_reasons.get(v.job_id, WORKER_DIED)
             wait = 0.0 if code == SHUTDOWN else delay(task, max(v.attempt, 1))  # not the job's fault: due at once
             w = Write(lease, FAIL, None, code, _abandon_message(code), wait)
-        out.append(Settlement(w, queue_name(v), task, lambda v=v: clear(v)))
+        out.append(Settlement(w, queue_name(v), task,
+                              lambda v=v, moved_from=moved_from: (clear(v), [_clear(t, o) for t, o in moved_from])))
     for table, v in in_transit:
         if v.job_id not in own:
             out.append(Settlement(Write(_lease(v), RELEASE), queue_name(v), "unknown",

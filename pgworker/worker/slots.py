@@ -16,11 +16,12 @@ A slot moves through::
                 \\-> STOLEN -> EMPTY   (an idle claimer of the pod took it over, see take_unstarted,
                                       or the supervisor took it back to release it, see take_waiting)
 
-Locking: one ``multiprocessing`` lock per table, held for a few microseconds and never
-across I/O. The claimer waits for its own lock; anyone else (the supervisor, a peer
-taking over a job) waits at most ``LOCK_TIMEOUT_SECONDS`` and gets
-:class:`SlotTableBusy`, since a claimer stopped (SIGSTOP) or killed while holding it
-would otherwise stall them.
+Locking: one :class:`~pgworker.worker.podlock.PodLock` per table, held for a few
+microseconds and never across I/O; a process killed while holding it (the claimer, the
+supervisor, or a peer inside this table) releases it as it dies. The claimer waits for
+its own lock; anyone else (the supervisor, a peer taking over a job) waits at most
+``LOCK_TIMEOUT_SECONDS`` and gets :class:`SlotTableBusy`, since a claimer stopped
+(SIGSTOP) while holding it would otherwise stall them.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
+from .podlock import PodLock
 from .wakeups import WakeUp
 
 # Slot states.
@@ -39,12 +41,12 @@ EMPTY = 0
 CLAIMED = 1    # claimed, waiting in the claimer's batch (its clocks have not started)
 RUNNING = 2    # the handler runs
 DECIDED = 3    # outcome decided and recorded in the slot, waiting for the batched write
-WRITING = 4    # the outcome write is in flight (not renewed, never marked lost)
+WRITING = 4    # the outcome write is in flight (renewed: a split write may outlast a lease; never marked lost)
 STOLEN = 5     # another claimer of the pod is taking it over (moved_to); it renews and settles it
 #: ``moved_to`` of a job the supervisor took back to release it (it waited too long, or the pod stops)
 SUPERVISOR = -2
 
-LIVE_STATES = (CLAIMED, RUNNING, DECIDED, STOLEN)
+LIVE_STATES = (CLAIMED, RUNNING, DECIDED, WRITING, STOLEN)
 
 # What SlotTable.start answers.
 NOT_STARTABLE, STARTED, CANCEL_REQUESTED = 0, 1, 2
@@ -183,7 +185,7 @@ class SlotTable:
     def __init__(self, capacity: int, ctx: Any | None = None) -> None:
         ctx = ctx or multiprocessing.get_context("spawn")
         self.capacity = capacity
-        self.lock = ctx.Lock()
+        self.lock = PodLock("pgworker-slots-")
         self.slots = ctx.RawArray(Slot, capacity)
         self.header = ctx.RawValue(Header)
         self.header.hint_queue = -1
@@ -317,7 +319,8 @@ class SlotTable:
             self.header.idle = 1 if idle else 0
 
     def count(self, outcome: str, n: int = 1) -> None:
-        setattr(self.header, outcome, getattr(self.header, outcome) + n)
+        with self.lock:  # the claimer's main and flusher threads both account their flushes
+            setattr(self.header, outcome, getattr(self.header, outcome) + n)
 
     def write_health(self, failure: str | None) -> None:
         """Record whether outcome writes succeed (None) or fail, and why: the supervisor's
@@ -359,14 +362,18 @@ class SlotTable:
                     out.append(self._view(i, s))
             return out
 
-    def finish_move(self, index: int, job_id: int, token: int) -> None:
-        """The job taken over with :meth:`take_unstarted` now lives in the peer's table
-        (or was found lost): empty its old slot here."""
+    def finish_move(self, index: int, job_id: int, token: int) -> tuple[bool, bool]:
+        """The job taken over with :meth:`take_unstarted` now lives in the peer's table (or
+        was found lost): empty its old slot here. Returns its (lost, cancel) flags, set here
+        until then, for the taker's slot (a cancelled job is never started, nor a lost one)."""
         with self._bounded_lock():
             s = self.slots[index]
             if s.job_id == job_id and s.token == token and s.state == STOLEN:
+                flags = bool(s.lost), bool(s.cancel)
                 s.state = EMPTY
                 s.job_id = s.token = 0
+                return flags
+            return False, False
 
     def give_back(self, index: int, job_id: int, token: int) -> None:
         """Undo :meth:`take_unstarted` (the peer could not reach the database): STOLEN ->
@@ -387,15 +394,8 @@ class SlotTable:
         finally:
             self.lock.release()
 
-    def replace_lock(self, ctx: Any) -> None:
-        """Give the table a fresh lock after its claimer died holding the old one (the
-        only other holder, so the old lock can never be released). The replacement
-        claimer receives the new lock at spawn; peers still holding the old one time out
-        on it and leave this table alone."""
-        self.lock = ctx.Lock()
-
     def live(self) -> list[SlotView]:
-        """Copies of the slots whose lease the pod keeps (claimed, running, decided, stolen)."""
+        """Copies of the slots whose lease the pod keeps (every state but empty)."""
         with self._bounded_lock():
             return [self._view(i, s) for i, s in enumerate(self.slots) if s.state in LIVE_STATES]
 

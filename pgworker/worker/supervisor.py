@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any
 
-from .. import tracing
+from .. import metrics_files, tracing
 from ..config import Settings
 from ..errors import PoolerError, SchemaVersionError
 from ..schedules import Scheduler
@@ -50,7 +50,7 @@ from .scheduler import SchedulerService
 from .service import worker_connect
 from .startup import wait_for_database
 from .settler import SHUTDOWN, Settler, hand_backs, settle, settlements
-from .slots import SlotView
+from .slots import SlotTableBusy, SlotView
 from .stats import StatsSource
 from .wakeups import PodSignals
 from ..tasks import retry_delays
@@ -133,6 +133,9 @@ class Supervisor:
                 self.stats.close()
             if self.pod_limits is not None:
                 self.pod_limits.close()
+            if self.pool is not None:
+                self.pool.close()
+            self.signals.close()
             tracing.flush(provider)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -146,9 +149,10 @@ class Supervisor:
 
     def _start_http(self) -> None:
         from ..database_gauges import QueueStatsCollector
+        from ..loop_gauges import LoopGauges
         from ..metrics import exposition_registry
 
-        extra = []
+        extra: list[Any] = [LoopGauges(lambda: self.services, lambda: self.pool)]
         if self.settings.stats:
             self.stats = StatsSource(self.store, self.settings)
             extra.append(QueueStatsCollector(self.stats.fetch, lambda: self.queues, self.settings.stats_cache_seconds))
@@ -285,15 +289,16 @@ class Supervisor:
 
     def _claimer_gone(self, h: ClaimerHandle) -> None:
         exitcode, pid = h.process.exitcode, h.process.pid
-        held, in_transit = self.pool.held_by(h)
+        try:
+            held, in_transit = self.pool.held_by(h)
+        except SlotTableBusy:
+            return  # a peer stopped (SIGSTOP) inside its table holds the lock: a later tick settles it
         stopping = self.phase != "running"
         items = settlements(held, in_transit, app=self.app, queue_name=self._queue_name,
                             kill_reasons=h.kill_reasons, clear=lambda v: None)
         h.process = None
-        if pid and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-            from prometheus_client import multiprocess
-
-            multiprocess.mark_process_dead(pid)
+        if pid:  # before its replacement starts: a new claimer may get the same pid
+            metrics_files.process_gone(pid)
         if items:
             if stopping:
                 self._settle_now(items)
@@ -373,7 +378,10 @@ class Supervisor:
             while not self.settler.queue.empty():
                 self._settle_now(self.settler.queue.get_nowait())
         for h in self.pool.handles:
-            held, in_transit = self.pool.held_by(h)
+            try:
+                held, in_transit = self.pool.held_by(h)
+            except SlotTableBusy:
+                continue  # a killed claimer still in uninterruptible sleep holds its lock: its leases expire
             items = settlements(held, in_transit, app=self.app, queue_name=self._queue_name,
                                 kill_reasons=h.kill_reasons, clear=lambda v: None)
             if items:

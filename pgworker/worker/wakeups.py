@@ -16,7 +16,10 @@ its way to sleep, after raising its idle flag, reads it again; if it moved, it c
 again instead of sleeping. The announcer bumps the generation before it looks for idle
 claimers. A fence between each side's store and load (a lock's acquire and release,
 which are atomic read-modify-writes) keeps either side from reading a stale value, so
-one of the two always sees the other.
+one of the two always sees the other. The generation only grows: it is bumped under a
+pod-wide lock (:class:`~pgworker.worker.podlock.PodLock`, which a holder killed with it
+cannot keep), since an unlocked ``+= 1`` from several processes could store back a value
+a claimer had already seen, and that claimer then slept through the announcement.
 
 Wake-ups remain hints: the table is the truth, and a lost wake-up costs at most one
 poll interval.
@@ -27,6 +30,8 @@ from __future__ import annotations
 import ctypes
 import threading
 from typing import TYPE_CHECKING, Any, Sequence
+
+from .podlock import PodLock
 
 if TYPE_CHECKING:
     from .slots import SlotTable
@@ -79,6 +84,7 @@ class PodSignals:
     def __init__(self, ctx: Any) -> None:
         self._generation = ctx.RawValue(ctypes.c_int64)
         self._cursor = ctx.RawValue(ctypes.c_int64)
+        self._lock = PodLock("pgworker-signals-")
 
     @property
     def generation(self) -> int:
@@ -90,7 +96,7 @@ class PodSignals:
         claimers, never ``exclude`` (the announcing claimer itself). Returns how many were
         woken; with none idle, the busy ones claim again when they finish, and any on its
         way to sleep sees the new generation."""
-        self._generation.value += 1  # racing bumps may merge: only a change matters
+        self._bump()
         fence()
         n = len(tables)
         start = self._cursor.value
@@ -110,6 +116,14 @@ class PodSignals:
 
     def wake_all(self, tables: Sequence["SlotTable"]) -> None:
         """Wake every claimer (shutdown, or a test)."""
-        self._generation.value += 1
+        self._bump()
         for t in tables:
             t.wake.set()
+
+    def _bump(self) -> None:
+        with self._lock:  # a read-modify-write from several processes: never lose one
+            self._generation.value += 1
+
+    def close(self) -> None:
+        """The supervisor: remove the lock's file."""
+        self._lock.close()

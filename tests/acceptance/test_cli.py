@@ -33,7 +33,8 @@ def test_operator_workflow(pg_dsn, schema):
                  "--queue", "reports", "--priority", "5", "--json"))["id"]
     delayed = int(cli(pg_dsn, schema, "enqueue", "reports.build", "--delay", "1h").stdout)
     status = js(cli(pg_dsn, schema, "status", "--json"))
-    assert {(r["queue"], r["state"], r["jobs"]) for r in status} == {("reports", "pending", 1), ("default", "pending", 1)}
+    # the job delayed by an hour is scheduled, not due work
+    assert {(r["queue"], r["state"], r["jobs"]) for r in status} == {("reports", "due", 1), ("default", "scheduled", 1)}
     listed = js(cli(pg_dsn, schema, "jobs", "list", "--queue", "reports", "--json"))
     assert [r["id"] for r in listed] == [job] and listed[0]["priority"] == 5
     shown = js(cli(pg_dsn, schema, "jobs", "show", str(job), "--json"))
@@ -41,7 +42,8 @@ def test_operator_workflow(pg_dsn, schema):
     assert "job %d: cancelled" % delayed in cli(pg_dsn, schema, "cancel", str(delayed)).stdout
     assert cli(pg_dsn, schema, "cancel", str(delayed), check=False).returncode == 1
     table = cli(pg_dsn, schema, "status").stdout
-    assert "QUEUE" in table and "reports" in table
+    assert "QUEUE" in table and "reports" in table and "due" in table
+    assert "finished jobs, all queues" in table and "cancelled" in table  # the job cancelled above
     assert js(cli(pg_dsn, schema, "prune", "--older-than", "0s", "--json")) == {"deleted": 1}
     # a batch of 0 once looped for good; negative limits reached PostgreSQL
     for args in (("prune", "--older-than", "7d", "--batch", "0"), ("jobs", "list", "--limit", "-1"),
@@ -65,11 +67,47 @@ def test_dead_jobs_list_and_replay(pg_dsn, schema, app):
     out = cli(pg_dsn, pg_schema, "dead", "replay", str(ids[0]))
     assert "replayed 1 job" in out.stdout
     assert js(cli(pg_dsn, pg_schema, "dead", "replay", "--queue", "default", "--all", "--json")) == \
-        {"replayed": sorted(ids[1:])}
+        {"replayed": sorted(ids[1:]), "not_dead": [], "held": []}
     missing = cli(pg_dsn, pg_schema, "dead", "replay", str(ids[0]), check=False)
     assert missing.returncode == 1 and "not dead" in missing.stderr
     events = js(cli(pg_dsn, pg_schema, "jobs", "show", str(ids[0]), "--json"))["events"]
     assert events[-1]["kind"] == "replayed" and events[-1]["actor"]
+
+
+def test_replaying_a_dead_job_whose_dedupe_key_is_held_says_by_which_job_and_what_to_do(pg_dsn, app):
+    """Before: "not dead (or unknown)" for a job that was dead, its key held by another."""
+    from pgworker import Permanent
+
+    schema = app.settings.schema
+    dead = app.enqueue("t", dedupe_key="welcome:42")
+    [job] = app.claim()
+    app.fail(job, Permanent("broken"))
+    # the key is free again: a new job takes it, and keeps it an hour after it succeeds
+    holder = app.enqueue("t", dedupe_key="welcome:42", dedupe_window=3600)
+    other = app.enqueue("t")  # not dead: said apart
+    out = cli(pg_dsn, schema, "dead", "replay", str(dead), str(other), "999999", check=False)
+    assert out.returncode == 1 and out.stdout == "replayed 0 jobs\n"
+    flag = f" --schema {schema}"
+    assert out.stderr.splitlines() == [
+        f"job {dead} stayed dead: its dedupe key 'welcome:42' is held by job {holder} (pending), which does that "
+        f"key's work; discard job {dead} with `pgworker cancel {dead}{flag}`, or, to run job {dead} instead, "
+        f"cancel job {holder} (`pgworker cancel {holder}{flag}`) and replay again",
+        f"not dead (or unknown), left as they were: {other}, 999999"]
+    assert js(cli(pg_dsn, schema, "dead", "replay", str(dead), "--json", check=False)) == \
+        {"replayed": [], "not_dead": [], "held": [{"id": dead, "held_by": holder}]}
+    assert app.get_job(dead)["state"] == "dead"
+    # the holder succeeds and keeps its key for its window: the note says so
+    [job] = app.claim()
+    app.complete(job)
+    out = cli(pg_dsn, schema, "dead", "replay", "--queue", "default", "--all", check=False)
+    assert out.returncode == 0 and out.stdout == "replayed 0 jobs\n"  # --all replays what it can
+    [note] = out.stderr.splitlines()
+    assert note.startswith(f"job {dead} stayed dead: its dedupe key 'welcome:42' is held by job {holder}, which "
+                           "succeeded and keeps the key until ") and note.endswith(
+        f" (its dedupe window): the work was done; discard job {dead} with `pgworker cancel {dead}{flag}`, "
+        "or replay it after then")
+    # following the advice: discarded
+    assert "cancelled" in cli(pg_dsn, schema, "cancel", str(dead)).stdout
 
 
 @pytest.mark.parametrize("args, fragment", [

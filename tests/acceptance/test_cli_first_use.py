@@ -147,9 +147,9 @@ def test_pausing_a_queue_nothing_uses_warns_and_queue_delete_removes_it(app, pg_
     env = {"PGWORKER_ACTOR": "tester@ci"}
     typo = cli(pg_dsn, schema, "queue", "pause", "emials", env=env)
     assert typo.returncode == 0 and "paused" in typo.stdout  # done: pausing ahead of use is allowed
-    assert ("warning: queue 'emials' has no pending, running or dead jobs and no schedule, and no --app "
-            "was given to check its tasks' queues: a typo? Undo with `pgworker queue resume emials` then "
-            "`pgworker queue delete emials`") in typo.stderr
+    assert ("warning: queue 'emials' has no pending, running or dead jobs, none among the jobs that finished "
+            "last, no schedule and no history of settings, and no --app was given to check its tasks' queues: a "
+            "typo? Undo with `pgworker queue resume emials` then `pgworker queue delete emials`") in typo.stderr
     for args in (("queue", "pause", "default"),  # always a queue of every worker
                  ("queue", "pause", "emails", "--app", "myproj.tasks:app"),  # a queue of a task of the app
                  ("queue", "pause", "emials"),  # it has a row now: the first warning said so
@@ -158,6 +158,11 @@ def test_pausing_a_queue_nothing_uses_warns_and_queue_delete_removes_it(app, pg_
         assert proc.returncode == 0 and "warning" not in proc.stderr, (args, proc.stderr)
     app.enqueue("anything", queue="used")
     assert "warning" not in cli(pg_dsn, schema, "queue", "pause", "used").stderr
+    # a real queue whose jobs had just finished was called a typo
+    app.enqueue("anything", queue="finished")
+    [job] = app.claim("finished")
+    app.complete(job)
+    assert "warning" not in cli(pg_dsn, schema, "queue", "pause", "finished").stderr
     unused_set = cli(pg_dsn, schema, "queue", "set", "reprots", "--concurrency", "2", "--app", "myproj.tasks:app",
                      cwd=project)
     assert unused_set.returncode == 0
@@ -173,7 +178,7 @@ def test_pausing_a_queue_nothing_uses_warns_and_queue_delete_removes_it(app, pg_
     limited = cli(pg_dsn, schema, "queue", "delete", "reprots", "--json", env=env)
     assert json.loads(limited.stdout) == {"queue": "reprots", "deleted": True, "settings": {
         "concurrency_limit": 2, "rate_per_second": None, "rate_burst": None, "aging_seconds": None}}
-    assert {q["name"] for q in app.queue_settings()} == {"default", "emails", "used"}
+    assert {q["name"] for q in app.queue_settings()} == {"default", "emails", "used", "finished"}
     again = cli(pg_dsn, schema, "queue", "delete", "emials")
     assert again.returncode == 0 and "has no settings: nothing to delete" in again.stdout
     events = json.loads(cli(pg_dsn, schema, "queue", "events", "emials", "--json").stdout)

@@ -46,9 +46,13 @@ def test_the_documented_exit_codes_are_those_the_code_can_return():
     from pgworker import cli
     from pgworker.worker import supervisor
 
+    from pgworker import demo
+
     code = {v for k, v in vars(supervisor).items() if k.startswith("EXIT_")}  # what Supervisor.run returns
     code |= {v for k, v in vars(cli).items() if k.startswith("EXIT_")}
     code |= literal_returns(cli.main)  # errors, a closed stdout, Ctrl-C, caught by the CLI
+    for command in {*cli.COMMANDS.values(), demo.main}:  # what each command returns by itself
+        code |= literal_returns(command)
     code |= {128 + s for s in SECOND_SIGNALS}
     with pytest.raises(SystemExit) as usage:  # argparse's own exit for a command line it cannot parse
         cli.main(["run", "--no-such-flag"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 import time
 
+import psycopg
 import pytest
 import requests
 
@@ -180,3 +181,42 @@ def _readyz(port: int):
         return requests.get(f"http://127.0.0.1:{port}/readyz", timeout=5)
     except requests.RequestException:
         return None
+
+
+def test_one_locked_row_does_not_cost_the_pod_its_other_leases(env, pg_dsn, conn):
+    """Issue 18, item 1. Two jobs run in one pod; another session (an operator's open
+    transaction) holds one's row locked for several leases. The renewer must not wait on
+    that row: the other job keeps its lease and runs once. The locked one is handled by
+    the lease contract (presumed lost, its handler told), and the log names the lock."""
+    schema = env.settings.schema
+    a = env.enqueue("sleep", {"seconds": 14, "cooperative": True})
+    b = env.enqueue("sleep", {"seconds": 14})
+    with Worker(pg_dsn, schema, "--concurrency", "3", "--batch-size", "1", *FAST) as w:
+        wait_until(lambda: len(q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE event = 'start'")) == 2, 30,
+                   message=lambda: f"both jobs to start; log:\n{w.logs()[-3000:]}")
+        # Lock the row of the claimer renewed first (the lower claimer index): the old
+        # single UPDATE then waited on it before it reached the other row.
+        owners = dict(q(conn, schema, "SELECT id, lease_owner FROM {s}.jobs WHERE id IN (%s, %s)", a, b))
+        locked, other = sorted((a, b), key=lambda j: owners[j].rsplit(":c", 1)[1])
+        with psycopg.connect(pg_dsn) as operator:
+            q(operator, schema, "SELECT 1 FROM {s}.jobs WHERE id = %s FOR UPDATE", locked)
+            wait_until(lambda: f"lease lost on job {locked}" in w.logs(), 30,
+                       message=lambda: f"the locked job's lease to be presumed lost; log:\n{w.logs()[-3000:]}")
+            # held locked for another whole lease while the other lease goes on being renewed
+            until = db_now(conn).timestamp() + LEASE
+            wait_until(lambda: q(conn, schema, "SELECT extract(epoch FROM heartbeat_at) FROM {s}.jobs WHERE id = %s",
+                                 other)[0][0] > until, 30,
+                       message=lambda: f"the other job's lease to be renewed meanwhile; log:\n{w.logs()[-3000:]}")
+            operator.rollback()
+        wait_until(lambda: job_row(conn, schema, other)[0] == "succeeded", 60,
+                   message=lambda: f"the other job to succeed; log:\n{w.logs()[-3000:]}")
+        wait_until(lambda: job_row(conn, schema, locked)[0] == "succeeded", 60,
+                   message=lambda: f"the locked job to end; log:\n{w.logs()[-3000:]}")
+        assert w.stop() == 0
+    logs = w.logs()
+    starts = dict(q(conn, schema, "SELECT job_id, count(*) FROM {s}.ledger WHERE event = 'start' GROUP BY job_id"))
+    assert starts[other] == 1, f"the untouched job ran {starts[other]} times; log:\n{logs[-4000:]}"
+    assert job_row(conn, schema, other) == ("succeeded", 1, None)
+    assert f"lease lost on job {other}" not in logs
+    assert f"lease of job {locked} " in logs and "locked by another session" in logs
+    assert "stalled network path" not in logs

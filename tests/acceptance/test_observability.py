@@ -7,13 +7,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import psycopg
 import pytest
 import requests
+from psycopg import sql
 
 from obs import (Cluster, free_port, get, prometheus_server, pushgateway_server, require_tool, samples,
-                 scrape, series, tcp_client_ports, total, wait_for_metrics, wait_ready)
+                 scrape, series, tcp_client_ports, total, try_scrape, wait_for_metrics, wait_ready)
 from pg import wait_until
 from worker import HERE, Worker, create_ledger, q
 
@@ -117,6 +119,76 @@ def test_counter_totals_across_claimers_survive_kill_9(env, pg_dsn, conn):
         [("dead", "WORKER_DIED")]
 
 
+def test_recycled_claimers_leave_a_bounded_number_of_metric_files(env, pg_dsn, conn, tmp_path):
+    """--max-jobs-per-child 1: every job ends its claimer's life. Each gone claimer's
+    counters and histograms are merged into the pod's compacted files, so the directory
+    holds the live processes' files plus a few (it kept three files per process ever
+    started: 51 from 17 processes after 15 jobs, all merged at every scrape), and the
+    totals scraped over HTTP meanwhile never go backwards and end exact."""
+    schema = env.settings.schema
+    n = 20
+    metrics_dir = tmp_path / "metrics"
+    port = free_port()
+    watched = {"claimed": ("pgworker_claimed_jobs_total", {}),
+               "succeeded": ("pgworker_jobs_finished_total", {"outcome": "succeeded"}),
+               "runs": ("pgworker_job_run_duration_seconds_count", {}),
+               "run_seconds": ("pgworker_job_run_duration_seconds_sum", {}),
+               "claims": ("pgworker_claims_total", {}),
+               "waits_under_1s": ("pgworker_job_wait_duration_seconds_bucket", {"le": "1.0"})}
+    seen: list[dict[str, float]] = []
+
+    def scraped() -> dict[str, float] | None:
+        text = try_scrape(port)
+        if text is None:
+            return None
+        seen.append({k: total(text, name, **labels) for k, (name, labels) in watched.items()})
+        return seen[-1]
+
+    with worker(pg_dsn, schema, "--concurrency", "2", "--max-jobs-per-child", "1", "--batch-size", "1",
+                "--poll-interval", "0.3", "--metrics-dir", str(metrics_dir), port=port) as w:
+        wait_ready(port)
+        env.enqueue_many([("ok", i) for i in range(n)])
+        wait_until(lambda: (scraped() or {}).get("succeeded") == n, 180, 0.1,
+                   message=lambda: f"{n} jobs through recycled claimers; last scrape {seen[-1:]}")
+        assert finished(conn, schema, n)
+        final = scraped()
+        files = sorted(p.name for p in metrics_dir.glob("*.db"))
+        assert w.stop() == 0
+    started = w.logs().count("recycling")
+    assert started >= n - 2, f"the claimers were recycled ({started} times)"
+    # the supervisor and two claimers (counter, histogram, three kinds of gauge each), and
+    # one compacted file per kind of merged value
+    assert len(files) <= 3 * 5 + 3, files
+    assert (final["claimed"], final["succeeded"], final["runs"]) == (n, n, n)
+    for before, after in zip(seen, seen[1:]):
+        for key in watched:
+            assert after[key] >= before[key], (key, before, after)
+
+
+def test_the_error_class_cap_holds_for_the_pod_across_recycled_claimers(env, pg_dsn, conn):
+    """30 distinct handler error classes, one job each, through claimers recycled after
+    every job: the pod exports the first 20 (catalogue.ERROR_CLASS_TOP_N) and folds the
+    rest into 'other', counting every one (each claimer had a budget of its own, and each
+    replacement a new one: 29 classes seen from one pod)."""
+    schema = env.settings.schema
+    n, cap = 30, cat.ERROR_CLASS_TOP_N
+    port = free_port()
+    with worker(pg_dsn, schema, "--concurrency", "2", "--max-jobs-per-child", "1", "--batch-size", "1",
+                "--poll-interval", "0.3", port=port) as w:
+        wait_ready(port)
+        env.enqueue_many([("fail_as", f"E{i:02d}") for i in range(n)])
+        text = wait_for_metrics(port, lambda t: total(t, "pgworker_jobs_dead_total") == n, 180,
+                                "every job dead")
+        assert w.stop() == 0
+    assert w.logs().count("recycling") >= n - 2
+    ours = {labels["error_class"]: v for labels, v in series(text, "pgworker_jobs_dead_total")
+            if labels["error_class"] not in cat.KNOWN_ERROR_CODES}
+    named = {k for k, v in ours.items() if k != cat.OTHER and v > 0}
+    assert len(named) == cap, sorted(named)
+    assert ours[cat.OTHER] == n - cap
+    assert all(ours[k] == 1 for k in named)
+
+
 def test_claimer_heartbeat_stays_fresh_while_a_long_job_runs(env, pg_dsn):
     """The livemin heartbeat is the oldest beat of the live claimers: it moves on while a
     job keeps the only claimer's loop busy, and the dispatcher never drags it to 0."""
@@ -135,6 +207,64 @@ def test_claimer_heartbeat_stays_fresh_while_a_long_job_runs(env, pg_dsn):
         assert total(later, "pgworker_lease_renewals_total", result="renewed") >= 2
         assert total(later, "pgworker_lease_renewals_total", result="lost") == 0
         w.stop()
+
+
+# -- the pod's loops: when each last went round --------------------------------------------
+
+
+def service_loops(text: str) -> dict[str, float]:
+    return {ls["loop"]: v for ls, v in series(text, "pgworker_loop_last_success_timestamp_seconds")}
+
+
+def claimer_loops(text: str) -> dict[str, float]:
+    return {ls["claimer"]: v for ls, v in series(text, "pgworker_claimer_loop_last_success_timestamp_seconds")}
+
+
+def test_a_stalled_background_loop_shows_in_its_last_success(env, pg_dsn, conn):
+    """Every service of the pod and every claimer loop exports when it last went round.
+    The test locks the jobs table: the reaper's and the pruner's passes wait on it and their
+    timestamps stop, while the services that need no row go on; after the lock, they move
+    again. A claimer running a long job says so, and its loop stands still meanwhile."""
+    schema = env.settings.schema
+    port = free_port()
+    fast = {"PGWORKER_PRUNE_INTERVAL_SECONDS": "0.5"}
+    with worker(pg_dsn, schema, "--concurrency", "2", "--reap-interval", "0.5", "--lease", "3",
+                "--poll-interval", "0.3", "--no-stats", port=port, env=fast) as w:
+        services = {"renewer", "settler", "listener", "reaper", "pruner"}
+        text = wait_for_metrics(port, lambda t: set(service_loops(t)) == services and len(claimer_loops(t)) == 2,
+                                60, "a last-success timestamp for every service and claimer")
+        intervals = {ls["loop"]: v for ls, v in series(text, "pgworker_loop_interval_seconds")}
+        assert intervals["reaper"] == 0.5 and intervals["pruner"] == 0.5 and intervals["renewer"] == 1.0
+        first = service_loops(text)
+        wait_for_metrics(port, lambda t: all(v > first[k] + 1 for k, v in service_loops(t).items()), 30,
+                         "every service to complete passes")
+
+        with psycopg.connect(pg_dsn) as locker:
+            locker.execute(sql.SQL("LOCK TABLE {}.jobs IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(schema)))
+            held_at = time.time()
+            text = wait_for_metrics(port, lambda t: min(service_loops(t)[k] for k in ("listener", "settler", "renewer"))
+                                    > held_at + 3, 30, "the services that need no row to go on")
+            stalled = service_loops(text)
+            assert stalled["reaper"] < held_at + 0.5 and stalled["pruner"] < held_at + 0.5, (held_at, stalled)
+            locker.rollback()
+        released = time.time()
+        wait_for_metrics(port, lambda t: min(service_loops(t)[k] for k in ("reaper", "pruner")) > released, 30,
+                         "the reaper and the pruner back")
+
+        job = env.enqueue("hold", 4)
+        text = wait_for_metrics(port, lambda t: total(t, "pgworker_claimer_handler_running") == 1, 30,
+                                "the long job's claimer")
+        [(busy, _)] = [(ls["claimer"], v) for ls, v in series(text, "pgworker_claimer_handler_running") if v == 1]
+        started = claimer_loops(text)[busy]
+        later = wait_for_metrics(port, lambda t: all(v > started + 2 for k, v in claimer_loops(t).items() if k != busy)
+                                 and total(t, "pgworker_claimer_handler_running") == 1, 30,
+                                 "the idle claimer's loop to go round while the job runs")
+        assert claimer_loops(later)[busy] == pytest.approx(started, abs=0.05)  # its loop waits for the handler
+        wait_until(lambda: q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", job) == [("succeeded",)],
+                   30, message="the long job")
+        wait_for_metrics(port, lambda t: total(t, "pgworker_claimer_handler_running") == 0
+                         and claimer_loops(t)[busy] > started + 0.5, 30, "its loop back")
+        assert w.stop() == 0
 
 
 # -- leases, the reaper and the fence ----------------------------------------------------
@@ -177,6 +307,37 @@ def test_expired_lease_shows_then_is_reaped_and_the_stale_completion_is_fenced(e
     assert q(conn, schema, "SELECT state::text, lease_token FROM {s}.jobs WHERE id = %s", job) == [("succeeded", 2)]
 
 
+def test_a_row_the_reaper_cannot_write_is_counted_and_logged_and_the_rest_reaped(env, pg_dsn, conn):
+    """A CHECK constraint a user added refuses the reap of one expired lease: the worker's
+    reaper reaps the rest of its batch, counts the row in pgworker_reap_failed_total and
+    logs it once (it once failed the whole batch on every pass), and the pod stays ready."""
+    schema = env.settings.schema
+    insert = ("INSERT INTO {s}.jobs (queue, task, payload, state, attempts, lease_token, lease_owner, "
+              "lease_expires_at) VALUES ('default', 'ok', %s::jsonb, 'running', 1, 1, 'gone', "
+              "now() - interval '1 minute') RETURNING id")
+    good = [q(conn, schema, insert, "1")[0][0] for _ in range(5)]
+    [bad] = q(conn, schema, insert, '"poison"')[0]
+    conn.execute(psycopg.sql.SQL("""ALTER TABLE {}.jobs ADD CONSTRAINT users_own_rule
+                                    CHECK (state <> 'pending' OR payload <> '"poison"'::jsonb)""")
+                 .format(psycopg.sql.Identifier(schema)))
+    port = free_port()
+    with worker(pg_dsn, schema, "--concurrency", "1", "--reap-interval", "0.5", "--poll-interval", "0.3",
+                port=port) as w:
+        text = wait_for_metrics(port, lambda t: total(t, "pgworker_reap_failed_total", queue="default") == 1
+                                and total(t, "pgworker_lease_expirations_total", action="requeued") == 5, 30,
+                                "the rest of the batch reaped, the bad row counted")
+        wait_until(lambda: finished(conn, schema, 5), 30, message=lambda: w.logs()[-3000:])
+        wait_ready(port)
+        assert w.stop() == 0
+        logs = w.logs()
+    assert total(text, "pgworker_reap_failed_total") == 1
+    assert logs.count(f"job {bad} (queue 'default') cannot be reaped") == 1, logs[-3000:]
+    assert "users_own_rule" in logs and "poison" not in logs  # the server's DETAIL quotes the row: never logged
+    assert q(conn, schema, "SELECT state::text, last_error_code FROM {s}.jobs WHERE id = %s", bad) == [
+        ("running", "REAP_FAILED")]
+    assert len(good) == 5
+
+
 def test_a_stuck_due_job_makes_the_oldest_age_grow(env, pg_dsn, conn):
     schema = env.settings.schema
     job = env.enqueue("ok")
@@ -187,7 +348,7 @@ def test_a_stuck_due_job_makes_the_oldest_age_grow(env, pg_dsn, conn):
             age = lambda t: total(t, "pgworker_queue_oldest_job_age_seconds", queue="default")  # noqa: E731
             first = age(wait_for_metrics(port, lambda t: age(t) > 0, 30, "an oldest-age sample"))
             text = wait_for_metrics(port, lambda t: age(t) >= first + 2, 30, "the oldest age to grow")
-            assert total(text, "pgworker_queue_jobs", queue="default", state="pending") == 1
+            assert total(text, "pgworker_queue_jobs", queue="default", state="due") == 1
             assert total(text, "pgworker_queue_stats_up") == 1
             holder.rollback()
             wait_for_metrics(port, lambda t: age(t) == 0 and outcome(t, "succeeded") == 1, 30,
@@ -226,7 +387,8 @@ def test_every_catalogued_metric_is_exposed_by_a_running_worker(exposition):
 def test_exposed_labels_are_the_catalogued_ones_with_bounded_values(exposition):
     allowed = {"outcome": set(cat.OUTCOMES), "action": set(cat.EXPIRATION_ACTIONS),
                "operation": set(cat.FENCED_OPERATIONS), "reason": set(cat.WAKEUP_REASONS),
-               "state": set(cat.STATS_STATES), "queue": {"default"}}
+               "state": set(cat.STATS_STATES), "queue": {"default"}, "loop": set(cat.LOOPS),
+               "claimer": {"0", "1"}}
     defs = {n: m for m in cat.METRICS for n in cat.exposed_names(m)}
     for name, labels, _ in samples(exposition):
         if not name.startswith("pgworker_"):
@@ -282,7 +444,7 @@ def test_no_stats_means_no_statistics_query(env, pg_dsn, conn):
 
 
 def test_a_real_prometheus_ingests_the_metrics_and_answers_the_documented_queries(env, pg_dsn, conn):
-    from pgworker.metrics_docs import all_queries
+    from pgworker.metrics_questions import all_queries
 
     schema = env.settings.schema
     job = env.enqueue("ok")
@@ -363,6 +525,29 @@ def test_drain_prints_its_summary_when_the_pushgateway_is_unreachable(env, pg_ds
         summary = json.loads(w.stdout().strip().splitlines()[-1])
         assert summary["succeeded"] == 1
         assert "pushing the drain summary" in w.logs()
+
+
+def test_drain_duration_survives_the_wall_clock_stepping_back(env, pg_dsn, conn, tmp_path):
+    """The supervisor's wall clock steps back an hour while its job runs (an NTP step, a VM
+    resumed from a snapshot; tests/apps/wallclock_step.py moves only that process's
+    time.time): the summary line and the pushed gauge still say how long the run took,
+    not about -3600 s. The run's last-run timestamp is wall-clock time, as it should be."""
+    flag = tmp_path / "step-and-finish"
+    env.enqueue("wait_for_file", str(flag))
+    launcher = os.path.join(HERE, "apps", "wallclock_step.py")
+    with pushgateway_server() as gw:
+        with Worker(pg_dsn, env.settings.schema, "--drain", "--concurrency", "1", "--pushgateway-url", gw.url(),
+                    app=OBS_APP, env={"WALLCLOCK_STEP_FLAG": str(flag)}, launcher=launcher, name="clock") as w:
+            wait_until(lambda: q(conn, env.settings.schema, "SELECT 1 FROM {s}.ledger WHERE event = 'start'"), 60,
+                       message="the job to start")
+            flag.touch()  # the supervisor's clock steps back; the job ends
+            assert w.wait(60) == 0
+            summary = json.loads(w.stdout().strip().splitlines()[-1])
+        assert summary["succeeded"] == 1
+        assert 0 < summary["duration_seconds"] < 600, summary
+        pushed = requests.get(gw.url("/metrics"), timeout=10).text
+        [(_, duration)] = series(pushed, "pgworker_drain_duration_seconds")
+        assert 0 < duration < 600
 
 
 # -- /healthz and /readyz ----------------------------------------------------------------

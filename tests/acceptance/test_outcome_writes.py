@@ -138,3 +138,83 @@ def test_a_claimer_that_dies_with_a_decided_success_gets_it_written_as_decided(e
         assert w.stop() == 0
     assert state(conn, schema, job)[:3] == ("succeeded", 1, None)
     assert len(q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", job)) == 1  # never run again
+
+
+def refuse_outcomes_as_read_only(conn, schema):
+    """The database refuses every outcome write (a running job leaving 'running') with
+    SQLSTATE 25006, as a primary turned read-only by a failover does; claims and renewals
+    still go through, so the claimer's slot table fills with decided outcomes. Only this
+    test's schema is affected (the server is shared)."""
+    s = sql.Identifier(schema)
+    conn.execute(sql.SQL(
+        "CREATE FUNCTION {s}.refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "RAISE EXCEPTION 'cannot execute UPDATE in a read-only transaction' USING ERRCODE = '25006'; END $$")
+        .format(s=s))
+    conn.execute(sql.SQL("CREATE TRIGGER refuse BEFORE UPDATE ON {s}.jobs FOR EACH ROW "
+                         "WHEN (OLD.state = 'running' AND NEW.state <> 'running') EXECUTE FUNCTION {s}.refuse()")
+                 .format(s=s))
+
+
+def test_a_claimer_whose_outcomes_cannot_be_written_backs_off_logs_once_and_is_not_ready(env, pg_dsn, conn):
+    """Issue 18, item 5. The claimer's slot table is full of decided outcomes and the
+    server refuses every write (read-only): the claimer retries with backoff (it once made
+    ~700 failed flushes a second), says so once per outage and once when it ends, and
+    /readyz names it meanwhile. Then every outcome is written, each job having run once."""
+    schema = env.settings.schema
+    refuse_outcomes_as_read_only(conn, schema)
+    jobs = env.enqueue_many([("record", i) for i in range(4)])
+    port = free_port()
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--batch-size", "4", "--metrics-port", str(port),
+                "--metrics-host", "127.0.0.1", *FAST, "--lease", "30", env={"PGWORKER_MAX_BATCH_SIZE": "4"}) as w:
+        wait_until(lambda: len(q(conn, schema, "SELECT 1 FROM {s}.ledger")) == 4, 30,
+                   message=lambda: f"the four jobs to run; log:\n{w.logs()[-3000:]}")
+        ready = lambda: requests.get(f"http://127.0.0.1:{port}/readyz", timeout=5)  # noqa: E731
+        not_ready = wait_until(lambda: (r := ready()).status_code == 503 and "cannot write job outcomes" in r.text
+                               and r.text, 30, message=lambda: f"/readyz to name the claimer; log:\n{w.logs()[-3000:]}")
+        assert "claimer 0" in not_ready and "read-only" in not_ready
+        failed = total(try_scrape(port), "pgworker_outcome_write_errors_total")
+        outage_lines = [line for line in w.logs().splitlines() if " WARNING " in line or " ERROR " in line]
+        # ten seconds and more of refused writes: a backoff makes a handful of attempts
+        # (0.5 s doubling, jittered), not one per loop iteration
+        assert 1 <= failed <= 30, f"{failed} failed outcome writes; log:\n{w.logs()[-3000:]}"
+        assert len(outage_lines) == 1 and "read-only" in outage_lines[0], outage_lines[:10]
+        allow(conn, schema)
+        wait_until(lambda: all(state(conn, schema, j)[0] == "succeeded" for j in jobs), 60,
+                   message=lambda: f"the outcomes, once writable; log:\n{w.logs()[-3000:]}")
+        wait_until(lambda: ready().status_code == 200, 30, message="/readyz back to ready")
+        assert w.stop() == 0
+        logs = w.logs()
+    assert len([line for line in logs.splitlines() if "back after" in line]) == 1, logs[-3000:]
+    assert len(q(conn, schema, "SELECT 1 FROM {s}.ledger")) == 4  # each ran once
+
+
+def test_a_split_write_that_outlasts_the_lease_keeps_the_batchs_leases(env, pg_dsn, conn):
+    """Issue 18, item 16 (d). Three rows of a batch are locked by another session, so the
+    batch's write waits lock_timeout, is split, and each locked row waits lock_timeout
+    again: the whole write lasts longer than a lease. The batch's other jobs, waiting in
+    the split for their turn, must keep their leases meanwhile (slots being written were
+    not renewed: they expired, were reaped, and ran a second time)."""
+    import psycopg
+
+    schema = env.settings.schema
+    gate = env.enqueue("sleep", {"seconds": 2})
+    locked = [env.enqueue("record", f"locked {i}") for i in range(3)]
+    free = [env.enqueue("record", f"free {i}") for i in range(2)]
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--batch-size", "6", *FAST,
+                env={"PGWORKER_LOCK_TIMEOUT_SECONDS": "1.5",  # the six outcomes in one flush, at the batch's end
+                     "PGWORKER_COMPLETION_FLUSH_SECONDS": "20"}) as w, psycopg.connect(pg_dsn) as operator:
+        wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", gate), 30,
+                   message=lambda: f"the batch to start; log:\n{w.logs()[-3000:]}")
+        assert all(state(conn, schema, j)[0] == "running" for j in locked + free)  # one batch of six
+        q(operator, schema, "SELECT 1 FROM {s}.jobs WHERE id = ANY(%s) FOR UPDATE", locked)
+        wait_until(lambda: all(state(conn, schema, j)[0] != "running" for j in free), 60,
+                   message=lambda: f"the free rows' outcomes; log:\n{w.logs()[-3000:]}")
+        operator.rollback()
+        wait_until(lambda: all(state(conn, schema, j)[0] == "succeeded" for j in locked), 60,
+                   message=lambda: f"the locked rows' outcomes once unlocked; log:\n{w.logs()[-3000:]}")
+        assert w.stop() == 0
+        logs = w.logs()
+    assert "writing the batch's 6 outcomes one at a time" in logs  # the split did happen
+    for j in free:
+        assert state(conn, schema, j)[:3] == ("succeeded", 1, None), (j, logs[-3000:])
+        assert len(q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", j)) == 1, logs[-3000:]

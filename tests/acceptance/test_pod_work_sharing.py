@@ -132,3 +132,31 @@ def test_an_enqueue_wakes_one_claimer_of_the_pod(env, pg_dsn, conn):
     print(f"{claims:.0f} claims for 5 enqueues ({queues} queues, 4 claimers)")
     # the claim that takes the job, then one round that finds the queues empty
     assert claims <= 5 * (1 + queues + 1), claims
+
+
+def test_a_job_cancelled_while_it_waits_in_a_peers_batch_is_not_run_by_its_taker(env, pg_dsn, conn):
+    """Issue 18, item 16 (a). A job waits in claimer A's batch behind a long one; an
+    operator cancels it, and a renewal brings the request to its slot. Claimer B then goes
+    idle and takes the job over: it must not run it (the owner would not have, see
+    SlotTable.start). The take-over once started the job with its flags cleared."""
+    schema = env.settings.schema
+    busy = env.enqueue("sleep", {"seconds": 5})
+    with Worker(pg_dsn, schema, "--concurrency", "2", "--batch-size", "2", "--lease", "3",
+                "--poll-interval", "0.3", "--reap-interval", "0.5") as w:
+        wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", busy), 30,
+                   message=lambda: f"the first claimer's job to start; log:\n{w.logs()[-3000:]}")
+        # one commit: the idle claimer's claim takes both, in this order (two enqueues let
+        # it claim the first alone)
+        long, waiting = env.enqueue_many([("sleep", {"seconds": 8}), ("record", "cancelled")])
+        wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", long), 30,
+                   message=lambda: f"the batch of two to start; log:\n{w.logs()[-3000:]}")
+        assert q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", waiting)[0][0] == "running"
+        assert env.cancel(waiting) == "running"  # claimed, waiting unstarted behind `long`
+        [(asked,)] = q(conn, schema, "SELECT cancel_requested_at FROM {s}.jobs WHERE id = %s", waiting)
+        wait_until(lambda: q(conn, schema, "SELECT heartbeat_at > %s FROM {s}.jobs WHERE id = %s", asked,
+                             waiting)[0][0], 30, message="a renewal to bring the cancellation to the slot")
+        wait_until(lambda: q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", waiting)[0][0]
+                   != "running", 30, message=lambda: f"the waiting job to end; log:\n{w.logs()[-3000:]}")
+        assert w.stop() == 0
+    assert q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", waiting)[0][0] == "cancelled"
+    assert not q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", waiting), "the cancelled job ran"

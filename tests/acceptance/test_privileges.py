@@ -108,7 +108,9 @@ def test_a_producer_can_enqueue_and_read_state_and_nothing_else(granted):
                  f"INSERT INTO {s} (queue, task, payload, lease_token) VALUES ('default', 'noop', '1', 9)",
                  f"DROP TABLE {s}", f"ALTER TABLE {s} ADD COLUMN x int", 'CREATE TABLE "app jobs".x (a int)',
                  'INSERT INTO "app jobs".job_events (job_id, kind) VALUES (1, \'x\')',
-                 'SELECT * FROM "app jobs".job_events'):
+                 'SELECT * FROM "app jobs".job_events',
+                 'SELECT "app jobs".delete_finished_jobs(ARRAY[1], 0, 0, 0)',  # the pruner's, not a producer's
+                 'SELECT "app jobs".delete_queue_events(ARRAY[1], 0)'):
         assert refused(dsn, stmt), stmt
     out = cli("prune", "--older-than", "0s", dsn=dsn)
     assert out.returncode == 1 and "permission denied" in out.stderr and "Traceback" not in out.stderr, out.stderr
@@ -125,30 +127,41 @@ def test_a_worker_claims_records_outcomes_and_reaps_and_nothing_else(granted):
         stale = c.execute('INSERT INTO "app jobs".jobs (queue, task, payload, state, attempts, lease_token, '
                           "lease_expires_at) VALUES ('default', 'noop', '1', 'running', 1, 1, "
                           "now() - interval '1 minute') RETURNING id").fetchone()[0]
+        # history past its retention, for the pruner: a succeeded, a cancelled and a dead job
+        # (the dead one heads its ordering key, a job waits behind it), and an old audit event
+        old = [c.execute('INSERT INTO "app jobs".jobs (queue, task, payload, state, finished_at, ordering_key) '
+                         "VALUES ('default', 'noop', '1', %s, now() - interval '30 days', %s) RETURNING id",
+                         [state, key]).fetchone()[0]
+               for state, key in (("succeeded", None), ("cancelled", None), ("dead", "pruned-head"))]
+        behind = app.enqueue("noop", ordering_key="pruned-head")
+        c.execute('''INSERT INTO "app jobs".queue_events (queue, kind, at) VALUES ('default', 'paused', now() - interval '200 days')''')
     port = free_port()
     with Worker(dsn, SCHEMA, "--concurrency", "2", "--reap-interval", "1s", "--poll-interval", "0.5s",
-                "--metrics-port", str(port), "--metrics-host", "127.0.0.2") as w:
+                "--metrics-port", str(port), "--metrics-host", "127.0.0.2",
+                env={"PGWORKER_RETENTION_DEAD_SECONDS": "86400", "PGWORKER_PRUNE_INTERVAL_SECONDS": "1"}) as w:
         def done():
-            return all(app.get_job(i)["state"] in ("succeeded", "dead") for i in [*ok, *limited, failing, stale])
+            return all(app.get_job(i)["state"] in ("succeeded", "dead")
+                       for i in [*ok, *limited, failing, stale, behind])
         wait_until(done, 90, message=lambda: w.logs()[-3000:])
         # the metrics endpoint listens on the address it was given, and only there
         with urllib.request.urlopen(f"http://127.0.0.2:{port}/metrics", timeout=10) as r:
             assert r.status == 200 and b"pgworker_jobs_finished_total" in r.read()
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", port), timeout=2).close()
-        # the pruner (on by default) may not DELETE with this role: it says what to do once
-        # and stops, and the pod stays ready (it once retried forever, logging each time)
-        wait_until(lambda: "the pruner stops" in w.logs(), 30, message=lambda: w.logs()[-3000:])
+        # the pruner (on by default) prunes with this role, through the owner's retention
+        # functions (it once could only log an ERROR and stop): the old history goes, and the
+        # job behind the pruned dead head was promoted (it ran, above)
+        wait_until(lambda: all(app.get_job(i) is None for i in old), 30, message=lambda: w.logs()[-3000:])
+        wait_until(lambda: not app.queue_events("default"), 30, message=lambda: w.logs()[-3000:])
         with urllib.request.urlopen(f"http://127.0.0.2:{port}/readyz", timeout=10) as r:
             assert r.status == 200
         assert w.stop() == 0
         logs = w.logs()
-    assert logs.count("the pruner stops") == 1 and "PGWORKER_PRUNE=false" in logs
+    assert "the pruner stops" not in logs and "permission denied" not in logs
     assert "pruner (pruning finished jobs): statement failed" not in logs
     assert app.get_job(stale)["last_error_code"] == "LEASE_EXPIRED" and app.get_job(stale)["state"] == "succeeded"
     assert app.get_job(failing)["state"] == "dead"
     assert "PAYLOAD-MARKER-4711" not in logs  # payloads are never logged by default
-    app.close()
     s = '"app jobs".jobs'
     for stmt in (f"DROP TABLE {s}", f"ALTER TABLE {s} ADD COLUMN x int", f"DELETE FROM {s}", f"TRUNCATE {s}",
                  f"UPDATE {s} SET payload = '1'", f"UPDATE {s} SET max_attempts = 100", f"UPDATE {s} SET queue = 'x'",
@@ -156,10 +169,19 @@ def test_a_worker_claims_records_outcomes_and_reaps_and_nothing_else(granted):
                  'INSERT INTO "app jobs".job_events (job_id, kind) VALUES (1, \'x\')',
                  'DELETE FROM "app jobs".migrations',
                  'UPDATE "app jobs".queues SET paused_at = NULL',  # pausing is the operator's
-                 'UPDATE "app jobs".queues SET rate_per_second = 1e9'):
+                 'UPDATE "app jobs".queues SET rate_per_second = 1e9',
+                 'DELETE FROM "app jobs".queue_events'):
         assert refused(dsn, stmt), stmt
+    # the retention functions delete only finished jobs past the retention given
+    live = app.enqueue("noop")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        assert c.execute('SELECT * FROM "app jobs".delete_finished_jobs(%s, 0, 0, 0)', [[live]]).fetchall() == []
+    assert app.get_job(live)["state"] == "pending"
+    # and `pgworker prune` works with this role too
     out = cli("prune", "--older-than", "0s", dsn=dsn)
-    assert out.returncode == 1 and "permission denied" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert app.get_job(ok[0]) is None and app.get_job(live)["state"] == "pending"
+    app.close()
 
 
 def test_grants_refuse_a_missing_role_and_name_the_fix(granted):

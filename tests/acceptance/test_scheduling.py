@@ -384,6 +384,69 @@ def test_drain_run_fires_due_slots_at_start_and_runs_them(env, pg_dsn, conn):
     assert q(conn, schema, "SELECT count(*) FROM {s}.ledger WHERE event = 'tick'")[0][0] >= 1
 
 
+BROKEN_SCHEDULE_APP = os.path.join(HERE, "apps", "broken_schedule_app.py") + ":app"
+
+
+def test_a_failing_schedule_never_stops_the_others_of_a_real_worker(env, pg_dsn, conn):
+    """One schedule whose slots cannot be computed and one whose row the database refuses,
+    declared before the healthy one is fired: the worker still fires it (an always-on run
+    and a drain run), logs each broken one once with its name and the fix, and counts them
+    in pgworker_schedule_errors_total. Before, the first error ended every registration
+    pass, so no schedule of the app fired, pass after pass."""
+    from obs import free_port as metrics_port, total, wait_for_metrics
+    from pgworker import App
+    from pgworker.loader import load_app
+    from pgworker.schedules import Scheduler
+
+    schema = env.settings.schema
+    conn.execute(psycopg.sql.SQL(
+        "CREATE FUNCTION {s}.refuse_schedule() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "RAISE EXCEPTION 'schedule % is not on the reviewed list', NEW.name; END $$; "
+        "CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON {s}.schedules FOR EACH ROW "
+        "WHEN (NEW.name = 'b-refused') EXECUTE FUNCTION {s}.refuse_schedule()").format(s=psycopg.sql.Identifier(schema)))
+    # 'tick' is owed a slot: recorded alone (as an earlier release would have), two minutes back
+    declared = load_app(BROKEN_SCHEDULE_APP).schedules
+    assert list(declared) == ["tick", "a-no-slot", "b-refused"]
+    recorder = App(pg_dsn, schema=schema)
+    with recorder.connection() as c:
+        Scheduler(recorder.store, [declared["tick"]]).register(c)
+    recorder.close()
+
+    def owe_tick():
+        q(conn, schema, "UPDATE {s}.schedules SET last_slot = last_slot - interval '2 minutes' "
+                        "WHERE name = 'tick' RETURNING name")
+
+    def ticks():
+        return q(conn, schema, "SELECT count(*) FROM {s}.ledger WHERE event = 'tick'")[0][0]
+
+    owe_tick()
+    port = metrics_port()
+    with Worker(pg_dsn, schema, "--concurrency", "1", *FAST, "--metrics-port", str(port),
+                app=BROKEN_SCHEDULE_APP) as w:
+        wait_until(lambda: ticks() >= 1, 60, message=lambda: "the owed slot ran; log:\n" + w.logs()[-3000:])
+        wait_for_metrics(port, lambda t: total(t, "pgworker_schedule_errors_total") >= 2,
+                         message="both broken schedules counted")
+        w.stop()
+        logs = w.logs()
+    errors = [line for line in logs.splitlines() if " ERROR " in line and "schedule " in line]
+    [no_slot] = [line for line in errors if "schedule 'a-no-slot'" in line]
+    assert "could not be recorded: CroniterBadDateError" in no_slot and "the other schedules go on" in no_slot
+    assert "correct its declaration in the app's code (cron '0 0 30 2 *' in 'UTC')" in no_slot
+    [refused] = [line for line in errors if "schedule 'b-refused'" in line]
+    assert "could not be recorded: RaiseException: schedule b-refused is not on the reviewed list" in refused
+    assert f'the database refused to record it in "{schema}".schedules (a trigger' in refused
+    assert not [line for line in errors if "'tick'" in line]
+    assert q(conn, schema, "SELECT name FROM {s}.schedules") == [("tick",)]  # neither broken one was recorded
+    # a drain run fires the due slot at start the same way
+    before = ticks()
+    q(conn, schema, "DELETE FROM {s}.jobs WHERE schedule_name = 'tick' RETURNING id")  # its slots' keys free again
+    owe_tick()
+    with Worker(pg_dsn, schema, "--drain", "--concurrency", "1", app=BROKEN_SCHEDULE_APP) as w:
+        assert w.wait(60) == 0, w.logs()
+        drain_logs = w.logs()
+    assert ticks() == before + 1, drain_logs
+
+
 def test_queue_and_dead_keys_commands(env, pg_dsn, conn):
     schema = env.settings.schema
     out = cli(pg_dsn, schema, "queue", "set", "emails", "--concurrency", "3", "--rate", "5", "--burst", "10", "--json")
@@ -398,7 +461,7 @@ def test_queue_and_dead_keys_commands(env, pg_dsn, conn):
     assert cli(pg_dsn, schema, "queue", "pause", "emails").returncode == 0
     env.enqueue("record", queue="emails")
     status = json.loads(cli(pg_dsn, schema, "status", "--json").stdout)
-    assert [(r["queue"], r["state"], r["paused"]) for r in status] == [("emails", "pending", True)]
+    assert [(r["queue"], r["state"], r["paused"]) for r in status] == [("emails", "due", True)]
     listed = json.loads(cli(pg_dsn, schema, "queue", "list", "--json").stdout)
     assert [(r["name"], r["paused_by"]) for r in listed] == [("emails", "tester@ci")]
     head = env.enqueue("t", ordering_key="k", max_attempts=1, any_task=True)

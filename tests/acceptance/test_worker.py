@@ -362,6 +362,44 @@ def test_drain_deadline_with_due_work_left_exits_75(env, pg_dsn, conn):
     assert q(conn, schema, "SELECT attempts, last_error_code FROM {s}.jobs WHERE task = 'sleep'") == [(1, "SHUTDOWN")]
 
 
+HOURLY = 1 / 3600  # one token an hour: a claimer that waits for the next token waits an hour
+
+
+def test_drain_exits_when_a_rate_limited_queue_has_nothing_due(env, pg_dsn, conn):
+    """Its only job took the bucket's last token: the queue owes nothing, so the run ends
+    (it waited for the next token, an hour here: a scale-to-zero run stayed up for it)."""
+    schema = env.settings.schema
+    env.configure_queue("limited", rate_limit=HOURLY, burst=1)
+    env.enqueue("limited", {})
+    with Worker(pg_dsn, schema, "--drain", "--concurrency", "2", "--queues", "limited") as w:
+        assert w.wait(60) == 0, w.logs()[-2000:]
+        summary = json.loads(w.stdout().strip().splitlines()[-1])
+    assert (summary["result"], summary["succeeded"], summary["left"], summary["next_due_seconds"]) == \
+        ("succeeded", 1, 0, None)
+    # and a run that starts with the bucket already empty and nothing due ends too
+    with Worker(pg_dsn, schema, "--drain", "--concurrency", "1", "--queues", "limited") as w:
+        assert w.wait(60) == 0, w.logs()[-2000:]
+        summary = json.loads(w.stdout().strip().splitlines()[-1])
+    assert (summary["result"], summary["processed"], summary["left"]) == ("succeeded", 0, 0)
+
+
+def test_drain_due_jobs_waiting_for_tokens_are_work_left(env, pg_dsn, conn):
+    """Due jobs that a rate limit holds back are due work the run did not do: it waits
+    for their tokens and, at its deadline, reports them as left and exits 75 (run again);
+    next_due_seconds is about jobs not due yet, and none is."""
+    schema = env.settings.schema
+    env.configure_queue("limited", rate_limit=HOURLY, burst=1)
+    env.enqueue_many([("limited", {}) for _ in range(3)])
+    # 8 s, not less: the one token's job must run before the deadline even on a loaded
+    # machine (3 s once ended with none run: the claimers were still starting)
+    with Worker(pg_dsn, schema, "--drain", "--concurrency", "2", "--queues", "limited",
+                "--max-duration", "8") as w:
+        assert w.wait(60) == 75, w.logs()[-2000:]
+        summary = json.loads(w.stdout().strip().splitlines()[-1])
+    assert (summary["result"], summary["succeeded"], summary["left"], summary["next_due_seconds"]) == \
+        ("deadline", 1, 2, None)
+
+
 def test_drain_reaps_expired_leases_first(env, pg_dsn, conn):
     schema = env.settings.schema
     env.enqueue("record")
@@ -423,11 +461,57 @@ def test_unknown_task_and_undecodable_payload_end_dead_with_a_code(env, pg_dsn, 
         assert f"job {unknown} (task 'no.such.task') is dead after attempt 1/" in w.logs()
         # followed as printed, the hint reaches this schema, not the default one
         assert f"replay with `pgworker dead replay {unknown} --schema {schema}`" in w.logs()
+        # this app registers many tasks: its line lists whole names, then says how many more,
+        # and gives each command once (the message was cut at 200 characters, a backtick lost)
+        [line] = [line for line in w.logs().splitlines() if f"job {unknown} (task" in line]
+        assert re.search(r"\(registered: [a-z_]+(, [a-z_]+)* and \d+ more\); deploy a worker that has it, "
+                         r"then replay the job; see `pgworker jobs show", line), line
+        assert line.count("pgworker dead replay") == 1 and line.count("`") % 2 == 0, line
     assert env.get_job(unknown)["last_error_code"] == "UNKNOWN_TASK"
     assert env.get_job(unknown)["attempts"] == 1
     assert (env.get_job(bad)["state"], env.get_job(bad)["last_error_code"], env.get_job(bad)["attempts"]) == \
         ("dead", "PAYLOAD_INVALID", 1)
     assert env.get_job(good)["state"] == "succeeded"
+
+
+SMALL_APP = """
+import pgworker
+
+app = pgworker.App()
+
+
+@app.task(name="beta")
+def beta(payload):
+    return None
+
+
+@app.task(name="alpha")
+def alpha(payload):
+    return None
+"""
+
+
+def test_the_dead_job_line_of_an_unknown_task(env, pg_dsn, conn, tmp_path):
+    """The exact ERROR line a worker writes for a job of a task it has no handler for:
+    one hint per command, every backtick closed. It once read "...then `pgworker dead
+    replay 1`; see `pgworker jobs show 1`, replay with `pgworker dead replay 1`", or, with
+    many tasks registered, was cut at 200 characters in the middle of a name and a command."""
+    schema = env.settings.schema
+    (tmp_path / "small_app.py").write_text(SMALL_APP)
+    job = env.enqueue("no.such.task", any_task=True)
+    with Worker(pg_dsn, schema, "--drain", "--concurrency", "1", app=f"{tmp_path / 'small_app.py'}:app") as w:
+        assert w.wait(60) == 0, w.logs()
+        logs = w.logs()
+    [line] = [line.split(" pgworker.claimer: ", 1)[1] for line in logs.splitlines() if " is dead after " in line]
+    flag = f" --schema {schema}"
+    assert line == (f"job {job} (task 'no.such.task') is dead after attempt 1/5: UNKNOWN_TASK: no handler for task "
+                    "'no.such.task' in this worker (registered: alpha, beta); deploy a worker that has it, then "
+                    f"replay the job; see `pgworker jobs show {job}{flag}`, replay with "
+                    f"`pgworker dead replay {job}{flag}`")
+    assert " ERROR " in [x for x in logs.splitlines() if " is dead after " in x][0]
+    assert env.get_job(job)["errors"][-1]["message"] == (
+        "no handler for task 'no.such.task' in this worker (registered: alpha, beta); deploy a worker that has "
+        "it, then replay the job")
 
 
 def test_async_handlers_and_their_timeout(env, pg_dsn, conn):

@@ -70,6 +70,24 @@ def hold(payload, ctx):
     ledger(ctx, "end")
 
 
+@app.task(name="fail_as", max_attempts=1)
+def fail_as(payload, ctx):
+    """Dies at once with the error class named by the payload (its pgworker_code)."""
+    ledger(ctx, "run")
+    raise type("NamedError", (Exception,), {"pgworker_code": payload})("failed on purpose")
+
+
+@app.task(name="wait_for_file", max_attempts=1)
+def wait_for_file(payload, ctx):
+    """Runs until the file named by the payload exists (at most a minute), then succeeds:
+    a test decides when it ends."""
+    ledger(ctx, "start")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(payload) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ledger(ctx, "end")
+
+
 @app.task(name="outlive_lease", max_attempts=3, retry=FAST)
 def outlive_lease(payload, ctx):
     """First attempt: keep running until another worker has taken the job over (its lease

@@ -16,3 +16,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if str(item.fspath).startswith(_HERE + os.sep):
             item.add_marker(pytest.mark.deploy)
+
+
+def pytest_terminal_summary(terminalreporter):
+    imagetools = sys.modules.get("imagetools")
+    for line in getattr(imagetools, "REPORT", []):
+        terminalreporter.write_line(line)

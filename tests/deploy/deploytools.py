@@ -258,19 +258,41 @@ def substitute_grafana_variables(expr: str) -> str:
 def selectors(expr: str) -> list[tuple[str, list[str]]]:
     """(metric name, matcher label names) of every vector selector of a PromQL expression,
     parsed with promql-parser (a port of Prometheus' parser)."""
+    return [(name, [label for label, _ in matchers]) for name, matchers in _selector_matchers(expr)]
+
+
+def equality_matchers(expr: str) -> list[tuple[str, str, str]]:
+    """(metric name, label, value) of every `label="value"` matcher of an expression."""
+    return [(name, label, value) for name, matchers in _selector_matchers(expr)
+            for label, value in matchers if value is not None]
+
+
+def _selector_matchers(expr: str) -> list[tuple[str, list[tuple[str, str | None]]]]:
+    """(metric name, [(label, value if the matcher is `=` else None)]) of every selector."""
     import promql_parser
 
-    found: list[tuple[str, list[str]]] = []
+    found: list[tuple[str, list[tuple[str, str | None]]]] = []
 
     def visit(node: Any) -> None:
         if isinstance(node, promql_parser.VectorSelector):
             matchers = list(node.matchers.matchers)
             name = node.name or next((m.value for m in matchers if m.name == "__name__"), None)
             assert name, f"a selector without a metric name in {expr!r}"
-            found.append((name, [m.name for m in matchers if m.name != "__name__"]))
+            found.append((name, [(m.name, m.value if m.op == promql_parser.MatchOp.Equal else None)
+                                 for m in matchers if m.name != "__name__"]))
 
     promql_parser.walk(promql_parser.parse(expr), visit)
     return found
+
+
+def _bounded_label_values() -> dict[str, set[str]]:
+    """The labels whose values pgworker.catalogue lists, with those values."""
+    from pgworker import catalogue as cat
+
+    return {"state": set(cat.STATS_STATES), "action": set(cat.EXPIRATION_ACTIONS),
+            "operation": set(cat.FENCED_OPERATIONS), "reason": set(cat.WAKEUP_REASONS),
+            "result": set(cat.CLAIM_RESULTS) | set(cat.RENEW_RESULTS) | set(cat.DRAIN_RESULTS),
+            "outcome": set(cat.OUTCOMES), "loop": set(cat.LOOPS)}
 
 
 def grouping_labels(expr: str) -> set[str]:
@@ -315,6 +337,10 @@ def catalogue_errors(expr: str) -> list[str]:
                    for label in labels if label not in allowed]
     errors += [f"aggregation label {label!r} belongs to none of the selected metrics"
                for label in sorted(grouping_labels(expr) - known_labels)]
+    bounded = _bounded_label_values()
+    errors += [f"{name}{{{label}=\"{value}\"}}: pgworker.catalogue has no such {label} (it has "
+               f"{sorted(bounded[label])})" for name, label, value in equality_matchers(expr)
+               if label in bounded and value not in bounded[label]]
     return errors
 
 

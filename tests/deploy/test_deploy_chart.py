@@ -29,7 +29,7 @@ EXPECTED_KINDS = {
                           "TriggerAuthentication"},
     "keda-scaledjob": {"ServiceAccount", "Job", "ScaledJob", "TriggerAuthentication"},
     "all": {"ServiceAccount", "Service", "Deployment", "Job", "ScaledObject", "TriggerAuthentication",
-            "ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap"},
+            "ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap", "CronJob"},  # the prune CronJob
     "no-migrations": {"Service", "Deployment"},
     "web": {"ServiceAccount", "Service", "Deployment", "Job", "Ingress"},
 }
@@ -156,17 +156,26 @@ def test_standard_labels(scenario):
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
 
 
+#: The containers that act as the schema's owner: they take database.ownerDsnKey when set.
+OWNER_CONTAINERS = ("migrate", "prune")
+
+
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_dsn_only_from_a_secret(scenario):
     values = helm_values(scenario)
+    db = values["database"]
     for doc in scenario_documents(scenario):
         for pod in pod_specs(doc):
             for container in pod["containers"]:
                 env = {e["name"]: e for e in container.get("env", [])}
                 dsn = env["PGWORKER_DSN"]
                 assert "value" not in dsn
-                assert dsn["valueFrom"]["secretKeyRef"] == {
-                    "name": values["database"]["existingSecret"], "key": values["database"]["dsnKey"]}
+                if container["name"] in OWNER_CONTAINERS:  # the owner's DSN, else the workers'
+                    want = {"name": db["ownerDsnSecret"] or db["existingSecret"],
+                            "key": db["ownerDsnKey"] or db["dsnKey"]}
+                else:
+                    want = {"name": db["existingSecret"], "key": db["dsnKey"]}
+                assert dsn["valueFrom"]["secretKeyRef"] == want, (scenario, container["name"])
                 if "PGWORKER_LISTEN_DSN" in env:
                     assert "secretKeyRef" in env["PGWORKER_LISTEN_DSN"]["valueFrom"]
 
@@ -273,6 +282,33 @@ def test_cronjob():
     assert not {"livenessProbe", "readinessProbe", "startupProbe", "ports"} & set(c)
 
 
+def _documented_exit_codes() -> dict[int, str]:
+    """{code: meaning} of the exit-code table of docs/deploy.md (which
+    tests/acceptance/test_exit_codes.py checks against the code)."""
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    table = re.search(r"<!-- exit-codes -->\n(.*?)<!-- /exit-codes -->", text, re.S)
+    assert table, "docs/deploy.md lost its <!-- exit-codes --> table"
+    return {int(c): m.strip() for c, m in re.findall(r"^\|\s*(\d+)\s*\|(.*)\|\s*$", table[1], re.M)}
+
+
+@pytest.mark.parametrize("scenario, kind", [("cronjob", "CronJob"), ("keda-scaledjob", "ScaledJob")])
+def test_the_pod_failure_policy_acts_on_documented_exit_codes(scenario, kind):
+    """The exit codes a drain Job's podFailurePolicy acts on are codes `pgworker run`
+    returns, with the meaning the policy assumes: FailJob for 75 alone (the deadline with
+    due work left: the next run continues); every other failure (1, 2, 130, 143 after a
+    second signal, 137 for a SIGKILL) is retried within backoffLimit."""
+    doc = one(scenario_documents(scenario), kind)
+    job = doc["spec"]["jobTemplate"]["spec"] if kind == "CronJob" else doc["spec"]["jobTargetRef"]
+    rules = job["podFailurePolicy"]["rules"]
+    table = _documented_exit_codes()
+    acted_on = {code for r in rules if "onExitCodes" in r for code in r["onExitCodes"]["values"]}
+    assert acted_on <= set(table), f"podFailurePolicy acts on {sorted(acted_on - set(table))}, not in docs/deploy.md"
+    failing = [r["onExitCodes"] for r in rules if r["action"] == "FailJob" and "onExitCodes" in r]
+    assert failing == [{"containerName": "worker", "operator": "In", "values": [75]}]
+    assert "--max-duration" in table[75] and "due jobs left" in table[75]
+    assert {128 + 15, 128 + 2} <= set(table)  # the second signals: retried, as any failure
+
+
 def test_cronjob_timezone_optional():
     cron = one(documents(render(merge(REQUIRED, {"mode": "cronjob"}))), "CronJob")
     assert "timeZone" not in cron["spec"]
@@ -302,7 +338,7 @@ def test_container_args_parse_with_the_pgworker_cli(scenario):
         for pod in pod_specs(doc):
             for c in pod["containers"]:
                 args = parser.parse_args(c["args"])
-                assert args.command in ("run", "migrate", "web"), shlex.join(c["args"])
+                assert args.command in ("run", "migrate", "prune", "web"), shlex.join(c["args"])
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -342,6 +378,64 @@ def test_migration_hook():
     assert "serviceAccountName" not in pod
     assert job["metadata"]["labels"]["app.kubernetes.io/component"] == "migration"
     assert not by_kind(scenario_documents("no-migrations"), "Job")
+
+
+def _owner_dsn(container: dict) -> dict:
+    [dsn] = [e for e in container["env"] if e["name"] == "PGWORKER_DSN"]
+    return dsn["valueFrom"]["secretKeyRef"]
+
+
+def test_migrations_run_with_the_owners_dsn_and_fall_back_to_the_workers():
+    """A least-privilege worker role cannot own the schema: the hook takes the owner's
+    DSN when database.ownerDsnKey is given (its Secret defaulting to existingSecret), and
+    the workers' DSN when it is not; the workers never get the owner's."""
+    def migrate_and_worker(database):
+        docs = documents(render(merge(REQUIRED, {"database": database})))
+        [hook] = by_kind(docs, "Job")
+        worker = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        return _owner_dsn(hook["spec"]["template"]["spec"]["containers"][0]), _owner_dsn(worker)
+
+    workers = {"name": "pgworker-database", "key": "dsn"}
+    assert migrate_and_worker({}) == (workers, workers)
+    assert migrate_and_worker({"ownerDsnKey": "owner-dsn"}) == (
+        {"name": "pgworker-database", "key": "owner-dsn"}, workers)
+    assert migrate_and_worker({"ownerDsnKey": "dsn", "ownerDsnSecret": "pgworker-owner"}) == (
+        {"name": "pgworker-owner", "key": "dsn"}, workers)
+
+
+def test_the_prune_cronjob_is_off_by_default_and_runs_pgworker_prune_as_the_owner():
+    from pgworker.cli import build_parser
+
+    for scenario in ("default", "cronjob", "keda-scaledjob", "no-migrations"):
+        assert not [d for d in scenario_documents(scenario)
+                    if d["metadata"]["labels"]["app.kubernetes.io/component"] == "prune"]
+    values = helm_values("all")
+    [cron] = [d for d in by_kind(scenario_documents("all"), "CronJob")
+              if d["metadata"]["labels"]["app.kubernetes.io/component"] == "prune"]
+    assert len(cron["metadata"]["name"]) <= 52  # Kubernetes' limit for a CronJob's name
+    assert cron["spec"]["schedule"] == "30 2 * * *" and cron["spec"]["timeZone"] == "Europe/Berlin"
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    job = cron["spec"]["jobTemplate"]["spec"]
+    pod = job["template"]["spec"]
+    assert pod["restartPolicy"] == "Never" and job["backoffLimit"] == values["prune"]["backoffLimit"]
+    [c] = pod["containers"]
+    # the command line pgworker itself reads: the values' retention, in seconds, and batch
+    args = build_parser().parse_args(c["args"])
+    assert (args.command, args.older_than, args.batch) == ("prune", 259200.0, 5000)
+    assert _owner_dsn(c) == {"name": "pgworker-database-owner", "key": "owner-dsn"}
+    # the workers of that scenario do not prune
+    worker = one(scenario_documents("all"), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "PGWORKER_PRUNE", "value": "false"} in worker["env"]
+
+
+@pytest.mark.parametrize("override, where", [
+    ({"prune": {"olderThanSeconds": 0}}, "/prune/olderThanSeconds"),
+    ({"prune": {"batch": 0}}, "/prune/batch"),
+    ({"prune": {"retention": 7}}, "/prune"),
+    ({"database": {"ownerDsnKey": "no spaces"}}, "/database/ownerDsnKey"),
+])
+def test_schema_rejects_bad_prune_and_owner_values(override, where):
+    assert where in _schema_error(merge(REQUIRED, override))
 
 
 # ---- KEDA --------------------------------------------------------------------------------
@@ -445,7 +539,7 @@ def test_crd_backed_objects_are_off_by_default():
 
 #: The groups of grafana/alerts.yaml each mode renders.
 RULE_GROUPS = {
-    "all": ["pgworker-queues", "pgworker-leases"],  # KEDA ScaledObject: workers may be at zero
+    "all": ["pgworker-queues", "pgworker-leases", "pgworker-loops"],  # KEDA ScaledObject: workers may be at zero
     "cronjob": ["pgworker-drain"],
 }
 
@@ -472,6 +566,22 @@ def test_prometheusrule_without_keda_has_the_workers_group():
 def test_notes_render(scenario):
     notes = render_scenario(scenario)["pgworker/templates/NOTES.txt"]
     assert "docs/deploy.md" in notes
+
+
+@pytest.mark.parametrize("image, says", [
+    ({}, "Image: registry.example.com/acme/jobs-worker:{appVersion}.\n"),  # the image of that version
+    ({"tag": "1.4.0"}, "Image: registry.example.com/acme/jobs-worker:1.4.0 (it holds the pgworker its build "
+                       "installed: `pgworker --version` in a pod prints it).\n"),
+])
+def test_notes_say_the_pgworker_version_and_the_image_apart(image, says):
+    """NOTES.txt once printed the image tag as pgworker's version ("pgworker 1.4.0", the
+    version of the user's own image): the chart's pgworker version is its appVersion."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    notes = render(merge(REQUIRED, {"image": image}))["pgworker/templates/NOTES.txt"]
+    assert notes.startswith(f"Chart pgworker-{chart['version']} (made for pgworker {chart['appVersion']}) is "
+                            "installed as release jobs in namespace work.\n")
+    assert says.format(**chart) in notes
+    assert "pgworker 1.4.0" not in notes
 
 
 def test_probes_can_be_turned_off():

@@ -129,6 +129,8 @@ REQUIRED_PANELS = {
     "Horizon lag": {"pgworker_table_horizon_lag_transactions"},
     "Jobs table size": {"pgworker_table_size_bytes"},
     "Table statistics query": {"pgworker_table_stats_up"},
+    "Since each loop's last pass": {"pgworker_loop_last_success_timestamp_seconds"},
+    "Since each claimer loop went round": {"pgworker_claimer_loop_last_success_timestamp_seconds"},
 }
 
 

@@ -1,5 +1,5 @@
-"""The Dockerfile through hadolint, and the properties the chart relies on. No Docker
-engine runs here: the image is not built by these tests."""
+"""The Dockerfile through hadolint, and the properties the chart relies on. The image is
+built and run by test_deploy_image.py (buildah; no Docker engine runs here)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import shlex
 
 import pytest
 
-from deploytools import CHART, DOCKERFILE, ROOT, hadolint, run
+from deploytools import CHART, DOCKERFILE, ROOT, hadolint, pod_specs, run, scenario_documents, scenario_names
 
 pytestmark = pytest.mark.deploy
 
@@ -27,12 +27,26 @@ def _instructions() -> list[tuple[str, str]]:
 
 
 def _stages() -> list[list[tuple[str, str]]]:
+    """The instructions of each stage (ARGs before the first FROM left out)."""
     stages: list[list[tuple[str, str]]] = []
     for ins in _instructions():
         if ins[0] == "FROM":
             stages.append([])
-        stages[-1].append(ins)
+        if stages:
+            stages[-1].append(ins)
     return stages
+
+
+def _global_args() -> dict[str, str]:
+    """The ARGs before the first FROM, with their defaults."""
+    out = {}
+    for word, rest in _instructions():
+        if word == "FROM":
+            break
+        if word == "ARG":
+            name, _, default = rest.partition("=")
+            out[name] = default
+    return out
 
 
 def test_hadolint_warning_threshold():
@@ -45,19 +59,24 @@ def test_hadolint_reports_nothing_at_all():
     assert json.loads(result.stdout or "[]") == []
 
 
-def test_multi_stage_pinned_slim_base():
+def test_multi_stage_on_one_base_defaulting_to_the_pinned_slim_image():
+    """Both stages on BASE_IMAGE, whose default is the official image users pull (CI
+    passes a debootstrapped Debian bookworm instead: test_deploy_image.py)."""
     stages = _stages()
     assert len(stages) == 2
     for stage in stages:
-        image = stage[0][1].split()[0]
-        assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", image), image
+        assert stage[0][1].split()[0] == "${BASE_IMAGE}"
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", _global_args()["BASE_IMAGE"])
     assert stages[0][0][1].endswith("AS builder")
 
 
 def test_venv_built_in_builder_and_copied():
     builder, final = _stages()
-    assert any(w == "RUN" and "python -m venv /opt/venv" in a for w, a in builder)
-    assert any(w == "RUN" and re.search(r'pip install .*"\./\[otlp,web\]"', a) for w, a in builder)
+    # python3: the official image has it beside `python`, Debian's python3 has only it
+    assert any(w == "RUN" and "python3 -m venv /opt/venv" in a for w, a in builder)
+    # wheels only: no dependency is ever compiled (there is no compiler to do it)
+    assert any(w == "RUN" and re.search(r'pip install .*--only-binary=:all: "\./\[otlp,web\]"', a)
+               for w, a in builder)
     assert ("COPY", "--from=builder /opt/venv /opt/venv") in final
     assert not any(w == "RUN" and "pip install" in a for w, a in final)
 
@@ -94,3 +113,21 @@ def test_image_matches_the_chart():
 def test_dockerignore_keeps_the_context_small():
     ignore = (ROOT / ".dockerignore").read_text().splitlines()
     assert "**" in ignore and "!pgworker/" in ignore and "!pyproject.toml" in ignore
+
+
+@pytest.mark.parametrize("scenario", scenario_names())
+def test_chart_runs_the_image_entrypoint(scenario):
+    """The chart gives every container only `args` (a pgworker command): what runs is the
+    image's ENTRYPOINT, tini then pgworker, the same that test_deploy_image.py runs."""
+    import argparse
+
+    from pgworker.cli.parser import build_parser
+
+    commands = {name for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction)
+                for name in action.choices}
+    for doc in scenario_documents(scenario):
+        for spec in pod_specs(doc):
+            for container in spec.get("initContainers", []) + spec["containers"]:
+                where = f"{doc['kind']}/{doc['metadata']['name']} container {container['name']}"
+                assert "command" not in container, where
+                assert container["args"][0] in commands, where

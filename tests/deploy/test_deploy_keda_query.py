@@ -132,6 +132,26 @@ def test_the_trigger_adds_due_and_running_jobs(env, conn):
         assert count(conn, query) == 5  # 3 due + 2 running; not the future job
 
 
+def test_the_trigger_counts_what_the_gauges_call_due_and_running(env, conn):
+    """The trigger and pgworker_queue_jobs agree: due (not scheduled, not blocked) plus
+    running, the due part dropping out while the queue is paused (pgworker_queue_paused)."""
+    app, queries = env
+    app.enqueue_many([("t", i) for i in range(5)])
+    app.enqueue_many([{"task": "t", "payload": i, "delay": 3600} for i in range(4)])  # scheduled
+    app.enqueue("t", ordering_key="k")
+    app.enqueue("t", ordering_key="k")  # blocked
+    app.claim("default", limit=2, lease_seconds=300)
+    [row] = app.store.queue_stats(conn, ["default"])
+    assert (row["due"], row["scheduled"], row["blocked"], row["running"]) == (4, 4, 1, 2)
+    for query in queries.values():
+        assert count(conn, query) == row["due"] + row["running"]
+    app.pause_queue("default", actor="test")
+    [row] = app.store.queue_stats(conn, ["default"])
+    assert row["paused"] and row["due"] == 4
+    for query in queries.values():
+        assert count(conn, query) == row["running"]
+
+
 def _scans(plan: dict) -> list[tuple[str, str | None, str | None]]:
     """(node type, relation, index) of every node of an EXPLAIN (FORMAT JSON) plan."""
     out = [(plan["Node Type"], plan.get("Relation Name"), plan.get("Index Name"))]

@@ -1,4 +1,4 @@
-"""The PromQL of docs/observability.md (pgworker.metrics_docs.QUESTIONS) through promtool
+"""The PromQL of docs/observability.md (pgworker.metrics_questions.QUESTIONS) through promtool
 and against the metric catalogue; tests/acceptance/test_observability.py also runs each
 query on a real Prometheus server scraping a real worker."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from deploytools import catalogue_errors, promtool_check_expressions
 
-from pgworker.metrics_docs import QUESTIONS, all_queries
+from pgworker.metrics_questions import QUESTIONS, all_queries
 
 pytestmark = pytest.mark.deploy
 

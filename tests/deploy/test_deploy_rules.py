@@ -73,6 +73,8 @@ def test_catalogue_check_catches_unknown_names():
     assert catalogue_errors("rate(pgworker_jobs_total[5m])")
     assert catalogue_errors('pgworker_queue_jobs{status="dead"}')
     assert catalogue_errors("sum by (queu) (pgworker_queue_jobs)")
+    assert catalogue_errors('pgworker_queue_jobs{state="pending"}')  # pending is due, scheduled or blocked
+    assert not catalogue_errors('pgworker_queue_jobs{state="due"} + pgworker_queue_jobs{state=~"sched.*"}')
     assert catalogue_errors("pgworker_job_run_duration_seconds")  # a histogram has no bare series
     assert not catalogue_errors("histogram_quantile(0.9, sum by (le) (rate(pgworker_job_run_duration_seconds_bucket[5m])))")
 

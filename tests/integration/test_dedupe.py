@@ -128,6 +128,27 @@ def test_replay_leaves_a_job_dead_when_its_key_is_held_again(app):
     assert app.replay([dead]) == [dead]
 
 
+def test_replay_says_which_job_holds_the_key_of_a_job_left_dead(app):
+    """The caller tells "not dead / unknown" from "dedupe key held by job N" (before, both
+    were only missing from the list), and the result is still the list of replayed ids."""
+    dead = app.enqueue("t", dedupe_key="rp")
+    [job] = app.claim()
+    app.fail(job, Permanent("x"))
+    holder = app.enqueue("t", dedupe_key="rp")
+    pending = app.enqueue("t")
+    result = app.replay([dead, pending, 424242])
+    assert result == [] and result.held_by == {dead: holder} and result.not_dead == [pending, 424242]
+    # two dead jobs of one key: the older comes back, the younger is held by it
+    [job] = app.claim()
+    assert job.id == holder
+    app.fail(job, Permanent("x"))
+    both = app.replay([holder, dead])
+    assert both == [dead] and both.held_by == {holder: dead} and both.not_dead == []
+    assert isinstance(both, list) and list(both) == [dead]
+    # by queue, the same
+    assert app.replay(queue="default").held_by == {holder: dead}
+
+
 def test_a_window_without_a_key_is_refused(app):
     with pytest.raises(InvalidJob, match="dedupe_key"):
         app.enqueue("t", dedupe_window=60)

@@ -9,12 +9,13 @@ import os
 import re
 import subprocess
 import sys
+from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
 
-from pgworker import App, Settings
-from pgworker.errors import InvalidName, PayloadError
+from pgworker import App, JobSpec, Permanent, Settings
+from pgworker.errors import InvalidJob, InvalidName, PayloadError
 from pgworker.store import notify_channel
 
 from pg import make_settings
@@ -156,6 +157,25 @@ def test_json_nested_deeper_than_postgresql_allows_is_refused_by_the_server(app,
     app.enqueue("noop", 1)  # the queue is unaffected
 
 
+def test_a_raw_row_python_cannot_decode_does_not_lose_app_claims_batch(app, conn):
+    """App.claim (the public API, on the App's pooled connections) read the claim's rows
+    with psycopg's plain JSON loader: one payload nested deeper than Python decodes raised
+    RecursionError after the claim had committed, and every job of the batch was left
+    leased to nobody (reaped later, its attempt spent, without running)."""
+    from pgworker.jobs import UndecodablePayload
+
+    schema = app.settings.schema
+    good = app.enqueue("noop", {"fine": True})
+    [(bad,)] = q(conn, schema, "INSERT INTO {s}.jobs (queue, task, payload) VALUES ('default', 'noop', %s) "
+                               "RETURNING id", nested(5000))
+    jobs = {j.id: j for j in app.claim(limit=10)}
+    assert set(jobs) == {good, bad}
+    assert jobs[good].payload == {"fine": True} and isinstance(jobs[bad].payload, UndecodablePayload)
+    app.complete(jobs[good])
+    app.fail(jobs[bad], Permanent("undecodable"))
+    assert dict(q(conn, schema, "SELECT id, state::text FROM {s}.jobs")) == {good: "succeeded", bad: "dead"}
+
+
 @pytest.mark.parametrize("lease", [60.0, 131_072.0, 2 * 86400.0, 365 * 86400.0])
 def test_every_accepted_lease_gives_worker_connections_that_open(pg_dsn, lease):
     """The keepalives derived from a lease of days passed Linux's 32767 s bound, and every
@@ -165,3 +185,59 @@ def test_every_accepted_lease_gives_worker_connections_that_open(pg_dsn, lease):
     settings = Settings(dsn=pg_dsn, lease_seconds=lease)
     with worker_connect(settings)("pgworker:test") as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+# -- timestamps no claim could handle -------------------------------------------------------
+
+OUT_OF_RANGE = ["-infinity", "infinity", "0001-12-31 23:00:00+00 BC", "1969-12-31 23:59:59+00",
+                "9999-01-01 00:00:01+00", "10000-01-01 00:00:00+00"]
+
+
+@pytest.mark.parametrize("value", OUT_OF_RANGE)
+def test_the_table_refuses_a_timestamp_no_claim_could_handle(app, conn, value):
+    """Written by SQL (a migration, a restore, a hand-made fix): '-infinity' in run_at made
+    every claim of its queue fail ("cannot subtract infinite timestamps"), a year outside
+    1..9999 could not be read back by psycopg (the claim committed and its batch was lost).
+    The claim reads run_at, created_at and lease_expires_at back and computes with a
+    queue's tokens_at: each is refused out of range, and the queue's claims go on."""
+    schema = app.settings.schema
+    good = app.enqueue("t", queue="poisoned")
+    statements = [
+        "INSERT INTO {s}.jobs (queue, task, payload, run_at) VALUES ('poisoned', 't', '1', %s)",
+        "INSERT INTO {s}.jobs (queue, task, payload, created_at) VALUES ('poisoned', 't', '1', %s)",
+        "INSERT INTO {s}.jobs (queue, task, payload, state, attempts, lease_token, lease_expires_at) "
+        "VALUES ('poisoned', 't', '1', 'running', 1, 1, %s)",
+        "UPDATE {s}.jobs SET run_at = %s",
+        "INSERT INTO {s}.queues (name, rate_per_second, rate_burst, tokens, tokens_at) "
+        "VALUES ('poisoned', 1, 1, 1, %s)",
+    ]
+    for statement in statements:
+        with pytest.raises(psycopg.errors.CheckViolation, match="_range"):
+            q(conn, schema, statement + " RETURNING 1", value)
+    assert [j.id for j in app.claim("poisoned", limit=10)] == [good]
+
+
+@pytest.mark.parametrize("run_at", [
+    datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1))),  # before year 1 in UTC
+    datetime(1969, 12, 31, 23, 59, tzinfo=timezone.utc),
+    datetime(9999, 12, 31, tzinfo=timezone.utc),
+    "now + 101 years",
+])
+def test_enqueue_refuses_a_run_at_out_of_range_and_names_the_fix(app, conn, run_at):
+    if run_at == "now + 101 years":
+        run_at = datetime.now(timezone.utc) + timedelta(days=101 * 365)
+    existing = app.enqueue("t", "keep me")
+    for enqueue in (lambda: app.enqueue("t", run_at=run_at),
+                    lambda: app.enqueue("t", run_at=run_at, ordering_key="k", dedupe_key="d"),
+                    lambda: app.enqueue_many([JobSpec("t", 1), JobSpec("t", 2, run_at=run_at)])):
+        with pytest.raises(InvalidJob, match=r"out of range: a job can be scheduled from 1970-01-01 UTC to "
+                                             r"100 years from now; pass a run_at in that range .* or delay=seconds"):
+            enqueue()
+    assert q(conn, app.settings.schema, "SELECT id FROM {s}.jobs") == [(existing,)]
+
+
+def test_a_run_at_at_the_bounds_is_accepted(app, conn):
+    early = app.enqueue("t", run_at=datetime(1970, 1, 1, tzinfo=timezone(timedelta(hours=-5))))  # 05:00 UTC
+    late = app.enqueue("t", run_at=datetime.now(timezone.utc) + timedelta(days=99 * 365))
+    assert [j.id for j in app.claim(limit=5)] == [early]  # a past run_at is due now
+    assert q(conn, app.settings.schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", late) == [("pending",)]

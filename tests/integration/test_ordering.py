@@ -153,6 +153,56 @@ def test_dead_head_with_skip_policy_lets_the_next_job_run(app, conn):
     assert run_one_at_a_time(app) == [a, c, d]
 
 
+def _dead_heads(app, conn, key, n_behind):
+    """A dead head of ``key`` that died two days ago, with ``n_behind`` jobs waiting behind it."""
+    schema = app.settings.schema
+    head = app.enqueue("t", ordering_key=key, queue=f"q-{key}")
+    behind = [app.enqueue("t", ordering_key=key, queue=f"q-{key}") for _ in range(n_behind)]
+    [job] = app.claim(f"q-{key}")
+    assert app.fail(job, Permanent("bad")) == "dead"
+    q(conn, schema, "UPDATE {s}.jobs SET finished_at = now() - interval '2 days' WHERE id = %s RETURNING id", head)
+    return head, behind
+
+
+def test_the_pruner_deleting_a_dead_head_promotes_the_next_job_of_its_key(app, conn):
+    """With retention_dead_seconds set, the pruner deleted a dead head and promoted nothing:
+    its key's jobs stayed blocked for good, and with the dead row gone `pgworker status` and
+    the blocked-keys gauge no longer showed why."""
+    from pgworker.worker.pruner import Retention, prune_pass
+
+    schema = app.settings.schema
+    head, behind = _dead_heads(app, conn, "x", 2)
+    with app.connection() as c:
+        assert prune_pass(app.store, c, Retention(None, None, 3600, None))["dead"] == 1
+    assert states(conn, schema, behind) == ["pending", "pending/blocked"]
+    assert [j.id for j in app.claim("q-x", limit=5)] == behind[:1]
+    assert q(conn, schema, "SELECT count(*) FROM {s}.jobs WHERE id = %s", head) == [(0,)]
+
+
+def test_the_pruner_passes_over_a_dead_head_whose_key_is_locked_and_prunes_the_rest(app, conn, pg_dsn):
+    """Maintenance never waits for a key: a dead head whose key a caller's open transaction
+    holds (it enqueued for the key) stays this pass, and does not hide the dead jobs behind
+    it; once the transaction commits, the next pass deletes it and promotes its key."""
+    from pgworker.worker.pruner import Retention, prune_pass
+
+    schema = app.settings.schema
+    locked_head, locked_behind = _dead_heads(app, conn, "locked", 1)
+    free_head, free_behind = _dead_heads(app, conn, "free", 1)
+    q(conn, schema, "UPDATE {s}.jobs SET finished_at = now() - interval '3 days' WHERE id = %s RETURNING id",
+      locked_head)  # the oldest, first in the pruner's scan
+    retention = Retention(None, None, 3600, None)
+    with psycopg.connect(pg_dsn) as tx:
+        late = app.enqueue("t", ordering_key="locked", queue="q-locked", conn=tx)  # holds the key's lock
+        with app.connection() as c:
+            assert prune_pass(app.store, c, retention, batch=1)["dead"] == 1  # the free one, behind it
+        assert states(conn, schema, [locked_head, *free_behind]) == ["dead", "pending"]
+        tx.commit()
+    with app.connection() as c:
+        assert prune_pass(app.store, c, retention)["dead"] == 1
+    assert states(conn, schema, [*locked_behind, late]) == ["pending", "pending/blocked"]
+    assert q(conn, schema, "SELECT count(*) FROM {s}.jobs WHERE id = ANY(%s)", [locked_head, free_head]) == [(0,)]
+
+
 def test_reaper_kills_a_head_and_applies_the_policy(app, conn):
     schema = app.settings.schema
     blocking = [app.enqueue("t", ordering_key="rb", max_attempts=1) for _ in range(2)]
@@ -193,6 +243,75 @@ def test_enqueue_many_orders_within_the_batch_and_behind_existing_jobs(app):
             seen[j.ordering_key].append(j.id)
             app.complete(j)
     assert seen == {"m": m, "n": n}
+
+
+# Batches mixing dedupe and ordering keys, each with "{p}" standing for a prefix so the
+# same batch can be enqueued twice, once job by job and once as one enqueue_many. "held"
+# is a dedupe key another job holds beforehand.
+MIXED_BATCHES = {
+    "held key first": [dict(dedupe_key="held", ordering_key="k"), dict(ordering_key="k")],
+    "held key between": [dict(ordering_key="k"), dict(dedupe_key="held", ordering_key="k"), dict(ordering_key="k")],
+    "duplicate in the batch": [dict(dedupe_key="d", ordering_key="k"), dict(dedupe_key="d", ordering_key="k"),
+                               dict(ordering_key="k")],
+    "two keys": [dict(dedupe_key="held", ordering_key="k1"), dict(ordering_key="k2"), dict(ordering_key="k1"),
+                 dict(dedupe_key="held", ordering_key="k2"), dict(ordering_key="k1")],
+}
+
+
+def _specs(batch, prefix):
+    return [JobSpec("t", n, **{k: f"{prefix}{v}" for k, v in opts.items()}) for n, opts in enumerate(batch)]
+
+
+def _run_by_key(app):
+    """Claim and complete until nothing is due: {ordering key: ids in the order they ran}."""
+    seen: dict[str, list[int]] = {}
+    while jobs := app.claim(limit=50):
+        for j in jobs:
+            if j.ordering_key is not None:
+                seen.setdefault(j.ordering_key, []).append(j.id)
+            app.complete(j)
+    return seen
+
+
+@pytest.mark.parametrize("name", list(MIXED_BATCHES))
+def test_enqueue_many_with_dedupe_and_ordering_keys_behaves_as_one_at_a_time(app, conn, name):
+    """The first job of a key refused by its dedupe key once left the key's later jobs of
+    the batch blocked behind it (they were blocked as "second of the key in the batch") with
+    nothing to promote them: stuck for good. The batch must end exactly as the same jobs
+    enqueued one at a time, in order."""
+    schema = app.settings.schema
+    batch = MIXED_BATCHES[name]
+    holders = {p: app.enqueue("t", "holder", dedupe_key=f"{p}held") for p in ("one:", "many:")}
+    one = [app.enqueue(*spec[:2], dedupe_key=spec.dedupe_key, ordering_key=spec.ordering_key)
+           for spec in _specs(batch, "one:")]
+    many = app.enqueue_many(_specs(batch, "many:"))
+    # the same jobs were refused (the holder's id, or the first duplicate's), and the rest
+    # are blocked or not alike
+    assert [one.index(i) for i in one] == [many.index(i) for i in many]
+    assert [i == holders["one:"] for i in one] == [i == holders["many:"] for i in many]
+    assert states(conn, schema, one) == states(conn, schema, many)
+    ran = _run_by_key(app)
+    position = {i: n for n, i in enumerate(one)} | {i: n for n, i in enumerate(many)}
+    assert {k.split(":", 1)[1] for k in ran} == {o["ordering_key"] for o in batch}
+    for key in ran:  # each key ran the same jobs of the batch in the same order
+        assert [position[i] for i in ran[key]] == [position[i] for i in ran[key.replace("one:", "many:", 1)]]
+    assert q(conn, schema, "SELECT count(*) FROM {s}.jobs WHERE state = 'pending'") == [(0,)]
+
+
+def test_enqueue_many_retries_a_job_whose_dedupe_hold_expired_in_its_place(app, conn):
+    """A dedupe key held by a succeeded job whose window has passed: the batch's insert is
+    refused, the expired hold released, and the job inserted again, with the id reserved
+    for it, so it keeps its place in its key (it was re-enqueued with a new id, behind the
+    later jobs of its key and blocked like them: the key was stuck)."""
+    schema = app.settings.schema
+    old = app.enqueue("t", "old", dedupe_key="w", dedupe_window=60)
+    [job] = app.claim()
+    app.complete(job)
+    q(conn, schema, "UPDATE {s}.jobs SET dedupe_until = now() - interval '1 second' WHERE id = %s RETURNING id", old)
+    ids = app.enqueue_many([JobSpec("t", 0, dedupe_key="w", ordering_key="k"), JobSpec("t", 1, ordering_key="k")])
+    assert old not in ids and ids == sorted(ids)
+    assert states(conn, schema, ids) == ["pending", "pending/blocked"]
+    assert run_one_at_a_time(app) == ids
 
 
 def test_concurrent_claimers_and_producers_hammering_few_keys(app, pg_dsn):

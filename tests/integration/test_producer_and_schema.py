@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from datetime import datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
@@ -229,3 +230,35 @@ def test_broken_and_unreachable_dsns_never_show_the_password():
     with pytest.raises(DatabaseUnavailable) as info:
         App("postgresql://app:hunter2@127.0.0.1:1/db").enqueue("t")
     assert "hunter2" not in str(info.value) and "PGWORKER_DSN" in str(info.value)
+
+
+# The repeated hour of a fall-back: 02:30 in Berlin on 27 October 2030 happens twice,
+# at 00:30 UTC (fold=0, still summer time) and at 01:30 UTC (fold=1). The two datetimes
+# compare equal and hash alike (PEP 495): only their fold tells them apart.
+FALL_BACK = [datetime(2030, 10, 27, 2, 30, tzinfo=ZoneInfo("Europe/Berlin"), fold=f) for f in (0, 1)]
+FALL_BACK_UTC = [datetime(2030, 10, 27, h, 30, tzinfo=timezone.utc) for h in (0, 1)]
+
+
+def run_ats(conn, app, ids):
+    rows = dict(conn.execute(sql.SQL("SELECT id, run_at FROM {}.jobs WHERE id = ANY(%s)").format(
+        sql.Identifier(app.settings.schema)), [list(ids)]).fetchall())
+    return [rows[i] for i in ids]
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["plain", "keyed"])
+def test_enqueue_keeps_the_fold_of_a_repeated_hour(app, conn, keyed):
+    keys = [{"ordering_key": f"k{f}"} if keyed else {} for f in (0, 1)]
+    ids = [app.enqueue("t", run_at=r, **k) for r, k in zip(FALL_BACK, keys)]
+    assert run_ats(conn, app, ids) == FALL_BACK_UTC
+    # and the other way round: the second enqueue is not served the first one's instant
+    ids = [app.enqueue("t", run_at=r, **k) for r, k in zip(reversed(FALL_BACK), keys)]
+    assert run_ats(conn, app, ids) == list(reversed(FALL_BACK_UTC))
+
+
+@pytest.mark.parametrize("path", ["batch", "copy", "keyed"])
+def test_enqueue_many_keeps_the_fold_of_a_repeated_hour(app, conn, path):
+    n = {"batch": 2, "copy": 1000, "keyed": 2}[path]  # COPY from 1,000 jobs without keys
+    specs = [JobSpec("t", i, run_at=FALL_BACK[i % 2], ordering_key="k" if path == "keyed" else None)
+             for i in range(n)]
+    ids = app.enqueue_many(specs)
+    assert run_ats(conn, app, ids) == [FALL_BACK_UTC[i % 2] for i in range(n)]

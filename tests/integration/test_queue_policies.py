@@ -167,8 +167,26 @@ def test_delete_queue_removes_its_settings_unless_paused_and_is_audited(app):
     assert app.get_job(job)["state"] == "pending"  # jobs are untouched
     assert app.queue_events("typo")[0]["kind"] == "deleted"
     assert app.queue_usage("typo") == {"has_jobs": True, "scheduled": False, "configured": False,
-                                       "in_app": False}
+                                       "has_events": True, "recently_finished": False, "in_app": False}
     assert app.queue_usage("default")["in_app"] and not app.queue_usage("nothing")["has_jobs"]
+
+
+def test_a_queue_whose_jobs_just_finished_or_that_has_a_history_is_in_use(app):
+    """`queue pause emails` called a real queue a typo when its jobs had just finished:
+    the last finished jobs and the queue's audit trail count as use."""
+    assert not any(app.queue_usage("emails").values())
+    app.enqueue("t", queue="emails")
+    [job] = app.claim("emails")
+    assert not app.queue_usage("emails")["recently_finished"]  # running: has_jobs says it
+    app.complete(job)
+    usage = app.queue_usage("emails")
+    assert usage["recently_finished"] and not usage["has_jobs"]
+    app.cancel(app.enqueue("t", queue="reports"))
+    assert app.queue_usage("reports")["recently_finished"]
+    app.configure_queue("limits", concurrency_limit=1)
+    app.delete_queue("limits")  # no row left, but its history says it was real
+    assert app.queue_usage("limits")["has_events"] and not app.queue_usage("limits")["configured"]
+    assert not any(app.queue_usage("emials").values())
 
 
 def test_aging_claims_an_overdue_job_before_newer_high_priority_work(app, conn):
@@ -290,9 +308,12 @@ def test_ordering_and_dedupe_statements_use_their_indexes(big, conn):
     assert "jobs_dedupe_key_idx" in holders and "Seq Scan" not in holders
     stats = _plan(conn, app.store.queries["queue_stats"], {"queues": ["default"]})
     assert "Seq Scan" not in stats
-    usage = json.loads(_plan(conn, app.store.queries["queue_usage"], {"queue": "nothing"}))  # `queue pause` asks
+    usage = json.loads(_plan(conn, app.store.queries["queue_usage"], {"queue": "nothing", "recent": 1000}))
     scanned = [n.get("Index Name") or n["Node Type"] for n in _nodes(usage) if n.get("Relation Name") == "jobs"]
-    assert len(scanned) == 3 and all(name.endswith("_idx") for name in scanned), scanned  # no Seq Scan of jobs
+    assert len(scanned) == 5 and all(name.endswith("_idx") for name in scanned), scanned  # no Seq Scan of jobs
+    # the finished history (100,000 rows here) is read from its newest end, a bounded walk
+    walks = [n for n in _nodes(usage) if n.get("Index Name") == "jobs_finished_idx"]
+    assert len(walks) == 2 and all(n["Scan Direction"] == "Backward" for n in walks), walks
 
 
 def _seq_scans_of_jobs(plan_json):

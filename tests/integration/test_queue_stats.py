@@ -49,13 +49,31 @@ def test_figures_come_from_the_database(app, stats, conn):
                                  "RETURNING id")
     get = registry.get_sample_value
     assert get("pgworker_queue_stats_up") == 1
-    assert get("pgworker_queue_jobs", {"queue": "default", "state": "pending"}) == 2
+    assert get("pgworker_queue_jobs", {"queue": "default", "state": "due"}) == 2
     assert get("pgworker_queue_jobs", {"queue": "default", "state": "running"}) == 1
-    assert get("pgworker_queue_jobs", {"queue": "emails", "state": "pending"}) == 1
+    assert get("pgworker_queue_jobs", {"queue": "emails", "state": "due"}) == 0
+    assert get("pgworker_queue_jobs", {"queue": "emails", "state": "scheduled"}) == 1
     assert get("pgworker_queue_expired_leases", {"queue": "default"}) == 1
     assert 30 <= get("pgworker_queue_oldest_job_age_seconds", {"queue": "default"}) < 60
     assert get("pgworker_queue_oldest_job_age_seconds", {"queue": "emails"}) == 0  # nothing due
     assert get("pgworker_queue_oldest_dead_job_age_seconds", {"queue": "default"}) == 0
+
+
+def test_due_work_is_counted_apart_from_jobs_scheduled_later(app, stats):
+    """10,000 jobs scheduled an hour ahead and one due job: the queue's due work is 1
+    (what KEDA and the backlog alerts read), and the 10,000 show as scheduled, not as
+    pending (the gauge read 10,001 pending). Every pending job is in exactly one of due,
+    scheduled or blocked, so a sum over the states counts each job once."""
+    registry, _ = stats
+    app.enqueue_many([{"task": "t", "payload": i, "delay": 3600} for i in range(10_000)])
+    app.enqueue("t")
+    app.enqueue("t", ordering_key="k")
+    app.enqueue("t", ordering_key="k")  # blocked behind the first
+    get = registry.get_sample_value
+    figures = {state: get("pgworker_queue_jobs", {"queue": "default", "state": state})
+               for state in ("due", "scheduled", "blocked", "running", "dead")}
+    assert figures == {"due": 2, "scheduled": 10_000, "blocked": 1, "running": 0, "dead": 0}
+    assert get("pgworker_queue_jobs", {"queue": "default", "state": "pending"}) is None
 
 
 def test_one_query_per_cache_period(app, stats):
@@ -79,7 +97,7 @@ def test_a_blocked_query_times_out_and_reports_down(app, stats, pg_dsn):
         assert get("pgworker_queue_stats_up") == 0
         assert time.monotonic() - t0 < 5  # the timeout (0.5 s), not the lock, decided
         assert 0.4 <= get("pgworker_queue_stats_duration_seconds") < 5
-        assert get("pgworker_queue_jobs", {"queue": "default", "state": "pending"}) is None
+        assert get("pgworker_queue_jobs", {"queue": "default", "state": "due"}) is None
         locker.rollback()
     time.sleep(CACHE_SECONDS + 0.05)  # the failure is cached too
     assert get("pgworker_queue_stats_up") == 1

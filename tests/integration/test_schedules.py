@@ -63,11 +63,33 @@ def test_missed_slot_policies():
     ({"cron": "* * * *"}, "five"),
     ({"timezone": "Mars/Olympus"}, "unknown time zone"),
     ({"missed": "all"}, "latest"),
+    # croniter parses these, but no date has them: the scheduler could never fire them
+    ({"cron": "0 0 30 2 *"}, r"'0 0 30 2 \*' matches no date .* fix its day-of-month or month field, e\.g\. 'L'"),
+    ({"cron": "15 8 31 4,6,9,11 *"}, "matches no date"),
 ])
 def test_bad_schedules_are_refused_with_the_fix(kwargs, match):
     base = {"name": "s", "task": "t", "cron": "* * * * *"}
     with pytest.raises(ConfigError, match=match):
         Periodic(**{**base, **kwargs})
+
+
+@pytest.mark.unit
+def test_a_schedule_with_no_possible_slot_is_refused_at_declaration():
+    """'0 0 30 2 *' once declared fine and then failed in every scheduler pass, which
+    stopped every schedule of the app. Rare but real dates stay accepted."""
+    app = App("postgresql://x@localhost/db")
+    with pytest.raises(ConfigError, match=r"schedule 'feb30': '0 0 30 2 \*' matches no date"):
+        app.task(name="feb30", schedule="0 0 30 2 *")(lambda payload: None)
+    with pytest.raises(ConfigError, match=r"schedule 'apr31': '0 0 31 4 \*' matches no date"):
+        app.periodic("report", "0 0 31 4 *", name="apr31")
+    assert not app.tasks and not app.schedules  # nothing half-declared
+    leap = app.periodic("report", "0 0 29 2 *", name="leap-day")  # every four years or so
+    assert leap.next_after(datetime(2026, 3, 1, tzinfo=UTC)) == datetime(2028, 2, 29, tzinfo=UTC)
+    # day-of-month or day-of-week, as cron reads them together: the Mondays of February
+    mondays = app.periodic("report", "0 0 30 2 1", name="february-mondays")
+    assert mondays.next_after(datetime(2026, 3, 1, tzinfo=UTC)) == datetime(2027, 2, 1, tzinfo=UTC)
+    assert app.periodic("report", "0 0 L 2 *", name="feb-last").next_after(
+        datetime(2026, 3, 1, tzinfo=UTC)) == datetime(2027, 2, 28, tzinfo=UTC)
 
 
 @pytest.mark.unit
@@ -267,6 +289,38 @@ def test_a_failing_schedule_is_logged_once_counted_and_the_others_still_fire(app
         s.tick(conn)
     assert s.errors == {"a-broken": 3}
     assert len([r for r in caplog.records if r.levelno == logging.ERROR and "a-broken" in r.getMessage()]) == 1
+
+
+@pytest.mark.integration
+def test_a_schedule_that_cannot_be_recorded_does_not_stop_the_others(app, conn, caplog):
+    """Registration is per schedule: one whose slots cannot be computed (here a Periodic
+    broken after its declaration, standing for any error at run time) is logged once per
+    streak and counted at each tick, the others are recorded and fire; once it is right
+    again it is recorded at the next tick. Before, its error ended register() for all."""
+    schema = app.settings.schema
+    broken = app.periodic("t", "* * * * *", name="a-broken")
+    fine = app.periodic("t", "* * * * *", name="b-fine")
+    object.__setattr__(broken, "cron", "0 0 30 2 *")
+    s = Scheduler(app.store, [broken, fine])
+    with caplog.at_level(logging.DEBUG, logger="pgworker.schedules"):
+        s.register(conn)
+        rewind(conn, schema, "b-fine", 3)
+        s.tick(conn)
+        s.tick(conn)
+    assert q(conn, schema, "SELECT name FROM {s}.schedules") == [("b-fine",)]
+    assert q(conn, schema, "SELECT schedule_name FROM {s}.jobs") == [("b-fine",)]
+    assert s.fired == 1 and s.errors == {"a-broken": 2}
+    [logged] = [r for r in caplog.records if r.levelno >= logging.WARNING and "a-broken" in r.getMessage()]
+    assert logged.levelno == logging.ERROR
+    assert logged.getMessage().startswith("schedule 'a-broken' could not be recorded: CroniterBadDateError")
+    assert "correct its declaration in the app's code (cron '0 0 30 2 *' in 'UTC')" in logged.getMessage()
+    object.__setattr__(broken, "cron", "* * * * *")  # the code fixed (a new release)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pgworker.schedules"):
+        s.tick(conn)
+    assert q(conn, schema, "SELECT name FROM {s}.schedules ORDER BY name") == [("a-broken",), ("b-fine",)]
+    assert s.errors == {"a-broken": 2}
+    assert any(r.getMessage() == "schedule 'a-broken' fires again after 2 failed tick(s)" for r in caplog.records)
 
 
 @pytest.mark.integration

@@ -40,7 +40,7 @@ CATALOG = {
         SELECT i.relname, pg_get_indexdef(i.oid) FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid
         WHERE i.relnamespace = %(ns)s::regnamespace ORDER BY 1""",
     "functions": """
-        SELECT p.proname, pg_get_function_identity_arguments(p.oid), pg_get_functiondef(p.oid)
+        SELECT p.proname, pg_get_function_identity_arguments(p.oid), pg_get_functiondef(p.oid), p.proacl::text
         FROM pg_proc p WHERE p.pronamespace = %(ns)s::regnamespace ORDER BY 1, 2""",
     "types": """
         SELECT t.typname, t.typtype::text,
@@ -67,8 +67,10 @@ CATALOG = {
 
 
 def catalog(conn: psycopg.Connection, schema: str) -> dict[str, list[tuple]]:
-    def blank(v):
-        return v.replace(f'"{schema}".', "{schema}.").replace(f"{schema}.", "{schema}.") if isinstance(v, str) else v
+    def blank(v):  # the schema qualifying a name, and as a string (a function's SET search_path)
+        if not isinstance(v, str):
+            return v
+        return v.replace(f'"{schema}".', "{schema}.").replace(f"{schema}.", "{schema}.").replace(f"'{schema}'", "'{schema}'")
 
     ident = psycopg.sql.Identifier(schema).as_string(conn)
     return {kind: [tuple(blank(v) for v in row) for row in conn.execute(q, {"ns": ident}).fetchall()]
@@ -95,3 +97,96 @@ def test_schema_sql_equals_the_migrations(pg_dsn, two_schemas):
     assert a["tables"] and a["indexes"] and a["functions"]  # the comparison compares something
     for kind in CATALOG:
         assert a[kind] == b[kind], f"{kind} differ between the migrations and schema.sql"
+
+
+def migrate_to(conn: psycopg.Connection, schema: str, version: int) -> None:
+    """Apply migrations 1..version by hand, as `pgworker migrate` would have then."""
+    ident = psycopg.sql.Identifier(schema)
+    with conn.transaction():
+        conn.execute(psycopg.sql.SQL("CREATE SCHEMA {}").format(ident))
+        conn.execute(psycopg.sql.SQL("CREATE TABLE {}.migrations (version integer PRIMARY KEY, name text NOT NULL, "
+                                     "checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
+                     .format(ident))
+        for mig in sqlfiles.migrations()[:version]:
+            conn.execute(sqlfiles.render(mig.template, schema))
+            conn.execute(psycopg.sql.SQL("INSERT INTO {}.migrations (version, name, checksum) VALUES (%s, %s, %s)")
+                         .format(ident), [mig.version, mig.name, mig.checksum])
+
+
+def test_migration_0005_keeps_rows_whose_timestamps_no_claim_could_handle(pg_dsn, schema):
+    """Rows a version-4 schema could hold (SQL, a restore) with timestamps the claim cannot
+    handle: the migration keeps every one, clamps each value to the nearest bound, notes the
+    old values in the job's audit trail, and the queue works again."""
+    from pgworker import App
+    from pg import make_settings
+    from worker import q
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        migrate_to(conn, schema, 4)
+        insert = ("INSERT INTO {s}.jobs (queue, task, payload, run_at, created_at) "
+                  "VALUES ('poisoned', 't', %s, %s, %s) RETURNING id")
+        ids = {name: q(conn, schema, insert, f'"{name}"', run_at, created)[0][0] for name, run_at, created in [
+            ("minus infinity", "-infinity", "now"), ("infinity", "infinity", "now"),
+            ("before christ", "0001-12-31 23:00:00+00 BC", "now"), ("created never", "now", "-infinity"),
+            ("fine", "now", "now")]}
+        [(running,)] = q(conn, schema, "INSERT INTO {s}.jobs (queue, task, payload, state, attempts, lease_token, "
+                                       "lease_expires_at) VALUES ('poisoned', 't', '1', 'running', 1, 1, "
+                                       "'-infinity') RETURNING id")
+        q(conn, schema, "INSERT INTO {s}.queues (name, rate_per_second, rate_burst, tokens, tokens_at) "
+                        "VALUES ('poisoned', 1000, 1000, 1000, 'infinity') RETURNING 1")
+        with pytest.raises(psycopg.errors.DatetimeFieldOverflow):  # what the claim met
+            q(conn, schema, "SELECT extract(epoch FROM now() - run_at) FROM {s}.jobs")
+        assert migrate(conn, schema).applied[0].startswith("0005_")
+        rows = dict(q(conn, schema, "SELECT payload #>> '{{}}', to_char(run_at AT TIME ZONE 'UTC', 'YYYY-MM-DD') || "
+                                    "' ' || to_char(created_at AT TIME ZONE 'UTC', 'YYYY') FROM {s}.jobs "
+                                    "WHERE state = 'pending'"))
+        this_year = q(conn, schema, "SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY')")[0][0]
+        today = q(conn, schema, "SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD')")[0][0]
+        assert rows == {"minus infinity": f"1970-01-01 {this_year}", "infinity": f"9999-01-01 {this_year}",
+                        "before christ": f"1970-01-01 {this_year}", "created never": f"{today} 1970",
+                        "fine": f"{today} {this_year}"}
+        events = {r[0]: r[1] for r in q(conn, schema, "SELECT job_id, detail FROM {s}.job_events "
+                                                      "WHERE kind = 'timestamps_clamped'")}
+        assert set(events) == {ids["minus infinity"], ids["infinity"], ids["before christ"], ids["created never"],
+                               running}
+        assert events[ids["minus infinity"]] == {"run_at": "-infinity"}
+        assert events[ids["created never"]] == {"created_at": "-infinity"}
+        assert events[running] == {"lease_expires_at": "-infinity"}
+        assert "BC" in events[ids["before christ"]]["run_at"]
+        assert q(conn, schema, "SELECT kind, detail FROM {s}.queue_events") == [
+            ("tokens_at_reset", {"tokens_at": "infinity"})]
+    app = App(settings=make_settings(pg_dsn, schema))
+    try:
+        claimed = {j.id for j in app.claim("poisoned", limit=10)}
+        assert claimed == {ids["minus infinity"], ids["before christ"], ids["created never"], ids["fine"]}
+        assert app.reap().requeued == (running,)  # its lease expired in 1970
+        assert app.get_job(ids["minus infinity"])["events"][0]["kind"] == "timestamps_clamped"
+    finally:
+        app.close()
+
+
+def test_migration_0005_promotes_the_keys_the_fixed_defects_stranded(pg_dsn, schema):
+    """A version-4 schema can hold keys stranded by the defects version 5 fixes (a batch
+    enqueue's refused job, a pruned dead head): every job of the key blocked, none active.
+    The migration promotes each such head and leaves every other key as it was."""
+    from worker import q
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        migrate_to(conn, schema, 4)
+
+        def job(key, state="pending", blocked=True):
+            lease = "now() + interval '1 minute'" if state == "running" else "NULL"
+            return q(conn, schema, "INSERT INTO {s}.jobs (queue, task, payload, ordering_key, state, blocked, "
+                                   f"finished_at, lease_expires_at) VALUES ('default', 't', '1', %s, %s, %s, "
+                                   f"CASE WHEN %s = 'dead' THEN now() END, {lease}) RETURNING id",
+                     key, state, blocked, state)[0][0]
+
+        stranded = [job("stranded"), job("stranded")]
+        behind_running = [job("running", "running", False), job("running")]
+        behind_dead = [job("dead", "dead", False), job("dead")]
+        active = [job("active", blocked=False), job("active")]
+        migrate(conn, schema)
+        rows = dict(q(conn, schema, "SELECT id, blocked FROM {s}.jobs"))
+        assert [rows[i] for i in stranded] == [False, True]
+        assert [rows[i] for i in behind_running + behind_dead + active] == [False, True, False, True, False, True]
+        assert q(conn, schema, "SELECT job_id, kind FROM {s}.job_events") == [(stranded[0], "promoted")]

@@ -90,3 +90,32 @@ def test_help_shows_no_internal_names(tmp_path):
     dead = subprocess.run([sys.executable, "-m", "pgworker.cli", "dead", "--help"], capture_output=True,
                           text=True, check=True).stdout
     assert "    list " in dead  # the default subcommand has its line too
+
+
+@pytest.mark.parametrize("argv", [
+    ["enqueue", "send_email", '{"to": "a@example.com", "token": "S3cret"}'],
+    ["enqueue", "send_email", "--queue", "emails", '{"to": "a@example.com", "token": "S3cret"}'],
+])
+def test_a_payload_given_as_an_argument_points_to_payload(argv, capsys):
+    """It said only "unrecognized arguments: {...}" (echoing the payload)."""
+    from pgworker import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert err.endswith("pgworker enqueue: error: unexpected argument after the task's name (a payload?): give the "
+                        "payload with --payload, e.g. `pgworker enqueue send_email --payload "
+                        "'{\"to\": \"a@example.com\"}'`\n"), err
+    assert "S3cret" not in err
+
+
+def test_other_unrecognized_arguments_keep_argparses_error(capsys):
+    from pgworker import cli
+
+    for argv, said in ((["status", "extra"], "pgworker: error: unrecognized arguments: extra\n"),
+                       (["enqueue", "t", "--bogus"], "pgworker: error: unrecognized arguments: --bogus\n"),
+                       (["enqueue", "t", "--prio", "5"], "pgworker: error: unrecognized arguments: --prio 5\n")):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(argv)
+        assert exit_.value.code == 2 and capsys.readouterr().err.endswith(said)

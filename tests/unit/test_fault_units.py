@@ -88,11 +88,11 @@ def _hold_lock_forever(table, taken):
     time.sleep(600)
 
 
-def test_a_slot_table_whose_claimer_died_holding_the_lock_gets_a_new_one():
+def test_a_slot_table_whose_claimer_died_holding_the_lock_is_usable_at_once():
     import os
     import signal
 
-    from pgworker.worker.slots import SlotTable, SlotTableBusy
+    from pgworker.worker.slots import SlotTable
 
     ctx = multiprocessing.get_context("fork")
     table = SlotTable(4, ctx)
@@ -102,7 +102,4 @@ def test_a_slot_table_whose_claimer_died_holding_the_lock_gets_a_new_one():
     assert taken.wait(30)
     os.kill(child.pid, signal.SIGKILL)  # dies holding the lock
     child.join()
-    with pytest.raises(SlotTableBusy):  # bounded: the dispatcher is never stuck on it
-        table.live()
-    table.replace_lock(ctx)
-    assert table.held() == [] and table.live() == []
+    assert table.held() == [] and table.live() == []  # the kernel released its lock as it died

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pgworker import catalogue as cat
-from pgworker import metrics_docs
+from pgworker import metrics_docs, metrics_questions
 from pgworker.metrics import WorkerMetrics
 from pgworker.worker.health import HealthState
 
@@ -52,7 +52,7 @@ def test_names_follow_the_prometheus_conventions():
         assert (m.kind == "counter") == m.name.endswith("_total"), m.name
         assert m.kind in ("counter", "gauge", "histogram")
         assert (m.kind == "histogram") == (m.buckets is not None), m.name
-        assert m.source in ("worker", "database", "drain")
+        assert m.source in ("worker", "database", "supervisor", "drain")
         assert m.help.endswith(".") and m.recorded_by, m.name
         if "duration" in m.name or "age" in m.name or "timestamp" in m.name:
             assert m.name.removesuffix("_total").endswith("_seconds"), f"{m.name}: base unit seconds"
@@ -64,7 +64,7 @@ def test_names_follow_the_prometheus_conventions():
 
 def test_every_documented_query_uses_catalogued_metrics():
     series = cat.all_series_names()
-    for expr in metrics_docs.all_queries():
+    for expr in metrics_questions.all_queries():
         used = set(re.findall(r"\bpgworker_[a-z0-9_]+", expr))
         assert used and used <= series, (expr, used - series)
 

@@ -56,20 +56,119 @@ def test_waking_a_claimer_killed_while_waiting_never_hangs():
     assert _returns_within(lambda: [table.wake.set() for _ in range(100_000)], 10)  # one pending wake-up is enough
 
 
-def test_a_lock_held_by_a_dead_claimer_is_not_a_deadlock():
+def test_a_lock_held_by_a_dead_claimer_is_released_with_it():
     table = lease.SlotTable(4, CTX)
     _spawn_and_kill(_hold_lock_forever, table)
     outcome = []
 
     def read():
         try:
-            table.held()
+            outcome.append(table.held())
         except lease.SlotTableBusy:
             outcome.append("busy")
 
-    assert _returns_within(read, 5) and outcome == ["busy"]  # a bounded wait, then a clear answer
-    table.replace_lock(CTX)  # what the dispatcher does for the replacement claimer
-    assert table.held() == [] and table.reset() is not None
+    assert _returns_within(read, 10) and outcome == [[]]  # no lock to replace: the kernel released it
+    assert table.reset() is not None
+
+
+def test_a_lock_held_by_a_stopped_process_gives_a_bounded_busy_answer():
+    table = lease.SlotTable(4, CTX)
+    p = CTX.Process(target=_hold_lock_forever, args=(table,))
+    p.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not table.header.idle and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(p.pid, signal.SIGSTOP)
+        outcome = []
+
+        def read():
+            try:
+                table.held()
+            except lease.SlotTableBusy:
+                outcome.append("busy")
+
+        assert _returns_within(read, 10) and outcome == ["busy"]  # a bounded wait, then a clear answer
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.join()
+
+
+# -- issue 18, item 7: a claimer killed inside a PEER's table --------------------------
+
+def _peer(tables, index, commands, answers):
+    """A claimer stand-in: runs commands on the pod's tables until told to stop."""
+    while True:
+        command = commands.get(timeout=60)
+        if command == "hold-peer-lock-and-die":  # killed inside a take-over of claimer 0's job
+            tables[0].lock.acquire()
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif command == "hold-own-lock-and-die":
+            tables[index].lock.acquire()
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif command == "take-from-0":
+            try:
+                v = tables[0].take_unstarted(index)
+                answers.put(None if v is None else v.job_id)
+            except lease.SlotTableBusy:
+                answers.put("busy")
+        else:
+            return
+
+
+def _pod(count, commands, answers):
+    from pgworker.worker.claimers import ClaimerPool
+
+    def start(h):
+        p = CTX.Process(target=_peer, args=(pool.tables, h.index, commands[h.index], answers))
+        p.start()
+        return p
+
+    pool = ClaimerPool(mp=CTX, count=count, capacity=4, start_process=start)
+    pool.start()
+    return pool
+
+
+def _died(pool, h):
+    h.process.join(30)
+    assert h.process.exitcode == -signal.SIGKILL
+    pool.held_by(h)  # what the supervisor does for a claimer that is gone (the lock recovery)
+
+
+def test_a_peer_killed_inside_a_claimers_table_does_not_wedge_that_claimer():
+    """Claimer 1 dies (SIGKILL) while it holds claimer 0's table lock, as in a take-over.
+    Claimer 0 (here: this process) waits for its own lock without a timeout: it must get
+    it, and the supervisor's bounded reads must not find the table busy for good."""
+    commands, answers = [CTX.Queue() for _ in range(2)], CTX.Queue()
+    pool = _pod(2, commands, answers)
+    try:
+        commands[1].put("hold-peer-lock-and-die")
+        _died(pool, pool.handles[1])
+        t0 = pool.tables[0]
+        assert _returns_within(lambda: t0.put(7, 1, 0, 1, 60.0, lease.RENEW_ALIVE), 10), \
+            "claimer 0 waits forever on its own lock"
+        assert [v.job_id for v in t0.live()] == [7]
+    finally:
+        commands[0].put("stop")
+        pool.kill_all()
+
+
+def test_peers_keep_using_the_table_of_a_claimer_that_died_holding_its_lock():
+    """Claimer 0 dies holding its own lock; claimer 1, started before, must still reach
+    claimer 0's table (its replacement's waiting jobs) with the lock it was given at
+    spawn: no lock is replaced behind its back, so it never pays the lock timeout."""
+    commands, answers = [CTX.Queue() for _ in range(2)], CTX.Queue()
+    pool = _pod(2, commands, answers)
+    try:
+        commands[0].put("hold-own-lock-and-die")
+        _died(pool, pool.handles[0])
+        pool.tables[0].reset()
+        pool.tables[0].put(9, 1, 0, 1, 60.0, lease.RENEW_ALIVE)  # claimed by the replacement claimer
+        commands[1].put("take-from-0")
+        assert answers.get(timeout=30) == 9
+    finally:
+        commands[1].put("stop")
+        pool.kill_all()
 
 
 def test_a_replacement_claimer_gets_a_working_wake_up():
@@ -98,3 +197,90 @@ def test_slot_protocol():
     assert not table.mark(i, 7, 3, lost=True)  # an outcome write in flight is never marked lost
     table.clear(i, 7)
     assert table.free_count() == 2 and table.flags(i, 7) == (True, False)  # a gone job reads as lost
+
+
+# -- issue 18, item 9: the wake-up generation never moves backwards -------------------
+
+BUMPS = 40_000
+
+
+def _bump_and_watch(signals, go, backwards):
+    go.wait(30)
+    last = 0
+    for _ in range(BUMPS):
+        signals.announce([], -1)
+        seen = signals.generation
+        if seen < last:
+            backwards.value += 1
+        last = seen
+
+
+def test_the_wake_up_generation_counts_every_bump_of_every_process():
+    """Four processes announce work at once, as the supervisor's threads and the claimers
+    do: the generation each sees never goes back (a claimer that saw it move must not see
+    it return to a value it had), and no bump is lost."""
+    from pgworker.worker.wakeups import PodSignals
+
+    signals = PodSignals(CTX)
+    go = CTX.Event()
+    backwards = CTX.Value("q", 0)
+    procs = [CTX.Process(target=_bump_and_watch, args=(signals, go, backwards)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    go.set()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    assert backwards.value == 0
+    assert signals.generation == 4 * BUMPS
+
+
+def test_outcome_counts_of_two_threads_are_exact():
+    """Issue 18, item 16 (c): a claimer's main thread and its flusher thread both account
+    their flushes in the table's counters (the drain summary's): none may be lost."""
+    import sys
+
+    table = lease.SlotTable(2, CTX)
+    n = 100_000
+
+    def account():
+        for _ in range(n):
+            table.count("succeeded", 1)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # thread switches as often as a loaded machine may make them
+    try:
+        threads = [threading.Thread(target=account) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        sys.setswitchinterval(interval)
+    assert table.outcome_counts()["succeeded"] == 2 * n
+
+
+def test_a_taker_that_dies_mid_move_leaves_no_stolen_slot_behind():
+    """Issue 18, item 16 (b). Claimer 1 takes over claimer 0's waiting job, records it in
+    its own table, and dies before it empties the old slot. Settling claimer 1's jobs must
+    empty that old slot too: it once stayed STOLEN for good (a slot lost to claimer 0, the
+    pod's per-queue count off, and a drain that never ended, since the pod held a job)."""
+    from types import SimpleNamespace
+
+    from pgworker.worker.claimers import ClaimerPool
+    from pgworker.worker.settler import settlements
+
+    pool = ClaimerPool(mp=CTX, count=2, capacity=2, start_process=lambda h: None)
+    owner, taker = pool.tables
+    slot = owner.put(7, 3, 0, 1, 60.0, lease.RENEW_ALIVE)
+    view = owner.take_unstarted(1)
+    assert view is not None and view.job_id == 7
+    taker.put(7, 3, 0, 1, 60.0, lease.RENEW_ALIVE)  # the taker's _hold; then it is killed
+    held, in_transit = pool.held_by(pool.handles[1])
+    items = settlements(held, in_transit, app=SimpleNamespace(tasks={}), queue_name=lambda v: "default",
+                        kill_reasons={}, clear=lambda v: None)
+    assert [i.write.lease.job_id for i in items] == [7]  # settled once (released: it never started)
+    for i in items:
+        i.clear()  # what settle() does once the write went through
+    assert owner.state_of(slot, 7) == lease.EMPTY
+    assert owner.live() == [] and owner.free_count() == 2

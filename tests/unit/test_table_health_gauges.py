@@ -18,7 +18,7 @@ from pgworker.store import QueueStats
 
 pytestmark = pytest.mark.unit
 
-QUEUE_ROW = {"queue": "default", "pending": 1, "blocked": 0, "running": 0, "dead": 0,
+QUEUE_ROW = {"queue": "default", "due": 1, "scheduled": 0, "blocked": 0, "running": 0, "dead": 0,
              "oldest_due_age_seconds": 0.0, "oldest_dead_age_seconds": 0.0, "expired_leases": 0,
              "dead_blocked_keys": 0, "paused": False}
 
@@ -110,7 +110,7 @@ def test_a_failed_table_statement_leaves_the_queue_gauges_and_says_so(caplog):
     text = generate_latest(registry).decode()
     found = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
     assert found["pgworker_queue_stats_up"] == 1
-    assert registry.get_sample_value("pgworker_queue_jobs", {"queue": "default", "state": "pending"}) == 1
+    assert registry.get_sample_value("pgworker_queue_jobs", {"queue": "default", "state": "due"}) == 1
     assert found["pgworker_table_stats_up"] == 0
     assert not [n for n in found if n.startswith("pgworker_table_") and n != "pgworker_table_stats_up"]
     assert "jobs table health query failed: QueryCanceled" in caplog.text

@@ -29,6 +29,36 @@ def test_backoff_grows_is_capped_and_jittered():
         RetryPolicy(jitter=2)
 
 
+@pytest.mark.parametrize("fields, match", [
+    ({"base_seconds": 10, "max_seconds": 1}, r"base_seconds \(10\) must be from 0 to max_seconds \(1\).*raise max_seconds"),
+    ({"base_seconds": 5000}, r"base_seconds \(5000\) must be from 0 to max_seconds \(3600"),
+    ({"max_seconds": 1e13}, r"max_seconds .* from 0 to 3,153,600,000 seconds \(100 years"),
+    ({"max_seconds": -1}, "max_seconds"),
+    ({"base_seconds": -1}, "base_seconds"),
+    ({"factor": 0.5}, "factor must be >= 1"),
+    ({"factor": float("inf")}, "factor must be a finite number, got inf"),
+    ({"factor": True}, "factor must be a finite number, got True"),
+    ({"jitter": 2}, "jitter is the fraction"),
+    ({"jitter": -0.1}, "jitter is the fraction"),
+    ({"jitter": True}, "jitter must be a finite number, got True"),
+    ({"jitter": float("nan")}, "jitter must be a finite number, got nan"),
+    ({"base_seconds": "5s"}, r"base_seconds must be a finite number \(a number, not a duration string\)"),
+    ({"max_seconds": None}, "max_seconds must be a finite number, got None"),
+])
+def test_a_retry_policy_refuses_nonsense_naming_the_fix(fields, match):
+    """A base above its cap, a cap of 300,000 years, a bool or NaN: refused when the policy
+    is made, not found out at the first retry (before: accepted, or a bare TypeError)."""
+    with pytest.raises(ConfigError, match=match):
+        RetryPolicy(**fields)
+
+
+def test_a_retry_policy_accepts_its_bounds():
+    RetryPolicy(base_seconds=0, max_seconds=0, jitter=0)  # no backoff at all
+    RetryPolicy(base_seconds=900, factor=1, max_seconds=900, jitter=1)  # a constant wait, full jitter
+    top = RetryPolicy(base_seconds=1, max_seconds=100 * 365 * 86400)
+    assert top.delay(10_000, rng=lambda: 0.0) == 100 * 365 * 86400
+
+
 def test_classification_order():
     assert classify(Permanent("nope")).permanent
     assert classify(Retry(after=3)).retry_after == 3

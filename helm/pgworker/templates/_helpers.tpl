@@ -97,7 +97,9 @@ grace, so a run that hits its deadline can still finish its jobs and report.
 The count KEDA polls: the work a pod must start for, or stay for, in worker.queues.
 - Due, claimable jobs outside paused queues: the predicate of pgworker's claim index
   jobs_claim_idx (queue, priority DESC, run_at, id) WHERE state = 'pending' AND NOT
-  blocked, as the jobs_due_count query of drain mode counts them.
+  blocked, with run_at <= now(), as the jobs_due_count query of drain mode counts them
+  and as pgworker_queue_jobs{state="due"} exports them; jobs scheduled later
+  (state="scheduled") start no pod.
 - Running jobs (jobs_running_idx (queue) WHERE state = 'running'), whether their lease is
   valid or expired: with a valid lease a pod is running them, and the count must stay
   above zero so that KEDA does not scale it away mid-job after cooldownPeriod; with an
@@ -113,7 +115,7 @@ schema names are restricted by values.schema.json so that they need no quoting h
 {{- end }}
 
 {{/*
-Environment shared by every pgworker container. The DSN only ever comes from a Secret.
+The DSN and schema of the worker containers. A DSN only ever comes from a Secret.
 */}}
 {{- define "pgworker.env" -}}
 - name: PGWORKER_DSN
@@ -121,6 +123,20 @@ Environment shared by every pgworker container. The DSN only ever comes from a S
     secretKeyRef:
       name: {{ .Values.database.existingSecret | quote }}
       key: {{ .Values.database.dsnKey | quote }}
+- name: PGWORKER_SCHEMA
+  value: {{ .Values.database.schema | quote }}
+{{- end }}
+
+{{/*
+Environment of the pods that act as the schema's owner (the migration hook, the prune
+CronJob): the owner's DSN when database.ownerDsnKey is set, else the workers' DSN.
+*/}}
+{{- define "pgworker.ownerEnv" -}}
+- name: PGWORKER_DSN
+  valueFrom:
+    secretKeyRef:
+      name: {{ default .Values.database.existingSecret .Values.database.ownerDsnSecret | quote }}
+      key: {{ default .Values.database.dsnKey .Values.database.ownerDsnKey | quote }}
 - name: PGWORKER_SCHEMA
   value: {{ .Values.database.schema | quote }}
 {{- end }}

@@ -69,6 +69,16 @@ SELECT name FROM {schema}.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 -- statement_timestamp() (the claim's own start, after any wait for queue_lock). The
 -- bucket loses one token per claimed job. The caller commits at once and runs the jobs
 -- outside any transaction.
+--
+-- retry_after_seconds: when the bucket is dry (under one whole token) AND a due job is
+-- left that this claim did not take, the seconds until its next token; else NULL. An
+-- empty bucket with nothing due owes no claim: a drain run that waited for the next
+-- token anyway (an hour, for an hourly rate) stayed up with no work. The claimed rows
+-- still read as pending in this statement's snapshot, hence NOT IN claimed. The check
+-- is written as the first row in run_at order, not EXISTS: for EXISTS the planner
+-- estimates that a sequential scan finds a pending row at once and picks it, through
+-- every finished row; ORDER BY run_at makes it one descent of jobs_due_idx. CASE is
+-- lazy, so it runs only when the bucket is dry.
 WITH RECURSIVE gate AS (
     SELECT coalesce(q.paused_at IS NOT NULL, false) AS paused,
            coalesce(q.concurrency_limit IS NOT NULL OR q.rate_per_second IS NOT NULL, false) AS limited,
@@ -176,6 +186,11 @@ WITH RECURSIVE gate AS (
 SELECT a.paused, a.limited, a.n AS allowance,
        CASE WHEN a.rate_per_second IS NOT NULL
                  AND a.tokens - (SELECT count(*) FROM claimed) < 1
+                 AND (SELECT w.run_at FROM {schema}.jobs AS w
+                      WHERE w.queue = %(queue)s AND w.state = 'pending' AND NOT w.blocked
+                        AND w.run_at <= now() AND w.id NOT IN (SELECT id FROM claimed)
+                      ORDER BY w.run_at
+                      LIMIT 1) IS NOT NULL
             THEN (1 - (a.tokens - (SELECT count(*) FROM claimed))) / a.rate_per_second
        END AS retry_after_seconds,
        c.id, c.queue, c.task, c.payload, c.priority, c.attempts, c.max_attempts, c.lease_token,
@@ -190,10 +205,11 @@ ORDER BY c.aged DESC, CASE WHEN c.aged THEN c.run_at END, c.priority DESC, c.run
 -- fenced by id and token, it records itself as the lease's owner (so a WORKER_DIED entry
 -- or `pgworker jobs show` names the claimer that really runs the job) and reads the claim's
 -- columns (the peer's process holds the payload, not shared memory). The lease, its
--- expiry and the token are kept. No row: the lease was lost meanwhile.
+-- expiry and the token are kept. No row: the lease was lost meanwhile, or has expired
+-- (a job whose lease may be gone is never started; the reaper recovers it).
 UPDATE {schema}.jobs AS j
 SET lease_owner = %(owner)s
-WHERE j.id = %(id)s AND j.state = 'running' AND j.lease_token = %(token)s
+WHERE j.id = %(id)s AND j.state = 'running' AND j.lease_token = %(token)s AND j.lease_expires_at > now()
 RETURNING j.id, j.queue, j.task, j.payload, j.priority, j.attempts, j.max_attempts, j.lease_token,
           j.lease_expires_at, j.run_at, j.created_at, j.trace_context, j.ordering_key, j.dedupe_key,
           extract(epoch FROM statement_timestamp() - j.run_at)::float8 AS wait_seconds;

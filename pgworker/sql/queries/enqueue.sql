@@ -91,8 +91,12 @@ SELECT i.id, (SELECT n FROM notified) FROM input AS i ORDER BY i.ord;
 -- Bulk insert with dedupe and ordering keys (the COPY path takes the rest). Ids were
 -- reserved by job_ids_allocate; the ordering keys were locked by ordering_keys_lock in
 -- an earlier statement (see job_insert, and its probe of jobs_ordering_key_idx). Within
--- the batch, later jobs of a key wait behind the first (row_number). ON CONFLICT DO NOTHING also absorbs duplicates inside
--- the batch: the first row with a dedupe key wins.
+-- the batch, later jobs of a key wait behind the first (row_number). ON CONFLICT DO
+-- NOTHING also absorbs duplicates inside the batch: the first row with a dedupe key wins.
+-- row_number counts the rows ON CONFLICT then refuses too, so a key whose job was refused
+-- may be left with every job blocked: the caller (Store.insert_jobs_many) promotes those
+-- keys afterwards, under the same locks, once the refused jobs are settled. Refused jobs
+-- whose key turned out free are inserted again by this statement with their reserved ids.
 INSERT INTO {schema}.jobs (id, queue, task, payload, priority, run_at, max_attempts,
                            dedupe_key, dedupe_window, ordering_key, dead_blocks_key, blocked,
                            trace_context)

@@ -39,6 +39,38 @@ WHERE j.id = f.id AND j.state::text = 'running' AND j.lease_token = f.token
 RETURNING j.id, j.lease_token, j.cancel_requested_at IS NOT NULL AS cancel_requested,
           extract(epoch FROM j.lease_expires_at)::float8 AS expires_at;
 
+-- name: job_renew_skip_locked
+-- The pod's renewer: job_renew for many leases at once that never waits on a row. A
+-- row another session holds locked (an operator's open transaction, App.cancel(conn=...)
+-- inside a caller's transaction, an outcome write in flight) is skipped, not waited for:
+-- one locked row once held the whole batch until the pass timed out, and every lease of
+-- the pod lapsed. Each row returned says whether it was renewed or skipped; a lease
+-- with no row was refused (lost). `locked` is referenced twice, so PostgreSQL
+-- materializes it (its rows are locked once); FOR UPDATE re-checks the fence on the
+-- row's latest version. A skipped row is fenced as the snapshot saw it, so a lease whose
+-- locker is taking the job away (the reaper) reads as skipped once, and as refused on
+-- the next pass. Compared as text, as below, for the same reason as the outcome writes.
+WITH f AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS f(id, token)
+), locked AS (
+    SELECT j.id, j.lease_token FROM {schema}.jobs AS j JOIN f ON j.id = f.id
+    WHERE j.state::text = 'running' AND j.lease_token = f.token AND j.lease_expires_at > now()
+    FOR UPDATE OF j SKIP LOCKED
+), renewed AS (
+    UPDATE {schema}.jobs AS j
+    SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s::float8),
+        heartbeat_at = now()
+    FROM locked AS l
+    WHERE j.id = l.id AND j.state::text = 'running' AND j.lease_token = l.lease_token
+    RETURNING j.id, j.lease_token, j.cancel_requested_at IS NOT NULL AS cancel_requested,
+              extract(epoch FROM j.lease_expires_at)::float8 AS expires_at
+)
+SELECT id, lease_token, cancel_requested, expires_at, false AS skipped FROM renewed
+UNION ALL
+SELECT j.id, j.lease_token, NULL, NULL, true FROM {schema}.jobs AS j JOIN f ON j.id = f.id
+WHERE j.state::text = 'running' AND j.lease_token = f.token AND j.lease_expires_at > now()
+  AND j.id NOT IN (SELECT id FROM locked);
+
 -- name: job_complete
 -- Record successes. Fenced by id + state + token, expired lease or not (the token proves
 -- ownership while the row is still running: a late success is kept, not run again).

@@ -11,16 +11,39 @@
 SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off';
 
 -- name: jobs_reap_candidates
--- Expired leases, oldest first, with their ordering keys, tasks and attempts. Read
--- without locks: the caller computes each job's retry delay from its task's retry policy
--- (the same policy as a handler's failure), try-locks the ordering keys (before any row
--- lock, the lock order of every keyed transition; a key held by someone else is skipped
--- this pass, never waited for), and reaps these ids with jobs_reap, which re-checks each.
-SELECT id, ordering_key, task, attempts
+-- Expired leases, oldest first, with what their reap needs (queue, ordering key, task,
+-- attempts: the caller computes each job's retry delay from its task's retry policy, the
+-- same policy as a handler's failure) and the expiry, the cursor of a reaper pass.
+--
+-- FOR UPDATE SKIP LOCKED: a row another session holds locked (an operator's open
+-- transaction, App.cancel(conn=...) inside a caller's transaction) is passed over here.
+-- Read without locks, such rows filled the batch, jobs_reap then skipped every one, and
+-- the pass ended with nothing reaped: the expired leases behind them stayed stuck, pass
+-- after pass (seen: 0 of 250 reapable leases reaped behind 1,500 older locked rows).
+--
+-- The cursor: a pass walks the expired leases in (lease_expires_at, id) order, each
+-- batch after the last candidate of the one before (%(after_at)s, %(after_id)s; NULL for
+-- the first), so the candidates a batch had to leave (key locked elsewhere, a row that
+-- cannot be written) never hide the ones after them either; the next pass starts over.
+-- The range on lease_expires_at is the index condition of jobs_lease_expiry_idx; the row
+-- comparison settles ties on id.
+--
+-- Lock order: this statement runs on its own (a transaction of its own on the reaper's
+-- autocommit connection), so its row locks end with it, before the reap's transaction
+-- (Store.reap) try-locks the candidates' ordering keys and then locks the rows again in
+-- jobs_reap, which re-checks each: key locks before row locks, as in every keyed
+-- transition. Read and reap in one transaction, the rows would be locked before their
+-- keys; harmless while every lock here is tried or skipped (nothing waits, so nothing can
+-- wait in a cycle), but the one rule would then have an exception to reason about. The
+-- price is a tuple lock per candidate, for a pass that only runs when leases expired.
+SELECT id, queue, ordering_key, task, attempts, lease_expires_at
 FROM {schema}.jobs
 WHERE state = 'running' AND lease_expires_at <= now()
-ORDER BY lease_expires_at
-LIMIT %(limit)s;
+  AND lease_expires_at >= coalesce(%(after_at)s::timestamptz, '-infinity')
+  AND (lease_expires_at, id) > (coalesce(%(after_at)s::timestamptz, '-infinity'), coalesce(%(after_id)s::bigint, 0))
+ORDER BY lease_expires_at, id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
 
 -- name: jobs_reap
 -- Recover the given jobs whose lease expired: back to pending after the delay computed
@@ -54,6 +77,22 @@ JOIN unnest(%(ids)s::bigint[], %(delays)s::float8[]) AS d(id, delay) ON d.id = e
 WHERE j.id = e.id
 RETURNING j.id, j.queue, j.task, j.state::text AS state, j.ordering_key, j.lease_token, j.dead_blocks_key;
 
+-- name: job_reap_failure_note
+-- A job the reaper could not write (jobs_reap failed for its row alone: a CHECK
+-- constraint or a trigger a user added, a value out of range): its error history says so
+-- (code REAP_FAILED, the server's message), so `pgworker jobs show ID` explains a job left
+-- running with an expired lease. Only the history and last_error_code change (the row
+-- cannot be reaped yet); this update can fail too (a trigger refusing every update), and
+-- the caller then reports the job in its log and metric only. Not fenced by a token: it is
+-- the reaper's record on a row still running with an expired lease, whoever owned it.
+UPDATE {schema}.jobs AS j
+SET last_error_code = 'REAP_FAILED',
+    errors = {schema}.bounded_append(j.errors, jsonb_build_object(
+        'attempt', j.attempts, 'at', now(), 'code', 'REAP_FAILED', 'message', %(message)s::text,
+        'worker', j.lease_owner), %(keep)s)
+WHERE j.id = %(id)s AND j.state = 'running' AND j.lease_expires_at <= now()
+RETURNING j.id;
+
 -- name: jobs_prune
 -- Retention: delete up to %(limit)s jobs of each finished state that finished longer
 -- ago than that state's retention (seconds; NULL keeps them all), their audit events
@@ -61,8 +100,25 @@ RETURNING j.id, j.queue, j.task, j.state::text AS state, j.ordering_key, j.lease
 -- their dedupe key (dedupe_until in the future) stay. Each arm is a range scan of
 -- jobs_finished_idx (state, finished_at), oldest first, so a batch costs its own rows
 -- however much history is kept; SKIP LOCKED lets the pruners of several pods share the
--- work. The caller repeats while an arm comes back full; each batch is a short
--- transaction.
+-- work, and a row another session holds locked never hides the rows behind it. The
+-- caller repeats while an arm comes back full; each batch is a short transaction.
+--
+-- A dead job that blocks its ordering key heads it: deleting it changes which job of the
+-- key runs next, so it goes only under the key's lock, and the caller promotes the key's
+-- next job afterwards (a new statement of the same transaction; the pruner once deleted
+-- such heads and promoted nothing: the key's jobs stayed blocked for good, with no dead
+-- row left to show why). Maintenance never waits for a key: the lock is tried
+-- (pg_try_advisory_xact_lock, the lock of ordering_keys_lock) in the arm's filter, so a
+-- head whose key another transaction holds is passed over this time, and the scan goes on
+-- to the rows behind it. The filter runs in the scan, before FOR UPDATE locks the row:
+-- the key lock comes before the row lock, as in every keyed transition (and, tried, it
+-- can never wait in a cycle). CASE keeps the try-lock to the dead heads only (the planner
+-- may reorder a WHERE clause's conditions, never a CASE's).
+--
+-- The delete itself is delete_finished_jobs (schema.sql, migration 0005): a SECURITY
+-- DEFINER function that re-checks each id is finished and past the retention given, so
+-- that the least-privilege worker role, which has no DELETE, may prune. It returns each
+-- deleted row's state, and the key of a deleted dead head.
 WITH succeeded AS (
     SELECT id FROM {schema}.jobs
     WHERE state = 'succeeded'
@@ -78,22 +134,26 @@ WITH succeeded AS (
 ), dead AS (
     SELECT id FROM {schema}.jobs
     WHERE state = 'dead' AND finished_at < now() - make_interval(secs => %(dead_seconds)s::float8)
+      AND CASE WHEN ordering_key IS NOT NULL AND dead_blocks_key
+               THEN pg_try_advisory_xact_lock(hashtext(%(namespace)s), hashtext(ordering_key))
+               ELSE true END
     ORDER BY finished_at LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM {schema}.jobs
-WHERE id = ANY (ARRAY(SELECT id FROM succeeded UNION ALL SELECT id FROM cancelled UNION ALL SELECT id FROM dead))
-RETURNING state::text;
+SELECT d.deleted_state, d.deleted_key
+FROM {schema}.delete_finished_jobs(
+    ARRAY(SELECT id FROM succeeded UNION ALL SELECT id FROM cancelled UNION ALL SELECT id FROM dead),
+    %(succeeded_seconds)s::float8, %(cancelled_seconds)s::float8, %(dead_seconds)s::float8) AS d;
 
 -- name: queue_events_prune
 -- Retention of the queues' audit trail: delete up to %(limit)s events older than
--- %(older_than_seconds)s, oldest first, on queue_events_at_idx.
-DELETE FROM {schema}.queue_events
-WHERE id IN (
+-- %(older_than_seconds)s, oldest first, on queue_events_at_idx. Chosen here without a
+-- lock (the least-privilege worker may read the trail, not lock it; nobody else locks an
+-- event) and deleted by delete_queue_events (schema.sql, migration 0005), a SECURITY
+-- DEFINER function that re-checks the age and skips events another pruner has locked.
+SELECT e.id
+FROM {schema}.delete_queue_events(ARRAY(
     SELECT id FROM {schema}.queue_events
     WHERE at < now() - make_interval(secs => %(older_than_seconds)s::float8)
     ORDER BY at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-RETURNING id;
+    LIMIT %(limit)s), %(older_than_seconds)s::float8) AS e (id);

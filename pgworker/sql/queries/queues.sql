@@ -4,13 +4,22 @@
 -- name: queue_usage
 -- Whether anything uses a queue name, for the warning on pausing or configuring one that
 -- looks like a typo: claimable, running or dead jobs (each arm on its partial index:
--- jobs_due_idx, jobs_running_idx, jobs_dead_idx; finished jobs have no index by queue and
--- are not counted), a schedule that enqueues into it, and its settings row.
+-- jobs_due_idx, jobs_running_idx, jobs_dead_idx), a schedule that enqueues into it, its
+-- settings row, and its history: an audit event (queue_events_queue_idx), or a job among
+-- the %(recent)s that finished last, succeeded or cancelled (a real queue whose jobs had
+-- just finished was called a typo). Finished jobs have no index by queue: each state is a
+-- bounded walk of jobs_finished_idx from its newest end, never a count over the history.
 SELECT EXISTS (SELECT 1 FROM {schema}.jobs WHERE queue = %(queue)s AND state = 'pending' AND NOT blocked)
        OR EXISTS (SELECT 1 FROM {schema}.jobs WHERE queue = %(queue)s AND state = 'running')
        OR EXISTS (SELECT 1 FROM {schema}.jobs WHERE queue = %(queue)s AND state = 'dead') AS has_jobs,
        EXISTS (SELECT 1 FROM {schema}.schedules WHERE queue = %(queue)s) AS scheduled,
-       EXISTS (SELECT 1 FROM {schema}.queues WHERE name = %(queue)s) AS configured;
+       EXISTS (SELECT 1 FROM {schema}.queues WHERE name = %(queue)s) AS configured,
+       EXISTS (SELECT 1 FROM {schema}.queue_events WHERE queue = %(queue)s) AS has_events,
+       EXISTS (SELECT 1 FROM (SELECT queue FROM {schema}.jobs WHERE state = 'succeeded'
+                              ORDER BY finished_at DESC LIMIT %(recent)s) AS s WHERE s.queue = %(queue)s)
+       OR EXISTS (SELECT 1 FROM (SELECT queue FROM {schema}.jobs WHERE state = 'cancelled'
+                                 ORDER BY finished_at DESC LIMIT %(recent)s) AS c
+                  WHERE c.queue = %(queue)s) AS recently_finished;
 
 -- name: queue_delete
 -- Delete a queue's settings row (pause, concurrency and rate limits, token bucket, aging

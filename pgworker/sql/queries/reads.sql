@@ -28,15 +28,20 @@ ORDER BY id DESC
 LIMIT %(limit)s;
 
 -- name: queue_stats
--- Statistics for the metrics collector, one row per queue, each figure from the
--- partial index that covers it: jobs by state (the finished states are counted by the
--- workers' counters instead: counting them would scan the history), the age of the
--- oldest due claimable job and of the oldest dead job (database clock), running
--- jobs whose lease expired but were not reaped yet, ordering keys held by a dead job
--- (dead-head policy 'block', on jobs_dead_idx), and whether the queue is paused.
+-- Statistics for the metrics collector and `pgworker status`, one row per queue, each
+-- figure from the partial index that covers it: jobs by state (the finished states are
+-- counted by the workers' counters instead: counting them would scan the history), the
+-- age of the oldest due claimable job and of the oldest dead job (database clock),
+-- running jobs whose lease expired but were not reaped yet, ordering keys held by a dead
+-- job (dead-head policy 'block', on jobs_dead_idx), and whether the queue is paused.
+-- Pending jobs are split by run_at into due (claimable now: what autoscaling and backlog
+-- alerts want) and scheduled (run_at later: a retry's backoff, a delayed job), two
+-- ranges of jobs_due_idx (queue, run_at); with blocked, each pending job is in one.
 SELECT q.queue,
        (SELECT count(*) FROM {schema}.jobs j
-         WHERE j.queue = q.queue AND j.state = 'pending' AND NOT j.blocked) AS pending,
+         WHERE j.queue = q.queue AND j.state = 'pending' AND NOT j.blocked AND j.run_at <= now()) AS due,
+       (SELECT count(*) FROM {schema}.jobs j
+         WHERE j.queue = q.queue AND j.state = 'pending' AND NOT j.blocked AND j.run_at > now()) AS scheduled,
        (SELECT count(*) FROM {schema}.jobs j
          WHERE j.ordering_key IS NOT NULL AND j.queue = q.queue AND j.state = 'pending' AND j.blocked) AS blocked,
        (SELECT count(*) FROM {schema}.jobs j
@@ -56,15 +61,66 @@ SELECT q.queue,
        coalesce((SELECT qs.paused_at IS NOT NULL FROM {schema}.queues qs WHERE qs.name = q.queue), false) AS paused
 FROM unnest(%(queues)s::text[]) AS q(queue);
 
--- name: queue_status
--- Counts by queue and state over the whole table, for `pgworker status` (on demand).
-SELECT queue, state::text AS state, count(*) AS jobs,
-       extract(epoch FROM now() - min(run_at) FILTER (
-           WHERE state = 'pending' AND NOT blocked AND run_at <= now()))::float8 AS oldest_due_age_seconds,
-       count(*) FILTER (WHERE state = 'running' AND lease_expires_at <= now()) AS expired_leases
-FROM {schema}.jobs
-GROUP BY queue, state
-ORDER BY queue, state;
+-- name: queues_live
+-- The queues that hold live jobs (pending, running or dead), and those with a settings
+-- row, for `pgworker status` (on demand), in name order. Each partial index whose first
+-- column is the queue is walked one queue at a time (a loose index scan: PostgreSQL 15
+-- has no skip scan): jobs_due_idx (pending, not blocked), jobs_running_idx (running),
+-- jobs_dead_idx (dead), so the cost is a few descents per queue, never a read of the
+-- finished history (status once grouped over every row of the table). Blocked jobs
+-- (pending behind their key's head) are found through jobs_ordering_key_idx, which
+-- holds the unfinished keyed jobs only.
+WITH RECURSIVE pending AS (
+    (SELECT queue FROM {schema}.jobs WHERE state = 'pending' AND NOT blocked ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM {schema}.jobs AS j
+            WHERE j.state = 'pending' AND NOT j.blocked AND j.queue > p.queue ORDER BY j.queue LIMIT 1)
+    FROM pending AS p WHERE p.queue IS NOT NULL
+), running AS (
+    (SELECT queue FROM {schema}.jobs WHERE state = 'running' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM {schema}.jobs AS j
+            WHERE j.state = 'running' AND j.queue > r.queue ORDER BY j.queue LIMIT 1)
+    FROM running AS r WHERE r.queue IS NOT NULL
+), dead AS (
+    (SELECT queue FROM {schema}.jobs WHERE state = 'dead' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM {schema}.jobs AS j
+            WHERE j.state = 'dead' AND j.queue > d.queue ORDER BY j.queue LIMIT 1)
+    FROM dead AS d WHERE d.queue IS NOT NULL
+)
+SELECT queue FROM pending WHERE queue IS NOT NULL
+UNION SELECT queue FROM running WHERE queue IS NOT NULL
+UNION SELECT queue FROM dead WHERE queue IS NOT NULL
+UNION SELECT queue FROM {schema}.jobs WHERE ordering_key IS NOT NULL AND state = 'pending' AND blocked
+UNION SELECT name FROM {schema}.queues
+ORDER BY 1;
+
+-- name: jobs_finished_counts
+-- Finished jobs of the whole table by state, for `pgworker status`: succeeded and
+-- cancelled counted exactly up to %(limit)s rows each on jobs_finished_idx (state,
+-- finished_at), then only estimated, from the planner's statistics of the last ANALYZE
+-- (pg_class.reltuples times the state's frequency in pg_stats): the cost is bounded
+-- whatever the retention keeps. Dead jobs are live work for an operator, counted per
+-- queue by queue_stats. ORDER BY finished_at keeps each count on the index: without it
+-- the planner may pick a sequential scan, expecting the matching rows at once, and read
+-- the history until it finds them. NULL estimate: the table was never analyzed.
+WITH stats AS (
+    SELECT greatest(c.reltuples, 0)::float8 AS rows, s.most_common_vals::text::text[] AS vals,
+           s.most_common_freqs AS freqs
+    FROM pg_class AS c
+    JOIN pg_namespace AS n ON n.oid = c.relnamespace
+    LEFT JOIN pg_stats AS s ON s.schemaname = n.nspname AND s.tablename = c.relname AND s.attname = 'state'
+    WHERE n.nspname = %(schema)s AND c.relname = 'jobs'
+)
+SELECT f.state, f.counted,
+       (SELECT round(st.rows * st.freqs[array_position(st.vals, f.state)])::bigint FROM stats AS st) AS estimated
+FROM (VALUES
+    ('succeeded', (SELECT count(*) FROM (SELECT 1 FROM {schema}.jobs WHERE state = 'succeeded'
+                                         ORDER BY finished_at LIMIT %(limit)s) AS x)),
+    ('cancelled', (SELECT count(*) FROM (SELECT 1 FROM {schema}.jobs WHERE state = 'cancelled'
+                                         ORDER BY finished_at LIMIT %(limit)s) AS x))
+) AS f (state, counted);
 
 -- name: jobs_due_count
 -- Due, claimable jobs in these queues, paused queues excepted (drain mode: is there

@@ -18,7 +18,11 @@ What can go wrong with a write, and what happens:
   (a lock or statement timeout, a read-only server) waits for the next flush.
 - **Writes keep failing**: the claimer's slot table says so (``write_health``), which the
   supervisor's /readyz reports, and ``pgworker_outcome_write_errors_total`` counts each
-  failure by reason.
+  failure by reason. Outcomes refused for now are tried again after a backoff (the
+  runtime's one, 0.5 s doubling to 10 s), not at every turn of the claim loop: a claimer
+  whose slots were all full of decided outcomes once made ~700 failed flushes a second
+  against a read-only server. The outage is logged once, and once when it ends. A
+  read-only server (SQLSTATE 25006) refuses every write, so its batch is not split.
 """
 
 from __future__ import annotations
@@ -31,11 +35,12 @@ from typing import Any, Callable
 import psycopg
 
 from ... import tracing
-from ...db import connection_lost, describe_failure, sqlstate_class
+from ...db import READ_ONLY_SQLSTATE, OutageLog, connection_lost, describe_failure, sqlstate_class
 from ...jobs import ClaimedJob, FenceReport
-from ...names import schema_flag
+from ...names import bounded_text, schema_flag
 from .. import slots as s
 from ..outcome import FAIL, OUTCOME_INVALID, Outcome, Write, write_outcomes, written_outcome
+from ..service import Backoff
 from .connection import ClaimerConnection
 
 log = logging.getLogger("pgworker.claimer")
@@ -48,7 +53,7 @@ class Completer:
     """The outcome writes of one claimer process (see the module)."""
 
     def __init__(self, *, app: Any, db: ClaimerConnection, table: s.SlotTable, metrics: Any, worker_id: str,
-                 flush_seconds: float, error_message_max_chars: int,
+                 flush_seconds: float, error_message_max_chars: int, index: int = 0,
                  on_settled: Callable[[], None] = lambda: None) -> None:
         self.app = app
         self.store = app.store
@@ -63,6 +68,11 @@ class Completer:
         self.pending: list[Outcome] = []
         self.pending_lock = threading.Lock()
         self.stop_event = threading.Event()
+        # outcomes refused for now: when to try again, and the outage's one log line
+        self.backoff = Backoff()
+        self.retry_at = 0.0
+        self.refusal: psycopg.Error | None = None
+        self.outage = OutageLog(log, f"claimer {index}", app.settings.dsn)
 
     def add(self, outcome: Outcome) -> None:
         with self.pending_lock:
@@ -95,8 +105,17 @@ class Completer:
 
     # -- writing --------------------------------------------------------------------------
 
-    def flush(self) -> None:
-        """Write every queued outcome (see the module for what happens on failure)."""
+    def backing_off(self) -> float:
+        """Seconds until outcomes refused for now are tried again (0: none waits)."""
+        with self.pending_lock:
+            waiting = bool(self.pending)
+        return max(0.0, self.retry_at - time.monotonic()) if waiting and self.retry_at else 0.0
+
+    def flush(self, *, force: bool = False) -> None:
+        """Write every queued outcome (see the module for what happens on failure); while
+        refused outcomes wait for their backoff, nothing is tried unless ``force``."""
+        if not force and self.retry_at and time.monotonic() < self.retry_at:
+            return
         with self.db.lock:
             with self.pending_lock:
                 batch, self.pending = self.pending, []
@@ -127,8 +146,15 @@ class Completer:
         if later:
             self.table.set_state_many([(o.slot, o.job.id) for o in later], s.DECIDED)
             self._requeue(later)
+            if self.refusal is not None:
+                self.outage.failed(self.refusal, "writing job outcomes")
+            self.retry_at = time.monotonic() + self.backoff.next()
         else:
             self.table.write_health(None)
+            if self.retry_at:
+                self.outage.ok()
+                self.backoff.reset()
+                self.retry_at = 0.0
         self._account([o for o in batch if o.job.id not in deferred] if deferred else batch, reports, accepted,
                       confirmed, started, db_now)
 
@@ -141,13 +167,19 @@ class Completer:
     def _write(self, conn: psycopg.Connection, batch: list[Outcome]) -> tuple[dict[int, FenceReport], list[Outcome]]:
         """Write the batch; returns the fence reports by kind and the outcomes to write
         later. Raises psycopg errors only when the connection is lost."""
+        self.refusal = None
         try:
             return write_outcomes(self.store, conn, [_write(o) for o in batch]), []
         except psycopg.Error as exc:
             if connection_lost(exc, conn):
                 raise
-            log.warning("an outcome write was refused (%s); writing the batch's %s outcomes one at a time",
-                        describe_failure(exc), len(batch), extra={"action": "outcome_write_split"})
+            if exc.sqlstate == READ_ONLY_SQLSTATE:  # the server refuses every write: no split
+                self.refusal = exc
+                self._write_failed("statement", describe_failure(exc))
+                return {}, list(batch)
+            (log.debug if self.outage.down else log.warning)(
+                "an outcome write was refused (%s); writing the batch's %s outcomes one at a time",
+                describe_failure(exc), len(batch), extra={"action": "outcome_write_split"})
         reports: dict[int, FenceReport] = {}
         later: list[Outcome] = []
         for o in batch:
@@ -157,6 +189,7 @@ class Completer:
                 if connection_lost(exc, conn):
                     raise
                 if sqlstate_class(exc) not in INVALID_VALUE_CLASSES:
+                    self.refusal = exc
                     self._write_failed("statement", describe_failure(exc))
                     later.append(o)  # refused for now (a timeout, a lock): the next flush tries again
                     continue
@@ -289,11 +322,16 @@ def _merge(reports: dict[int, FenceReport], kind: int, report: FenceReport) -> N
                                 {**old.details, **report.details})
 
 
+#: The most of a dead job's message its log line quotes (an UNKNOWN_TASK message fits whole).
+DEAD_LOG_MESSAGE_CHARS = 400
+
+
 def _log_dead(o: Outcome, schema_flag: str) -> None:
     """Whatever the cause (last attempt, permanent, unknown task): say it once, with the
     commands to inspect and replay, ``--schema`` included when it is not the default
-    (the task name as repr: a name from a raw INSERT may hold line breaks and escapes)."""
-    message = o.message[:200].replace("\r", "\\r").replace("\n", "\\n")
+    (the task name as repr: a name from a raw INSERT may hold line breaks and escapes).
+    A long message is cut with a visible '…' (the whole one is in `jobs show`)."""
+    message = bounded_text(o.message.replace("\r", "\\r").replace("\n", "\\n"), DEAD_LOG_MESSAGE_CHARS)
     log.error("job %s (task %r) is dead after attempt %s/%s: %s: %s; see `pgworker jobs show %s%s`, "
               "replay with `pgworker dead replay %s%s`", o.job.id, o.job.task, o.job.attempt,
               o.job.max_attempts, o.code, message, o.job.id, schema_flag, o.job.id, schema_flag,

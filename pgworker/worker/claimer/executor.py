@@ -29,13 +29,13 @@ import asyncio
 import logging
 import time
 import traceback
-from typing import Any
+from typing import Any, Iterable
 
 from ... import tracing
 from ...context import JobContext
 from ...errors import InvalidPayload, JobCancelled, LeaseLost, Permanent, Retry, Snooze
 from ...jobs import ClaimedJob
-from ...names import bounded_text, redact, schema_flag
+from ...names import bounded_text, redact
 from ...retry import classify, error_code
 from ...tasks import Task
 from ..slots import SlotTable
@@ -50,6 +50,29 @@ LEASE_LOST = "LEASE_LOST"
 # An async handler's task is cancelled within this long of a cancellation request
 # reaching its slot (the request itself arrives with the next lease renewal).
 CANCEL_POLL_SECONDS = 0.1
+
+
+#: The registered task names an UNKNOWN_TASK message lists, in characters (the rest counted).
+KNOWN_TASKS_CHARS = 160
+
+
+def unknown_task_message(task: str, registered: Iterable[str]) -> str:
+    """The stored error of a job whose task this worker has no handler for: the task, the
+    names it has (whole names, up to KNOWN_TASKS_CHARS, then how many more) and what to do.
+    The commands to inspect and replay the job are the dead-job log line's (with the
+    schema), not repeated here."""
+    names = sorted(registered)
+    shown: list[str] = []
+    for name in names:
+        if shown and len(", ".join([*shown, name])) > KNOWN_TASKS_CHARS:
+            break
+        shown.append(name)
+    more = len(names) - len(shown)
+    listed = ", ".join(bounded_text(n, KNOWN_TASKS_CHARS) for n in shown) or "none"
+    if more:
+        listed += f" and {more} more"
+    return (f"no handler for task {bounded_text(repr(task), 100)} in this worker (registered: {listed}); "
+            "deploy a worker that has it, then replay the job")
 
 
 class HandlerTimeout(Exception):
@@ -77,7 +100,6 @@ class Executor:
         self.app = app
         self.table = table
         self.worker_id = worker_id
-        self.schema_flag = schema_flag(app.settings.schema)  # in the replay hint of an unknown task
         self.max_chars = error_message_max_chars
         self.secrets = secrets
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -94,10 +116,8 @@ class Executor:
         task: Task | None = self.app.tasks.get(job.task)
         span = tracing.start_process_span(job, self.worker_id) if traced else tracing.INVALID_SPAN
         if task is None:
-            known = ", ".join(sorted(self.app.tasks)) or "none"
             out = Outcome(job, slot, FAIL, "dead", 0.0, code=UNKNOWN_TASK, permanent=True,
-                          message=(f"no handler for task {job.task!r} in this worker (registered: {known[:300]}); "
-                                   f"deploy a worker that has it, then `pgworker dead replay {job.id}{self.schema_flag}`"))
+                          message=unknown_task_message(job.task, self.app.tasks))
             tracing.record_outcome(span, "dead", LookupError(job.task), UNKNOWN_TASK)
             return self._record(out, span)
         ctx = JobContext(job, self.table, slot)

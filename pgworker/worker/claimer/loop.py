@@ -115,7 +115,7 @@ class Claimer:
         self.completer = Completer(app=self.app, db=self.db, table=self.table, metrics=self.metrics,
                                    worker_id=self.worker_id, flush_seconds=self.settings.completion_flush_seconds,
                                    error_message_max_chars=self.settings.error_message_max_chars,
-                                   on_settled=self._refresh_pod_limits)
+                                   index=self.index, on_settled=self._refresh_pod_limits)
         self.table.header.pid = os.getpid()
         self.table.beat(idle=False)
         self.completer.start(lambda: self.executor.running)
@@ -155,7 +155,10 @@ class Claimer:
                 if self.take_over_one():
                     continue
                 self.completer.flush()
-                if self.drain and not self.retry_at:  # a rate-limited queue still owes a claim
+                # retry_at holds only queues whose due jobs wait for a token (the claim says
+                # so only then): that is work left, claimed when the token comes or left at
+                # the deadline; an empty bucket with nothing due owes nothing
+                if self.drain and not self.retry_at:
                     self.table.header.drained = 1
                 self.wait_for_work(seen)
         finally:
@@ -208,7 +211,7 @@ class Claimer:
             if not self.completer.pending:
                 break
             if self.db.ensure(block=False):
-                self.completer.flush()
+                self.completer.flush(force=True)
         self.executor.close()
         with self.db.lock:
             self.db.close()
@@ -266,6 +269,9 @@ class Claimer:
             self.completer.flush()
             limit = self.batch_size()
             if limit <= 0:
+                if self.completer.backing_off():  # every slot holds an outcome refused for now: no spin
+                    self.db.sleep(self.completer.backing_off())
+                    return None
                 return True
         granted = limit
         if self.pod_limits is not None and self.pod_limits.limits(queue):
@@ -389,7 +395,9 @@ class Claimer:
         # peer's row counts it until then, so the pod's total never dips below what it
         # holds (it did: a peer then found room for a second job of a queue limited to one)
         self._refresh_pod_limits()
-        self.peer_jobs.moved(peer, view)
+        lost, cancel = self.peer_jobs.moved(peer, view)
+        if lost or cancel:  # learnt while it waited in the peer's batch: never start it then
+            self.table.mark(self.batch[job.id][1], job.id, job.lease_token, lost=lost, cancel=cancel)
         self.run_batch([job])
         return True
 

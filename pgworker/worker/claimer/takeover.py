@@ -7,8 +7,10 @@ no job claimed by the pod waits behind another while one of its claimers is idle
 keeps its lease and fencing token: only the slot moves, from the peer's table to the
 taker's (CLAIMED -> STOLEN there, then empty once the job is in the taker's table; see
 :mod:`pgworker.worker.slots`), and the row's ``lease_owner`` becomes the taker. The taker
-reads the job's row by id and token (``job_take_over``), since the payload lives in the
-peer's process, not in shared memory.
+reads the job's row by id and token (``job_take_over``, refused once the lease has
+expired), since the payload lives in the peer's process, not in shared memory. The old
+slot's ``lost`` and ``cancel`` flags, set by the renewer and the lease clock while the
+job waited there, move with it (see ``SlotTable.finish_move``).
 """
 
 from __future__ import annotations
@@ -63,9 +65,13 @@ class PeerJobs:
             return job, v, peer
         return None
 
-    def moved(self, peer: s.SlotTable, v: s.SlotView) -> None:
-        """Empty the job's old slot in the peer's table."""
-        _quietly(peer.finish_move, v)
+    def moved(self, peer: s.SlotTable, v: s.SlotView) -> tuple[bool, bool]:
+        """Empty the job's old slot in the peer's table; returns the (lost, cancel) flags
+        it had gained (see SlotTable.finish_move)."""
+        try:
+            return peer.finish_move(v.index, v.job_id, v.token)
+        except s.SlotTableBusy:
+            return False, False  # its owner is stopped holding the lock: the supervisor settles it
 
     def _fetch(self, v: s.SlotView) -> ClaimedJob | None:
         """The job behind a peer's slot, from the table, now owned by this claimer; None

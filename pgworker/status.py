@@ -1,0 +1,81 @@
+"""What `pgworker status` reports, read without reading the retained history.
+
+- Live jobs per queue, exact: ``due`` (pending, its run_at has come), ``scheduled``
+  (pending, run_at later), ``blocked`` (behind its ordering key's head), ``running`` and
+  ``dead``, with the age of the oldest due job and the running jobs whose lease expired:
+  the statistics statement of /metrics (``queue_stats``), for the queues that
+  ``queues_live`` finds (a few index descents per queue).
+- Finished jobs of the whole table by state (succeeded, cancelled): counted up to
+  :data:`FINISHED_COUNT_LIMIT` each on their index, past that the planner's estimate.
+  Per queue they would be a read of the history; the workers' counters
+  (``pgworker_jobs_finished_total``) have them by queue.
+- The queues' settings rows (paused queues) and the ordering keys held by a dead job.
+
+So the cost of a status is bounded by the live jobs and the limit, whatever retention
+keeps (it grouped over every row: 17,595 buffers on a modest table).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from .catalogue import STATS_STATES
+
+FINISHED_COUNT_LIMIT = 10_000
+
+
+@dataclass
+class StatusReport:
+    """``figures``: one row per queue (see ``Store.queue_figures``); ``finished``: one row
+    per finished state with ``jobs`` and whether it is ``estimated``; ``queues``: the
+    settings rows (``Store.list_queues``); ``blocked``: keys held by a dead job."""
+
+    figures: list[dict[str, Any]] = field(default_factory=list)
+    finished: list[dict[str, Any]] = field(default_factory=list)
+    queues: list[dict[str, Any]] = field(default_factory=list)
+    blocked: list[dict[str, Any]] = field(default_factory=list)
+
+    def state_rows(self) -> list[dict[str, Any]]:
+        """One row per queue and live state holding jobs, then one per finished state of
+        the whole table (``queue`` None): ``queue``, ``state``, ``jobs``,
+        ``oldest_due_age_seconds`` (due rows), ``expired_leases`` (running rows),
+        ``paused``, ``estimated`` (True when ``jobs`` is the planner's estimate)."""
+        paused = {q["name"] for q in self.queues if q.get("paused_at") is not None}
+        rows = []
+        for f in self.figures:
+            for state in STATS_STATES:
+                if f[state]:
+                    rows.append({"queue": f["queue"], "state": state, "jobs": f[state],
+                                 "oldest_due_age_seconds": f["oldest_due_age_seconds"] if state == "due" else None,
+                                 "expired_leases": f["expired_leases"] if state == "running" else None,
+                                 "paused": f["queue"] in paused, "estimated": False})
+        for f in self.finished:
+            if f["jobs"]:
+                rows.append({"queue": None, "state": f["state"], "jobs": f["jobs"], "oldest_due_age_seconds": None,
+                             "expired_leases": None, "paused": False, "estimated": f["estimated"]})
+        return rows
+
+    def totals(self) -> dict[str, int]:
+        """Jobs by state over every queue (finished states as in :meth:`state_rows`)."""
+        out: dict[str, int] = {}
+        for r in self.state_rows():
+            out[r["state"]] = out.get(r["state"], 0) + r["jobs"]
+        return out
+
+
+def status_reads(app: Any, conn: psycopg.Connection) -> StatusReport:
+    """Everything `pgworker status` reads, on ``conn`` (see the module docstring)."""
+    store = app.store
+    figures = store.queue_figures(conn, store.live_queues(conn))
+    finished = []
+    for row in store.finished_counts(conn, limit=FINISHED_COUNT_LIMIT + 1):
+        if row["counted"] <= FINISHED_COUNT_LIMIT:
+            finished.append({"state": row["state"], "jobs": row["counted"], "estimated": False})
+        else:  # more than the limit: the estimate, never below what was counted
+            jobs = max(row["estimated"] or 0, row["counted"])
+            finished.append({"state": row["state"], "jobs": jobs, "estimated": True})
+    return StatusReport(figures=figures, finished=finished, queues=store.list_queues(conn),
+                        blocked=store.dead_blocked_keys(conn))
