@@ -2,6 +2,8 @@
 #
 #   docker build -t pgworker:0.1.0 .
 #   docker run --rm -e PGWORKER_DSN=... -e PGWORKER_APP=myapp.tasks:app pgworker:0.1.0
+#   docker run --rm -p 8080:8080 -e PGWORKER_DSN=... -e PGWORKER_WEB_USERS=... pgworker:0.1.0 \
+#       web --host 0.0.0.0                     # the web console (docs/web.md)
 #
 # Your tasks must be importable inside the image: build your own image FROM this one
 # and `pip install` your package into /opt/venv (see docs/deploy.md).
@@ -13,7 +15,7 @@
 # debootstrap from Debian's packages, see tests/deploy/test_deploy_image.py).
 ARG BASE_IMAGE=python:3.11.14-slim-bookworm
 
-# ---- builder: a virtualenv with pgworker and its OTLP exporter ------------------------
+# ---- builder: a virtualenv with pgworker, its OTLP exporter and its web console ------
 FROM ${BASE_IMAGE} AS builder
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -27,7 +29,7 @@ COPY pyproject.toml README.md ./
 COPY pgworker ./pgworker
 # The project itself, from this source tree (setuptools via pyproject.toml); its
 # dependencies as wheels only, so no compiler is ever needed (nor installed).
-RUN pip install --no-cache-dir --only-binary=:all: "./[otlp]"
+RUN pip install --no-cache-dir --only-binary=:all: "./[otlp,web]"
 
 # ---- runtime -------------------------------------------------------------------------
 FROM ${BASE_IMAGE}
@@ -58,8 +60,9 @@ ENV PATH=/opt/venv/bin:$PATH \
 
 USER 10001:10001
 
-# /metrics, /healthz, /readyz (--metrics-port, PGWORKER_METRICS_PORT)
-EXPOSE 9186
+# /metrics, /healthz, /readyz (--metrics-port, PGWORKER_METRICS_PORT); the console of
+# `pgworker web` (--port)
+EXPOSE 9186 8080
 
 ENTRYPOINT ["tini", "--", "pgworker"]
 CMD ["run"]

@@ -326,6 +326,12 @@ class App:
         worker's pruner does this by itself, per state: see the ``retention_*`` settings.)"""
         return operations.prune(self, older_than, batch=batch)
 
+    def retry(self, job_id: int, *, actor: str | None = None) -> dict[str, Any] | None:
+        """Retry now: a pending job scheduled later (a retry's backoff, a delay) becomes due
+        at once, audited ('retried_now', with the run_at it had). Returns {id, queue,
+        previous_run_at}, or None when it is not pending with a run_at still ahead."""
+        return operations.retry(self, job_id, actor=actor)
+
     # -- queues ---------------------------------------------------------------------
 
     def pause_queue(self, queue: str, *, actor: str | None = None) -> dict[str, Any]:

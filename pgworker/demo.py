@@ -263,7 +263,9 @@ def main(args: argparse.Namespace) -> int:
         else:
             print(f"outputs kept in {out_dir}")
         dead = app.list_jobs(state="dead", limit=1)
-        print(closing_hint(embedded, schema, keep=args.keep, example=dead[0]["id"] if dead else None))
+        console = start_console(dsn, schema) if args.keep else None
+        print(closing_hint(embedded, schema, keep=args.keep, example=dead[0]["id"] if dead else None,
+                           console=console))
         ok = summary["lost"] == 0 and summary["stuck"] == 0
         return 0 if ok else 1
     return 0
@@ -282,22 +284,58 @@ def pgworker_command() -> str:
     return script  # absolute: it works from any directory, as the stop command does
 
 
-def closing_hint(embedded: EmbeddedPostgres | None, schema: str, *, keep: bool, example: int | None = None) -> str:
+def closing_hint(embedded: EmbeddedPostgres | None, schema: str, *, keep: bool, example: int | None = None,
+                 console: tuple[str, int] | None = None) -> str:
     """How to look at the demo's jobs afterwards (the worker log names their ids; ``example``
     is one dead job's), for a database that is still there: the embedded one is deleted
-    at exit unless ``keep``."""
+    at exit unless ``keep``. ``console``: (URL, pid) of a web console left running."""
     command = pgworker_command()
     job = str(example) if example is not None else "ID"
+    web = (f"\nthe web console keeps running too: {console[0]} (the demo's jobs{f', job {job}' if example else ''})"
+           if console else "")
     if embedded is None:
         return (f"its jobs stay in schema {schema!r} of your database until the next demo: "
-                f"`{command} jobs show {job} --schema {schema}` (same DSN) shows one")
+                f"`{command} jobs show {job} --schema {schema}` (same DSN) shows one"
+                + (f"{web}\nstop it with\n  kill {console[1]}" if console else ""))
     if not keep:
         return ("the embedded PostgreSQL was deleted at exit, and the jobs in that log with it; "
                 f"`{command} demo --keep` leaves it running so that they can be inspected")
     return ("the embedded PostgreSQL keeps running (--keep); inspect a job of that log with\n"
-            f"  PGWORKER_DSN='{embedded.dsn}' {command} jobs show {job}\n"
-            "stop and delete it with\n"
-            f"  {embedded.stop_command}")
+            f"  PGWORKER_DSN='{embedded.dsn}' {command} jobs show {job}{web}\n"
+            f"stop {'them' if console else 'it'} and delete the database with\n"
+            f"  {f'kill {console[1]}; ' if console else ''}{embedded.stop_command}")
+
+
+def start_console(dsn: str, schema: str) -> tuple[str, int] | None:
+    """`pgworker web` on 127.0.0.1 (port 8080 when free), detached, for a kept demo:
+    (its URL, its pid), or None when the 'web' extra is not installed or it did not start."""
+    import socket
+
+    from .web import require_extra
+
+    try:
+        require_extra()
+    except ConfigError:
+        return None
+    with socket.socket() as s:
+        port = 8080 if s.connect_ex(("127.0.0.1", 8080)) != 0 else 0
+    if not port:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    fd, log_path = tempfile.mkstemp(prefix="pgworker-demo-web-", suffix=".log")
+    proc = subprocess.Popen([sys.executable, "-m", "pgworker.cli", "web", "--port", str(port)],
+                            env=dict(os.environ, PGWORKER_DSN=dsn, PGWORKER_SCHEMA=schema), stdin=subprocess.DEVNULL,
+                            stdout=fd, stderr=fd, start_new_session=True)
+    os.close(fd)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and proc.poll() is None:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return f"http://127.0.0.1:{port}/", proc.pid
+        time.sleep(0.1)
+    print(f"(the web console did not start; its log: {log_path})", flush=True)
+    return None
 
 
 def _summary(app: App, jobs: int, duplicates: int, elapsed: float, out_dir: str,

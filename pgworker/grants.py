@@ -1,4 +1,5 @@
-"""Least-privilege GRANTs for a producer role and a worker role (``pgworker sql grants``).
+"""Least-privilege GRANTs for a producer, a worker and a read-only console (viewer) role
+(``pgworker sql grants``).
 
 The statements live in ``sql/grants.sql`` (one named block per role). Roles and the
 schema are quoted with ``psycopg.sql.Identifier``, so any role name is safe. The roles
@@ -33,17 +34,17 @@ def _blocks() -> dict[str, list[str]]:
     return out
 
 
-def grant_statements(schema: str, *, producer: str | None = None,
-                     worker: str | None = None) -> list[sql.Composed]:
+def grant_statements(schema: str, *, producer: str | None = None, worker: str | None = None,
+                     viewer: str | None = None) -> list[sql.Composed]:
     """The GRANT statements for the given roles on ``schema``.
 
     Raises :class:`ConfigError` when neither role is given or a name is empty, and
     :class:`InvalidName` for a schema name PostgreSQL would not keep as is.
     """
     check_schema_name(schema)
-    if not producer and not worker:
-        raise ConfigError("name at least one role: --producer ROLE and/or --worker ROLE")
-    roles = {"producer": producer, "worker": worker}
+    if not producer and not worker and not viewer:
+        raise ConfigError("name at least one role: --producer ROLE, --worker ROLE and/or --viewer ROLE")
+    roles = {"producer": producer, "worker": worker, "viewer": viewer}
     out: list[sql.Composed] = []
     for kind, role in roles.items():
         if role is None:

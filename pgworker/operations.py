@@ -1,5 +1,5 @@
 """Operator actions, audited with who performed them (the App's :meth:`cancel`,
-:meth:`replay`, :meth:`prune`, :meth:`pause_queue`, :meth:`resume_queue`,
+:meth:`replay`, :meth:`retry`, :meth:`prune`, :meth:`pause_queue`, :meth:`resume_queue`,
 :meth:`configure_queue` and :meth:`delete_queue`): the validation of their arguments,
 a queue's policies included, and their store calls; and whether a queue name is in use."""
 
@@ -129,6 +129,11 @@ def queue_usage(app: App, queue: str) -> dict[str, bool]:
         usage = dict(app.store.queue_usage(c, queue))
     usage["in_app"] = queue in app.queues()
     return usage
+
+
+def retry(app: App, job_id: int, *, actor: str | None) -> dict[str, Any] | None:
+    with app.connection() as c:
+        return app.store.retry_now(c, job_id, actor=actor or _actor())
 
 
 def _actor() -> str:

@@ -23,6 +23,7 @@ from .config import Settings
 from .jobs import MAX_DELAY_SECONDS
 from .retry import RetryPolicy
 from .tasks import DEFAULT_MAX_ATTEMPTS
+from .web.config import WEB_VARIABLES
 
 #: Variables of the command line and the library that are not Settings fields:
 #: (variable, the flag it is the default of, default, meaning).
@@ -56,6 +57,10 @@ TEST_VARIABLES: tuple[tuple[str, str, str], ...] = (
     ("PGWORKER_CHAOS_SEED", "11", "Seed of the chaos soak test."),
     ("PGWORKER_OUTAGE_SECONDS", "37", "Length of the database outage in the outage test, in seconds."),
     ("PGWORKER_BENCH_DSN", "PGWORKER_DSN, else 127.0.0.1:5432/test", "The PostgreSQL the benchmarks measure."),
+    ("PGWORKER_CHROMIUM", "/usr/bin/chromium", "The browser of the console's tests (Debian's `chromium`)."),
+    ("PGWORKER_CHROMEDRIVER", "/usr/bin/chromedriver", "Its driver (Debian's `chromium-driver`)."),
+    ("PGWORKER_WEB_SCREENSHOTS", "none", "A folder the browser tests also write their screenshots to "
+     "(`docs/web` refreshes docs/web.md's)."),
 )
 
 #: ``@app.task(...)`` options: name -> (unit, meaning). Defaults come from the signature
@@ -378,6 +383,10 @@ def render() -> str:
     lines += ["", "## Other variables", "",
               "| variable | flag | default | meaning |", "|---|---|---|---|"]
     for variable, flag, default, meaning in OTHER_VARIABLES:
+        lines.append(f"| `{variable}` | {_code(flag) if flag else '-'} | {_cell(default)} | {_cell(meaning)} |")
+    lines += ["", "## Variables of the web console (`pgworker web`, docs/web.md)", "",
+              "| variable | flag | default | meaning |", "|---|---|---|---|"]
+    for variable, flag, default, meaning in WEB_VARIABLES:
         lines.append(f"| `{variable}` | {_code(flag) if flag else '-'} | {_cell(default)} | {_cell(meaning)} |")
     lines += ["", "The OpenTelemetry SDK reads the standard `OTEL_*` variables (`OTEL_TRACES_EXPORTER`,",
               "`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_SERVICE_NAME`, `OTEL_TRACES_SAMPLER`, ...): see",

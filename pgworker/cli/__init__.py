@@ -23,14 +23,14 @@ from .jobs import cmd_cancel, cmd_dead, cmd_enqueue, cmd_jobs, cmd_prune
 from .parser import (ENV_FLAGS, SETTING_FLAGS, SETTING_SWITCHES, _ABSENT, _duration_or_none,  # noqa: F401
                      _float_or_none, _int_or_none, build_parser, parse_duration, unrecognized)
 from .queues import cmd_queue, cmd_status
-from .service import cmd_demo, cmd_migrate, cmd_run, cmd_schedules, cmd_sql
+from .service import cmd_demo, cmd_migrate, cmd_run, cmd_schedules, cmd_sql, cmd_web
 
 EXIT_USAGE = 2
 
 
 COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "enqueue": cmd_enqueue, "jobs": cmd_jobs,
             "dead": cmd_dead, "cancel": cmd_cancel, "prune": cmd_prune, "status": cmd_status,
-            "queue": cmd_queue, "schedules": cmd_schedules, "sql": cmd_sql, "demo": cmd_demo}
+            "queue": cmd_queue, "schedules": cmd_schedules, "sql": cmd_sql, "web": cmd_web, "demo": cmd_demo}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""Commands on jobs: enqueue, jobs list/show, dead list/keys/replay, cancel, prune."""
+"""Commands on jobs: enqueue, jobs list/show/retry, dead list/keys/replay, cancel, prune."""
 
 from __future__ import annotations
 
@@ -58,6 +58,8 @@ def _note_enqueue_defaults(args: argparse.Namespace) -> None:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     app = _make_app(args)
+    if getattr(args, "jobs_command", None) == "retry":
+        return _retry(args, app)
     if getattr(args, "jobs_command", None) == "show":
         job = app.get_job(args.id)
         if job is None:
@@ -72,6 +74,22 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     rows = app.list_jobs(queue=args.queue, state=args.state, limit=args.limit)
     emit(args, rows, ["id", "queue", "task", "state", "priority", "attempts", "max_attempts",
                       "run_at", "last_error_code"])
+    return 0
+
+
+def _retry(args: argparse.Namespace, app: Any) -> int:
+    moved = app.retry(args.id)
+    if moved is None:
+        job = app.get_job(args.id)
+        why = "unknown" if job is None else (
+            f"{job['state']}, not pending" if job["state"] != "pending" else "pending and due already")
+        print(f"error: job {args.id} is {why}: only a pending job scheduled later can be retried now "
+              f"(`pgworker jobs show {args.id}{schema_flag(app.settings.schema)}`)", file=sys.stderr)
+        return 1
+    if args.json:
+        emit(args, {"id": args.id, "previous_run_at": moved["previous_run_at"].isoformat()})
+    else:
+        print(f"job {args.id}: due now (it was due {moved['previous_run_at'].isoformat(timespec='seconds')})")
     return 0
 
 

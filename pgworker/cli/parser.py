@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("jobs", help="list jobs, or show one with its error history")
     _common(p)
-    jsub = p.add_subparsers(dest="jobs_command", metavar="list|show")
+    jsub = p.add_subparsers(dest="jobs_command", metavar="list|show|retry")
     jl = jsub.add_parser("list", help="list jobs (default)")
     _common(jl)
     for q in (p, jl):
@@ -147,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     js = jsub.add_parser("show", help="one job in full")
     _common(js)
     js.add_argument("id", type=int, help="the job's id")
+    jr = jsub.add_parser("retry", help="retry now: a pending job scheduled later becomes due at once (audited)")
+    _common(jr)
+    jr.add_argument("id", type=int, help="the job's id")
 
     p = sub.add_parser("dead", help="dead jobs: list or replay")
     _common(p)
@@ -219,11 +222,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sql", help="SQL for operators: least-privilege grants")
     ssub = p.add_subparsers(dest="sql_command", metavar="grants", required=True)
-    sg = ssub.add_parser("grants", help="GRANTs for a producer role and a worker role (print, or --apply)")
+    sg = ssub.add_parser("grants", help="GRANTs for a producer, a worker and a read-only console role "
+                                        "(print, or --apply)")
     _common(sg)
     sg.add_argument("--producer", help="role that may only enqueue and read job state")
     sg.add_argument("--worker", help="role that may claim, record outcomes and run the reaper")
+    sg.add_argument("--viewer", help="role for the read-only web console (`pgworker web --read-only`): "
+                                     "reads every page, writes nothing")
     sg.add_argument("--apply", action="store_true", help="run the statements with --dsn (the schema's owner)")
+
+    p = sub.add_parser("web", help="the web console: jobs, queues, dead jobs, schedules, workers, bulk operations "
+                                   "(needs pip install 'pgworker[web]')")
+    _common(p)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; beyond loopback it needs PGWORKER_WEB_USERS "
+                        "or PGWORKER_WEB_TOKENS)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("--read-only", action="store_true",
+                   help="offer and accept no action (env PGWORKER_WEB_READ_ONLY; pair it with the viewer role "
+                        "of `pgworker sql grants`)")
+    p.add_argument("--root-path", default="", metavar="PATH",
+                   help="the path prefix a reverse proxy serves the console under, e.g. /pgworker")
+    p.add_argument("--trace-url", metavar="TEMPLATE",
+                   help="link a job's trace id: a URL with {trace_id} (env PGWORKER_WEB_TRACE_URL)")
+    p.add_argument("--log-level", metavar="LEVEL", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
 
     parser.commands = sub.choices  # type: ignore[attr-defined]  # name -> parser, for usage errors of one command
     p = sub.add_parser("demo", help="run a realistic workload end to end (embedded PostgreSQL without --dsn)")

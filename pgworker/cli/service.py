@@ -1,4 +1,4 @@
-"""Commands that set up and run the service: migrate, run, schedules, sql grants, demo."""
+"""Commands that set up and run the service: migrate, run, schedules, sql grants, web, demo."""
 
 from __future__ import annotations
 
@@ -75,9 +75,9 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from ..config import DEFAULT_SCHEMA
 
     if getattr(args, "sql_command", None) != "grants":
-        raise ConfigError("use: pgworker sql grants --producer ROLE --worker ROLE [--schema S] [--apply]")
+        raise ConfigError("use: pgworker sql grants --producer ROLE --worker ROLE --viewer ROLE [--schema S] [--apply]")
     schema = args.schema or os.environ.get("PGWORKER_SCHEMA") or DEFAULT_SCHEMA
-    statements = grants.grant_statements(schema, producer=args.producer, worker=args.worker)
+    statements = grants.grant_statements(schema, producer=args.producer, worker=args.worker, viewer=args.viewer)
     if not args.apply:
         print(grants.render(statements))
         return 0
@@ -85,8 +85,31 @@ def cmd_sql(args: argparse.Namespace) -> int:
     with app.connection() as conn:
         grants.apply(conn, statements)
     print(f"granted on schema {schema!r}: " + ", ".join(
-        f"{kind} {role!r}" for kind, role in (("producer", args.producer), ("worker", args.worker)) if role))
+        f"{kind} {role!r}" for kind, role in (("producer", args.producer), ("worker", args.worker),
+                                              ("viewer", args.viewer)) if role))
     return 0
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    from ..logs import setup_logging
+
+    from ..web import require_extra
+    from ..web.config import WebConfig
+
+    require_extra()  # names the fix when the 'web' extra is not installed
+    from ..web.standalone import serve
+
+    setup_logging(args.log_level, "text")
+    overrides = {"read_only": True} if args.read_only else {}
+    if args.trace_url:
+        overrides["trace_url"] = args.trace_url
+    config = WebConfig.from_env(**overrides)
+    app = _make_app(args)
+    app.check_schema()
+    if args.root_path and not args.root_path.startswith("/"):
+        raise ConfigError(f"--root-path {args.root_path!r} must start with '/', e.g. /pgworker")
+    return serve(app, host=args.host, port=args.port, config=config, root_path=args.root_path.rstrip("/"),
+                 log_level=args.log_level.lower())
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 -- Least-privilege roles for one pgworker schema, printed or applied by
--- `pgworker sql grants --producer ROLE --worker ROLE [--schema S] [--apply]`.
--- {schema}, {producer} and {worker} are quoted identifiers. The schema's owner (the
+-- `pgworker sql grants --producer ROLE --worker ROLE --viewer ROLE [--schema S] [--apply]`.
+-- {schema}, {producer}, {worker} and {viewer} are quoted identifiers. The schema's owner (the
 -- role that runs `pgworker migrate`) keeps everything else: DDL, DELETE (a worker prunes
 -- through two functions of the owner's, below), operator actions (cancel, replay write
 -- job_events). Privileges follow the PostgreSQL
@@ -63,3 +63,18 @@ GRANT EXECUTE ON FUNCTION {schema}.delete_finished_jobs(bigint[], double precisi
                                                         double precision) TO {worker};
 GRANT EXECUTE ON FUNCTION {schema}.delete_queue_events(bigint[], double precision) TO {worker};
 GRANT SELECT ON {schema}.queue_events TO {worker};
+-- the pod registry the console's Workers page reads: each pod refreshes its own row,
+-- marks it stopped, and prunes rows left by pods that were killed
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.pods TO {worker};
+
+-- name: viewer
+-- The web console in read-only mode (`pgworker web --read-only`): it reads every page's
+-- tables, payloads and errors included (the console redacts the fields it is told to),
+-- and writes nothing: no INSERT, UPDATE or DELETE anywhere, so a console left open by
+-- mistake, or a bug in it, cannot change a job. LISTEN needs no grant.
+GRANT USAGE ON SCHEMA {schema} TO {viewer};
+GRANT SELECT ON {schema}.jobs, {schema}.job_events, {schema}.queues, {schema}.queue_events,
+                {schema}.schedules, {schema}.migrations, {schema}.pods, {schema}.bulk_operations,
+                {schema}.bulk_operation_jobs TO {viewer};
+GRANT EXECUTE ON FUNCTION {schema}.console_job_filter(jsonb, text, text, text, text, text, text, timestamptz, jsonb)
+    TO {viewer};

@@ -15,6 +15,7 @@ from typing import Any
 from .base import StoreBase, atomic, notify_channel
 
 
+from .console import ConsoleStatements
 from .enqueue import EnqueueStatements
 from .lifecycle import LifecycleStatements
 from .maintenance import MaintenanceStatements
@@ -25,7 +26,7 @@ __all__ = ["QueueStats", "Store", "atomic", "json_or_none", "notify_channel"]
 
 
 class Store(EnqueueStatements, LifecycleStatements, MaintenanceStatements, OperationStatements, ReadStatements,
-            StoreBase):
+            ConsoleStatements, StoreBase):
     """Every named statement of one schema, one method each, grouped by area in the
     modules of this package as the statements are in ``sql/queries/``."""
 

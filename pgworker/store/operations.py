@@ -108,3 +108,14 @@ class OperationStatements(StoreBase):
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)
         return cur.execute(self.queries["queue_events_list"], {"queue": queue, "limit": limit}).fetchall()
 
+    # -- retry now ------------------------------------------------------------------
+
+    def retry_now(self, conn: psycopg.Connection, job_id: int, *, actor: str | None) -> dict[str, Any] | None:
+        """Make a pending job scheduled later due now (audited 'retried_now'); returns
+        {id, queue, previous_run_at}, or None when the job is not pending with a run_at
+        still ahead (unknown, running, finished, or due already)."""
+        row = conn.cursor(row_factory=psycopg.rows.dict_row).execute(self.queries["job_retry_now"], {
+            "id": job_id, "actor": actor, "channel": self.channel}).fetchone()
+        if row is None:
+            return None
+        return {k: row[k] for k in ("id", "queue", "previous_run_at")}

@@ -4,8 +4,9 @@ It starts the pod's claimer processes and its services, then watches: every tick
 runs the lease clock (leases presumed lost without waiting on the database), stops
 attempts past their hard limit, replaces claimers that exited and has what they held
 settled, announces work on the fallback poll, and decides when to stop. Its services,
-each a thread with its own connection: the renewer, the settler, the listener, the
-reaper, the pruner and the scheduler (the last four not in drain mode). /metrics,
+each a thread with its own connection: the renewer, the settler, the pod registry (read
+by the console only), the listener, the reaper, the pruner and the scheduler (the last
+four not in drain mode). /metrics,
 /healthz and /readyz are served from here.
 
 Shutdown (SIGTERM or SIGINT): stop claiming, release the jobs waiting unstarted (fenced,
@@ -43,6 +44,7 @@ from .listener import Listener
 from .podlimits import PodQueueLimits
 from .pruner import Pruner, Retention
 from .reaper import Reaper, ReaperConfig
+from .registry import registry_of
 from .renewer import Renewer
 from .scheduler import SchedulerService
 from .service import worker_connect
@@ -257,7 +259,7 @@ class Supervisor:
         renewer = Renewer(terms=self._terms(), tables=lambda: self.pool.tables, holder_alive=self.pool.holder_alive,
                           queue_name=self._queue_name, store=self.store, metrics=self.metrics,
                           **{k: v for k, v in common.items() if k != "pass_timeout"})
-        self.services = [renewer, self.settler]
+        self.services = [renewer, self.settler, registry_of(self, common)]
         if not self.drain:
             self.services.append(Reaper(store=self.store, interval=st.reap_interval_seconds, metrics=self.metrics,
                                         config=ReaperConfig(delay_for=retry_delays(self.app.tasks)), **common))

@@ -45,7 +45,13 @@ def test_a_kept_embedded_database_answers_the_printed_commands(tmp_path):
     # when `pgworker` on PATH is not this installation, as after the README's set-up)
     dsn = re.search(r"PGWORKER_DSN='([^']+)' \S+ jobs show \d+", out).group(1)
     stop = out.rstrip().splitlines()[-1].strip()
+    console = re.search(r"the web console keeps running too: (http://127\.0\.0\.1:\d+/)", out)
     try:
+        assert console, out  # `demo --keep` leaves the console running and prints its URL
+        import requests
+
+        page = requests.get(console.group(1), timeout=30)
+        assert page.status_code == 200 and "Queues" in page.text and "default" in page.text
         dead_job_in_the_log(out)
         # pasted as printed (a real dead job's id, not a placeholder), from another directory
         printed = re.search(r"(PGWORKER_DSN='[^']+' \S+ jobs show \d+)", out).group(1)
@@ -56,6 +62,10 @@ def test_a_kept_embedded_database_answers_the_printed_commands(tmp_path):
         subprocess.run(stop, shell=True, capture_output=True, timeout=60)
     datadir = re.search(r"host=([^&'\s]+)", dsn).group(1)
     assert not os.path.exists(datadir)  # the printed command stopped and deleted it
+    import requests
+
+    with pytest.raises(requests.ConnectionError):  # and stopped the console
+        requests.get(console.group(1), timeout=5)
 
 
 def test_with_a_server_of_ones_own_the_hint_names_the_schema(tmp_path, pg_dsn, schema):

@@ -31,6 +31,7 @@ EXPECTED_KINDS = {
     "all": {"ServiceAccount", "Service", "Deployment", "Job", "ScaledObject", "TriggerAuthentication",
             "ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap", "CronJob"},  # the prune CronJob
     "no-migrations": {"Service", "Deployment"},
+    "web": {"ServiceAccount", "Service", "Deployment", "Job", "Ingress"},
 }
 
 
@@ -337,7 +338,7 @@ def test_container_args_parse_with_the_pgworker_cli(scenario):
         for pod in pod_specs(doc):
             for c in pod["containers"]:
                 args = parser.parse_args(c["args"])
-                assert args.command in ("run", "migrate", "prune"), shlex.join(c["args"])
+                assert args.command in ("run", "migrate", "prune", "web"), shlex.join(c["args"])
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

@@ -75,7 +75,7 @@ def test_venv_built_in_builder_and_copied():
     # python3: the official image has it beside `python`, Debian's python3 has only it
     assert any(w == "RUN" and "python3 -m venv /opt/venv" in a for w, a in builder)
     # wheels only: no dependency is ever compiled (there is no compiler to do it)
-    assert any(w == "RUN" and re.search(r'pip install .*--only-binary=:all: "\./\[otlp\]"', a)
+    assert any(w == "RUN" and re.search(r'pip install .*--only-binary=:all: "\./\[otlp,web\]"', a)
                for w, a in builder)
     assert ("COPY", "--from=builder /opt/venv /opt/venv") in final
     assert not any(w == "RUN" and "pip install" in a for w, a in final)
@@ -97,7 +97,7 @@ def test_runtime_user_entrypoint_and_environment():
     assert _env(final)["PROMETHEUS_MULTIPROC_DIR"] == "/tmp/pgworker-metrics"
     from pgworker.config import METRICS_PORT
 
-    assert ("EXPOSE", str(METRICS_PORT)) in final
+    assert ("EXPOSE", f"{METRICS_PORT} 8080") in final  # /metrics; the console (`pgworker web`)
 
 
 def test_image_matches_the_chart():

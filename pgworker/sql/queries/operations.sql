@@ -16,6 +16,30 @@ SET state = CASE WHEN j.state = 'running' THEN j.state ELSE 'cancelled'::{schema
 WHERE j.id = %(id)s AND j.state IN ('pending', 'running', 'dead')
 RETURNING j.id, j.state::text AS state, j.ordering_key;
 
+-- name: job_retry_now
+-- Operator "retry now": a pending job scheduled later (a retry's backoff, a delay) becomes
+-- due at once. Fenced by state: only a pending job whose run_at is still ahead changes
+-- (a job that started, finished or is already due meanwhile is left alone, and no row
+-- comes back). Audited in job_events with the run_at it had; wakes the listeners for its
+-- queue unless it waits behind its ordering key (blocked).
+WITH target AS (
+    SELECT id, run_at FROM {schema}.jobs
+    WHERE id = %(id)s AND state = 'pending' AND run_at > now()
+    FOR UPDATE
+), moved AS (
+    UPDATE {schema}.jobs AS j SET run_at = now()
+    FROM target AS t
+    WHERE j.id = t.id AND j.state = 'pending'
+    RETURNING j.id, j.queue, j.blocked, t.run_at AS previous_run_at
+), audit AS (
+    INSERT INTO {schema}.job_events (job_id, kind, actor, detail)
+    SELECT m.id, 'retried_now', %(actor)s, jsonb_build_object('previous_run_at', m.previous_run_at)
+    FROM moved AS m
+)
+SELECT m.id, m.queue, m.previous_run_at,
+       (CASE WHEN NOT m.blocked THEN pg_notify(%(channel)s, m.queue) END) IS NULL AS notified
+FROM moved AS m;
+
 -- name: job_event_insert
 -- Audit trail of operator actions.
 INSERT INTO {schema}.job_events (job_id, kind, actor, detail)

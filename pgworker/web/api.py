@@ -1,0 +1,171 @@
+"""The JSON API beside the pages, for scripts: the same data, the same gate (who asks,
+what they may do, read-only mode, CSRF for ambient credentials: a script with HTTP basic
+credentials gets a token from ``GET /api/csrf``; a bearer token needs none).
+
+GET  /api/overview, /api/jobs?<filter>, /api/jobs/{id}, /api/dead, /api/schedules,
+     /api/workers, /api/bulk, /api/bulk/{id}, /api/csrf
+POST /api/jobs/{id}/{replay|retry|cancel|discard}, /api/queues/{name}/{pause|resume|limits}
+     (limits: {"concurrency": 5, "rate": 20, "burst": 40, "aging": 300}; null removes),
+     /api/bulk ({"kind": "replay", "filter": {"state": "dead", "task": "t"}}),
+     /api/bulk/{id}/cancel
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .. import bulk
+from ..errors import ConfigError
+from ..jobfilter import JobFilter
+from .pages import bulk as bulk_page
+from .pages.dead import dead_data
+from .pages.job import apply_action, job_data
+from .pages.jobs import jobs_data
+from .pages.overview import overview_data
+from .pages.schedules import schedules_data
+from .pages.workers import workers_data
+from .render import jsonable
+
+QUEUE_VERBS = {"pause": "pause", "resume": "resume", "limits": "set_limits"}
+
+
+class Json(JSONResponse):
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, default=jsonable, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _filter_out(data: dict[str, Any]) -> dict[str, Any]:
+    data = dict(data)
+    for key in ("filter", "group"):
+        if isinstance(data.get(key), JobFilter):
+            data[key] = data[key].to_json()
+    data.pop("form", None)
+    return data
+
+
+async def _read(request: Request, compute: Any, *args: Any) -> Response:
+    ctx = await request.app.state.console.enter(request)
+    return Json(await ctx.db(compute, ctx, *args))
+
+
+async def overview(request: Request) -> Response:
+    return await _read(request, overview_data)
+
+
+async def jobs(request: Request) -> Response:
+    ctx = await request.app.state.console.enter(request)
+    return Json(_filter_out(await ctx.db(jobs_data, ctx, request.query_params)))
+
+
+async def job(request: Request) -> Response:
+    ctx = await request.app.state.console.enter(request)
+    data = await ctx.db(job_data, ctx, request.path_params["job_id"])
+    if data is None:
+        return Json({"error": "no such job"}, status_code=404)
+    data.pop("payload_text", None)
+    return Json(data)
+
+
+async def dead(request: Request) -> Response:
+    ctx = await request.app.state.console.enter(request)
+    return Json(_filter_out(await ctx.db(dead_data, ctx, request.query_params)))
+
+
+async def schedules(request: Request) -> Response:
+    return await _read(request, schedules_data)
+
+
+async def workers(request: Request) -> Response:
+    return await _read(request, workers_data)
+
+
+async def operations(request: Request) -> Response:
+    ctx = await request.app.state.console.enter(request)
+    return Json(await ctx.db(bulk_page.list_data, ctx, request.query_params))
+
+
+async def operation(request: Request) -> Response:
+    ctx = await request.app.state.console.enter(request)
+    data = await ctx.db(bulk_page.operation_data, ctx, request.path_params["op_id"])
+    if data is None:
+        return Json({"error": "no such bulk operation"}, status_code=404)
+    return Json(_filter_out(data))
+
+
+async def csrf(request: Request) -> Response:
+    ctx = await request.app.state.console.enter(request)
+    return Json({"token": ctx.csrf, "header": "X-CSRF-Token"})
+
+
+async def job_action(request: Request) -> Response:
+    verb = request.path_params["verb"]
+    if verb not in ("replay", "retry", "cancel", "discard"):
+        return Json({"error": "unknown job action"}, status_code=404)
+    ctx = await request.app.state.console.enter(request, verb)
+    changed = await ctx.db(apply_action, ctx, verb, request.path_params["job_id"])
+    return Json({"id": request.path_params["job_id"], "action": verb, "changed": changed})
+
+
+async def queue_action(request: Request) -> Response:
+    verb = request.path_params["verb"]
+    if verb not in QUEUE_VERBS:
+        return Json({"error": "unknown queue action"}, status_code=404)
+    ctx = await request.app.state.console.enter(request, QUEUE_VERBS[verb])
+    queue = request.path_params["name"]
+    if verb == "pause":
+        return Json(await ctx.db(ctx.app.pause_queue, queue, actor=ctx.actor))
+    if verb == "resume":
+        return Json({"resumed": await ctx.db(ctx.app.resume_queue, queue, actor=ctx.actor)})
+    body = await _body(request)
+    names = {"concurrency": "concurrency_limit", "rate": "rate_limit", "burst": "burst", "aging": "aging"}
+    limits = {names[k]: v for k, v in body.items() if k in names}
+    return Json(await ctx.db(lambda: ctx.app.configure_queue(queue, actor=ctx.actor, **limits)))
+
+
+async def create_operation(request: Request) -> Response:
+    ctx = await request.app.state.console.enter(request, "bulk")
+    body = await _body(request)
+    kind = str(body.get("kind") or "")
+    if kind not in bulk.KINDS:
+        raise ConfigError(f"kind must be one of {', '.join(bulk.KINDS)}")
+    ctx.require(kind)
+    raw = body.get("filter") or {}
+    if not isinstance(raw, dict):
+        raise ConfigError('filter must be an object such as {"state": "dead", "task": "send_email"}')
+    job_filter = JobFilter.parse({k: (v if k == "payload" else str(v)) for k, v in raw.items()})
+    op = await ctx.db(bulk.create, ctx.app, kind, job_filter, actor=ctx.actor)
+    if ctx.console.applier is not None:
+        ctx.console.applier.wake.set()
+    return Json(op, status_code=201)
+
+
+async def cancel_operation(request: Request) -> Response:
+    ctx = await request.app.state.console.enter(request, "bulk_cancel")
+    op = await ctx.db(bulk.cancel, ctx.app, request.path_params["op_id"], actor=ctx.actor)
+    return Json({"cancelled": op is not None, "operation": op})
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise ConfigError("the request body is not JSON: send an object with Content-Type: application/json") from None
+    if not isinstance(body, dict):
+        raise ConfigError("the request body must be a JSON object")
+    return body
+
+
+ROUTES = [
+    Route("/api/overview", overview), Route("/api/jobs", jobs), Route("/api/jobs/{job_id:int}", job),
+    Route("/api/dead", dead), Route("/api/schedules", schedules), Route("/api/workers", workers),
+    Route("/api/bulk", operations, methods=["GET"]), Route("/api/bulk", create_operation, methods=["POST"]),
+    Route("/api/bulk/{op_id:int}", operation), Route("/api/csrf", csrf),
+    Route("/api/bulk/{op_id:int}/cancel", cancel_operation, methods=["POST"]),
+    Route("/api/jobs/{job_id:int}/{verb}", job_action, methods=["POST"]),
+    Route("/api/queues/{name:path}/{verb}", queue_action, methods=["POST"]),
+]

@@ -1,0 +1,1 @@
+"""The console\x27s pages, one module each: its data function and its routes."""

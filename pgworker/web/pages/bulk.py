@@ -1,0 +1,139 @@
+"""Bulk operations: confirm (the count first), record, follow, cancel.
+
+"Replay every job of this group" or "cancel everything this filter matches" is one
+durable record (:mod:`pgworker.bulk`) that this console applies in bounded batches:
+never a loop inside the HTTP request, never a cap on how many jobs it reaches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from ... import bulk
+from ...errors import ConfigError
+from ...jobfilter import JobFilter
+from ..live import poll_stream
+from .jobs import NEWEST
+
+#: The confirmation's count of a dead group stops here (the dead set is indexed).
+DEAD_COUNT_CAP = 1_000_000
+ACTION_OF = {"replay": "replay", "cancel": "cancel", "discard": "discard"}
+
+
+def confirm_data(ctx: Any, params: Any) -> dict[str, Any]:
+    kind = params.get("kind") or ""
+    job_filter = bulk.checked_filter(kind, JobFilter.parse(params))
+    cfg = ctx.console.config
+    with ctx.app.connection() as c:
+        dead_group = job_filter.state == "dead" and job_filter.replace(
+            state=None, queue=None, task=None, error_code=None).empty
+        if dead_group:
+            count = ctx.store.console_dead_count(c, queue=job_filter.queue, task=job_filter.task,
+                                                 error_code=job_filter.error_code, cap=DEAD_COUNT_CAP)
+            counted = {"jobs": count, "exact": count < DEAD_COUNT_CAP, "cap": DEAD_COUNT_CAP, "window": None}
+        else:
+            _, scanned, rows = ctx.store.console_jobs_window(c, job_filter=job_filter.to_json(), before=NEWEST,
+                                                             scan=cfg.scan_rows, limit=cfg.count_cap)
+            counted = {"jobs": len(rows), "exact": scanned < cfg.scan_rows and len(rows) < cfg.count_cap,
+                       "cap": cfg.count_cap, "window": scanned}
+        tail = ctx.store.console_job_tail(c)
+    return {"kind": kind, "filter": job_filter, "counted": counted, "tail": tail}
+
+
+async def confirm(request: Request) -> Response:
+    console = request.app.state.console
+    ctx = await console.enter(request)
+    kind = request.query_params.get("kind") or ""
+    if kind not in ACTION_OF:
+        raise ConfigError(f"bulk operation {kind!r} is not one of {', '.join(bulk.KINDS)}")
+    ctx.require("bulk")
+    ctx.require(ACTION_OF[kind])
+    return console.render(ctx, "bulk_confirm.html", await ctx.db(confirm_data, ctx, request.query_params))
+
+
+async def create(request: Request) -> Response:
+    console = request.app.state.console
+    ctx = await console.enter(request, "bulk")
+    form = await request.form()
+    kind = str(form.get("kind") or "")
+    if kind not in ACTION_OF:
+        raise ConfigError(f"bulk operation {kind!r} is not one of {', '.join(bulk.KINDS)}")
+    ctx.require(ACTION_OF[kind])
+    job_filter = JobFilter.parse(form)
+    expected = str(form.get("expected") or "")
+    op = await ctx.db(bulk.create, ctx.app, kind, job_filter, actor=ctx.actor,
+                      expected=int(expected) if expected.isdigit() else None)
+    if console.applier is not None:
+        console.applier.wake.set()
+    return ctx.redirect(f"/bulk/{op['id']}")
+
+
+def list_data(ctx: Any, params: Any) -> dict[str, Any]:
+    before = int(params.get("cursor") or NEWEST)
+    limit = ctx.console.config.page_size
+    with ctx.app.connection() as c:
+        ops = ctx.store.bulk_operations_list(c, before=before, limit=limit + 1)
+    return {"operations": ops[:limit], "next_cursor": str(ops[limit - 1]["id"]) if len(ops) > limit else None}
+
+
+async def operations(request: Request) -> Response:
+    console = request.app.state.console
+    ctx = await console.enter(request)
+    return console.render(ctx, "bulk_list.html", await ctx.db(list_data, ctx, request.query_params))
+
+
+def operation_data(ctx: Any, op_id: int) -> dict[str, Any] | None:
+    with ctx.app.connection() as c:
+        op = ctx.store.bulk_operation_get(c, op_id)
+        if op is None:
+            return None
+        sample = ctx.store.bulk_operation_jobs_of(c, op_id, limit=20)
+    span = max(op["max_id"], 1)
+    return {"op": op, "filter": JobFilter.from_json(op["filter"]), "sample": sample,
+            "progress": 100.0 if op["state"] == "done" else min(100.0, 100.0 * op["cursor_id"] / span)}
+
+
+async def operation(request: Request) -> Response:
+    console = request.app.state.console
+    ctx = await console.enter(request)
+    op_id = request.path_params["op_id"]
+    data = await ctx.db(operation_data, ctx, op_id)
+    if data is None:
+        return console.render(ctx, "error.html", {"status": 404, "message": f"no bulk operation {op_id}"}, status=404)
+    return console.render(ctx, "bulk.html", data)
+
+
+async def operation_events(request: Request) -> Response:
+    console = request.app.state.console
+    ctx = await console.enter(request)
+    op_id = request.path_params["op_id"]
+
+    async def read() -> Any:
+        with_conn = await ctx.db(operation_data, ctx, op_id)
+        return None if with_conn is None else (with_conn["op"]["state"], with_conn["op"]["cursor_id"])
+
+    return StreamingResponse(poll_stream(read, request.is_disconnected,
+                                         until=lambda v: v is None or v[0] != "running"),
+                             media_type="text/event-stream", headers={"X-Accel-Buffering": "no"})
+
+
+async def cancel(request: Request) -> Response:
+    console = request.app.state.console
+    ctx = await console.enter(request, "bulk_cancel")
+    op_id = request.path_params["op_id"]
+    await ctx.db(bulk.cancel, ctx.app, op_id, actor=ctx.actor)
+    return ctx.redirect(f"/bulk/{op_id}")
+
+
+ROUTES = [
+    Route("/bulk", operations, methods=["GET"], name="bulk_list"),
+    Route("/bulk", create, methods=["POST"]),
+    Route("/bulk/new", confirm, methods=["GET"]),
+    Route("/bulk/{op_id:int}", operation, methods=["GET"]),
+    Route("/bulk/{op_id:int}/events", operation_events, methods=["GET"]),
+    Route("/bulk/{op_id:int}/cancel", cancel, methods=["POST"]),
+]

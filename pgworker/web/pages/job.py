@@ -1,0 +1,142 @@
+"""One job: its payload (pretty, bounded, redacted), every recorded attempt with its
+error, its lease (owner, fencing token, expiry, last renewal: is it really running?),
+its keys, the audit trail, the trace link, and the actions its state allows.
+
+The page is a list of sections, each a template partial fed by a loader
+(:data:`SECTIONS`): what issues 20 and 21 add (steps and effects, dependencies, the
+result, progress) is a partial and a loader appended there, reading its own table.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from ..live import poll_stream
+from ..render import pretty, redact
+
+#: (partial template, loader(ctx, job) -> dict merged into the page) in page order.
+#: A loader may read more through the store; the job page's own come from job_get.
+SECTIONS: list[tuple[str, Callable[[Any, dict[str, Any]], dict[str, Any]]]] = []
+
+#: What each action does to a job in each state (the store methods fence by state again).
+ACTIONS_BY_STATE = {"pending": ("retry", "cancel"), "running": ("cancel",), "dead": ("replay", "discard")}
+FINISHED = ("succeeded", "cancelled", "dead")
+
+
+def job_data(ctx: Any, job_id: int) -> dict[str, Any] | None:
+    job = ctx.app.get_job(job_id)
+    if job is None:
+        return None
+    cfg = ctx.console.config
+    payload = redact(job["payload"], cfg.redact_keys)
+    if cfg.redact is not None:
+        payload = cfg.redact(payload, job)
+    job["payload"] = payload  # the API returns the job too: never the unredacted payload
+    now = datetime.now(timezone.utc)
+    actions = [a for a in ACTIONS_BY_STATE.get(job["state"], ()) if ctx.can(a)]
+    if "retry" in actions and not (job["run_at"] > now):
+        actions.remove("retry")  # due already: nothing to bring forward
+    data = {"job": job, "payload_text": pretty(payload, cfg.payload_max_chars), "lease": _lease(job, now, ctx),
+            "attempts": list(reversed(job["errors"] or [])), "trace": _trace(job.get("trace_context"), cfg.trace_url),
+            "actions": actions, "now": now, "sections": []}
+    for template, loader in SECTIONS:
+        data.update(loader(ctx, job))
+        data["sections"].append(template)
+    return data
+
+
+def _lease(job: dict[str, Any], now: datetime, ctx: Any) -> dict[str, Any] | None:
+    """A running job's lease: who holds it, the token, when it expires, when it was last
+    renewed (heartbeat_at), and a verdict the operator can act on."""
+    if job["state"] != "running":
+        return None
+    expires = job["lease_expires_at"]
+    renewed = job["heartbeat_at"]
+    renew_every = ctx.app.settings.effective_renew_interval
+    left = (expires - now).total_seconds() if expires else None
+    since = (now - renewed).total_seconds() if renewed else None
+    if left is not None and left <= 0:
+        verdict = "expired: its worker stopped renewing; the reaper will recover the job"
+    elif since is not None and since > 2 * renew_every:
+        verdict = f"not renewed for {since:.0f} s (renewals come every {renew_every:.0f} s): its worker may be gone"
+    else:
+        verdict = "renewed on schedule: a worker holds it"
+    return {"owner": job["lease_owner"], "token": job["lease_token"], "expires_at": expires, "seconds_left": left,
+            "renewed_at": renewed, "seconds_since_renewal": since, "verdict": verdict,
+            "cancel_requested_at": job["cancel_requested_at"]}
+
+
+def _trace(context: Any, template: str | None) -> dict[str, Any] | None:
+    """The trace id of the enqueuing span (W3C traceparent 00-<trace id>-<span id>-<flags>)."""
+    if not isinstance(context, dict) or not isinstance(context.get("traceparent"), str):
+        return None
+    parts = context["traceparent"].split("-")
+    if len(parts) != 4 or len(parts[1]) != 32 or not all(c in "0123456789abcdef" for c in parts[1]):
+        return None
+    return {"trace_id": parts[1], "url": template.replace("{trace_id}", parts[1]) if template else None}
+
+
+async def job_page(request: Request) -> Response:
+    console = request.app.state.console
+    ctx = await console.enter(request)
+    job_id = request.path_params["job_id"]
+    data = await ctx.db(job_data, ctx, job_id)
+    if data is None:
+        return console.render(ctx, "error.html", {"status": 404, "message": f"no job {job_id} (pruned, or never "
+                                                  "enqueued in this schema)"}, status=404)
+    return console.render(ctx, "job.html", data)
+
+
+async def job_events(request: Request) -> Response:
+    """SSE for an open job page: 'refresh' when its state, lease or attempts change."""
+    console = request.app.state.console
+    ctx = await console.enter(request)
+    job_id = request.path_params["job_id"]
+
+    async def read() -> Any:
+        job = await ctx.db(ctx.app.get_job, job_id)
+        if job is None:
+            return None
+        return (job["state"], job["lease_token"], job["heartbeat_at"], job["attempts"], job["cancel_requested_at"],
+                job["run_at"], len(job["events"]))
+
+    return StreamingResponse(poll_stream(read, request.is_disconnected, until=lambda v: v is None or v[0] in FINISHED),
+                             media_type="text/event-stream", headers={"X-Accel-Buffering": "no"})
+
+
+async def job_action(request: Request) -> Response:
+    """replay, retry (now), cancel, discard: the App's methods, with the principal as actor."""
+    console = request.app.state.console
+    verb = request.path_params["verb"]
+    if verb not in ("replay", "retry", "cancel", "discard"):
+        return Response("unknown job action", status_code=404)
+    ctx = await console.enter(request, verb)
+    job_id = request.path_params["job_id"]
+    done = await ctx.db(apply_action, ctx, verb, job_id)
+    return ctx.redirect(f"/jobs/{job_id}?done={verb if done else 'nothing'}")
+
+
+def apply_action(ctx: Any, verb: str, job_id: int) -> bool:
+    """Whether the action changed the job (the store's fence may find it moved on)."""
+    app = ctx.app
+    if verb == "replay":
+        return bool(app.replay([job_id], actor=ctx.actor))
+    if verb == "retry":
+        return app.retry(job_id, actor=ctx.actor) is not None
+    if verb == "discard":
+        job = app.get_job(job_id)
+        if job is None or job["state"] != "dead":
+            return False  # a discard is a cancel of a dead job: never of a pending one
+    return app.cancel(job_id, actor=ctx.actor) is not None
+
+
+ROUTES = [
+    Route("/jobs/{job_id:int}", job_page, methods=["GET"], name="job"),
+    Route("/jobs/{job_id:int}/events", job_events, methods=["GET"]),
+    Route("/jobs/{job_id:int}/{verb}", job_action, methods=["POST"]),
+]

@@ -1,0 +1,116 @@
+"""Rendering: the Jinja2 environment (autoescape on: every value a page shows is
+escaped, payloads, task names, error messages and tracebacks included), its filters, and
+the bounded, redacted JSON a job page shows."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import Any, Iterable
+from urllib.parse import urlencode
+
+import jinja2
+
+REDACTED = "[redacted]"
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.PackageLoader("pgworker.web", "templates"), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(age=age, dt=dt, num=num, capped=capped, pretty=pretty)
+    env.globals.update(qs=qs)
+    return env
+
+
+def age(seconds: Any) -> str:
+    """'4s', '3m 20s', '2h 5m', '3d 4h'; '-' for None."""
+    if seconds is None:
+        return "-"
+    s = float(seconds)
+    if math.isnan(s):
+        return "-"
+    sign = "-" if s < 0 else ""
+    s = abs(s)
+    if s < 1:
+        return f"{sign}{s * 1000:.0f}ms" if s else "0s"
+    s = int(s)
+    if s < 60:
+        return f"{sign}{s}s"
+    if s < 3600:
+        return f"{sign}{s // 60}m {s % 60}s"
+    if s < 86400:
+        return f"{sign}{s // 3600}h {s % 3600 // 60}m"
+    return f"{sign}{s // 86400}d {s % 86400 // 3600}h"
+
+
+def dt(value: Any) -> str:
+    """A timestamp in UTC, to the second: '2026-12-01 09:30:05Z'; '-' for None."""
+    if not isinstance(value, datetime):
+        return "-" if value is None else str(value)
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def num(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:,.2f}"
+    return f"{int(value):,}"
+
+
+def capped(value: Any, cap: int) -> str:
+    """A count that stopped at ``cap``: '10,000+'."""
+    if value is None:
+        return "-"
+    return f"{cap:,}+" if int(value) >= cap else f"{int(value):,}"
+
+
+def qs(**params: Any) -> str:
+    """A query string of the non-empty parameters ('?a=1&b=x'), or ''."""
+    kept = {k: v for k, v in params.items() if v not in (None, "", False)}
+    return "?" + urlencode(kept) if kept else ""
+
+
+def pretty(value: Any, max_chars: int = 20_000) -> str:
+    """JSON, indented, cut at ``max_chars`` with a note of how much was left out."""
+    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=jsonable)
+    if len(text) > max_chars:
+        return text[:max_chars] + f"\n… ({len(text) - max_chars:,} more characters not shown)"
+    return text
+
+
+def redact(value: Any, keys: Iterable[str]) -> Any:
+    """``value`` with the values of sensitive keys replaced, at any depth: a key matches
+    when, lower-cased with '-' as '_', it equals one of ``keys`` or ends with '_' + one
+    ('password', 'db_password', 'X-Api-Key')."""
+    wanted = tuple(k.lower().replace("-", "_") for k in keys)
+    if not wanted:
+        return value
+
+    def sensitive(key: str) -> bool:
+        k = key.lower().replace("-", "_")
+        return any(k == w or k.endswith("_" + w) for w in wanted)
+
+    def walk(v: Any, depth: int) -> Any:
+        if depth > 64:
+            return v
+        if isinstance(v, dict):
+            return {k: (REDACTED if isinstance(k, str) and sensitive(k) else walk(x, depth + 1)) for k, x in v.items()}
+        if isinstance(v, list):
+            return [walk(x, depth + 1) for x in v]
+        return v
+
+    return walk(value, 0)
+
+
+def jsonable(value: Any) -> Any:
+    """For json.dumps: datetimes as ISO 8601, decimals as numbers, the rest as text."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    return str(value)

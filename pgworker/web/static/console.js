@@ -1,0 +1,52 @@
+/* pgworker console: progressive enhancement only. Every page works without this file.
+   - live updates: a page with data-live="<SSE url>" fetches itself again on each
+     "refresh" event and swaps its <main id="live">, unless the operator is typing in it
+     or has a <details> open there;
+   - forms with data-confirm="question" ask before submitting;
+   - a checkbox with data-select-all ticks every ids checkbox. */
+(function () {
+  "use strict";
+
+  function busy(live) {
+    var active = document.activeElement;
+    if (active && live.contains(active) && /^(INPUT|SELECT|TEXTAREA)$/.test(active.tagName)) return true;
+    if (live.querySelector("details[open]")) return true;
+    return live.querySelector("input[name=ids]:checked") !== null;
+  }
+
+  var pending = false;
+  function refresh() {
+    var live = document.getElementById("live");
+    if (!live || busy(live) || pending) return;
+    pending = true;
+    fetch(window.location.href, { headers: { "X-Pgworker-Partial": "1" }, credentials: "same-origin" })
+      .then(function (response) { return response.ok ? response.text() : null; })
+      .then(function (html) {
+        if (!html) return;
+        var fresh = new DOMParser().parseFromString(html, "text/html").getElementById("live");
+        var current = document.getElementById("live");
+        if (fresh && current && !busy(current)) current.replaceWith(document.importNode(fresh, true));
+      })
+      .catch(function () { /* the page stays as it was loaded */ })
+      .then(function () { pending = false; });
+  }
+
+  var source = document.body.getAttribute("data-live");
+  if (source && window.EventSource) {
+    var events = new EventSource(source, { withCredentials: true });
+    events.addEventListener("refresh", refresh);
+  }
+
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    var question = form.getAttribute("data-confirm");
+    if (question && !window.confirm(question)) event.preventDefault();
+  });
+
+  document.addEventListener("change", function (event) {
+    var box = event.target;
+    if (!box.hasAttribute || !box.hasAttribute("data-select-all")) return;
+    var boxes = document.querySelectorAll("input[name=ids]");
+    for (var i = 0; i < boxes.length; i++) boxes[i].checked = box.checked;
+  });
+})();

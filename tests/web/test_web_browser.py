@@ -1,0 +1,282 @@
+"""The console in a real browser (Debian's Chromium driven by Selenium) against a real
+PostgreSQL with jobs made by a real `pgworker run`: every page loads (and is
+photographed for docs/web.md), a dead job replayed from its page succeeds, a running job
+cancelled from its page is stopped by its worker, a paused queue stops being claimed, a
+dead-job group is replayed as a bulk operation, read-only mode shows no action, hostile
+names and messages stay inert, unauthenticated visits and a form without its CSRF token
+are refused. Every page is checked for browser console errors (a CSP violation is one)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import psycopg
+import pytest
+from conftest import DOC_SHOTS
+from console_server import WEB_APP, ConsoleServer
+from pg import make_settings, wait_until
+from psycopg import sql
+from worker import Worker, q
+
+import browser as browser_mod
+from pgworker import App
+from pgworker.migrate import drop_schema
+
+pytestmark = [pytest.mark.acceptance, pytest.mark.web]
+
+SHOTS = os.environ.get("PGWORKER_WEB_SCREENSHOTS")  # a folder: the docs' screenshots are written there too
+HOSTILE = ("<script>alert('queue')</script>", "<img src=x onerror=alert('task')>")
+
+
+class Site:
+    def __init__(self, app, conn, console, worker, heal_dir, shots):
+        self.app, self.conn, self.console, self.worker = app, conn, console, worker
+        self.heal_dir, self.shots = heal_dir, shots
+        self.schema = app.settings.schema
+
+    def heal(self, group):
+        open(os.path.join(self.heal_dir, f"heal-{group}"), "w").close()
+
+    def state(self, job):
+        return q(self.conn, self.schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", job)[0][0]
+
+    def wait_state(self, job, state, timeout=30):
+        wait_until(lambda: self.state(job) == state, timeout=timeout,
+                   message=lambda: f"job {job} {state} (it is {self.state(job)}); worker log:\n{self.worker.logs()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def site(pg_dsn, tmp_path_factory):
+    schema = f"webui_{os.getpid()}"
+    heal_dir = str(tmp_path_factory.mktemp("heal"))
+    shots = str(tmp_path_factory.mktemp("shots"))
+    app = App(settings=make_settings(pg_dsn, schema))
+    app.migrate()
+    conn = psycopg.connect(pg_dsn, autocommit=True)
+    worker = Worker(pg_dsn, schema, "--concurrency", "2", "--poll-interval", "0.2", "--lease", "6", app=WEB_APP,
+                    env={"WEB_TEST_DIR": heal_dir}, log_dir=shots)
+    console = ConsoleServer(pg_dsn, schema, env={"WEB_TEST_DIR": heal_dir}, log_dir=shots).wait_ready()
+    try:
+        yield Site(app, conn, console, worker, heal_dir, shots)
+    finally:
+        console.stop()
+        worker.kill()
+        app.close()
+        drop_schema(conn, schema)
+        conn.close()
+
+
+def _open(driver, site, path, shot=None):
+    driver.get(site.console.url + path)
+    logs = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert not logs, f"browser console errors on {path}: {logs}"
+    if shot:
+        target = os.path.join(site.shots, f"{shot}.png")
+        browser_mod.full_screenshot(driver, target)
+        if SHOTS:
+            os.makedirs(SHOTS, exist_ok=True)
+            shutil.copy(target, os.path.join(SHOTS, f"{shot}.png"))
+        driver.set_window_size(1400, 900)
+    return driver
+
+
+def _text(driver, css, timeout=15):
+    """The text of the first element matching ``css``, waiting for it to appear (a click
+    that submits a form returns before the next page has loaded)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    for _ in range(10):  # a live update may swap the element out between finding and reading it
+        try:
+            return WebDriverWait(driver, timeout).until(ec.presence_of_element_located((By.CSS_SELECTOR, css))).text
+        except StaleElementReferenceException:
+            time.sleep(0.1)
+    raise AssertionError(f"{css} kept being replaced")
+
+
+def _click(driver, css):
+    from selenium.webdriver.common.by import By
+
+    driver.find_element(By.CSS_SELECTOR, css).click()
+
+
+def _no_alert(driver):
+    from selenium.common.exceptions import NoAlertPresentException
+
+    try:
+        alert = driver.switch_to.alert
+    except NoAlertPresentException:
+        return True
+    text = alert.text
+    alert.dismiss()
+    raise AssertionError(f"a dialog opened: {text!r}")
+
+
+def test_every_page_loads(browser, site):
+    app = site.app
+    done = [app.enqueue("quick", {"order": i, "customer": {"id": i % 5}}, any_task=True) for i in range(30)]
+    dead = [app.enqueue("dies", {"group": "shots", "order": i}, any_task=True) for i in range(6)]
+    running = app.enqueue("runs_until_cancelled", {"report": "quarterly", "api_key": "sk-never-shown"}, any_task=True)
+    later = app.enqueue("quick", {"reminder": True}, any_task=True, delay=3600, ordering_key="customer-7")
+    for job in done:
+        site.wait_state(job, "succeeded")
+    for job in dead:
+        site.wait_state(job, "dead")
+    site.wait_state(running, "running")
+    wait_until(lambda: q(site.conn, site.schema, "SELECT count(*) FROM {s}.pods")[0][0] >= 1, timeout=30,
+               message="the pod registry")
+
+    _open(browser, site, "/", "overview")
+    assert "default" in _text(browser, "#queues")
+    _open(browser, site, "/jobs?payload=customer.id%3D3", "jobs")
+    assert _text(browser, "#jobs-table").count("quick") == 6
+    _open(browser, site, f"/jobs/{running}", "job-running")
+    assert _text(browser, "#lease-token") == str(q(site.conn, site.schema,
+                                                   "SELECT lease_token FROM {s}.jobs WHERE id = %s", running)[0][0])
+    assert "sk-never-shown" not in browser.page_source and "[redacted]" in _text(browser, "#payload-json")
+    _open(browser, site, f"/jobs/{dead[0]}", "job-dead")
+    assert "upstream refused the request" in _text(browser, "#attempts")
+    _open(browser, site, f"/jobs/{later}")
+    assert browser.find_elements("css selector", "#action-retry")
+    _open(browser, site, "/dead", "dead")
+    _open(browser, site, "/dead?task=dies&error_code=PERMANENT", "dead-group")
+    _open(browser, site, "/schedules", "schedules")
+    assert "yearly_report" in _text(browser, "#schedules")
+    _open(browser, site, "/workers", "workers")
+    assert str(running) in _text(browser, "main")
+    _open(browser, site, "/bulk/new?kind=replay&state=dead&task=dies&error_code=PERMANENT", "bulk-confirm")
+    assert "6" in _text(browser, "#bulk-count")
+    site.app.cancel(running, actor="test")
+
+
+def test_a_dead_job_replayed_from_its_page_succeeds(browser, site):
+    job = site.app.enqueue("dies", {"group": "replay-one"}, any_task=True)
+    site.wait_state(job, "dead")
+    site.heal("replay-one")
+    _open(browser, site, f"/jobs/{job}")
+    _click(browser, "#action-replay")
+    assert "Replayed" in _text(browser, "#notice")
+    site.wait_state(job, "succeeded")
+    wait_until(lambda: _open(browser, site, f"/jobs/{job}") and _text(browser, "#job-state") == "succeeded",
+               timeout=20, message="the page showing it succeeded")
+    assert "replayed" in _text(browser, "#history") and "web" in _text(browser, "#history")
+
+
+def test_a_running_job_cancelled_from_its_page_is_stopped_by_its_worker(browser, site):
+    job = site.app.enqueue("runs_until_cancelled", None, any_task=True)
+    site.wait_state(job, "running")
+    _open(browser, site, f"/jobs/{job}")
+    assert "renewed on schedule" in _text(browser, "#lease") and _text(browser, "#lease-owner") != "-"
+    _click(browser, "#action-cancel")
+    browser.switch_to.alert.accept()  # the page's confirmation (console.js)
+    site.wait_state(job, "cancelled", timeout=40)
+    # the open page follows by itself (SSE from the job's row), no reload
+    wait_until(lambda: _text(browser, "#job-state") == "cancelled", timeout=20, message="the live update")
+
+
+def test_a_paused_queue_stops_being_claimed(browser, site):
+    _open(browser, site, "/")
+    site.app.enqueue("paused_queue_job", None, any_task=True, queue="pausable")  # the queue appears on the overview
+    wait_until(lambda: q(site.conn, site.schema, "SELECT count(*) FROM {s}.jobs WHERE queue = 'pausable' "
+                         "AND state = 'succeeded'")[0][0] == 1, timeout=30, message="the first job")
+    _open(browser, site, "/")
+    _click(browser, 'tr[data-queue="pausable"] button.pause')
+    assert "paused" in _text(browser, 'tr[data-queue="pausable"]')
+    held = site.app.enqueue("paused_queue_job", None, any_task=True, queue="pausable")
+    probe = site.app.enqueue("quick", None, any_task=True)
+    site.wait_state(probe, "succeeded")  # the worker claims other queues meanwhile...
+    time.sleep(1.0)  # ...and several fallback polls (0.2 s) pass
+    assert site.state(held) == "pending"  # ...but not the paused one
+    _open(browser, site, "/")
+    _click(browser, 'tr[data-queue="pausable"] button.resume')
+    site.wait_state(held, "succeeded")
+    events = q(site.conn, site.schema, "SELECT kind, actor FROM {s}.queue_events WHERE queue = 'pausable' ORDER BY id")
+    assert events == [("paused", "web"), ("resumed", "web")]
+
+
+def test_a_dead_group_is_replayed_as_a_bulk_operation(browser, site):
+    jobs = [site.app.enqueue("dies", {"group": "bulk"}, any_task=True) for _ in range(5)]
+    for job in jobs:
+        site.wait_state(job, "dead")
+    q(site.conn, site.schema, "UPDATE {s}.jobs SET last_error_code = 'UPSTREAM_503' WHERE id = ANY(%s) RETURNING id",
+      jobs)
+    site.heal("bulk")
+    _open(browser, site, "/dead")
+    from selenium.webdriver.common.by import By
+
+    row = next(r for r in browser.find_elements(By.CSS_SELECTOR, "tr.group") if "UPSTREAM_503" in r.text)
+    assert " 5 " in f" {row.text} "
+    row.find_element(By.LINK_TEXT, "Replay all").click()
+    assert "5" in _text(browser, "#bulk-count")
+    _click(browser, "#bulk-start")
+    wait_until(lambda: _open(browser, site, browser.current_url.replace(site.console.url, ""))
+               and _text(browser, "#op-state") == "done", timeout=60, message="the operation to finish")
+    assert _text(browser, "#op-applied") == "5"
+    _open(browser, site, browser.current_url.replace(site.console.url, ""), "bulk-operation")
+    _open(browser, site, "/bulk", "bulk-list")
+    for job in jobs:
+        site.wait_state(job, "succeeded")
+
+
+def test_a_selection_of_dead_jobs_is_replayed(browser, site):
+    jobs = [site.app.enqueue("dies", {"group": "pick"}, any_task=True) for _ in range(3)]
+    for job in jobs:
+        site.wait_state(job, "dead")
+    q(site.conn, site.schema, "UPDATE {s}.jobs SET last_error_code = 'PICKED' WHERE id = ANY(%s) RETURNING id", jobs)
+    site.heal("pick")
+    _open(browser, site, "/dead?task=dies&error_code=PICKED")
+    for job in jobs[:2]:
+        _click(browser, f'input[name="ids"][value="{job}"]')
+    _click(browser, "#replay-selected")
+    browser.switch_to.alert.accept()
+    assert "2 job(s)" in _text(browser, "#notice")
+    site.wait_state(jobs[0], "succeeded")
+    site.wait_state(jobs[1], "succeeded")
+    assert site.state(jobs[2]) == "dead"
+
+
+def test_hostile_names_and_messages_stay_inert(browser, site):
+    job = site.app.enqueue(HOSTILE[1], {"html": "<script>window.__pwned = 1</script>", "x": "\"><svg onload=alert(9)>"},
+                           any_task=True, queue=HOSTILE[0])
+    site.wait_state(job, "dead")
+    for path in ("/", "/jobs", f"/jobs?queue={HOSTILE[0]}", f"/jobs/{job}", "/dead", "/workers"):
+        _open(browser, site, path)
+        _no_alert(browser)
+        assert browser.execute_script("return window.__pwned === undefined")
+    _open(browser, site, f"/jobs/{job}")
+    assert HOSTILE[1] in _text(browser, "#job-summary")  # shown as text, literally
+    assert "<script>alert('error')</script>" in _text(browser, "#attempts")
+    assert "window.__pwned = 1" in _text(browser, "#payload-json")
+    _no_alert(browser)
+
+
+def test_read_only_console_shows_no_action(browser, site, pg_dsn):
+    job = site.app.enqueue("dies", {"group": "ro"}, any_task=True)
+    site.wait_state(job, "dead")
+    with ConsoleServer(pg_dsn, site.schema, "--read-only", log_dir=site.shots) as ro:
+        for path in ("/", f"/jobs/{job}", "/dead", "/dead?task=dies&error_code=PERMANENT", "/jobs?state=dead"):
+            browser.get(ro.url + path)
+            assert browser.find_elements("css selector", "#read-only"), path
+            assert not browser.find_elements("css selector", "form[method=post]"), path
+            assert not browser.find_elements("css selector", "a[href*='/bulk/new']"), path
+
+
+def test_unauthenticated_visits_and_forms_without_their_token_are_refused(browser, site, pg_dsn):
+    # tokens only: the challenge is Bearer, so the browser shows the refusal instead of a password prompt
+    with ConsoleServer(pg_dsn, site.schema, env={"PGWORKER_WEB_TOKENS": "ops:operator:ops-token-0123456789"},
+                       log_dir=site.shots) as guarded:
+        for path in ("/", "/jobs", "/dead"):
+            browser.get(guarded.url + path)
+            assert "Authentication required" in _text(browser, "h1"), path
+            assert not browser.find_elements("css selector", "#queues, #jobs-table, #dead-groups"), path
+    job = site.app.enqueue("dies", {"group": "csrf"}, any_task=True)
+    site.wait_state(job, "dead")
+    browser.get(site.console.url + f"/jobs/{job}")
+    browser.execute_script("document.querySelectorAll('input[name=csrf_token]').forEach(function (e) { e.remove(); })")
+    _click(browser, "#action-replay")
+    assert "CSRF" in _text(browser, "#error-message")
+    assert site.state(job) == "dead"
