@@ -202,3 +202,38 @@ def scale_out(dsn: str, *, pods: int, claimers: int, jobs: int, obs: Observabili
         s.fill(jobs)
         since = s.max_id() - jobs
         return drain_pods(s, pods=pods, concurrency=claimers, obs=obs, since_id=since)
+
+
+def pgworker_drain_otlp(dsn: str, *, clients: int, jobs: int, ratio: float) -> dict[str, Any]:
+    """The drain with pgworker's own OTLP set-up (SDK, batch span processor, OTLP/HTTP
+    protobuf) exporting to the benchmark's local sink, sampling ``ratio`` of the jobs
+    (parentbased_traceidratio): the rate, and the spans the sink received per job (below
+    1 at 100 %: the batch processor dropped spans)."""
+    from .otlp_sink import Sink
+
+    try:
+        import opentelemetry.exporter.otlp.proto.http  # noqa: F401
+    except ImportError:
+        raise RuntimeError("the OTLP case needs the OTLP exporter: pip install -e '.[otlp]' "
+                           "(or '.[test]', which includes it)") from None
+    with Sink() as sink:
+        cpu0 = sink.cpu_seconds()
+        r = pgworker_drain(dsn, clients=clients, batch=None, jobs=jobs,
+                           obs=Observability("otlp", True, sampler_ratio=ratio, otlp_endpoint=sink.endpoint))
+        stats = sink.stats()
+        cpu = sink.cpu_seconds() - cpu0
+    return {**r, "spans_per_job": round(stats["spans"] / jobs, 3), "otlp_requests": stats["requests"],
+            "otlp_errors": stats["errors"], "cpu_sink_us_per_job": round(1e6 * cpu / jobs, 1)}
+
+
+def enqueue_many_calls(dsn: str, *, batch: int, seconds: float) -> dict[str, float]:
+    """``app.enqueue_many`` of ``batch`` jobs per call for about ``seconds``."""
+    with BenchSchema(dsn, "enq") as s, _app(s) as app:
+        specs = [(TASK, {"i": i}) for i in range(batch)]
+        app.enqueue_many(specs[:min(batch, 1000)])  # warm-up
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            app.enqueue_many(specs)
+            n += batch
+        elapsed = time.perf_counter() - t0
+    return {"jobs_per_second": n / elapsed}

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .server_cost import BackendCpu
 from .common import (QUEUE, BenchSchema, ServerCpu, children, cpu_seconds, machine_busy_seconds, rss_bytes,
                      wait_for, wal_lsn)
 
@@ -37,7 +38,9 @@ class Observability:
     ``tracing``: 'sdk' (an SDK provider at its default sampling, spans exported to a
     discarding exporter), 'console' (OTEL_TRACES_EXPORTER=console, stdout to /dev/null),
     'api' (pgworker's default with no exporter configured: the OpenTelemetry API only,
-    non-recording spans) or 'off' (--no-tracing). ``metrics``: False replaces pgworker's
+    non-recording spans), 'otlp' (pgworker's own set-up from OTEL_TRACES_EXPORTER=otlp_proto_http: SDK
+    provider, batch span processor, OTLP/HTTP protobuf exporter to ``otlp_endpoint``, the
+    benchmark's sink) or 'off' (--no-tracing). ``metrics``: False replaces pgworker's
     metrics with no-ops (bench_app.py) to measure what they cost.
     """
 
@@ -45,6 +48,7 @@ class Observability:
     metrics: bool = True
     sampler_ratio: float | None = None  # parentbased_traceidratio instead of the SDK default
     extra_env: dict[str, str] = field(default_factory=dict)  # e.g. PGWORKER_SYNCHRONOUS_COMMIT
+    otlp_endpoint: str | None = None  # tracing 'otlp': pgworker's own OTLP/HTTP set-up, to this receiver
 
     def args(self) -> list[str]:
         return ["--no-tracing"] if self.tracing == "off" else []
@@ -59,6 +63,12 @@ class Observability:
             env["BENCH_TRACING"] = "sdk"
         elif self.tracing == "console":
             env["OTEL_TRACES_EXPORTER"] = "console"
+        elif self.tracing == "otlp":
+            # otlp_proto_http, not otlp: pgworker (at e7d8163) looks "otlp" up among the
+            # entry points, where only the gRPC package registers it, so with the [otlp]
+            # extra (HTTP) OTEL_TRACES_EXPORTER=otlp exports nothing (a warning in the log)
+            env.update({"OTEL_TRACES_EXPORTER": "otlp_proto_http", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                        "OTEL_EXPORTER_OTLP_ENDPOINT": self.otlp_endpoint or ""})
         return env
 
     @property
@@ -80,6 +90,7 @@ class DrainResult:
     cpu_dispatcher: float = 0.0
     machine_busy_cores: float = 0.0  # average busy cores of the whole machine during the run
     cpu_server: float = 0.0  # CPU seconds of the PostgreSQL server processes during the run
+    cpu_backends: float = 0.0  # CPU seconds of the run's own backends (its sessions' ports)
     wal_bytes: int = 0       # WAL the server wrote during the run
 
     @property
@@ -99,6 +110,7 @@ class DrainResult:
                 "cpu_dispatcher_s": round(self.cpu_dispatcher, 2),
                 "cpu_supervisor_us_per_job": round(1e6 * self.cpu_dispatcher / self.jobs, 1) if self.jobs else 0,
                 "cpu_server_us_per_job": round(1e6 * self.cpu_server / self.jobs, 1) if self.jobs else 0,
+                "cpu_backends_us_per_job": round(1e6 * self.cpu_backends / self.jobs, 1) if self.jobs else 0,
                 "wal_bytes_per_job": round(self.wal_bytes / self.jobs, 1) if self.jobs else 0,
                 "machine_busy_cores": round(self.machine_busy_cores, 2)}
 
@@ -169,8 +181,10 @@ def drain(schema: BenchSchema, *, concurrency: int, batch: int | None = None,
                     result.rss_claimers.setdefault(p, []).append(r)
                     result.cpu_claimers[p] = cpu_seconds(p) - cpu0[p]
             server.sample()
+            backends.sample()
 
         server = ServerCpu()
+        backends = BackendCpu(schema.dsn, proc.pid)
         sample()
         busy0, total0 = machine_busy_seconds()
         lsn0 = wal_lsn(schema.dsn)
@@ -186,6 +200,8 @@ def drain(schema: BenchSchema, *, concurrency: int, batch: int | None = None,
         result.wall_seconds = time.monotonic() - t0
         result.wal_bytes = wal_lsn(schema.dsn) - lsn0
         result.cpu_server = server.seconds
+        result.cpu_backends = backends.seconds
+        backends.close()
         busy1, total1 = machine_busy_seconds()
         cores = os.cpu_count() or 1
         result.machine_busy_cores = cores * (busy1 - busy0) / (total1 - total0) if total1 > total0 else 0.0

@@ -17,15 +17,17 @@ import psycopg
 from pgworker.store import Store
 
 from .common import QUEUE, BenchSchema
+from .server_cost import own_backend_cpu
 
 
-def _consume(dsn: str, schema: str, batch: int, barrier: Any) -> None:
+def _consume(dsn: str, schema: str, batch: int, barrier: Any, out: Any) -> None:
     store = Store(schema)
     claim, complete = store.queries["job_claim"], store.queries["job_complete"]
     with psycopg.connect(dsn, autocommit=True, application_name="pgworker-bench:plain") as conn:
         conn.prepare_threshold = 0
         params = {"queue": QUEUE, "limit": batch, "owner": f"plain:{multiprocessing.current_process().pid}",
                   "lease_seconds": 60.0, "aging_seconds": None, "locked": False}
+        cpu0 = own_backend_cpu(conn)
         barrier.wait()
         while True:
             cur = conn.execute(claim, params)
@@ -33,6 +35,7 @@ def _consume(dsn: str, schema: str, batch: int, barrier: Any) -> None:
             i, t = names.index("id"), names.index("lease_token")
             rows = [r for r in cur.fetchall() if r[i] is not None]
             if not rows:
+                out.put(own_backend_cpu(conn) - cpu0)
                 return
             conn.execute(complete, {"ids": [r[i] for r in rows], "tokens": [r[t] for r in rows]}).fetchall()
 
@@ -53,8 +56,9 @@ def plain_loop_costs(schema: BenchSchema, *, processes: int, batch: int,
     from .common import ServerCpu, wal_lsn
 
     ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(processes)
-    procs = [ctx.Process(target=_consume, args=(schema.dsn, schema.name, batch, barrier)) for _ in range(processes)]
+    barrier, out = ctx.Barrier(processes), ctx.Queue()
+    procs = [ctx.Process(target=_consume, args=(schema.dsn, schema.name, batch, barrier, out))
+             for _ in range(processes)]
     usage0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     server, lsn0 = ServerCpu(), wal_lsn(schema.dsn)
     for p in procs:
@@ -62,6 +66,7 @@ def plain_loop_costs(schema: BenchSchema, *, processes: int, batch: int,
     while any(p.is_alive() for p in procs):
         server.sample()
         time.sleep(0.1)
+    backends = [out.get(timeout=600) for _ in procs]
     for p in procs:
         p.join(600)
         if p.exitcode != 0:
@@ -72,4 +77,5 @@ def plain_loop_costs(schema: BenchSchema, *, processes: int, batch: int,
     cpu = (usage1.ru_utime + usage1.ru_stime) - (usage0.ru_utime + usage0.ru_stime)
     per = lambda v: round(v / n, 1) if n else 0.0  # noqa: E731
     return n, seconds, {"cpu_client_us_per_job": per(1e6 * cpu), "cpu_server_us_per_job": per(1e6 * server.seconds),
+                        "cpu_backends_us_per_job": per(1e6 * sum(backends)),
                         "wal_bytes_per_job": per(wal)}
