@@ -1,15 +1,18 @@
-"""pgworker's benchmark, side by side with the SQL ceiling, in one run.
+"""pgworker's benchmark, every figure beside its reference, in one run (issue 23).
 
-    python -m benchmarks.run                # the full run (about 25 minutes on 2 cores)
-    python -m benchmarks.run --quick        # a smoke run (a few minutes)
-    python -m benchmarks.run --peers        # also Procrastinate and PGQueuer (own virtualenvs)
+    python -m benchmarks.run --peers        # the full run, with PGQueuer and Procrastinate (~30-40 minutes on 2 cores)
+    python -m benchmarks.run --quick        # a smoke run (one repetition, smaller cases)
+    python -m benchmarks.run --sections matrix,growth,scale   # the optional sections
 
 Each measurement runs on a fresh schema; every figure is the median of ``--repeat``
-repetitions (3 by default, 1 with --quick), with the ceiling and pgworker measured in
-turn inside each repetition so that a noisy neighbour hurts both alike. Results go to
+repetitions (3 by default, 1 with --quick), with a figure and its reference (the minimal
+lease queue of ``reference.py``, PGQueuer, pgworker untraced) measured in turn inside each
+repetition so that a noisy neighbour hurts both alike; the big fills (traps, the held
+snapshot), latency and the idle fleet run in the first repetition only. Results go to
 ``benchmarks/results/<UTC date-time>.json`` and ``.md``; the Markdown table is also
-printed. Timings are never asserted: the tests only run the smallest case (``--smallest``)
-to keep the harness working. See the "Benchmarks" section of the README.
+printed. Timings are never asserted: the tests only run the smallest case of every
+section (``--smallest``) to keep the harness working. See the "Benchmarks" section of
+the README.
 """
 
 from __future__ import annotations
