@@ -3,9 +3,12 @@ plain numbers; ``run.py`` repeats them, takes medians and builds the table."""
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from typing import Any
+
+import psycopg
 
 from pgworker import App, Settings
 
@@ -113,7 +116,31 @@ def idle_fleet(dsn: str, *, pods: int, claimers: int, seconds: float, poll_inter
     on an empty queue, counted by the server (``pg_stat_database.xact_commit`` of the
     benchmark's database: every pgworker statement is its own transaction). Backends
     report their counts within about 10 s (PostgreSQL 15 flushes idle backends' statistics
-    every PGSTAT_IDLE_INTERVAL), so the window starts after a settle and is long."""
+    every PGSTAT_IDLE_INTERVAL), so the window starts after a settle and is long. The count
+    is the database's, so the fleet runs in a database of its own when the role may create
+    one (other sessions of a shared database would be counted too: ``own_database`` says
+    which it was)."""
+    from psycopg import conninfo, sql
+
+    name = f"pgworker_bench_idle_{os.getpid()}"
+    try:
+        with connect(dsn) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        own = conninfo.make_conninfo(dsn, dbname=name)
+    except psycopg.Error:
+        own = None
+    try:
+        return {**_idle_fleet(own or dsn, pods=pods, claimers=claimers, seconds=seconds,
+                              poll_interval=poll_interval, code_root=code_root), "own_database": own is not None}
+    finally:
+        if own is not None:
+            with connect(dsn) as conn:
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def _idle_fleet(dsn: str, *, pods: int, claimers: int, seconds: float, poll_interval: float,
+                code_root: str | None) -> dict[str, float]:
     with BenchSchema(dsn, "idle", code_root=code_root) as s:
         services = [Service(s, concurrency=claimers, listen=True, poll_interval=poll_interval, code_root=code_root)
                     for _ in range(pods)]

@@ -78,7 +78,9 @@ def markdown(doc: dict[str, Any], plan: Any) -> str:
         lines.append("")
     if "idle fleet" in r:
         lines += [f"## An idle fleet ({plan.idle_pods} pods x {plan.idle_claimers} claimers, empty queue, "
-                  "default poll)", "", "| code | statements per minute (server count) |", "|---|---:|",
+                  "default poll; " + ("a database of its own" if _get(doc, "idle fleet", "own_database") else
+                                      "the shared database: other sessions counted too") + ")", "",
+                  "| code | statements per minute (server count) |", "|---|---:|",
                   f"| now | {_n(_get(doc, 'idle fleet', 'statements_per_minute'))} |"]
         if "idle fleet before" in r:
             lines.append(f"| {doc['machine'].get('compared_with', 'before')} | "

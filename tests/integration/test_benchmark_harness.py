@@ -69,6 +69,7 @@ def test_smallest_benchmark_case_runs_end_to_end(pg_dsn, tmp_path):
         assert results[key]["jobs_per_second"]["median"] > 0, key
     assert results["trap snapshot"]["dead_tuples_reclaimed"]["median"] > 0
     assert results["idle fleet"]["statements_per_minute"]["median"] >= 0
+    assert "own_database" in results["idle fleet"]
     assert {t["target"] for t in doc["targets"]} >= {
         "enqueue, one job per transaction / the minimal single-row INSERT loop",
         "enqueue_many, 100 jobs per call / pgbench 100-row INSERT into the minimal table (1 client)"}
