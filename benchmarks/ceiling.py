@@ -29,8 +29,8 @@ from psycopg import sql
 from pgworker import sql as sqlfiles
 from pgworker.store import notify_channel
 
-from .common import QUEUE, TASK, BenchSchema, connect, wal_lsn
-from .server_cost import BackendCpu
+from .common import QUEUE, TASK, BenchSchema, connect
+from .server_cost import BackendCpu, RunWal, wal_figures
 
 PARAM = re.compile(r"%\((\w+)\)s")
 # The claim's parameters and their SQL types: a new parameter in job_claim must be
@@ -196,16 +196,16 @@ def claim_ceiling(dsn: str, *, batch: int, clients: int, jobs: int, finished: in
         s.fill(clients * batch * (per_client + warm), finished=finished)
         script = claim_complete_script(s.name, batch)
         run_pgbench(dsn, script, clients=clients, transactions=warm)
-        lsn0 = wal_lsn(dsn)
+        wal = RunWal(dsn, s.name)
         r = run_pgbench(dsn, script, clients=clients, transactions=per_client, sampler=BackendCpu)
-        wal = wal_lsn(dsn) - lsn0
+        lsn, own = wal.finish()
         counts = s.counts()
     if counts.get("succeeded", 0) != finished + clients * batch * (per_client + warm):
         raise RuntimeError(f"pgbench ceiling: expected every job to succeed, got {counts}")
     n = clients * batch * per_client
     return {"jobs_per_second": r.tps * batch, "claim_ms": r.statement_ms[0] if r.statement_ms else 0.0,
             "complete_ms": r.statement_ms[1] if len(r.statement_ms) > 1 else 0.0,
-            "cpu_backends_us_per_job": round(1e6 * r.backend_cpu / n, 1), "wal_bytes_per_job": round(wal / n, 1)}
+            "cpu_backends_us_per_job": round(1e6 * r.backend_cpu / n, 1), **wal_figures(lsn, own, n)}
 
 
 def insert_ceiling(dsn: str, *, seconds: float, plain: bool = False, clients: int = 1) -> float:

@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .server_cost import BackendCpu
+from .server_cost import BackendCpu, RunWal, wal_figures
 from .common import (QUEUE, BenchSchema, ServerCpu, children, cpu_seconds, machine_busy_seconds, rss_bytes,
-                     wait_for, wal_lsn)
+                     wait_for)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -91,7 +91,8 @@ class DrainResult:
     machine_busy_cores: float = 0.0  # average busy cores of the whole machine during the run
     cpu_server: float = 0.0  # CPU seconds of the PostgreSQL server processes during the run
     cpu_backends: float = 0.0  # CPU seconds of the run's own backends (its sessions' ports)
-    wal_bytes: int = 0       # WAL the server wrote during the run
+    wal_bytes: int = 0       # WAL the server wrote during the run (the insert LSN's difference)
+    wal_own: int | None = None  # of which the run's own records (pg_walinspect), when readable
 
     @property
     def rate(self) -> float:
@@ -111,7 +112,7 @@ class DrainResult:
                 "cpu_supervisor_us_per_job": round(1e6 * self.cpu_dispatcher / self.jobs, 1) if self.jobs else 0,
                 "cpu_server_us_per_job": round(1e6 * self.cpu_server / self.jobs, 1) if self.jobs else 0,
                 "cpu_backends_us_per_job": round(1e6 * self.cpu_backends / self.jobs, 1) if self.jobs else 0,
-                "wal_bytes_per_job": round(self.wal_bytes / self.jobs, 1) if self.jobs else 0,
+                **wal_figures(self.wal_bytes, self.wal_own, self.jobs),
                 "machine_busy_cores": round(self.machine_busy_cores, 2)}
 
 
@@ -187,7 +188,7 @@ def drain(schema: BenchSchema, *, concurrency: int, batch: int | None = None,
         backends = BackendCpu(schema.dsn, proc.pid)
         sample()
         busy0, total0 = machine_busy_seconds()
-        lsn0 = wal_lsn(schema.dsn)
+        wal = RunWal(schema.dsn, schema.name)
         open(os.path.join(gate, "go"), "w").close()
         deadline = time.monotonic() + timeout
         while proc.poll() is None:
@@ -198,7 +199,7 @@ def drain(schema: BenchSchema, *, concurrency: int, batch: int | None = None,
                 sample()
         result.exit_code = proc.returncode
         result.wall_seconds = time.monotonic() - t0
-        result.wal_bytes = wal_lsn(schema.dsn) - lsn0
+        result.wal_bytes, result.wal_own = wal.finish()
         result.cpu_server = server.seconds
         result.cpu_backends = backends.seconds
         backends.close()

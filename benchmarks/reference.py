@@ -25,8 +25,8 @@ import psycopg
 from psycopg import sql
 
 from . import ceiling
-from .common import QUEUE, _counter, connect, wal_lsn
-from .server_cost import BackendCpu, own_backend_cpu
+from .common import QUEUE, _counter, connect
+from .server_cost import BackendCpu, RunWal, own_backend_cpu, wal_figures
 
 LEASE_SECONDS = 60
 
@@ -124,6 +124,7 @@ def _consume(dsn: str, schema: str, batch: int, barrier: Any, out: Any) -> None:
         conn.prepare_threshold = 0
         cpu0 = own_backend_cpu(conn)
         barrier.wait()
+        mine0 = time.process_time()
         n, last = 0, time.monotonic()
         while True:
             rows = conn.execute(claim, {"queue": QUEUE, "limit": batch, "owner": owner}).fetchall()
@@ -133,13 +134,14 @@ def _consume(dsn: str, schema: str, batch: int, barrier: Any, out: Any) -> None:
                                            "owner": owner}).rowcount
             n += done
             last = time.monotonic()
-        out.put((n, last, own_backend_cpu(conn) - cpu0))
+        out.put((n, last, own_backend_cpu(conn) - cpu0, time.process_time() - mine0))
 
 
 def loop(dsn: str, *, clients: int, batch: int, jobs: int) -> dict[str, float]:
     """The plain psycopg loop on the reference table over ``jobs`` due jobs: jobs/s (from
-    the start gate to the last completion), its processes' CPU, its backends' CPU and the
-    WAL written, per job."""
+    the start gate to the last completion), its processes' CPU (all of it, start-up
+    included; and ``cpu_loop``: from the start gate on), its backends' CPU and the WAL
+    written, per job."""
     import resource
 
     with RefSchema(dsn) as s:
@@ -150,11 +152,11 @@ def loop(dsn: str, *, clients: int, batch: int, jobs: int) -> dict[str, float]:
         usage0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         for p in procs:
             p.start()
-        lsn0 = wal_lsn(dsn)
+        wal = RunWal(dsn, s.name)
         barrier.wait(timeout=120)
         t0 = time.monotonic()
         results = [out.get(timeout=900) for _ in procs]
-        wal = wal_lsn(dsn) - lsn0
+        lsn, own = wal.finish()
         for p in procs:
             p.join(60)
         usage1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -166,7 +168,7 @@ def loop(dsn: str, *, clients: int, batch: int, jobs: int) -> dict[str, float]:
     client = (usage1.ru_utime + usage1.ru_stime) - (usage0.ru_utime + usage0.ru_stime)
     return {"jobs_per_second": n / seconds, "jobs": n, "cpu_client_us_per_job": round(1e6 * client / n, 1),
             "cpu_backends_us_per_job": round(1e6 * sum(r[2] for r in results) / n, 1),
-            "wal_bytes_per_job": round(wal / n, 1)}
+            "cpu_loop_us_per_job": round(1e6 * sum(r[3] for r in results) / n, 1), **wal_figures(lsn, own, n)}
 
 
 def pgbench_script(schema: str, batch: int) -> str:
@@ -190,15 +192,15 @@ def pgbench_drain(dsn: str, *, clients: int, batch: int, jobs: int) -> dict[str,
         s.fill(clients * batch * (per_client + warm))
         script = pgbench_script(s.name, batch)
         ceiling.run_pgbench(dsn, script, clients=clients, transactions=warm)
-        lsn0 = wal_lsn(dsn)
+        wal = RunWal(dsn, s.name)
         r = ceiling.run_pgbench(dsn, script, clients=clients, transactions=per_client, sampler=BackendCpu)
-        wal = wal_lsn(dsn) - lsn0
+        lsn, own = wal.finish()
         counts = s.counts()
     n = clients * batch * per_client
     if counts.get("succeeded", 0) != clients * batch * (per_client + warm):
         raise RuntimeError(f"reference pgbench: expected every job to succeed, got {counts}")
     return {"jobs_per_second": r.tps * batch, "jobs": n, "claim_ms": r.statement_ms[0] if r.statement_ms else 0.0,
-            "cpu_backends_us_per_job": round(1e6 * r.backend_cpu / n, 1), "wal_bytes_per_job": round(wal / n, 1)}
+            "cpu_backends_us_per_job": round(1e6 * r.backend_cpu / n, 1), **wal_figures(lsn, own, n)}
 
 
 def insert_loop(dsn: str, *, seconds: float) -> dict[str, float]:

@@ -136,3 +136,58 @@ class BackendCpu:
 
     def close(self) -> None:
         self.conn.close()
+
+
+OWN_WAL = """
+WITH rels AS (
+    SELECT %(db)s::text || '/' || c.relfilenode::text AS rel
+    FROM pg_class AS c
+    WHERE c.relfilenode <> 0
+      AND (c.relnamespace = %(schema)s::regnamespace
+           OR c.oid IN (SELECT reltoastrelid FROM pg_class WHERE relnamespace = %(schema)s::regnamespace)
+           OR c.oid IN (SELECT i.indexrelid FROM pg_index AS i JOIN pg_class AS t ON t.oid = i.indrelid
+                        WHERE t.relnamespace = 'pg_toast'::regnamespace
+                          AND t.oid IN (SELECT reltoastrelid FROM pg_class
+                                        WHERE relnamespace = %(schema)s::regnamespace)))
+), r AS (
+    SELECT xid::text::bigint AS xid, record_length, substring(block_ref FROM 'rel \\d+/(\\d+/\\d+)') AS rel
+    FROM pg_get_wal_records_info(%(start)s::pg_lsn, least(%(end)s::pg_lsn, pg_current_wal_flush_lsn()))
+), mine AS (
+    SELECT DISTINCT xid FROM r WHERE xid <> 0 AND rel IN (SELECT rel FROM rels)
+)
+SELECT coalesce(sum(record_length), 0)::bigint FROM r
+WHERE xid IN (SELECT xid FROM mine) OR (xid = 0 AND rel IN (SELECT rel FROM rels))
+"""
+
+
+class RunWal:
+    """The WAL a run wrote. ``own``: the records of the transactions that touched the run's
+    schema (and the transaction-less records on its relations, such as page pruning),
+    read back with pg_walinspect, so other sessions on a shared server do not count;
+    None where pg_walinspect cannot be used (it needs a superuser or pg_read_server_files,
+    and the WAL still on disk). ``lsn``: the insert position's difference, all sessions'."""
+
+    def __init__(self, dsn: str, schema: str) -> None:
+        self.dsn, self.schema = dsn, schema
+        with connect(dsn) as conn:
+            self.start = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
+
+    def finish(self) -> tuple[int, int | None]:
+        with connect(self.dsn) as conn:
+            end, lsn = conn.execute("SELECT pg_current_wal_insert_lsn()::text, "
+                                    "(pg_current_wal_insert_lsn() - %s::pg_lsn)::bigint", [self.start]).fetchone()
+            try:
+                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+                db = conn.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()[0]
+                own = conn.execute(OWN_WAL, {"db": db, "schema": self.schema, "start": self.start,
+                                             "end": end}).fetchone()[0]
+            except psycopg.Error:
+                own = None
+        return int(lsn), (int(own) if own is not None else None)
+
+
+def wal_figures(lsn: int, own: int | None, jobs: int) -> dict[str, float]:
+    """WAL bytes per job for a result: the run's own when known, the LSN difference beside it."""
+    per = lambda v: round(v / jobs, 1) if jobs else 0.0  # noqa: E731
+    return {"wal_bytes_per_job": per(own if own is not None else lsn), "wal_bytes_per_job_lsn": per(lsn),
+            "wal_own": own is not None}

@@ -41,11 +41,42 @@ AGED_LIMIT = ("    ORDER BY run_at\n    LIMIT (SELECT n FROM allowance)\n",
               "    ORDER BY run_at\n    LIMIT CASE WHEN (SELECT aging_seconds FROM gate) IS NULL THEN 0 "
               "ELSE (SELECT n FROM allowance) END\n")
 # variants whose claim statement changes: name -> (old, new) text replacements in job_claim
-CLAIM_CHANGES: dict[str, list[tuple[str, str]]] = {"lean": [AGED_LIMIT], "lean-ff50": [AGED_LIMIT],
-                                                   "today-aged-skip": [AGED_LIMIT]}
+CLAIM_CHANGES: dict[str, list[tuple[str, str]]] = {
+    name: [AGED_LIMIT] for name in ("lean", "lean-ff50", "lean-ff70", "lean-ff85", "today-aged-skip")}
+
+# P1 + P3 + P4 of the design: one running index without lease_expires_at, no jobs_due_idx,
+# retention on a BRIN index
+LEAN = ("DROP INDEX {s}.jobs_lease_expiry_idx; DROP INDEX {s}.jobs_running_idx; DROP INDEX {s}.jobs_due_idx; "
+        "DROP INDEX {s}.jobs_finished_idx; "
+        "CREATE INDEX jobs_running_idx ON {s}.jobs (queue) WHERE state = 'running'; "
+        "CREATE INDEX jobs_finished_brin ON {s}.jobs USING brin (finished_at) "
+        "WHERE state IN ('succeeded', 'cancelled', 'dead'); ")
+
+# The seeds' one-statement claim on pgworker's table, with pgworker's SET list and RETURNING
+# (no gate, no aging arm, no priority walk, no final sort): what the claim statement's own
+# machinery costs, apart from the table's indexes. Its rows have the claim's shape.
+SIMPLE_CLAIM = """
+WITH c AS (
+    SELECT id FROM {schema}.jobs
+    WHERE queue = %(queue)s AND state = 'pending' AND NOT blocked AND run_at <= now()
+    ORDER BY priority DESC, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.jobs AS j
+SET state = 'running', attempts = j.attempts + 1, lease_token = j.lease_token + 1, lease_owner = %(owner)s,
+    lease_expires_at = statement_timestamp() + make_interval(secs => %(lease_seconds)s::float8),
+    started_at = statement_timestamp(), heartbeat_at = statement_timestamp(), cancel_requested_at = NULL
+FROM c WHERE j.id = c.id
+RETURNING NULL::boolean, NULL::boolean, NULL::integer, NULL::float8, j.id, j.queue, j.task, j.payload, j.priority,
+          j.attempts, j.max_attempts, j.lease_token, j.lease_expires_at, j.run_at, j.created_at, j.trace_context,
+          j.ordering_key, j.dedupe_key, extract(epoch FROM statement_timestamp() - j.run_at)::float8
+"""
+CLAIM_STATEMENTS = {"today-simple-claim": SIMPLE_CLAIM, "lean-ff50-simple-claim": SIMPLE_CLAIM}
 
 # name: (description, DDL run after pgworker's migration; {s} = the schema)
 VARIANTS: dict[str, tuple[str, str]] = {
+    "today-simple-claim": ("today's schema, the seeds' simple claim statement (SIMPLE_CLAIM)", ""),
     "today-aged-skip": ("today's schema; the claim's aging arm skipped without a bound", ""),
     "today": ("pgworker's schema as migrated", ""),
     "one-running-index": (
@@ -73,6 +104,9 @@ VARIANTS: dict[str, tuple[str, str]] = {
         "WHERE state IN ('succeeded', 'cancelled', 'dead'); "
         "ALTER TABLE {s}.jobs SET (fillfactor = 50);"),
     "today-ff50": ("today's indexes, fillfactor 50", "ALTER TABLE {s}.jobs SET (fillfactor = 50);"),
+    "lean-ff70": ("lean, fillfactor 70", LEAN + "ALTER TABLE {s}.jobs SET (fillfactor = 70);"),
+    "lean-ff50-simple-claim": ("lean-ff50 with SIMPLE_CLAIM", LEAN + "ALTER TABLE {s}.jobs SET (fillfactor = 50);"),
+    "lean-ff85": ("lean, fillfactor 85", LEAN + "ALTER TABLE {s}.jobs SET (fillfactor = 85);"),
 }
 
 
@@ -143,6 +177,9 @@ def pgworker_transitions(dsn: str, variant: str, jobs: int, batch: int) -> dict[
         conn.execute(sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = false)").format(sql.Identifier(schema, "jobs")))
         store, run = Store(schema), Run(conn, schema)  # autocommit: each batch's transaction() is a real one
         q = dict(store.queries)
+        if variant in CLAIM_STATEMENTS:
+            q["job_claim"] = sql.SQL(CLAIM_STATEMENTS[variant].replace("{schema}", "{s}")).format(
+                s=sql.Identifier(schema)).as_string(conn)
         for old, new in CLAIM_CHANGES.get(variant, []):
             assert old in q["job_claim"], f"{variant}: job_claim changed; update CLAIM_CHANGES"
             q["job_claim"] = q["job_claim"].replace(old, new)
@@ -222,6 +259,19 @@ def reference_transitions(dsn: str, jobs: int, batch: int) -> dict[str, Any]:
     return out
 
 
+def _median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per transition, the median of each number over the rounds (nested dicts too)."""
+    import statistics
+
+    def merge(values: list[Any]) -> Any:
+        if isinstance(values[0], dict):
+            keys = {k for v in values for k in v}
+            return {k: merge([v.get(k, 0) for v in values]) for k in sorted(keys)}
+        return statistics.median(values)
+
+    return merge(runs)
+
+
 def table(results: dict[str, dict[str, Any]]) -> str:
     lines = ["| variant | transition | WAL B/job (no FPI) | with FPI | backend CPU µs/job | index entries per job | "
              "heap records per job |", "|---|---|---:|---:|---:|---|---|"]
@@ -240,12 +290,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=20_000)
     p.add_argument("--batch", type=int, default=100)
     p.add_argument("--variant", default="ref,today", help=f"comma-separated: ref, {', '.join(VARIANTS)}")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="rounds over every variant (interleaved, so a neighbour's load hurts all alike); "
+                        "the median of each figure is shown")
     p.add_argument("--json")
     a = p.parse_args(argv)
-    results: dict[str, Any] = defaultdict(dict)
-    for v in (x.strip() for x in a.variant.split(",") if x.strip()):
-        results[v] = (reference_transitions(a.dsn, a.jobs, a.batch) if v == "ref"
-                      else pgworker_transitions(a.dsn, v, a.jobs, a.batch))
+    names = [x.strip() for x in a.variant.split(",") if x.strip()]
+    rounds: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for _ in range(a.repeat):
+        for v in names:
+            rounds[v].append(reference_transitions(a.dsn, a.jobs, a.batch) if v == "ref"
+                             else pgworker_transitions(a.dsn, v, a.jobs, a.batch))
+    results = {v: _median_of(rs) for v, rs in rounds.items()}
     print(table(results))
     if a.json:
         with open(a.json, "w") as f:

@@ -43,6 +43,7 @@ def test_smallest_benchmark_case_runs_end_to_end(pg_dsn, tmp_path):
         assert results[key]["jobs_per_second"]["median"] > 0, key
         assert results[key]["wal_bytes_per_job"]["median"] > 0, key
         assert "cpu_backends_us_per_job" in results[key], key
+        assert results[key]["wal_own"]["median"], key  # its own WAL records (pg_walinspect), not the server's
     for key in ("obs off", "obs metrics", "obs metrics+sdk", "obs otlp 100%", "obs otlp 10%"):
         assert results[key]["jobs_per_second"]["median"] > 0, key
     # every job traced, exported over OTLP/HTTP to the benchmark's receiver
