@@ -1,6 +1,6 @@
 """The App the benchmark runs under ``pgworker run``: one no-op task on the queue 'bench'.
 
-Two things only a benchmark needs, both driven by environment variables the harness sets:
+What only a benchmark needs, both driven by environment variables the harness sets:
 
 - ``BENCH_GATE_DIR``: every claimer process, once imported, writes ``ready-<pid>`` there
   and waits for a ``go`` file, so all claimers start claiming at the same moment and the
@@ -10,6 +10,9 @@ Two things only a benchmark needs, both driven by environment variables the harn
   the spans: every span is created, recorded, queued and exported, only not sent.
   (``OTEL_TRACES_EXPORTER=console`` with stdout to /dev/null is the other way the
   harness can turn tracing on.)
+- ``BENCH_STARTUP_DIR`` (the start-up case): each claimer writes the wall-clock time of
+  its first job to ``first-<pid>`` there; ``BENCH_JOB_MS``: each job sleeps that long
+  (so that a run lasts until every claimer is up).
 - ``BENCH_METRICS=off``: every pgworker metric call in this process does nothing, to
   measure what metrics cost (pgworker itself has no switch: its metrics are always on).
 """
@@ -26,9 +29,32 @@ import pgworker
 app = pgworker.App()
 
 
-@app.task(name="noop", queue="bench")
-def noop(payload: Any) -> None:
-    return None
+STARTUP_DIR = os.environ.get("BENCH_STARTUP_DIR")
+JOB_SECONDS = float(os.environ.get("BENCH_JOB_MS") or 0) / 1000.0
+_first_job_seen = False
+
+
+def _first_job(folder: str) -> None:
+    """Start-up case: the wall-clock time of this claimer's first job, in ``first-<pid>``."""
+    global _first_job_seen
+    _first_job_seen = True
+    path = os.path.join(folder, f"first-{os.getpid()}")
+    with open(path + ".tmp", "w") as f:
+        f.write(repr(time.time()))
+    os.replace(path + ".tmp", path)
+
+
+if STARTUP_DIR or JOB_SECONDS:
+    @app.task(name="noop", queue="bench")
+    def noop(payload: Any) -> None:
+        if STARTUP_DIR and not _first_job_seen:
+            _first_job(STARTUP_DIR)
+        if JOB_SECONDS:
+            time.sleep(JOB_SECONDS)
+else:
+    @app.task(name="noop", queue="bench")
+    def noop(payload: Any) -> None:
+        return None
 
 
 def _install_sdk_tracing() -> None:

@@ -3,9 +3,12 @@ plain numbers; ``run.py`` repeats them, takes medians and builds the table."""
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from typing import Any
+
+import psycopg
 
 from pgworker import App, Settings
 
@@ -113,7 +116,31 @@ def idle_fleet(dsn: str, *, pods: int, claimers: int, seconds: float, poll_inter
     on an empty queue, counted by the server (``pg_stat_database.xact_commit`` of the
     benchmark's database: every pgworker statement is its own transaction). Backends
     report their counts within about 10 s (PostgreSQL 15 flushes idle backends' statistics
-    every PGSTAT_IDLE_INTERVAL), so the window starts after a settle and is long."""
+    every PGSTAT_IDLE_INTERVAL), so the window starts after a settle and is long. The count
+    is the database's, so the fleet runs in a database of its own when the role may create
+    one (other sessions of a shared database would be counted too: ``own_database`` says
+    which it was)."""
+    from psycopg import conninfo, sql
+
+    name = f"pgworker_bench_idle_{os.getpid()}"
+    try:
+        with connect(dsn) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        own = conninfo.make_conninfo(dsn, dbname=name)
+    except psycopg.Error:
+        own = None
+    try:
+        return {**_idle_fleet(own or dsn, pods=pods, claimers=claimers, seconds=seconds,
+                              poll_interval=poll_interval, code_root=code_root), "own_database": own is not None}
+    finally:
+        if own is not None:
+            with connect(dsn) as conn:
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def _idle_fleet(dsn: str, *, pods: int, claimers: int, seconds: float, poll_interval: float,
+                code_root: str | None) -> dict[str, float]:
     with BenchSchema(dsn, "idle", code_root=code_root) as s:
         services = [Service(s, concurrency=claimers, listen=True, poll_interval=poll_interval, code_root=code_root)
                     for _ in range(pods)]
@@ -202,3 +229,38 @@ def scale_out(dsn: str, *, pods: int, claimers: int, jobs: int, obs: Observabili
         s.fill(jobs)
         since = s.max_id() - jobs
         return drain_pods(s, pods=pods, concurrency=claimers, obs=obs, since_id=since)
+
+
+def pgworker_drain_otlp(dsn: str, *, clients: int, jobs: int, ratio: float) -> dict[str, Any]:
+    """The drain with pgworker's own OTLP set-up (SDK, batch span processor, OTLP/HTTP
+    protobuf) exporting to the benchmark's local sink, sampling ``ratio`` of the jobs
+    (parentbased_traceidratio): the rate, and the spans the sink received per job (below
+    1 at 100 %: the batch processor dropped spans)."""
+    from .otlp_sink import Sink
+
+    try:
+        import opentelemetry.exporter.otlp.proto.http  # noqa: F401
+    except ImportError:
+        raise RuntimeError("the OTLP case needs the OTLP exporter: pip install -e '.[otlp]' "
+                           "(or '.[test]', which includes it)") from None
+    with Sink() as sink:
+        cpu0 = sink.cpu_seconds()
+        r = pgworker_drain(dsn, clients=clients, batch=None, jobs=jobs,
+                           obs=Observability("otlp", True, sampler_ratio=ratio, otlp_endpoint=sink.endpoint))
+        stats = sink.stats()
+        cpu = sink.cpu_seconds() - cpu0
+    return {**r, "spans_per_job": round(stats["spans"] / jobs, 3), "otlp_requests": stats["requests"],
+            "otlp_errors": stats["errors"], "cpu_sink_us_per_job": round(1e6 * cpu / jobs, 1)}
+
+
+def enqueue_many_calls(dsn: str, *, batch: int, seconds: float) -> dict[str, float]:
+    """``app.enqueue_many`` of ``batch`` jobs per call for about ``seconds``."""
+    with BenchSchema(dsn, "enq") as s, _app(s) as app:
+        specs = [(TASK, {"i": i}) for i in range(batch)]
+        app.enqueue_many(specs[:min(batch, 1000)])  # warm-up
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            app.enqueue_many(specs)
+            n += batch
+        elapsed = time.perf_counter() - t0
+    return {"jobs_per_second": n / elapsed}

@@ -30,6 +30,7 @@ from pgworker import sql as sqlfiles
 from pgworker.store import notify_channel
 
 from .common import QUEUE, TASK, BenchSchema, connect
+from .server_cost import BackendCpu, RunWal, wal_figures
 
 PARAM = re.compile(r"%\((\w+)\)s")
 # The claim's parameters and their SQL types: a new parameter in job_claim must be
@@ -127,11 +128,16 @@ class PgbenchResult:
     transactions: int
     latency_ms: float
     statement_ms: list[float]
+    backend_cpu: float = 0.0  # CPU seconds of pgbench's backends (with a sampler)
 
 
 def run_pgbench(dsn: str, script: str, *, clients: int, transactions: int | None = None,
-                seconds: float | None = None) -> PgbenchResult:
-    """Run pgbench (-M prepared, -n: no vacuum of pgbench's own tables) and parse it."""
+                seconds: float | None = None, sampler: Any = None) -> PgbenchResult:
+    """Run pgbench (-M prepared, -n: no vacuum of pgbench's own tables) and parse it.
+    ``sampler``: a class like :class:`benchmarks.server_cost.BackendCpu`, made with
+    (dsn, pgbench's pid) and sampled while it runs, for its backends' CPU."""
+    import time
+
     with tempfile.NamedTemporaryFile("w", suffix=".sql", prefix="pgworker-bench-", delete=False) as f:
         f.write(script)
         path = f.name
@@ -140,12 +146,28 @@ def run_pgbench(dsn: str, script: str, *, clients: int, transactions: int | None
                "-j", str(clients)]
         cmd += ["-t", str(transactions)] if transactions is not None else ["-T", str(max(1, round(seconds or 5)))]
         cmd.append(dsn)
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cpu = None
+        try:
+            if sampler is not None:
+                cpu = sampler(dsn, proc.pid)
+                deadline = time.monotonic() + 900
+                while proc.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    cpu.sample()
+            out, err = proc.communicate(timeout=900)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            if cpu is not None:
+                cpu.close()
     finally:
         os.unlink(path)
     if proc.returncode != 0:
-        raise RuntimeError(f"pgbench failed ({proc.returncode}): {proc.stderr.strip()[:1500]}")
-    return parse_pgbench(proc.stdout)
+        raise RuntimeError(f"pgbench failed ({proc.returncode}): {err.strip()[:1500]}")
+    result = parse_pgbench(out)
+    result.backend_cpu = cpu.seconds if cpu is not None else 0.0
+    return result
 
 
 def parse_pgbench(out: str) -> PgbenchResult:
@@ -174,12 +196,16 @@ def claim_ceiling(dsn: str, *, batch: int, clients: int, jobs: int, finished: in
         s.fill(clients * batch * (per_client + warm), finished=finished)
         script = claim_complete_script(s.name, batch)
         run_pgbench(dsn, script, clients=clients, transactions=warm)
-        r = run_pgbench(dsn, script, clients=clients, transactions=per_client)
+        wal = RunWal(dsn, s.name)
+        r = run_pgbench(dsn, script, clients=clients, transactions=per_client, sampler=BackendCpu)
+        lsn, own = wal.finish()
         counts = s.counts()
     if counts.get("succeeded", 0) != finished + clients * batch * (per_client + warm):
         raise RuntimeError(f"pgbench ceiling: expected every job to succeed, got {counts}")
+    n = clients * batch * per_client
     return {"jobs_per_second": r.tps * batch, "claim_ms": r.statement_ms[0] if r.statement_ms else 0.0,
-            "complete_ms": r.statement_ms[1] if len(r.statement_ms) > 1 else 0.0}
+            "complete_ms": r.statement_ms[1] if len(r.statement_ms) > 1 else 0.0,
+            "cpu_backends_us_per_job": round(1e6 * r.backend_cpu / n, 1), **wal_figures(lsn, own, n)}
 
 
 def insert_ceiling(dsn: str, *, seconds: float, plain: bool = False, clients: int = 1) -> float:

@@ -21,8 +21,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .server_cost import BackendCpu, RunWal, wal_figures
 from .common import (QUEUE, BenchSchema, ServerCpu, children, cpu_seconds, machine_busy_seconds, rss_bytes,
-                     wait_for, wal_lsn)
+                     wait_for)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -37,7 +38,9 @@ class Observability:
     ``tracing``: 'sdk' (an SDK provider at its default sampling, spans exported to a
     discarding exporter), 'console' (OTEL_TRACES_EXPORTER=console, stdout to /dev/null),
     'api' (pgworker's default with no exporter configured: the OpenTelemetry API only,
-    non-recording spans) or 'off' (--no-tracing). ``metrics``: False replaces pgworker's
+    non-recording spans), 'otlp' (pgworker's own set-up from OTEL_TRACES_EXPORTER=otlp_proto_http: SDK
+    provider, batch span processor, OTLP/HTTP protobuf exporter to ``otlp_endpoint``, the
+    benchmark's sink) or 'off' (--no-tracing). ``metrics``: False replaces pgworker's
     metrics with no-ops (bench_app.py) to measure what they cost.
     """
 
@@ -45,6 +48,7 @@ class Observability:
     metrics: bool = True
     sampler_ratio: float | None = None  # parentbased_traceidratio instead of the SDK default
     extra_env: dict[str, str] = field(default_factory=dict)  # e.g. PGWORKER_SYNCHRONOUS_COMMIT
+    otlp_endpoint: str | None = None  # tracing 'otlp': pgworker's own OTLP/HTTP set-up, to this receiver
 
     def args(self) -> list[str]:
         return ["--no-tracing"] if self.tracing == "off" else []
@@ -59,6 +63,12 @@ class Observability:
             env["BENCH_TRACING"] = "sdk"
         elif self.tracing == "console":
             env["OTEL_TRACES_EXPORTER"] = "console"
+        elif self.tracing == "otlp":
+            # otlp_proto_http, not otlp: pgworker (at e7d8163) looks "otlp" up among the
+            # entry points, where only the gRPC package registers it, so with the [otlp]
+            # extra (HTTP) OTEL_TRACES_EXPORTER=otlp exports nothing (a warning in the log)
+            env.update({"OTEL_TRACES_EXPORTER": "otlp_proto_http", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                        "OTEL_EXPORTER_OTLP_ENDPOINT": self.otlp_endpoint or ""})
         return env
 
     @property
@@ -80,7 +90,9 @@ class DrainResult:
     cpu_dispatcher: float = 0.0
     machine_busy_cores: float = 0.0  # average busy cores of the whole machine during the run
     cpu_server: float = 0.0  # CPU seconds of the PostgreSQL server processes during the run
-    wal_bytes: int = 0       # WAL the server wrote during the run
+    cpu_backends: float = 0.0  # CPU seconds of the run's own backends (its sessions' ports)
+    wal_bytes: int = 0       # WAL the server wrote during the run (the insert LSN's difference)
+    wal_own: int | None = None  # of which the run's own records (pg_walinspect), when readable
 
     @property
     def rate(self) -> float:
@@ -99,7 +111,8 @@ class DrainResult:
                 "cpu_dispatcher_s": round(self.cpu_dispatcher, 2),
                 "cpu_supervisor_us_per_job": round(1e6 * self.cpu_dispatcher / self.jobs, 1) if self.jobs else 0,
                 "cpu_server_us_per_job": round(1e6 * self.cpu_server / self.jobs, 1) if self.jobs else 0,
-                "wal_bytes_per_job": round(self.wal_bytes / self.jobs, 1) if self.jobs else 0,
+                "cpu_backends_us_per_job": round(1e6 * self.cpu_backends / self.jobs, 1) if self.jobs else 0,
+                **wal_figures(self.wal_bytes, self.wal_own, self.jobs),
                 "machine_busy_cores": round(self.machine_busy_cores, 2)}
 
 
@@ -169,11 +182,13 @@ def drain(schema: BenchSchema, *, concurrency: int, batch: int | None = None,
                     result.rss_claimers.setdefault(p, []).append(r)
                     result.cpu_claimers[p] = cpu_seconds(p) - cpu0[p]
             server.sample()
+            backends.sample()
 
         server = ServerCpu()
+        backends = BackendCpu(schema.dsn, proc.pid)
         sample()
         busy0, total0 = machine_busy_seconds()
-        lsn0 = wal_lsn(schema.dsn)
+        wal = RunWal(schema.dsn, schema.name)
         open(os.path.join(gate, "go"), "w").close()
         deadline = time.monotonic() + timeout
         while proc.poll() is None:
@@ -184,8 +199,10 @@ def drain(schema: BenchSchema, *, concurrency: int, batch: int | None = None,
                 sample()
         result.exit_code = proc.returncode
         result.wall_seconds = time.monotonic() - t0
-        result.wal_bytes = wal_lsn(schema.dsn) - lsn0
+        result.wal_bytes, result.wal_own = wal.finish()
         result.cpu_server = server.seconds
+        result.cpu_backends = backends.seconds
+        backends.close()
         busy1, total1 = machine_busy_seconds()
         cores = os.cpu_count() or 1
         result.machine_busy_cores = cores * (busy1 - busy0) / (total1 - total0) if total1 > total0 else 0.0

@@ -10,6 +10,7 @@ same SQL, between pgbench (no Python at all) and pgworker (everything).
 from __future__ import annotations
 
 import multiprocessing
+import time
 from typing import Any
 
 import psycopg
@@ -17,22 +18,26 @@ import psycopg
 from pgworker.store import Store
 
 from .common import QUEUE, BenchSchema
+from .server_cost import RunWal, own_backend_cpu, wal_figures
 
 
-def _consume(dsn: str, schema: str, batch: int, barrier: Any) -> None:
+def _consume(dsn: str, schema: str, batch: int, barrier: Any, out: Any) -> None:
     store = Store(schema)
     claim, complete = store.queries["job_claim"], store.queries["job_complete"]
     with psycopg.connect(dsn, autocommit=True, application_name="pgworker-bench:plain") as conn:
         conn.prepare_threshold = 0
         params = {"queue": QUEUE, "limit": batch, "owner": f"plain:{multiprocessing.current_process().pid}",
                   "lease_seconds": 60.0, "aging_seconds": None, "locked": False}
+        cpu0 = own_backend_cpu(conn)
         barrier.wait()
+        mine0 = time.process_time()
         while True:
             cur = conn.execute(claim, params)
             names = [c.name for c in cur.description]
             i, t = names.index("id"), names.index("lease_token")
             rows = [r for r in cur.fetchall() if r[i] is not None]
             if not rows:
+                out.put((own_backend_cpu(conn) - cpu0, time.process_time() - mine0))
                 return
             conn.execute(complete, {"ids": [r[i] for r in rows], "tokens": [r[t] for r in rows]}).fetchall()
 
@@ -48,28 +53,30 @@ def plain_loop_costs(schema: BenchSchema, *, processes: int, batch: int,
     """:func:`plain_loop`, with what it cost: its processes' CPU, the server's CPU and the
     WAL written, per job (µs, µs, bytes)."""
     import resource
-    import time
 
-    from .common import ServerCpu, wal_lsn
+    from .common import ServerCpu
 
     ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(processes)
-    procs = [ctx.Process(target=_consume, args=(schema.dsn, schema.name, batch, barrier)) for _ in range(processes)]
+    barrier, out = ctx.Barrier(processes), ctx.Queue()
+    procs = [ctx.Process(target=_consume, args=(schema.dsn, schema.name, batch, barrier, out))
+             for _ in range(processes)]
     usage0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    server, lsn0 = ServerCpu(), wal_lsn(schema.dsn)
+    server, wal = ServerCpu(), RunWal(schema.dsn, schema.name)
     for p in procs:
         p.start()
     while any(p.is_alive() for p in procs):
         server.sample()
         time.sleep(0.1)
+    backends = [out.get(timeout=600) for _ in procs]
     for p in procs:
         p.join(600)
         if p.exitcode != 0:
             raise RuntimeError(f"plain loop process exited {p.exitcode}")
     usage1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    wal = wal_lsn(schema.dsn) - lsn0
+    lsn, own = wal.finish()
     n, seconds = schema.window(since_id)
     cpu = (usage1.ru_utime + usage1.ru_stime) - (usage0.ru_utime + usage0.ru_stime)
     per = lambda v: round(v / n, 1) if n else 0.0  # noqa: E731
     return n, seconds, {"cpu_client_us_per_job": per(1e6 * cpu), "cpu_server_us_per_job": per(1e6 * server.seconds),
-                        "wal_bytes_per_job": per(wal)}
+                        "cpu_backends_us_per_job": per(1e6 * sum(b for b, _ in backends)),
+                        "cpu_loop_us_per_job": per(1e6 * sum(c for _, c in backends)), **wal_figures(lsn, own, n)}

@@ -1,8 +1,10 @@
-"""The Markdown table and the target check, from the JSON document of one run."""
+"""The Markdown tables of one run, from its JSON document (the targets: targets.py)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from .targets import issue_table, targets
 
 MiB = 1024 * 1024
 
@@ -28,54 +30,6 @@ def _ratio(a: float | None, b: float | None) -> str:
     return "—" if a is None or not b else f"{a / b:.2f}"
 
 
-def targets(doc: dict[str, Any], plan: Any) -> list[dict[str, Any]]:
-    """Each target (issue 15) with the measured value and whether it was met (None when
-    the run did not measure it)."""
-    c = max(plan.clients)
-    out: list[dict[str, Any]] = []
-
-    def add(name: str, value: float | None, limit: float, better: str, unit: str = "") -> None:
-        met = None if value is None else (value >= limit if better == "higher" else value <= limit)
-        out.append({"target": name, "value": None if value is None else round(value, 3), "limit": limit,
-                    "unit": unit, "met": met})
-
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return a / b if a and b else None
-
-    plain = _get(doc, f"plain c{c} b100")
-    api, sdk = _get(doc, "obs metrics+api"), _get(doc, "obs metrics+sdk")
-    add(f"drain, defaults (metrics on, tracing API without an SDK), {c} claimers / plain loop b100 x {c}",
-        ratio(api, plain), 0.9, "higher")
-    add(f"drain, an SDK tracing every job, {c} claimers / plain loop b100 x {c}", ratio(sdk, plain), 0.5, "higher")
-    mine = _get(doc, f"peer pgworker defaults, {c} claimers")
-    for peer, factor in (("pgqueuer", 2.0), ("procrastinate", 20.0)):
-        best = max((v["jobs_per_second"]["median"] for k, v in doc["results"].items()
-                    if k.startswith(f"peer {peer}") and "jobs_per_second" in v), default=None)
-        add(f"pgworker defaults / {peer}'s best (same jobs, same run)", ratio(mine, best), factor, "higher")
-    rows100 = _get(doc, "insert pgbench 100 rows")
-    add("enqueue_many, 100 jobs per call / pgbench 100-row INSERT (1 client)",
-        ratio(_get(doc, "enqueue_many 100"), rows100), 0.8, "higher")
-    add(f"enqueue_many, {plan.enqueue_many_batch:,} jobs per call / pgbench 100-row INSERT (1 client)",
-        ratio(_get(doc, "enqueue_many"), rows100), 0.8, "higher")
-    add("enqueue, one job per transaction / plain psycopg single-row INSERT loop",
-        ratio(_get(doc, "enqueue single"), _get(doc, "insert plain loop")), 0.8, "higher")
-    add(f"WAL per job (claim + complete), {c} claimers / plain loop",
-        ratio(_get(doc, "obs metrics+api", "wal_bytes_per_job"), _get(doc, f"plain c{c} b100", "wal_bytes_per_job")),
-        1.1, "lower")
-    none_rate, none_lat = _get(doc, "trap none"), _get(doc, "trap none", "claim_mean_ms")
-    for trap, label in (("scheduled", f"{plan.trap_rows:,} jobs scheduled later, a third at a higher priority"),
-                        ("finished", f"{plan.trap_rows:,} finished jobs kept"),
-                        ("snapshot", "a REPEATABLE READ snapshot held through the drain")):
-        r_rate, r_lat = ratio(_get(doc, f"trap {trap}"), none_rate), ratio(_get(doc, f"trap {trap}", "claim_mean_ms"),
-                                                                           none_lat)
-        spread = None if r_rate is None or r_lat is None else max(abs(1 - r_rate), abs(1 - r_lat))
-        add(f"drain rate and claim latency beside {label}: largest change from the plain case", spread, 0.2, "lower")
-    mem = max((v for k in doc["results"] if k.startswith(("pgworker", "growth due", "obs", "trap"))
-               for v in [_max(doc, k, "rss_claimer_max_mib")] if v), default=None)
-    add("claimer resident memory, max over every run", mem, 80, "lower", "MiB")
-    return out
-
-
 def markdown(doc: dict[str, Any], plan: Any) -> str:
     m = doc["machine"]
     lines = [f"# pgworker benchmark, {doc['started']} ({doc['plan']} plan)", "",
@@ -88,6 +42,7 @@ def markdown(doc: dict[str, Any], plan: Any) -> str:
              f"{m.get('duration_seconds', '?')} s.", "",
              f"Every figure is the median of {plan.repeat} repetition(s); no-op jobs; each case on a fresh schema.", ""]
     r = doc["results"]
+    lines += issue_table(doc, plan)
     if any(k.startswith("ceiling ") for k in r):
         lines += ["## Drain rate (jobs/s)", "",
                   "pgbench runs pgworker's own `job_claim` and `job_complete` (rendered from pgworker/sql/queries/) on "
@@ -97,7 +52,7 @@ def markdown(doc: dict[str, Any], plan: Any) -> str:
                   "| claimers | batch | pgbench (ceiling) | plain psycopg loop | pgworker | pgworker / ceiling | "
                   "pgworker / plain | claim ms (pgbench / pgworker) |",
                   "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for c in plan.clients:
+        for c in plan.matrix_clients:
             for b in plan.batches:
                 ce, pl, pw = _get(doc, f"ceiling c{c} b{b}"), _get(doc, f"plain c{c} b{b}"), _get(doc, f"pgworker c{c} b{b}")
                 lines.append(f"| {c} | {b} | {_n(ce)} | {_n(pl)} | {_n(pw)} | {_ratio(pw, ce)} | {_ratio(pw, pl)} | "
@@ -115,7 +70,7 @@ def markdown(doc: dict[str, Any], plan: Any) -> str:
         ref = doc["machine"].get("compared_with", "the earlier commit")
         lines += [f"## Against {ref} (drain rate, jobs/s, same run)", "",
                   "| claimers | batch | before | now | now / before |", "|---:|---:|---:|---:|---:|"]
-        for c in plan.clients:
+        for c in plan.matrix_clients:
             for b in ("auto", f"b{max(plan.batches)}"):
                 was, now = _get(doc, f"before c{c} {b}"), _get(doc, f"pgworker c{c} {b}")
                 lines.append(f"| {c} | {b.lstrip('b') if b != 'auto' else 'auto'} | {_n(was)} | {_n(now)} | "
@@ -123,22 +78,33 @@ def markdown(doc: dict[str, Any], plan: Any) -> str:
         lines.append("")
     if "idle fleet" in r:
         lines += [f"## An idle fleet ({plan.idle_pods} pods x {plan.idle_claimers} claimers, empty queue, "
-                  "default poll)", "", "| code | statements per minute (server count) |", "|---|---:|",
+                  "default poll; " + ("a database of its own" if _get(doc, "idle fleet", "own_database") else
+                                      "the shared database: other sessions counted too") + ")", "",
+                  "| code | statements per minute (server count) |", "|---|---:|",
                   f"| now | {_n(_get(doc, 'idle fleet', 'statements_per_minute'))} |"]
         if "idle fleet before" in r:
             lines.append(f"| {doc['machine'].get('compared_with', 'before')} | "
                          f"{_n(_get(doc, 'idle fleet before', 'statements_per_minute'))} |")
         lines.append("")
     if "enqueue single" in r or "enqueue_many" in r:
-        ji, pi = _get(doc, "insert pgbench job_insert"), _get(doc, "insert pgbench plain")
-        single, many = _get(doc, "enqueue single"), _get(doc, "enqueue_many")
-        lines += ["## Enqueue (jobs/s, one connection)", "",
-                  "| what | jobs/s | / pgbench plain INSERT | / pgbench job_insert |", "|---|---:|---:|---:|",
-                  f"| pgbench: plain single-row INSERT | {_n(pi)} | 1.00 | {_ratio(pi, ji)} |",
-                  f"| pgbench: pgworker's `job_insert` (with its NOTIFY) | {_n(ji)} | {_ratio(ji, pi)} | 1.00 |",
-                  f"| `app.enqueue` | {_n(single)} | {_ratio(single, pi)} | {_ratio(single, ji)} |",
-                  f"| `app.enqueue_many` (COPY, batches of {plan.enqueue_many_batch:,}) | {_n(many)} | "
-                  f"{_ratio(many, pi)} | {_ratio(many, ji)} |", ""]
+        lines += ["## Enqueue (jobs/s, one connection; the minimal table is the reference's)", "",
+                  "| what | jobs/s | / its baseline |", "|---|---:|---:|"]
+        for key, label, base in (
+                ("ref insert loop", "minimal table: plain psycopg single-row INSERT loop", None),
+                ("insert plain loop", "pgworker's table: plain psycopg single-row INSERT loop", "ref insert loop"),
+                ("enqueue single", "`app.enqueue`, one job per transaction", "ref insert loop"),
+                ("insert pgbench plain", "pgworker's table: pgbench single-row INSERT", None),
+                ("insert pgbench job_insert", "pgworker's table: pgbench `job_insert` (with its NOTIFY)",
+                 "insert pgbench plain"),
+                ("ref pgbench 100 rows", "minimal table: pgbench 100-row INSERT", None),
+                ("insert pgbench 100 rows", "pgworker's table: pgbench 100-row INSERT", "ref pgbench 100 rows"),
+                ("enqueue_many 100", "`app.enqueue_many`, 100 per call", "ref pgbench 100 rows"),
+                ("enqueue_many", f"`app.enqueue_many`, {plan.enqueue_many_batch:,} per call (COPY)",
+                 "ref pgbench 100 rows")):
+            if key in r:
+                lines.append(f"| {label} | {_n(_get(doc, key))} | "
+                             f"{_ratio(_get(doc, key), _get(doc, base)) if base else '1.00'} |")
+        lines.append("")
     if "latency listen" in r:
         lines += ["## Idle enqueue-to-start latency (ms; database clock: claim started_at - created_at)", "",
                   "| wake-up | median | p99 | max | jobs |", "|---|---:|---:|---:|---:|"]
@@ -149,19 +115,21 @@ def markdown(doc: dict[str, Any], plan: Any) -> str:
         lines.append("")
     if any(k.startswith("obs ") for k in r):
         off = _get(doc, "obs off")
-        lines += [f"## Cost of metrics and tracing ({max(plan.clients)} claimers, automatic batch)", "",
-                  "| configuration | jobs/s | / all off | claimer CPU µs per job |", "|---|---:|---:|---:|"]
+        lines += [f"## Cost of metrics and tracing ({plan.clients} claimers, automatic batch)", "",
+                  "| configuration | jobs/s | / all off | / untraced (the default) | claimer CPU µs per job | "
+                  "spans received per job |", "|---|---:|---:|---:|---:|---:|"]
         for key, label in (("obs off", "metrics off, tracing off"), ("obs metrics", "metrics on, tracing off"),
                            ("obs metrics+api", "metrics on, tracing API only (no SDK configured: the default)"),
-                           ("obs metrics+sdk", "metrics on, tracing SDK at default sampling (the target's \"on\")"),
-                           ("obs metrics+sdk 10%", "metrics on, tracing SDK sampling 10% (parentbased_traceidratio)"),
-                           ("obs metrics+sdk sync_commit=off",
-                            "as \"on\", with the opt-in PGWORKER_SYNCHRONOUS_COMMIT=off")):
+                           ("obs metrics+sdk", "metrics on, SDK at default sampling, batch processor, discarding exporter"),
+                           ("obs otlp 100%", "metrics on, OTLP/HTTP to a local receiver, every job sampled"),
+                           ("obs otlp 10%", "metrics on, OTLP/HTTP to a local receiver, 10 % (parentbased_traceidratio)")):
             v = _get(doc, key)
-            lines.append(f"| {label} | {_n(v)} | {_ratio(v, off)} | {_n(_get(doc, key, 'cpu_claimers_us_per_job'), 1)} |")
+            spans = _get(doc, key, "spans_per_job")
+            lines.append(f"| {label} | {_n(v)} | {_ratio(v, off)} | {_ratio(v, _get(doc, 'obs metrics+api'))} | "
+                         f"{_n(_get(doc, key, 'cpu_claimers_us_per_job'), 1)} | {_n(spans, 2) if spans is not None else '—'} |")
         lines.append("")
     if any(k.startswith("growth due") for k in r):
-        lines += [f"## How cost grows ({max(plan.clients)} claimers, automatic batch)", "",
+        lines += [f"## How cost grows ({plan.clients} claimers, automatic batch)", "",
                   "| due jobs | finished jobs kept | pgworker jobs/s | pgworker claim ms (mean) | "
                   "pgbench b100 jobs/s | pgbench b100 claim ms | claimer RSS MiB first → last |",
                   "|---:|---:|---:|---:|---:|---:|---|"]
@@ -171,14 +139,14 @@ def markdown(doc: dict[str, Any], plan: Any) -> str:
                          f"{_n(_get(doc, g))} | {_n(_get(doc, g, 'claim_ms'), 2)} | "
                          f"{_n(_get(doc, k, 'rss_claimer_first_mib'), 1)} → {_n(_get(doc, k, 'rss_claimer_last_mib'), 1)} |")
         lines.append("")
-    rss_keys = [k for k in r if k.startswith(("pgworker", "growth due", "obs"))]
+    rss_keys = [k for k in r if "rss_claimer_max_mib" in r[k]]
     if rss_keys:
         lines += ["## Resident memory (MiB, max over the runs)", "", "| process | RSS |", "|---|---:|",
                   f"| supervisor | {_n(max((_max(doc, k, 'rss_dispatcher_max_mib') or 0) for k in rss_keys), 1)} |",
                   f"| each claimer | {_n(max((_max(doc, k, 'rss_claimer_max_mib') or 0) for k in rss_keys), 1)} |", ""]
     peers = [k for k in r if k.startswith("peer ")]
     if peers:
-        auto = _get(doc, f"peer pgworker defaults, {max(plan.clients)} claimers")
+        auto = _get(doc, f"peer pgworker defaults, {plan.clients} claimers")
         lines += [f"## Peers ({plan.peer_jobs:,} no-op jobs each, drained; settings in the README)", "",
                   "| system | settings | jobs/s | pgworker defaults / peer |", "|---|---|---:|---:|"]
         for k in sorted(peers):
@@ -187,31 +155,54 @@ def markdown(doc: dict[str, Any], plan: Any) -> str:
             v = _get(doc, k)
             lines.append(f"| {name} | {label} | {_n(v)} | {_ratio(auto, v)} |")
         lines.append("")
-    c = max(plan.clients)
-    if "obs metrics+api" in r and f"plain c{c} b100" in r:
-        lines += [f"## Where the time goes ({c} processes, no-op jobs; CPU µs per job, WAL bytes per job)", "",
-                  "| what | jobs/s | client processes | supervisor | PostgreSQL server | WAL |", "|---|---:|---:|---:|---:|---:|",
-                  f"| plain psycopg loop, b100 x {c} | {_n(_get(doc, f'plain c{c} b100'))} | "
-                  f"{_n(_get(doc, f'plain c{c} b100', 'cpu_client_us_per_job'), 1)} | — | "
-                  f"{_n(_get(doc, f'plain c{c} b100', 'cpu_server_us_per_job'), 1)} | "
-                  f"{_n(_get(doc, f'plain c{c} b100', 'wal_bytes_per_job'))} |"]
-        for key, label in (("obs metrics+api", "pgworker, defaults (tracing API, no SDK)"),
-                           ("obs metrics+sdk", "pgworker, an SDK tracing every job")):
-            lines.append(f"| {label} | {_n(_get(doc, key))} | {_n(_get(doc, key, 'cpu_claimers_us_per_job'), 1)} | "
+    c = plan.clients
+    if "ref loop" in r or "cost plain" in r:
+        lines += [f"## Server cost per job (claim + complete, batch 100, {c} processes, no-op jobs)", "",
+                  "CPU µs per job of the client processes, of the run's own backends (/proc; the whole server's "
+                  "in brackets, other sessions included) and WAL bytes per job.", "",
+                  "| what | jobs/s | client processes | supervisor | backends (whole server) | WAL |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for key, label in (("ref loop", f"minimal lease queue, plain psycopg loop b100 x {c}"),
+                           ("ref pgbench", f"minimal lease queue, pgbench b100 c={c}"),
+                           ("cost plain", f"pgworker's statements, plain psycopg loop b100 x {c}"),
+                           ("cost pgbench", f"pgworker's statements, pgbench b100 c={c}"),
+                           ("cost pgworker b100", f"pgworker run --drain, batch 100, {c} claimers, defaults"),
+                           ("obs metrics+api", f"pgworker run --drain, defaults (automatic batch), {c} claimers"),
+                           ("obs otlp 100%", "the same, OTLP tracing of every job")):
+            if key not in r:
+                continue
+            client = _get(doc, key, "cpu_client_us_per_job")
+            client = client if client is not None else _get(doc, key, "cpu_claimers_us_per_job")
+            whole = _get(doc, key, "cpu_server_us_per_job")
+            lines.append(f"| {label} | {_n(_get(doc, key))} | {_n(client, 1)} | "
                          f"{_n(_get(doc, key, 'cpu_supervisor_us_per_job'), 1)} | "
-                         f"{_n(_get(doc, key, 'cpu_server_us_per_job'), 1)} | {_n(_get(doc, key, 'wal_bytes_per_job'))} |")
+                         f"{_n(_get(doc, key, 'cpu_backends_us_per_job'), 1)}"
+                         f"{f' ({_n(whole, 1)})' if whole is not None else ''} | "
+                         f"{_n(_get(doc, key, 'wal_bytes_per_job'))} |")
         lines.append("")
-    if "insert plain loop" in r:
-        lines += ["## Enqueue against its baselines (jobs/s, one connection)", "", "| what | jobs/s | ratio |",
-                  "|---|---:|---:|",
-                  f"| plain psycopg single-row INSERT loop | {_n(_get(doc, 'insert plain loop'))} | 1.00 |",
-                  f"| `app.enqueue` | {_n(_get(doc, 'enqueue single'))} | "
-                  f"{_ratio(_get(doc, 'enqueue single'), _get(doc, 'insert plain loop'))} |",
-                  f"| pgbench 100-row INSERT | {_n(_get(doc, 'insert pgbench 100 rows'))} | 1.00 |",
-                  f"| `app.enqueue_many`, 100 per call | {_n(_get(doc, 'enqueue_many 100'))} | "
-                  f"{_ratio(_get(doc, 'enqueue_many 100'), _get(doc, 'insert pgbench 100 rows'))} |",
-                  f"| `app.enqueue_many`, {plan.enqueue_many_batch:,} per call | {_n(_get(doc, 'enqueue_many'))} | "
-                  f"{_ratio(_get(doc, 'enqueue_many'), _get(doc, 'insert pgbench 100 rows'))} |", ""]
+    if "snapshot growth" in r:
+        k = "snapshot growth"
+        lines += [f"## Claims under a held snapshot ({c} claimers, defaults; {_n(_get(doc, k, 'jobs'))} due jobs, "
+                  f"a REPEATABLE READ transaction opened before the drain, {plan.snap_budget:g} s at most)", "",
+                  "pgworker's `job_claim` of 100 jobs, rolled back, probed as the jobs processed under the snapshot "
+                  "cross each milestone (median of 5; buffers from EXPLAIN ANALYZE).", "",
+                  "| jobs processed | probed at (processed) | seconds into the drain | claim ms | buffers per claim |",
+                  "|---:|---:|---:|---:|---:|",
+                  f"| before the drain | 0 | — | {_n(_get(doc, k, 'before_claim_ms'), 2)} | "
+                  f"{_n(_get(doc, k, 'before_buffers'))} |"]
+        for m in plan.snap_milestones:
+            lines.append(f"| {m:,} | {_n(_get(doc, k, f'at_{m}_processed'))} | {_n(_get(doc, k, f'at_{m}_seconds'), 1)} | "
+                         f"{_n(_get(doc, k, f'at_{m}_claim_ms'), 2)} | {_n(_get(doc, k, f'at_{m}_buffers'))} |")
+        lines += ["", f"Drain rate under the snapshot: {_n(_get(doc, k))} jobs/s over {_n(_get(doc, k, 'processed'))} "
+                  f"jobs; mean claim {_n(_get(doc, k, 'claim_mean_ms'), 2)} ms.", ""]
+    if any(k.startswith("startup ") for k in r):
+        lines += ["## Start-up of a drain run (seconds from spawning `pgworker run --drain`)", "",
+                  "| claimers | first claim | first job | every claimer's first job |", "|---:|---:|---:|---:|"]
+        for n in plan.startup_claimers:
+            k = f"startup {n}"
+            lines.append(f"| {n} | {_n(_get(doc, k, 'first_claim_seconds'), 2)} | "
+                         f"{_n(_get(doc, k, 'first_job_seconds'), 2)} | {_n(_get(doc, k, 'every_claimer_seconds'), 2)} |")
+        lines.append("")
     if any(k.startswith("trap ") for k in r):
         lines += [f"## Traps ({c} claimers, {plan.trap_due:,} due jobs, defaults)", "",
                   "| beside | jobs/s | claim ms | / plain rate | after | dead tuples reclaimed after |",

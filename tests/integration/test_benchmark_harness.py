@@ -38,24 +38,47 @@ def test_smallest_benchmark_case_runs_end_to_end(pg_dsn, tmp_path):
     doc = json.loads(json_path.read_text())
     assert doc["errors"] == []
     results = doc["results"]
-    for key in ("ceiling c1 b10", "plain c1 b10", "pgworker c1 b10", "pgworker c1 auto",
-                "obs off", "obs metrics+sdk", "growth due 200 finished 1000"):
+    # issue 23: the minimal lease queue and pgworker side by side, with the server's cost
+    for key in ("ref loop", "ref pgbench", "cost plain", "cost pgbench", "cost pgworker b100", "obs metrics+api"):
         assert results[key]["jobs_per_second"]["median"] > 0, key
-    assert results["pgworker c1 auto"]["rss_claimer_max_mib"]["median"] > 0
-    assert results["enqueue single"]["jobs_per_second"]["median"] > 0
-    assert results["enqueue_many"]["jobs_per_second"]["median"] > 0
-    assert results["insert pgbench plain"]["jobs_per_second"]["median"] > 0
+        assert results[key]["wal_bytes_per_job"]["median"] > 0, key
+        assert "cpu_backends_us_per_job" in results[key], key
+        assert results[key]["wal_own"]["median"], key  # its own WAL records (pg_walinspect), not the server's
+    for key in ("obs off", "obs metrics", "obs metrics+sdk", "obs otlp 100%", "obs otlp 10%"):
+        assert results[key]["jobs_per_second"]["median"] > 0, key
+    # every job traced, exported over OTLP/HTTP to the benchmark's receiver
+    assert results["obs otlp 100%"]["spans_per_job"]["median"] >= 1
+    assert results["obs otlp 100%"]["otlp_errors"]["median"] == 0
+    for n in (1, 2):
+        startup = results[f"startup {n}"]
+        assert 0 < startup["first_claim_seconds"]["median"] <= startup["every_claimer_seconds"]["median"], n
+    snap = results["snapshot growth"]
+    assert snap["reached"]["median"] == 200 and snap["at_100_claim_ms"]["median"] > 0
+    assert snap["at_200_buffers"]["median"] > 0
+    for key in ("enqueue single", "enqueue_many", "enqueue_many 100", "ref insert loop", "ref pgbench 100 rows",
+                "insert plain loop", "insert pgbench 100 rows", "insert pgbench plain", "insert pgbench job_insert"):
+        assert results[key]["jobs_per_second"]["median"] > 0, key
+    # the optional sections, which --smallest runs too
+    for key in ("ceiling c1 b10", "plain c1 b10", "pgworker c1 b10", "pgworker c1 auto",
+                "growth due 200 finished 1000", "scale 1 pods", "scale 2 pods"):
+        assert results[key]["jobs_per_second"]["median"] > 0, key
+    # kept from earlier rounds
+    assert results["obs metrics+api"]["rss_claimer_max_mib"]["median"] > 0
     assert results["latency listen"]["jobs"]["median"] == 10
     assert results["latency poll"]["median_ms"]["median"] > 0
-    for key in ("trap none", "trap scheduled", "trap finished", "trap snapshot", "scale 1 pods", "scale 2 pods",
-                "insert plain loop", "insert pgbench 100 rows", "enqueue_many 100"):
+    for key in ("trap none", "trap scheduled", "trap finished", "trap snapshot"):
         assert results[key]["jobs_per_second"]["median"] > 0, key
     assert results["trap snapshot"]["dead_tuples_reclaimed"]["median"] > 0
     assert results["idle fleet"]["statements_per_minute"]["median"] >= 0
+    assert "own_database" in results["idle fleet"]
     assert {t["target"] for t in doc["targets"]} >= {
-        "enqueue, one job per transaction / plain psycopg single-row INSERT loop",
-        "enqueue_many, 100 jobs per call / pgbench 100-row INSERT (1 client)"}
+        "enqueue, one job per transaction / the minimal single-row INSERT loop",
+        "enqueue_many, 100 jobs per call / pgbench 100-row INSERT into the minimal table (1 client)"}
+    assert all(t["value"] is not None for t in doc["targets"] if "pgqueuer" not in t["target"]
+               and "procrastinate" not in t["target"]), doc["targets"]
     table = md_path.read_text()
-    assert "| claimers | batch | pgbench (ceiling) |" in table and "## Targets" in table
-    assert "## Traps" in table and "## Scale-out" in table
+    assert "## Issue 23: pgworker beside the minimal lease queue" in table and "## Targets" in table
+    for heading in ("## Server cost per job", "## Claims under a held snapshot", "## Start-up of a drain run",
+                    "## Traps"):
+        assert heading in table, heading
     assert table.strip() in proc.stdout
