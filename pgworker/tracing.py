@@ -289,16 +289,30 @@ def configure_from_env(service_name: str = "pgworker", *,
     provider = TracerProvider(resource=resource)  # sampler from OTEL_TRACES_SAMPLER
     eps = {ep.name: ep for ep in entry_points(group="opentelemetry_traces_exporter")}
     for name in (n.strip() for n in names.split(",") if n.strip() and n.strip() != "none"):
-        ep = eps.get(name)
+        ep = eps.get(_otlp_entry_point(name) if name == "otlp" else name)
         if ep is None:
-            log.warning("OTEL_TRACES_EXPORTER=%s: no such exporter installed (for otlp: "
-                        "pip install 'pgworker[otlp]'); traces for it are off", name)
+            log.warning("OTEL_TRACES_EXPORTER=%s: no such exporter installed (for otlp over HTTP: "
+                        "pip install 'pgworker[otlp]'; over gRPC: pip install "
+                        "opentelemetry-exporter-otlp-proto-grpc); traces for it are off", name)
             continue
         exporter_class = ep.load()
         exporter = exporter_class(out=console_out) if name == "console" and console_out else exporter_class()
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     return provider
+
+
+def _otlp_entry_point(name: str) -> str:
+    """The entry point that ``OTEL_TRACES_EXPORTER=otlp`` stands for. The specification's
+    ``otlp`` means OTLP over the protocol ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` (else
+    ``OTEL_EXPORTER_OTLP_PROTOCOL``) names, but only the gRPC package registers the name
+    ``otlp``; the HTTP package, the one ``pgworker[otlp]`` installs, registers
+    ``otlp_proto_http``: without this mapping ``otlp`` found nothing with that extra, and
+    traces were off with one warning. The protocol defaults to http/protobuf (the
+    specification's default), so the extra works with no other setting."""
+    protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip().lower()
+    return "otlp_proto_grpc" if protocol == "grpc" else "otlp_proto_http"
 
 
 def instrument_psycopg() -> None:

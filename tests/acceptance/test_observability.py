@@ -676,3 +676,40 @@ def test_wakeups_by_reason_and_listener_reconnects(env, pg_dsn, conn):
                                 "the listener to reconnect")
         wait_ready(port)
         assert w.stop() == 0
+
+
+def test_otel_traces_exporter_otlp_exports_over_http_with_the_otlp_extra(env, pg_dsn):
+    """OTEL_TRACES_EXPORTER=otlp, as docs/deploy.md says to set it, with only the HTTP
+    exporter installed (the `otlp` extra): spans reach an OTLP/HTTP receiver. Before, `otlp`
+    was looked up among the entry points by that name, which only the gRPC package
+    registers, and traces were silently off (one warning)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    received: list[str] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            request = ExportTraceServiceRequest.FromString(body)
+            received.extend(s.name for r in request.resource_spans for ss in r.scope_spans for s in ss.spans)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env.enqueue("ok")
+        otel = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{server.server_port}"}
+        with worker(pg_dsn, env.settings.schema, "--drain", "--concurrency", "1", env=otel) as w:
+            assert w.wait(60) == 0, w.logs()[-2000:]
+            assert "no such exporter" not in w.logs()
+        assert "process default" in received and "settle default" in received, received
+    finally:
+        server.shutdown()
