@@ -5,6 +5,7 @@ environment variable (docs/configuration.md is generated from them)."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 import shlex
 from typing import Any
@@ -272,7 +273,27 @@ def unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, extr
             "unexpected argument after the task's name (a payload?): give the payload with --payload, e.g. "
             f"`pgworker enqueue {shlex.quote(args.task)} --payload '{{\"to\": \"a@example.com\"}}'`"
             + (f"; also unrecognized: {' '.join(options)}" if options else ""))
-    parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    command = _command_parser(parser, args)
+    known = [o for a in command._actions for o in a.option_strings if o.startswith("--")]
+    hints = []
+    for option in (a.split("=", 1)[0] for a in extras if a.startswith("--")):
+        close = difflib.get_close_matches(option, known, n=1, cutoff=0.6)
+        if close and close[0] != option:
+            hints.append(f"did you mean {close[0]}?")
+    listed = f"`{command.prog} --help` lists its options" if command is not parser else "`pgworker --help`"
+    command.error(f"unrecognized arguments: {' '.join(extras)}" + "".join(f"; {h}" for h in hints) + f" ({listed})")
+
+
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command the arguments name: its usage and options are the
+    ones an error should show (`pgworker jobs list`'s, not the top level's)."""
+    current = parser
+    while True:
+        subs = [a for a in current._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = [a.choices[getattr(args, a.dest)] for a in subs if getattr(args, a.dest, None) in a.choices]
+        if not chosen:
+            return current
+        current = chosen[0]
 
 
 _NONE = ("none", "off", "null", "-")

@@ -110,12 +110,24 @@ def test_a_payload_given_as_an_argument_points_to_payload(argv, capsys):
     assert "S3cret" not in err
 
 
-def test_other_unrecognized_arguments_keep_argparses_error(capsys):
+def test_other_unrecognized_arguments_name_the_command_and_the_closest_option(capsys):
+    """It said "pgworker: error: unrecognized arguments: --concurency 2" under the top
+    level's usage: neither the command's options nor the one meant."""
     from pgworker import cli
 
-    for argv, said in ((["status", "extra"], "pgworker: error: unrecognized arguments: extra\n"),
-                       (["enqueue", "t", "--bogus"], "pgworker: error: unrecognized arguments: --bogus\n"),
-                       (["enqueue", "t", "--prio", "5"], "pgworker: error: unrecognized arguments: --prio 5\n")):
+    for argv, said in (
+            (["status", "extra"], "pgworker status: error: unrecognized arguments: extra "
+                                  "(`pgworker status --help` lists its options)\n"),
+            (["enqueue", "t", "--bogus"], "pgworker enqueue: error: unrecognized arguments: --bogus "
+                                          "(`pgworker enqueue --help` lists its options)\n"),
+            (["enqueue", "t", "--prio", "5"], "pgworker enqueue: error: unrecognized arguments: --prio 5; "
+                                              "did you mean --priority? (`pgworker enqueue --help` lists its options)\n"),
+            (["run", "--concurency", "2"], "pgworker run: error: unrecognized arguments: --concurency 2; "
+                                           "did you mean --concurrency? (`pgworker run --help` lists its options)\n"),
+            (["jobs", "list", "--stat=dead"], "pgworker jobs list: error: unrecognized arguments: --stat=dead; "
+                                              "did you mean --state? (`pgworker jobs list --help` lists its options)\n")):
         with pytest.raises(SystemExit) as exit_:
             cli.main(argv)
-        assert exit_.value.code == 2 and capsys.readouterr().err.endswith(said)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.endswith(said), err
+        assert err.startswith(f"usage: pgworker {argv[0]}"), err  # the command's usage, not the top level's
