@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from datetime import datetime, timedelta
 
@@ -197,6 +198,37 @@ def test_settings_refuse_non_finite_and_unbounded_values_at_start(variable, valu
     pod start and then crash a thread (the renewer, the flusher) or a claimer."""
     with pytest.raises(ConfigError, match=variable):
         Settings.from_env(environ={variable: value})
+
+
+@pytest.mark.parametrize("variable,value", [
+    ("PGWORKER_POLL_INTERVAL_SECONDS", "0"), ("PGWORKER_REAP_INTERVAL_SECONDS", "-1"),
+    ("PGWORKER_SHUTDOWN_GRACE_SECONDS", "-1"), ("PGWORKER_MAX_BATCH_SIZE", "0"), ("PGWORKER_BATCH_SIZE", "500"),
+    ("PGWORKER_MAX_PAYLOAD_BYTES", "1"), ("PGWORKER_ERROR_HISTORY_ENTRIES", "0"),
+    ("PGWORKER_ERROR_MESSAGE_MAX_CHARS", "5"), ("PGWORKER_METRICS_PORT", "70000"),
+    ("PGWORKER_SYNCHRONOUS_COMMIT", "sometimes"), ("PGWORKER_STATS_TIMEOUT_SECONDS", "0"),
+    ("PGWORKER_MAX_RUNTIME_SECONDS", "0")])
+def test_a_setting_out_of_range_names_its_variable_and_the_value(variable, value):
+    """These said only "poll_interval_seconds must be > 0" (or less: "max_payload_bytes
+    must be at least 2"), without the variable or flag to change."""
+    with pytest.raises(ConfigError, match=variable) as refused:
+        Settings.from_env(environ={variable: value})
+    assert value in str(refused.value), refused.value
+
+
+@pytest.mark.parametrize("argv,fix", [
+    (["--poll-interval", "0"], "set --poll-interval or PGWORKER_POLL_INTERVAL_SECONDS"),
+    (["--lease", "0.5s"], "set --lease or PGWORKER_LEASE_SECONDS"),
+    (["--batch-size", "0"], "set --batch-size or PGWORKER_BATCH_SIZE"),
+    (["--metrics-port", "70000"], "set --metrics-port or PGWORKER_METRICS_PORT"),
+    (["--concurrency", "0"], "set --concurrency or PGWORKER_CONCURRENCY")])
+def test_a_flag_out_of_range_is_named_beside_its_variable(argv, fix, capsys):
+    """`pgworker run --lease 0.5s` said "set PGWORKER_LEASE_SECONDS": not what was typed."""
+    from pgworker import cli
+
+    app = os.path.join(os.path.dirname(os.path.dirname(__file__)), "apps", "acceptance_app.py") + ":app"
+    assert cli.main(["run", "--app", app, "--dsn", "postgresql://nobody@127.0.0.1:1/none", *argv]) == 1
+    err = capsys.readouterr().err
+    assert fix in err, err
 
 
 def test_quantity_words_a_count():
