@@ -55,3 +55,16 @@ def test_a_misspelt_limit_is_refused_instead_of_setting_nothing(console, app, co
     assert q(conn, app.settings.schema, "SELECT count(*) FROM {s}.queues WHERE name = 'emails'") == [(0,)]
     r = console.post("/api/queues/emails/limits", headers=AUTH, json={"concurrency": 5})
     assert r.status_code == 200, r.text
+
+
+def test_a_script_without_a_csrf_token_is_told_where_to_get_one(app, pg_dsn, conn):
+    """The local operator's script was told to "reload the page"."""
+    job = _dead(app, conn, "wanted")
+    with ConsoleServer(pg_dsn, app.settings.schema) as console:  # loopback, no credentials
+        r = console.post(f"/api/jobs/{job}/replay")
+        assert r.status_code == 403 and "GET /api/csrf" in r.json()["error"] and "X-CSRF-Token" in r.json()["error"]
+        token = console.get("/api/csrf").json()["token"]
+        r = console.post(f"/api/jobs/{job}/replay", headers={"X-CSRF-Token": token})
+        assert r.status_code == 200 and r.json()["changed"] is True, r.text
+        page = console.post(f"/jobs/{job}/replay")
+        assert page.status_code == 403 and "reload the page" in page.text
