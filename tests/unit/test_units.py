@@ -312,3 +312,15 @@ def test_a_traceback_is_bounded_escaped_and_never_fails_the_outcome():
         namespace["g"]()
     except ValueError as exc:
         assert isinstance(handler_traceback(exc), str)  # no exception escapes
+
+
+def test_an_unknown_task_close_to_a_registered_one_is_named_with_the_fix():
+    """A misspelt name enqueued without the App (`pgworker enqueue send_emial`) died with
+    "deploy a worker that has it, then replay the job": a replay only dies again."""
+    from pgworker.worker.claimer.executor import unknown_task_message
+
+    said = unknown_task_message("send_emial", ["ordered", "send_email", "slow"])
+    assert "did you mean 'send_email'? then discard this job and enqueue that name" in said, said
+    assert unknown_task_message("no.such.task", ["alpha", "beta"]) == (
+        "no handler for task 'no.such.task' in this worker (registered: alpha, beta); deploy a worker that has "
+        "it, then replay the job")
