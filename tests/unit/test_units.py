@@ -280,6 +280,36 @@ def test_task_options_are_checked_where_the_task_is_declared(options, fragment):
     assert "t" not in app.tasks
 
 
+def _no_arguments():
+    pass
+
+
+def _three_required(payload, ctx, more):
+    pass
+
+
+def _required_keyword(payload, *, key):
+    pass
+
+
+@pytest.mark.parametrize("handler, options", [
+    (_no_arguments, {}), (_three_required, {}), (_required_keyword, {}), (lambda payload: None, {"retry": 5})])
+def test_a_handler_that_cannot_be_called_or_a_retry_that_is_no_policy_is_refused_at_declaration(handler, options):
+    """Each was accepted, and every attempt of every job then failed (TypeError): a
+    handler taking no payload, one wanting more than (payload, ctx), or retry=5 (meant
+    as attempts)."""
+    from pgworker import App
+
+    app = App("postgresql://nobody@127.0.0.1:1/none")
+    fix = "retry must be a pgworker.RetryPolicy" if options else "cannot be called as handler(payload) or"
+    with pytest.raises(ConfigError, match=re.escape(fix)):
+        app.task(name="t", **options)(handler)
+    assert "t" not in app.tasks
+    for fine in (lambda payload: None, lambda payload, ctx: None, lambda payload, ctx=None, extra=1: None,
+                 lambda *args: None):
+        app.task(name=f"t{id(fine)}")(fine)
+
+
 def test_a_traceback_is_bounded_escaped_and_never_fails_the_outcome():
     """A break-it trial: a 30,000-character source line took redaction 38 s (a claimer
     past its timeout was killed, the job ended TIMEOUT); a file name with a line break
