@@ -8,6 +8,7 @@ start-up with the name of the setting to fix rather than as a failure at 3 a.m.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 from dataclasses import dataclass, field, fields
@@ -344,7 +345,12 @@ class Settings:
         values.update({k: v for k, v in overrides.items() if v is not None})
         unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
-            raise ConfigError(f"unknown settings: {', '.join(sorted(unknown))}")
+            names = [f.name for f in dataclasses.fields(cls)]
+            close = {k: difflib.get_close_matches(k, names, n=1, cutoff=0.6)
+                     or [n for n in names if n.startswith(f"{k}_")][:1] for k in sorted(unknown)}
+            listed = ", ".join(f"{k} (did you mean {c[0]}?)" if c else k for k, c in close.items())
+            raise ConfigError(f"unknown settings: {listed}; the settings are pgworker.Settings' fields "
+                              "(docs/configuration.md)")
         return cls(**values)
 
 

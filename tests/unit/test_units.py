@@ -354,3 +354,10 @@ def test_an_unknown_task_close_to_a_registered_one_is_named_with_the_fix():
     assert unknown_task_message("no.such.task", ["alpha", "beta"]) == (
         "no handler for task 'no.such.task' in this worker (registered: alpha, beta); deploy a worker that has "
         "it, then replay the job")
+
+
+def test_an_unknown_setting_names_the_one_meant():
+    """It said only "unknown settings: dns"."""
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env(environ={}, dns="postgresql://h/d", lease=30)
+    assert "dns (did you mean dsn?)" in str(refused.value) and "lease (did you mean lease_seconds?)" in str(refused.value)
