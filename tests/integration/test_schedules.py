@@ -207,6 +207,37 @@ def test_each_slot_is_enqueued_once_by_racing_schedulers(app, pg_dsn, conn):
 
 
 @pytest.mark.integration
+def test_the_jobs_a_schedule_enqueues_count_in_the_enqueue_metric(app, conn):
+    """pgworker_enqueued_jobs_total ("jobs enqueued by this process") stayed 0 in a worker
+    whose scheduler enqueued a job every minute."""
+    from pgworker.worker.scheduler import tick
+
+    class Recorded:
+        """The two calls the scheduler service makes on the worker's Metrics."""
+
+        def __init__(self):
+            self.calls, self.errors = [], 0
+
+        def enqueued(self, queue, n):
+            self.calls.append((queue, n))
+
+        def schedule_errors(self, n):
+            self.errors += n
+
+    metrics = Recorded()
+    p = app.periodic("t", "* * * * *", name="counted", queue="cron")
+    s = Scheduler(app.store, [p])
+    s.register(conn)
+    tick(s, conn, metrics)
+    assert metrics.calls == []  # nothing owed yet
+    rewind(conn, app.settings.schema, "counted", 2)
+    tick(s, conn, metrics)
+    assert metrics.calls == [("cron", 1)] and metrics.errors == 0  # the latest of the owed slots
+    tick(s, conn, metrics)
+    assert metrics.calls == [("cron", 1)]
+
+
+@pytest.mark.integration
 def test_skip_policy_drops_a_late_slot(app, conn):
     schema = app.settings.schema
     p = app.periodic("t", "* * * * *", name="skipper", missed="skip", misfire_grace=0.05)
