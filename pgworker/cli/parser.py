@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(jl)
     for q in (p, jl):
         q.add_argument("--queue", help="only this queue's jobs")
-        q.add_argument("--state", choices=("pending", "running", "succeeded", "dead", "cancelled"),
+        q.add_argument("--state", type=_job_state, choices=("pending", "running", "succeeded", "dead", "cancelled"),
                        help="only jobs in this state")
         q.add_argument("--limit", type=_positive_int, default=50, metavar="N", help="at most N jobs, newest first")
     js = jsub.add_parser("show", help="one job in full")
@@ -298,6 +298,19 @@ def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 _NONE = ("none", "off", "null", "-")
 _ABSENT: Any = object()
+
+
+# `pgworker status` splits pending jobs by what they wait for; a job's state is pending.
+_STATUS_ONLY = {"due": "due now", "scheduled": "scheduled later", "blocked": "waiting for an earlier job of its "
+                "ordering key (`pgworker dead keys` lists the keys a dead job holds)"}
+
+
+def _job_state(text: str) -> str:
+    if text in _STATUS_ONLY:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is how `pgworker status` counts pending jobs {_STATUS_ONLY[text]}: a job's state is "
+            "pending; use --state pending")
+    return text
 
 
 def _positive_int(text: str) -> int:

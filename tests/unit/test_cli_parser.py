@@ -131,3 +131,16 @@ def test_other_unrecognized_arguments_name_the_command_and_the_closest_option(ca
         err = capsys.readouterr().err
         assert exit_.value.code == 2 and err.endswith(said), err
         assert err.startswith(f"usage: pgworker {argv[0]}"), err  # the command's usage, not the top level's
+
+
+@pytest.mark.parametrize("shown", ["due", "scheduled", "blocked"])
+def test_a_state_of_pgworker_status_given_to_jobs_list_says_it_is_pending(shown, capsys):
+    """`pgworker status` shows 'blocked 2'; `pgworker jobs list --state blocked` said only
+    "invalid choice: 'blocked'"."""
+    from pgworker import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["jobs", "list", "--state", shown])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert f"'{shown}' is how `pgworker status` counts pending jobs" in err and "use --state pending" in err, err
