@@ -17,6 +17,8 @@ _UNITS = {"ms": 0.001, "s": 1, None: 1, "m": 60, "h": 3600, "d": 86400, "w": 604
 def parse_duration(text: str) -> float:
     """'90', '90s', '15m', '12h', '7d', '2w', '250ms' -> seconds."""
     m = _DURATION.match(text)
+    if not m and _DURATION.match(text.strip().removeprefix("-")):
+        raise argparse.ArgumentTypeError(f"{text!r} is negative: a duration is 0 or more, e.g. 30s, 15m, 12h, 7d")
     if not m:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration; use forms like 30s, 15m, 12h, 7d")
     return float(m.group(1)) * _UNITS[m.group(2)]
@@ -257,6 +259,31 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the outputs and, without --dsn, the embedded PostgreSQL running (to inspect "
                         "the jobs)")
     return parser
+
+
+def attach_negative_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """`--delay -5s` as `--delay=-5s`: argparse reads a value that starts with '-' and is
+    not a plain number as an option, and said only "expected one argument"; attached, the
+    option's own type names what is wrong with it."""
+    takes_value: set[str] = set()
+
+    def walk(p: argparse.ArgumentParser) -> None:
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    walk(sub)
+            elif action.option_strings and action.nargs is None and not isinstance(
+                    action, (argparse._StoreConstAction, argparse._HelpAction, argparse._VersionAction)):
+                takes_value.update(o for o in action.option_strings if o.startswith("--"))
+
+    walk(parser)
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] in takes_value and re.match(r"-\d", arg):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
 
 
 def unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]) -> None:

@@ -144,3 +144,27 @@ def test_a_state_of_pgworker_status_given_to_jobs_list_says_it_is_pending(shown,
     err = capsys.readouterr().err
     assert exit_.value.code == 2
     assert f"'{shown}' is how `pgworker status` counts pending jobs" in err and "use --state pending" in err, err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["enqueue", "t", "--delay", "-5s"], "argument --delay: '-5s' is negative: a duration is 0 or more"),
+    (["prune", "--older-than", "-1d"], "argument --older-than: '-1d' is negative: a duration is 0 or more"),
+    (["run", "--lease", "-5"], "argument --lease: '-5' is negative: a duration is 0 or more"),
+])
+def test_a_negative_duration_is_named_as_negative(argv, said, capsys):
+    """argparse read '-5s' as an option and said only "argument --delay: expected one argument"."""
+    from pgworker import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and said in err, err
+
+
+def test_negative_numbers_and_payloads_still_parse():
+    from pgworker.cli.parser import attach_negative_values, build_parser
+
+    parser = build_parser()
+    argv = attach_negative_values(parser, ["enqueue", "t", "--priority", "-5", "--payload", "-1", "--json"])
+    args = parser.parse_args(argv)
+    assert args.priority == -5 and args.payload == "-1" and args.json
