@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 from .. import bulk
 from ..errors import ConfigError
-from ..jobfilter import JobFilter, check_keys
+from ..jobfilter import KEYS, JobFilter, check_keys
 from .pages import bulk as bulk_page
 from .pages.dead import dead_data
 from .pages.job import apply_action, job_data
@@ -59,6 +59,8 @@ async def overview(request: Request) -> Response:
 
 async def jobs(request: Request) -> Response:
     ctx = await request.app.state.console.enter(request)
+    # a misspelt filter (?tsk=) listed every job as if it matched
+    check_keys(request.query_params, (*KEYS, "sort", "cursor"), what="query")
     return Json(_filter_out(await ctx.db(jobs_data, ctx, request.query_params)))
 
 

@@ -68,3 +68,11 @@ def test_a_script_without_a_csrf_token_is_told_where_to_get_one(app, pg_dsn, con
         assert r.status_code == 200 and r.json()["changed"] is True, r.text
         page = console.post(f"/jobs/{job}/replay")
         assert page.status_code == 403 and "reload the page" in page.text
+
+
+def test_a_misspelt_list_filter_is_refused_instead_of_listing_every_job(console, app, conn):
+    _dead(app, conn, "wanted")
+    r = console.get("/api/jobs?tsk=wanted", headers=AUTH)
+    assert r.status_code == 400 and "did you mean 'task'?" in r.json()["error"], r.text
+    r = console.get("/api/jobs?task=wanted&sort=newest&cursor=", headers=AUTH)
+    assert r.status_code == 200 and [j["task"] for j in r.json()["jobs"]] == ["wanted"], r.text
