@@ -95,6 +95,9 @@ _DURATION_LEGEND = ("a **duration** is a number of seconds, or a number with a u
 
 
 def _g(value: float) -> str:
+    """A number as a reader types it: ``:g`` alone wrote 90 days as 7.776e+06."""
+    if float(value).is_integer() and abs(value) >= 1e6:
+        return f"{int(value):,}"
     return f"{value:g}"
 
 

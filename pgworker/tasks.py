@@ -71,6 +71,28 @@ class Task:
             raise ConfigError(f"task {self.name!r}: renew must be 'alive' or 'progress'")
         check_ordering_on_dead(self.ordering_on_dead)
         check_dedupe_window(self.dedupe_window_seconds)
+        if not isinstance(self.retry, RetryPolicy):
+            raise ConfigError(f"task {self.name!r}: retry must be a pgworker.RetryPolicy, e.g. "
+                              f"retry=pgworker.RetryPolicy(base_seconds=5); got {self.retry!r} "
+                              "(the number of attempts is max_attempts=)")
+        self._check_signature()
+
+    def _check_signature(self) -> None:
+        """The handler must take the payload (and may take the context): one that takes
+        neither was accepted here and failed every attempt of every job with a TypeError."""
+        try:
+            signature = inspect.signature(self.func)
+        except (TypeError, ValueError):  # no signature to read (a builtin): the call decides
+            return
+        for args in ((None, None), (None,)):
+            try:
+                signature.bind(*args)
+                return
+            except TypeError:
+                continue
+        raise ConfigError(f"task {self.name!r}: the handler {getattr(self.func, '__name__', self.func)}{signature} "
+                          "cannot be called as handler(payload) or handler(payload, ctx): take the payload, "
+                          "optionally the pgworker.JobContext, and give any other parameter a default")
 
     # Cached: the claimer asks for every job, and inspect.signature costs ~20 us a call.
     @functools.cached_property

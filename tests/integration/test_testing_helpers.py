@@ -339,6 +339,18 @@ def test_assert_enqueued_failure_shows_what_was_enqueued(app):
         assert_enqueued(app, "send_mail")
 
 
+def test_assert_enqueued_of_a_misspelt_task_names_the_registered_one_even_with_no_job_at_all(app):
+    """With no job in the schema it said only "No job at all is in schema ..."."""
+    app.task(name="send_email")(lambda payload: None)
+    with pytest.raises(AssertionError) as caught:
+        assert_enqueued(app, "send_emial")
+    assert f"No job at all is in schema {app.settings.schema!r} (and no task of that name is registered" \
+        in str(caught.value) and "did you mean 'send_email'?" in str(caught.value), caught.value
+    app.enqueue("send_email", {})
+    with pytest.raises(AssertionError, match="did you mean 'send_email'"):
+        assert_enqueued(app, "send_emial")
+
+
 def test_refute_enqueued_lists_the_jobs_that_match(app):
     job_id = app.enqueue("cleanup", {"bucket": "tmp", "days": 3})
     with pytest.raises(AssertionError) as caught:
