@@ -17,7 +17,7 @@ import contextlib
 import os
 import time
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Self, Sequence
 
 import psycopg
 
@@ -106,7 +106,15 @@ class AsyncProducer:
             return
         await pool.close()
 
-    async def __aenter__(self) -> Any:
+    def _drop_apool(self) -> None:
+        """Forget the async pool (the settings changed: :meth:`App.configure`), closing it
+        in its event loop if that still runs."""
+        pool, self._apool = self._apool, None
+        loop = self._apool_loop
+        if pool is not None and loop is not None and not loop.is_closed():
+            asyncio.run_coroutine_threadsafe(pool.close(), loop)
+
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:

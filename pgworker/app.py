@@ -61,6 +61,7 @@ class App(AsyncProducer):
         if settings.dsn is not None:
             db.check_dsn(settings.dsn)
         self.close()
+        self._drop_apool()
         self.settings = settings
         self.store = Store(settings.schema, error_history_entries=settings.error_history_entries)
         self._prepared = Preparer(self.tasks, settings.max_payload_bytes)

@@ -296,3 +296,20 @@ def test_task_aenqueue_uses_its_app_and_defaults(app, conn):
 
     job = app.get_job(run(main()))
     assert (job["queue"], job["priority"], job["payload"]) == ("bq", 7, {"x": 1})
+
+
+def test_configure_drops_the_async_pool_of_the_old_settings(app, pg_dsn, conn, schema):
+    async def main():
+        await app.aopen()
+        old = app._apool
+        app.configure(app.settings.replace(schema=schema))  # the same schema: a new Store, a new pool
+        assert app._apool is None
+        await asyncio.sleep(0.2)  # the old pool closes in this loop
+        assert old.closed
+        job_id = await app.aenqueue("t", 1)
+        async with app:  # `async with` closes the async pool (and the sync one) at the end
+            pass
+        assert app._apool is None
+        return job_id
+
+    assert app.get_job(run(main()))["state"] == "pending"
