@@ -24,6 +24,7 @@ import datetime as dt
 import decimal
 import enum
 import inspect
+import logging
 import re
 import sys
 import types
@@ -33,6 +34,8 @@ from typing import Any, Callable
 
 __all__ = ["PayloadValidationError", "to_json_value", "payload_type_of", "decoder_for", "is_typed_dict",
            "is_pydantic_model"]
+
+log = logging.getLogger("pgworker.payloads")
 
 # How much of an offending value a message shows.
 _SHOWN_CHARS = 60
@@ -88,7 +91,10 @@ def payload_type_of(func: Callable[..., Any]) -> type | None:
     if isinstance(annotation, str):  # `from __future__ import annotations`, or a quoted name
         try:
             annotation = typing.get_type_hints(func).get(params[0].name)
-        except Exception:  # a name the module defines later, or not at all: no typed payload
+        except Exception as exc:  # a class local to a function, a name never defined
+            log.warning("the payload annotation %s of %s cannot be resolved (%s: %s): its jobs get the "
+                        "payload as decoded JSON; define the type at module level, or pass payload_type=",
+                        params[0].annotation, getattr(func, "__qualname__", func), type(exc).__name__, exc)
             return None
     return annotation if _is_typed(annotation) else None
 

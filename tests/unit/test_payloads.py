@@ -62,6 +62,12 @@ def f_plain(p) -> None: ...
 def f_undefined(p: "NoSuchType") -> None: ...  # noqa: F821
 
 
+def test_an_annotation_that_cannot_be_resolved_is_logged(caplog):
+    assert payload_type_of(f_undefined) is None
+    assert "the payload annotation 'NoSuchType' of f_undefined cannot be resolved" in caplog.text
+    assert "define the type at module level, or pass payload_type=" in caplog.text
+
+
 def test_the_payload_type_comes_from_the_first_parameter():
     assert payload_type_of(f_order) is Order
     assert payload_type_of(f_ping) is Ping
