@@ -1,12 +1,12 @@
-"""Settings of the test Django project: the database of $PGWORKER_TEST_DSN (a libpq
-string), pgworker's jobs and Django's own tables in the schema $PGWORKER_TEST_SCHEMA."""
+"""Settings of the test Django project: the database of $SHOP_DSN (a libpq
+string), pgworker's jobs and Django's own tables in the schema $SHOP_SCHEMA."""
 
 import os
 
 import psycopg
 
-_info = psycopg.conninfo.conninfo_to_dict(os.environ["PGWORKER_TEST_DSN"])
-SCHEMA = os.environ["PGWORKER_TEST_SCHEMA"]
+_info = psycopg.conninfo.conninfo_to_dict(os.environ["SHOP_DSN"])
+SCHEMA = os.environ["SHOP_SCHEMA"]
 
 SECRET_KEY = "test-only"
 DEBUG = False
@@ -26,4 +26,4 @@ DATABASES = {
         "OPTIONS": {"options": f"-c search_path={SCHEMA}"},
     }
 }
-PGWORKER = {"SCHEMA": SCHEMA, "APP": os.environ.get("PGWORKER_TEST_APP")}
+PGWORKER = {"SCHEMA": SCHEMA, "APP": os.environ.get("SHOP_WORKER_APP")}

@@ -29,10 +29,10 @@ def manage(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.
 @pytest.fixture
 def project(pg_dsn, schema, monkeypatch):
     """The Django project configured (in this process too) for this test's schema."""
-    env = dict(os.environ, PGWORKER_TEST_DSN=pg_dsn, PGWORKER_TEST_SCHEMA=schema, DJANGO_SETTINGS_MODULE="settings",
+    env = dict(os.environ, SHOP_DSN=pg_dsn, SHOP_SCHEMA=schema, DJANGO_SETTINGS_MODULE="settings",
                PGWORKER_SCHEMA="somewhere_else", PGWORKER_DSN="")  # the Django settings must win
-    env.pop("PGWORKER_TEST_APP", None)
-    for key in ("PGWORKER_TEST_DSN", "PGWORKER_TEST_SCHEMA", "DJANGO_SETTINGS_MODULE"):
+    env.pop("SHOP_WORKER_APP", None)
+    for key in ("SHOP_DSN", "SHOP_SCHEMA", "DJANGO_SETTINGS_MODULE"):
         monkeypatch.setenv(key, env[key])
     monkeypatch.syspath_prepend(PROJECT)
     return env
@@ -69,7 +69,7 @@ def test_manage_commands_and_a_view_enqueueing_in_its_transaction(project, pg_ds
     status = manage(project, "status")
     assert status.returncode == 0, status.stdout + status.stderr
     assert "default" in status.stdout
-    run = manage(dict(project, PGWORKER_TEST_APP=ACCEPTANCE_APP), "run", "--drain", "--concurrency", "1",
+    run = manage(dict(project, SHOP_WORKER_APP=ACCEPTANCE_APP), "run", "--drain", "--concurrency", "1",
                  "--metrics-port", "0", timeout=120)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     ran = {r[0] for r in q(conn, schema, "SELECT job_id FROM {s}.ledger WHERE event = 'run'")}
