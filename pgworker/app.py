@@ -8,7 +8,7 @@ import contextlib
 import os
 import socket
 from datetime import datetime, timedelta
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence, overload
 
 import psycopg
 
@@ -19,14 +19,15 @@ from .jobs import ClaimedJob, Lease, ReapResult, ReplayResult
 from .migrate import MigrationReport, migrate
 from .names import redact_dsn
 from .operations import PRUNE_BATCH, UNSET
-from .producer import JobSpec, Preparer, enqueue_batch, enqueue_one, specs_from
+from .aio import AsyncProducer
+from .producer import JobSpec, Preparer, check_on_conflict, enqueue_batch, enqueue_one, specs_from
 from .retry import Classifier, RetryPolicy
 from .schedules import MISFIRE_GRACE_SECONDS, Periodic
 from .store import Store
 from .tasks import DEFAULT_MAX_ATTEMPTS, Task, check_dedupe_window
 
 
-class App:
+class App(AsyncProducer):
     """A pgworker application: where jobs live (DSN, schema) and which tasks exist.
 
     ``App(dsn)`` or ``App(settings=Settings.from_env())``. Settings not given are read
@@ -60,6 +61,7 @@ class App:
         if settings.dsn is not None:
             db.check_dsn(settings.dsn)
         self.close()
+        self._drop_apool()
         self.settings = settings
         self.store = Store(settings.schema, error_history_entries=settings.error_history_entries)
         self._prepared = Preparer(self.tasks, settings.max_payload_bytes)
@@ -69,6 +71,19 @@ class App:
 
     # -- tasks ----------------------------------------------------------------------
 
+    @overload
+    def task(self, func: Callable[..., Any], /) -> Task: ...
+
+    @overload
+    def task(self, func: None = None, /, *, name: str | None = None,
+             queue: str | None = None, max_attempts: int | None = None,
+             retry: RetryPolicy | None = None, timeout: float | None = None,
+             max_runtime: float | None = None, renew: str | None = None, priority: int = 0,
+             permanent_errors: Sequence[type[BaseException]] = (),
+             payload_type: Callable[..., Any] | None = None, ordering_on_dead: str = "block",
+             dedupe_window: "float | timedelta | None" = None, schedule: str | None = None,
+             schedule_tz: str = "UTC", schedule_missed: str = "latest") -> Callable[[Callable[..., Any]], Task]: ...
+
     def task(self, func: Callable[..., Any] | None = None, *, name: str | None = None,
              queue: str | None = None, max_attempts: int | None = None,
              retry: RetryPolicy | None = None, timeout: float | None = None,
@@ -76,7 +91,7 @@ class App:
              permanent_errors: Sequence[type[BaseException]] = (),
              payload_type: Callable[..., Any] | None = None, ordering_on_dead: str = "block",
              dedupe_window: "float | timedelta | None" = None, schedule: str | None = None,
-             schedule_tz: str = "UTC", schedule_missed: str = "latest") -> Any:
+             schedule_tz: str = "UTC", schedule_missed: str = "latest") -> "Task | Callable[[Callable[..., Any]], Task]":
         """Register a handler: ``@app.task`` or ``@app.task(name=..., queue=...)``.
 
         The handler is ``def f(payload)`` or ``def f(payload, ctx)`` (``async def`` too);
@@ -170,6 +185,7 @@ class App:
     @contextlib.contextmanager
     def connection(self, conn: psycopg.Connection | None = None) -> Iterator[psycopg.Connection]:
         """``conn`` if given (the caller's transaction), else a pooled autocommit connection."""
+        connections.require_sync(conn, None)
         with connections.database_errors(self.settings):
             if conn is not None:
                 yield conn
@@ -217,7 +233,8 @@ class App:
                 delay: "float | timedelta | None" = None, max_attempts: int | None = None,
                 dedupe_key: str | None = None, ordering_key: str | None = None,
                 dedupe_window: "float | timedelta | None" = None, ordering_on_dead: str | None = None,
-                any_task: bool = False, conn: psycopg.Connection | None = None) -> int:
+                any_task: bool = False, on_conflict: str = "return",
+                conn: psycopg.Connection | None = None) -> int:
         """Enqueue one job and return its id.
 
         ``task``: a :class:`Task`, or a task name. When this App has registered tasks, a
@@ -231,6 +248,8 @@ class App:
         job with this key is pending or running (and, with ``dedupe_window`` seconds, for
         that long after it succeeded), enqueueing another returns that job's id instead;
         a unique index decides, and a duplicate never aborts the caller's transaction.
+        ``on_conflict='raise'`` raises :class:`AlreadyEnqueued` instead (its ``job_id`` the
+        holder's), so the caller can tell a duplicate from a new job.
         ``ordering_key``: jobs sharing it run one at a time in enqueue order;
         ``ordering_on_dead`` ('block' or 'skip', default the task's) says whether this job,
         if it dies, holds the key's later jobs back. See docs/scheduling.md.
@@ -241,24 +260,32 @@ class App:
         subclass :class:`UnknownTask` included; all ``ValueError``) before touching the
         database, and :class:`DatabaseUnavailable` when PostgreSQL cannot be reached.
         """
+        connections.require_sync(conn, "aenqueue")
         job = self._prepared.one(JobSpec(task, payload, queue, priority, run_at, delay, max_attempts,
                                          dedupe_key, ordering_key, dedupe_window, ordering_on_dead), any_task)
+        check_on_conflict(on_conflict)
         with self.connection(conn) as c:
-            return enqueue_one(self.store, c, job, self.metrics)
+            return enqueue_one(self.store, c, job, self.metrics, on_conflict)
 
     def enqueue_many(self, jobs: Iterable["JobSpec | dict[str, Any] | tuple[Any, Any]"], *,
-                     any_task: bool = False, conn: psycopg.Connection | None = None) -> list[int]:
+                     any_task: bool = False, on_conflict: str = "return",
+                     conn: psycopg.Connection | None = None) -> list[int]:
         """Enqueue many jobs in one transaction and return their ids in input order.
 
         Items are :class:`JobSpec`, dicts of its fields, or ``(task, payload)`` tuples.
         Jobs without dedupe or ordering keys go in through COPY; one NOTIFY per queue.
         Every job is validated before anything is written: one bad item (a task name
         this App does not register included, unless ``any_task=True``: see
-        :meth:`enqueue`) raises and inserts nothing.
+        :meth:`enqueue`) raises and inserts nothing. A job whose dedupe key is held gets
+        the holder's id; with ``on_conflict='raise'`` the batch raises
+        :class:`AlreadyEnqueued` (``held_by``: {position: holder id}) and inserts nothing
+        (in the caller's transaction through a savepoint: the transaction stays usable).
         """
+        connections.require_sync(conn, "aenqueue_many")
         prepared = self._prepared.many(specs_from(jobs), any_task)
+        check_on_conflict(on_conflict)
         with self.connection(conn) as c:
-            return enqueue_batch(self.store, c, prepared, self.metrics)
+            return enqueue_batch(self.store, c, prepared, self.metrics, on_conflict)
 
     # -- the lifecycle, for custom consumers and tests --------------------------------
 
@@ -311,6 +338,7 @@ class App:
         """Cancel a job: pending or dead jobs become cancelled at once ('cancelled' is
         returned); a running job gets a cancellation request its worker sees at the next
         lease renewal ('running' is returned). None when the job is finished or unknown."""
+        connections.require_sync(conn, "acancel")
         return operations.cancel(self, job_id, actor=actor, conn=conn)
 
     def replay(self, job_ids: Sequence[int] = (), *, queue: str | None = None, limit: int = 1000,

@@ -36,10 +36,10 @@ class JobContext:
         self._table = table
         self._slot = slot
         self.progress_value: Any = None
-        self._logger: logging.LoggerAdapter | None = None
+        self._logger: "logging.LoggerAdapter[logging.Logger] | None" = None
 
     @property
-    def logger(self) -> logging.LoggerAdapter:
+    def logger(self) -> "logging.LoggerAdapter[logging.Logger]":
         """A logger whose records carry the job's id, attempt, queue and task (built on
         first use: most handlers never log, and a claimer builds a context per job)."""
         if self._logger is None:

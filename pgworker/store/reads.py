@@ -8,6 +8,7 @@ from typing import Any, Iterable, Sequence
 import psycopg
 
 from .base import StoreBase
+from .plan import Exec, Plan, run
 
 
 class QueueStats(list):  # type: ignore[type-arg]
@@ -32,12 +33,16 @@ class ReadStatements(StoreBase):
     """Reads: jobs, statistics, table health, periodic jobs' rows."""
 
     def get_job(self, conn: psycopg.Connection, job_id: int) -> dict[str, Any] | None:
-        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-        row = cur.execute(self.queries["job_get"], {"id": job_id}).fetchone()
-        if row is not None:
-            events = conn.cursor(row_factory=psycopg.rows.dict_row).execute(
-                self.queries["job_events_list"], {"id": job_id}).fetchall()
-            row["events"] = events
+        return run(conn, self.get_job_plan(job_id))
+
+    def get_job_plan(self, job_id: int) -> Plan[dict[str, Any] | None]:
+        """The job's row as a dict (with ``events``, its audit entries), or None; a plan
+        (:mod:`pgworker.store.plan`)."""
+        rows = yield Exec(self.queries["job_get"], {"id": job_id}, dict_rows=True)
+        if not rows:
+            return None
+        row: dict[str, Any] = rows[0]
+        row["events"] = yield Exec(self.queries["job_events_list"], {"id": job_id}, dict_rows=True)
         return row
 
     def list_jobs(self, conn: psycopg.Connection, *, queue: str | None, state: str | None,

@@ -223,9 +223,12 @@ def _same_scalar(a: Any, b: Any) -> bool:
 
 
 def _as_json(value: Any, name: str) -> Any:
-    """``value`` as it comes back from a jsonb column (tuples become lists, ...)."""
+    """``value`` as it comes back from a jsonb column (tuples become lists, a dataclass or
+    pydantic model the dict enqueue stores for it, ...)."""
+    from ..payloads import to_json_value
+
     try:
-        return json.loads(json.dumps(value, allow_nan=False))
+        return json.loads(json.dumps(value, allow_nan=False, default=to_json_value))
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{name}= must be JSON-serialisable like a job's payload: {exc}") from None
 

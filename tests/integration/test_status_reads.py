@@ -117,7 +117,6 @@ def test_status_reads_no_table_sequentially(app, conn, pg_dsn):
 def test_status_of_a_small_table_counts_finished_jobs_exactly(app, conn, pg_dsn):
     """Under the limit (a new install, the demo) the finished counts are exact, with no
     ANALYZE yet."""
-    schema = app.settings.schema
     for _ in range(3):
         app.enqueue("t")
     jobs = app.claim("default", limit=3)

@@ -5,6 +5,7 @@ max_jobs guard), the enqueue assertions and their messages, throwaway schemas an
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import datetime, timedelta, timezone
 
 import psycopg
@@ -410,3 +411,23 @@ def test_bind_refuses_what_it_cannot_bind(pg_dsn, monkeypatch):
     with pytest.raises(pgworker.ConfigError, match="PGWORKER_TEST_DSN"):
         with bind(pgworker.App(), "s"):
             pass
+
+
+@dataclasses.dataclass
+class Invoice:  # at module level: the handler's string annotation (PEP 563) resolves to it
+    customer: str
+    cents: int
+
+
+def test_assert_enqueued_compares_a_typed_payload_as_it_is_stored(app):
+    seen = []
+
+    @app.task(name="bill")
+    def bill(inv: Invoice) -> None:
+        seen.append(inv)
+
+    app.enqueue("bill", Invoice("acme", 5))
+    assert_enqueued(app, "bill", payload=Invoice("acme", 5))
+    assert_enqueued(app, "bill", payload={"customer": "acme", "cents": 5})
+    drain(app)
+    assert seen == [Invoice("acme", 5)]  # the handler got the dataclass back
