@@ -356,7 +356,7 @@ class Settings:
 
 def _variable(name: str) -> str:
     """The environment variable of the setting ``name`` (for the fix an error names)."""
-    return next(f.metadata["env"] for f in dataclasses.fields(Settings) if f.name == name)
+    return str(next(f.metadata["env"] for f in dataclasses.fields(Settings) if f.name == name))
 
 
 def env_var_names() -> dict[str, str]:
