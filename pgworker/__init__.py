@@ -13,6 +13,7 @@ from .context import JobContext  # noqa: E402
 from .errors import (  # noqa: E402
     ConfigError,
     DatabaseUnavailable,
+    EffectUncertain,
     InvalidJob,
     InvalidName,
     InvalidPayload,
@@ -27,8 +28,10 @@ from .errors import (  # noqa: E402
     SchemaTooNew,
     SchemaVersionError,
     Snooze,
+    StepError,
     UnknownTask,
 )
+from .effects.steps import NOT_DONE  # noqa: E402
 from .jobs import ClaimedJob, FenceReport, JobState, Lease, Outcome, ReplayResult  # noqa: E402
 from .producer import JobSpec  # noqa: E402
 from .retry import FailureClass, RetryPolicy  # noqa: E402
@@ -40,6 +43,6 @@ __all__ = [
     "PgworkerError", "ConfigError", "InvalidName", "InvalidJob", "PayloadError", "InvalidPayload",
     "DatabaseUnavailable", "SchemaVersionError", "SchemaNotMigrated", "SchemaTooNew",
     "LeaseLost", "Permanent", "Retry", "Snooze", "JobCancelled", "UnknownTask",
-    "QueuePaused",
+    "QueuePaused", "StepError", "EffectUncertain", "NOT_DONE",
     "__version__",
 ]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
+from .effects.steps import run_effect, run_step
 from .effects.transaction import TransactionState, job_transaction
 from .errors import JobCancelled, LeaseLost
 
@@ -121,6 +122,33 @@ class JobContext:
             raise RuntimeError("ctx.transaction() needs a context given by a worker (pgworker run, "
                                "pgworker.testing.drain); this one was built by hand")
         return job_transaction(self, self._effects)
+
+    def step(self, name: str, fn: "Callable[[], Any]") -> Any:
+        """Run ``fn()`` at most once across the job's attempts and return its result.
+
+        ``name``: 1-200 printable characters, unique within the job. The result (JSON:
+        dict, list, str, number, bool, None; at most ``step_result_max_bytes``) is
+        recorded against the job, fenced by the lease token; a later attempt gets the
+        recorded value, decoded from JSON, without calling ``fn``. Inside
+        ``ctx.transaction()`` the record commits with the handler's writes. Raises
+        :class:`pgworker.errors.StepError` (permanent: ``STEP_RESULT_INVALID``,
+        ``STEP_RESULT_TOO_LARGE``, ``STEP_LIMIT``, ``STEP_NAME_INVALID``) and
+        :class:`LeaseLost` when the fence refuses the record. docs/effects.md."""
+        return run_step(self, name, fn)
+
+    def effect(self, name: str, fn: "Callable[[str], Any]", reconcile: "Callable[[str], Any] | None" = None) -> Any:
+        """Call an external system once, with an idempotency key: ``fn(key)`` returns the
+        effect's JSON result.
+
+        A fenced ``started`` record (with ``key``, stable for the job and ``name``) commits
+        before the call, ``done`` with the result after. When an earlier attempt started
+        the effect and never recorded its end, ``reconcile(key)`` is asked instead of
+        calling blindly: it returns the result if the effect happened, or
+        ``pgworker.NOT_DONE`` (then ``fn(key)`` runs again, same key). Without
+        ``reconcile``, raises :class:`pgworker.errors.EffectUncertain` (the job goes dead
+        ``EFFECT_UNCERTAIN``; `pgworker effects resolve`). Not inside ``ctx.transaction()``
+        (``RuntimeError``). Bounds and errors as :meth:`step`. docs/effects.md."""
+        return run_effect(self, name, fn, reconcile)
 
     @property
     def committed(self) -> bool:

@@ -16,7 +16,9 @@ import logging
 from typing import Any
 
 import psycopg
+from opentelemetry import trace
 
+from .. import tracing
 from ..db import connect, set_session_timeouts, worker_params
 
 log = logging.getLogger("pgworker.effects")
@@ -65,15 +67,67 @@ class HandlerConnections:
 
 
 class EffectResources:
-    """What a claimer lends its handlers' contexts for their own transactions: its store,
-    its handler connection and its worker id (for spans)."""
+    """What a claimer lends its handlers' contexts for their own transactions, steps and
+    effects: its store, settings, handler connection, worker id (for spans) and metrics
+    (None outside a worker: testing.drain)."""
 
-    __slots__ = ("store", "connections", "worker_id")
+    __slots__ = ("store", "settings", "connections", "worker_id", "metrics")
 
-    def __init__(self, store: Any, connections: HandlerConnections, worker_id: str) -> None:
+    def __init__(self, store: Any, settings: Any, connections: HandlerConnections, worker_id: str) -> None:
         self.store = store
+        self.settings = settings
         self.connections = connections
         self.worker_id = worker_id
+        self.metrics: Any = None
+
+    def count(self, what: str, queue: str, result: str | None = None) -> None:
+        """Count a step skipped, an effect reconciled (``result``) or left uncertain."""
+        m = self.metrics
+        if m is None:
+            return
+        if what == "step_skipped":
+            m.step_skipped(queue)
+        elif what == "effect_reconciled":
+            m.effect_reconciled(queue, result or "happened")
+        elif what == "effect_uncertain":
+            m.effect_uncertain(queue)
+
+    def fenced(self, ctx: Any, operation: str) -> None:
+        """A step or effect record the fence refused: counted, logged and traced like the
+        other fenced writes."""
+        if self.metrics is not None:
+            self.metrics.fenced(ctx.job.queue, operation)
+        log.warning("fenced out: the %s record of job %s (token %s) was refused, the lease was lost",
+                    operation, ctx.job_id, ctx.lease_token,
+                    extra={"action": "fenced", "job_id": ctx.job_id, "queue": ctx.job.queue,
+                           "lease_token": ctx.lease_token})
+        record_span(ctx.job, operation, None, False, self.worker_id)
+
+    def traced(self, ctx: Any, operation: str, name: str) -> None:
+        record_span(ctx.job, operation, name, True, self.worker_id)
 
     def close(self) -> None:
         self.connections.close()
+
+
+def record_span(job: Any, operation: str, name: str | None, accepted: bool, worker_id: str) -> None:
+    """The ``record {queue}`` span of one step or effect record, a child of the attempt's
+    process span (current while the handler runs); a refusal is an error with a
+    ``fence refused`` event."""
+    parent = trace.get_current_span()
+    if not parent.get_span_context().is_valid:
+        return  # the attempt is not traced
+    attrs = {"messaging.system": tracing.MESSAGING_SYSTEM, "messaging.destination.name": job.queue,
+             "messaging.operation.type": "record", "messaging.operation.name": operation,
+             "messaging.message.id": str(job.id), "messaging.client.id": worker_id,
+             "pgworker.task": job.task, "pgworker.job.attempt": job.attempt,
+             "pgworker.lease.token": job.lease_token,
+             "pgworker.fence.result": "accepted" if accepted else "refused"}
+    if name is not None:
+        attrs["pgworker.step.name"] = name
+    span = tracing.tracer().start_span(f"record {job.queue}", kind=trace.SpanKind.INTERNAL, attributes=attrs)
+    if not accepted:
+        span.add_event("fence refused", {"pgworker.lease.token": job.lease_token})
+        span.set_attribute("error.type", tracing.LEASE_LOST)
+        span.set_status(trace.Status(trace.StatusCode.ERROR, "lease lost: the record was refused by the fence"))
+    span.end()

@@ -59,11 +59,12 @@ OPERATION = "complete_in_transaction"
 class TransactionState:
     """Per attempt: whether a handler transaction is open, and whether it committed."""
 
-    __slots__ = ("open", "committed")
+    __slots__ = ("open", "committed", "conn")
 
     def __init__(self) -> None:
         self.open = False
         self.committed = False
+        self.conn: psycopg.Connection | None = None  # while open
 
 
 @contextlib.contextmanager
@@ -80,7 +81,7 @@ def job_transaction(ctx: "JobContext", resources: "object") -> Iterator[psycopg.
     connections = resources.connections  # type: ignore[attr-defined]
     job = ctx.job
     conn = connections.get()
-    state.open = True
+    state.open, state.conn = True, conn
     parent = trace.get_current_span()
     try:
         tx = conn.transaction()
@@ -90,6 +91,8 @@ def job_transaction(ctx: "JobContext", resources: "object") -> Iterator[psycopg.
             report = store.complete(conn, [job.lease], [job.ordering_key])
             if job.id not in report.accepted:
                 tracing.settle_span(job, OPERATION, False, parent=parent, worker_id=resources.worker_id)  # type: ignore[attr-defined]
+                if resources.metrics is not None:  # type: ignore[attr-defined]
+                    resources.metrics.fenced(job.queue, OPERATION)  # type: ignore[attr-defined]
                 raise LeaseLost(job_id=job.id, lease_token=job.lease_token, operation=OPERATION)
         except BaseException as exc:
             _roll_back(tx, exc, connections)
@@ -104,7 +107,7 @@ def job_transaction(ctx: "JobContext", resources: "object") -> Iterator[psycopg.
         state.committed = True
         tracing.settle_span(job, OPERATION, True, parent=parent, worker_id=resources.worker_id)  # type: ignore[attr-defined]
     finally:
-        state.open = False
+        state.open, state.conn = False, None
 
 
 def _roll_back(tx: psycopg.Transaction, exc: BaseException, connections: object) -> None:

@@ -38,6 +38,7 @@ class ReadStatements(StoreBase):
             events = conn.cursor(row_factory=psycopg.rows.dict_row).execute(
                 self.queries["job_events_list"], {"id": job_id}).fetchall()
             row["events"] = events
+            row["steps"] = self.steps_of(conn, job_id)  # durable steps and effects (docs/effects.md)
         return row
 
     def list_jobs(self, conn: psycopg.Connection, *, queue: str | None, state: str | None,

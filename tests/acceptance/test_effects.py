@@ -71,3 +71,126 @@ def test_kill_9_inside_the_transaction_or_after_its_commit_leaves_one_insert(env
     assert q(conn, schema, "SELECT job_id, attempt FROM {s}.orders") == [(job_id, attempts)]
     assert q(conn, schema, "SELECT state::text, attempts FROM {s}.jobs WHERE id = %s", job_id) == \
         [("succeeded", attempts)]
+
+
+class Destination:
+    """A local HTTP service standing for an external system with idempotency keys: POST
+    /effects/KEY records the effect once per key (``?drop=1``: fails without recording,
+    as a call that never arrived); GET /effects/KEY answers whether it happened."""
+
+    def __init__(self) -> None:
+        import http.server
+        import json
+        import threading
+
+        self.posts: list[str] = []
+        self.done: dict[str, dict] = {}
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _reply(self, code, body):
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self):
+                key, _, query = self.path[len("/effects/"):].partition("?")
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                outer.posts.append(key)
+                if "drop=1" in query:
+                    return self._reply(503, {"error": "dropped"})
+                outer.done.setdefault(key, {"receipt": f"r-{len(outer.done) + 1}"})
+                self._reply(200, outer.done[key])
+
+            def do_GET(self):
+                key = self.path[len("/effects/"):]
+                if key in outer.done:
+                    return self._reply(200, outer.done[key])
+                self._reply(404, {"error": "unknown"})
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def destination():
+    d = Destination()
+    yield d
+    d.close()
+
+
+def run_flow(env, pg_dsn, conn, destination, payload):
+    schema = env.settings.schema
+    make_orders(pg_dsn, schema)
+    job_id = env.enqueue("flow", payload, max_attempts=5, any_task=True)
+    with Worker(pg_dsn, schema, "--concurrency", "1", *FAST, app=EFFECTS_APP,
+                env={"EFFECT_URL": destination.url}) as w:
+        wait_until(lambda: q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", job_id)
+                   == [("succeeded",)], 60, message=lambda: f"the job to succeed; log:\n{w.logs()[-3000:]}")
+        assert w.stop() == 0
+    events = [e for (e,) in q(conn, schema, "SELECT event FROM {s}.ledger WHERE job_id = %s ORDER BY id", job_id)]
+    steps = q(conn, schema, "SELECT name, kind, status, attempt FROM {s}.job_steps WHERE job_id = %s "
+                            "ORDER BY created_at, name", job_id)
+    orders = q(conn, schema, "SELECT attempt FROM {s}.orders WHERE job_id = %s", job_id)
+    attempts = q(conn, schema, "SELECT attempts FROM {s}.jobs WHERE id = %s", job_id)[0][0]
+    return job_id, events, steps, orders, attempts
+
+
+@pytest.mark.parametrize("kill, tx", [("before_step_record", True), ("in_transaction_after_step", True),
+                                      ("after_effect_before_done", True), ("after_last_step", False)])
+def test_kill_9_at_each_boundary_does_what_the_docs_say(env, pg_dsn, conn, destination, kill, tx):
+    """docs/effects.md, "Crash timelines": what attempt 2 does after attempt 1's claimer
+    was killed at each boundary; no same-database write exists twice and the external
+    effect happened once."""
+    job_id, events, steps, orders, attempts = run_flow(env, pg_dsn, conn, destination, {"kill": kill, "tx": tx})
+    assert attempts == 2
+    assert len(orders) == 1  # the same-database write: exactly once
+    assert len(destination.done) == 1  # the external effect: once
+    if kill == "before_step_record":  # the step's function ran, its record did not commit: it runs again
+        assert events.count("first_ran") == 2 and steps[0] == ("first", "step", "done", 2)
+        assert destination.posts == [destination.posts[0]]
+    elif kill == "in_transaction_after_step":  # nothing of the transaction committed: attempt 2 inserts
+        assert events.count("first_ran") == 1 and events.count("effect_called") == 1
+        assert orders == [(2,)] and ("insert", "step", "done", 2) in steps
+    elif kill == "after_effect_before_done":  # started, never done: reconciled, not called again
+        assert events.count("effect_called") == 1 and len(destination.posts) == 1
+        assert ("notify", "effect", "done", 1) in steps and orders == [(2,)]
+    else:  # after the last step, before completion: every step skipped, nothing run again
+        assert events.count("first_ran") == 1 and events.count("effect_called") == 1
+        assert orders == [(1,)] and events.count("end") == 1
+
+
+def test_reconciliation_says_not_done_and_the_call_is_made_again_with_the_same_key(env, pg_dsn, conn, destination):
+    job_id, events, steps, orders, attempts = run_flow(env, pg_dsn, conn, destination, {"drop": True})
+    assert attempts == 2 and len(destination.posts) == 2
+    assert destination.posts[0] == destination.posts[1] == f"{destination.posts[0]}"
+    assert destination.posts[0].endswith(":notify") and list(destination.done) == [destination.posts[0]]
+    assert ("notify", "effect", "done", 1) in steps  # the record of attempt 1, finished by attempt 2
+    assert orders == [(2,)]
+
+
+def test_a_stale_workers_effect_record_is_refused_by_the_fence(env, pg_dsn, conn):
+    """The record statements themselves: a token that moved on writes nothing."""
+    from pgworker.jobs import Lease
+
+    schema = env.settings.schema
+    job_id = env.enqueue("noop", {})
+    [job] = env.claim(limit=1)
+    stale = Lease(job.id, job.lease_token - 1)
+    with env.connection() as c:
+        assert env.store.step_record(c, stale, "e", kind="effect", status="started", result_json=None, key="k",
+                                     max_steps=10) == (False, 0, False)
+        assert env.store.step_record(c, job.lease, "e", kind="effect", status="started", result_json=None, key="k",
+                                     max_steps=10) == (True, 0, True)
+        assert env.store.effect_done(c, stale, "e", "1") is False
+    assert q(conn, schema, "SELECT status FROM {s}.job_steps WHERE job_id = %s", job_id) == [("started",)]

@@ -58,3 +58,70 @@ def order(payload, ctx):
     ledger(ctx, "committed")
     if kill == "after_commit":
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _kill_here():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _post(key, drop):
+    """The external effect: POST to the test's destination (EFFECT_URL) with the key."""
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(f"{os.environ['EFFECT_URL']}/effects/{key}?drop={int(drop)}", method="POST",
+                                 data=b"{}")
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def _reconcile(key):
+    """Ask the destination whether the effect with this key happened."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{os.environ['EFFECT_URL']}/effects/{key}", timeout=5) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return pgworker.NOT_DONE
+        raise
+
+
+@app.task(name="flow", max_attempts=5, retry=FAST)
+def flow(payload, ctx):
+    """A step, an external effect (with reconciliation), then an order inserted by a step
+    in the job's transaction (``tx``) or by a step on its own; ``kill`` names the boundary
+    at which attempt 1 SIGKILLs its claimer; ``drop``: the destination drops attempt 1's call."""
+    kill = payload.get("kill") if ctx.attempt == 1 else None
+    ledger(ctx, "start")
+
+    def first():
+        ledger(ctx, "first_ran")
+        if kill == "before_step_record":
+            _kill_here()
+        return "first"
+
+    ctx.step("first", first)
+
+    def call(key):
+        ledger(ctx, "effect_called", key)
+        out = _post(key, drop=bool(payload.get("drop")) and ctx.attempt == 1)
+        if kill == "after_effect_before_done":
+            _kill_here()
+        return out
+
+    ctx.effect("notify", call, reconcile=_reconcile)
+    if payload.get("tx", True):
+        with ctx.transaction() as conn:
+            ctx.step("insert", lambda: insert_order(conn, ctx) or {"inserted": ctx.attempt})
+            if kill == "in_transaction_after_step":
+                _kill_here()
+    else:
+        with psycopg.connect(os.environ["PGWORKER_DSN"], autocommit=True) as own:
+            ctx.step("insert", lambda: insert_order(own, ctx) or {"inserted": ctx.attempt})
+        if kill == "after_last_step":
+            _kill_here()
+    ledger(ctx, "end")

@@ -112,7 +112,8 @@ class Executor:
         self.interrupted = False
         self.avg_run_seconds: float | None = None
         # the handlers' own transactions (ctx.transaction()): a connection opened on first use
-        self.effects = EffectResources(app.store, HandlerConnections(app.settings, worker_id), worker_id)
+        self.effects = EffectResources(app.store, app.settings, HandlerConnections(app.settings, worker_id),
+                                       worker_id)
 
     def run(self, job: ClaimedJob, slot: int, traced: bool = True) -> Outcome:
         """Run ``job``'s handler (in slot ``slot``) and decide its outcome. ``traced``:
