@@ -7,7 +7,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Callable
 
 from .effects.steps import run_effect, run_step
-from .effects.transaction import TransactionState, job_transaction
+from .effects.transaction import TransactionState, job_atransaction, job_transaction
 from .errors import JobCancelled, LeaseLost
 
 if TYPE_CHECKING:
@@ -149,6 +149,16 @@ class JobContext:
         ``EFFECT_UNCERTAIN``; `pgworker effects resolve`). Not inside ``ctx.transaction()``
         (``RuntimeError``). Bounds and errors as :meth:`step`. docs/effects.md."""
         return run_effect(self, name, fn, reconcile)
+
+    def atransaction(self) -> "contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection]":
+        """:meth:`transaction` for async handlers: ``async with ctx.atransaction() as aconn:``
+        gives a ``psycopg.AsyncConnection`` (one per claimer and event loop, opened on first
+        use) in a transaction; the same success statement, fence and rules. ``ctx.step``
+        is not available inside it (``RuntimeError``)."""
+        if self._effects is None:
+            raise RuntimeError("ctx.atransaction() needs a context given by a worker (pgworker run, "
+                               "pgworker.testing.drain); this one was built by hand")
+        return job_atransaction(self, self._effects)
 
     @property
     def committed(self) -> bool:

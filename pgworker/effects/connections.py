@@ -19,7 +19,10 @@ import psycopg
 from opentelemetry import trace
 
 from .. import tracing
-from ..db import connect, set_session_timeouts, worker_params
+from ..db import (CONNECT_TIMEOUT_SECONDS, KEEPALIVE_KWARGS, check_dsn, connect, set_session_timeouts,
+                  worker_params)
+from ..errors import DatabaseUnavailable
+from ..names import dsn_password, redact
 
 log = logging.getLogger("pgworker.effects")
 
@@ -32,6 +35,47 @@ class HandlerConnections:
         self.settings = settings
         self.name = name
         self.conn: psycopg.Connection | None = None
+        # async handlers' (ctx.atransaction()): one per event loop, as an async connection
+        # belongs to the loop it was opened in
+        self.aconn: psycopg.AsyncConnection | None = None
+        self.aloop: Any = None
+
+    async def aget(self) -> psycopg.AsyncConnection:
+        """The async handler connection of the running loop (opening it if needed)."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        a = self.aconn
+        if a is None or a.closed or a.broken or self.aloop is not loop:
+            self._drop_async()
+            s = self.settings
+            check_dsn(s.dsn)
+            params = {**KEEPALIVE_KWARGS, **worker_params(s.lease_seconds),
+                      "application_name": f"pgworker:handler:{self.name}",
+                      "connect_timeout": CONNECT_TIMEOUT_SECONDS}
+            try:
+                a = await psycopg.AsyncConnection.connect(s.dsn, autocommit=True, **params)
+            except psycopg.OperationalError as exc:
+                raise DatabaseUnavailable(f"the handler connection could not be opened: "
+                                          f"{redact(str(exc).strip(), dsn_password(s.dsn), s.dsn)}") from None
+            if not s.prepared_statements:
+                a.prepare_threshold = None
+            await a.execute("SELECT set_config('statement_timeout', %s, false), set_config('lock_timeout', %s, false)",
+                            [f"{int(s.statement_timeout_seconds * 1000)}ms", f"{int(s.lock_timeout_seconds * 1000)}ms"])
+            self.aconn, self.aloop = a, loop
+        return a
+
+    def discard_async(self) -> None:
+        self._drop_async()
+
+    def _drop_async(self) -> None:
+        """Forget the async connection; its socket is closed here (its loop may be gone)."""
+        a, self.aconn, self.aloop = self.aconn, None, None
+        if a is not None and not a.closed:
+            try:
+                a.pgconn.finish()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
 
     def get(self) -> psycopg.Connection:
         if self.conn is None or self.conn.closed or self.conn.broken:
@@ -63,7 +107,9 @@ class HandlerConnections:
                 pass
             self.conn = None
 
-    close = discard
+    def close(self) -> None:
+        self.discard()
+        self._drop_async()
 
 
 class EffectResources:

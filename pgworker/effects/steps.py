@@ -141,6 +141,9 @@ def _resources(ctx: "JobContext") -> Any:
 def _connection(ctx: "JobContext", res: Any) -> tuple[psycopg.Connection, bool]:
     """The open handler transaction's connection if there is one (the record commits
     with it), else the handler connection (autocommit: the record commits at once)."""
+    if ctx._tx.open and ctx._tx.is_async:
+        raise RuntimeError(f"job {ctx.job_id}: ctx.step() inside ctx.atransaction() is not supported (the step "
+                           "API is synchronous); call it before the block, or use a sync handler's ctx.transaction()")
     if ctx._tx.open and ctx._tx.conn is not None:
         return ctx._tx.conn, True
     return res.connections.get(), False

@@ -34,19 +34,25 @@ ordering-key locks and promotion), then the transaction commits. What can happen
 
 One transaction per attempt: a second ``ctx.transaction()`` after the first committed
 raises ``RuntimeError`` (nested blocks too).
+
+Async handlers: ``async with ctx.atransaction() as aconn:`` (a ``psycopg.AsyncConnection``),
+the same rules. The success is the same ``Store.complete`` call, run through
+:mod:`.async_bridge` on the async connection, in its transaction.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, AsyncIterator, Iterator
 
 import psycopg
 from opentelemetry import trace
 
 from .. import tracing
 from ..errors import LeaseLost
+from .async_bridge import run_sync
 
 if TYPE_CHECKING:
     from ..context import JobContext
@@ -59,10 +65,11 @@ OPERATION = "complete_in_transaction"
 class TransactionState:
     """Per attempt: whether a handler transaction is open, and whether it committed."""
 
-    __slots__ = ("open", "committed", "conn")
+    __slots__ = ("open", "committed", "conn", "is_async")
 
     def __init__(self) -> None:
         self.open = False
+        self.is_async = False  # the open transaction is ctx.atransaction()'s
         self.committed = False
         self.conn: psycopg.Connection | None = None  # while open
 
@@ -71,12 +78,7 @@ class TransactionState:
 def job_transaction(ctx: "JobContext", resources: "object") -> Iterator[psycopg.Connection]:
     """The context manager behind ``ctx.transaction()`` (see the module)."""
     state: TransactionState = ctx._tx
-    if state.committed:
-        raise RuntimeError(f"job {ctx.job_id}: its transaction already committed the job's success; "
-                           "an attempt has one ctx.transaction(): put all its writes in that block")
-    if state.open:
-        raise RuntimeError(f"job {ctx.job_id}: ctx.transaction() is already open; blocks do not nest "
-                           "(use conn.transaction() inside it for a savepoint)")
+    _check_state(ctx, state)
     store = resources.store  # type: ignore[attr-defined]
     connections = resources.connections  # type: ignore[attr-defined]
     job = ctx.job
@@ -90,10 +92,7 @@ def job_transaction(ctx: "JobContext", resources: "object") -> Iterator[psycopg.
             yield conn
             report = store.complete(conn, [job.lease], [job.ordering_key])
             if job.id not in report.accepted:
-                tracing.settle_span(job, OPERATION, False, parent=parent, worker_id=resources.worker_id)  # type: ignore[attr-defined]
-                if resources.metrics is not None:  # type: ignore[attr-defined]
-                    resources.metrics.fenced(job.queue, OPERATION)  # type: ignore[attr-defined]
-                raise LeaseLost(job_id=job.id, lease_token=job.lease_token, operation=OPERATION)
+                _refused(job, resources, parent)
         except BaseException as exc:
             _roll_back(tx, exc, connections)
             raise
@@ -108,6 +107,61 @@ def job_transaction(ctx: "JobContext", resources: "object") -> Iterator[psycopg.
         tracing.settle_span(job, OPERATION, True, parent=parent, worker_id=resources.worker_id)  # type: ignore[attr-defined]
     finally:
         state.open, state.conn = False, None
+
+
+@contextlib.asynccontextmanager
+async def job_atransaction(ctx: "JobContext", resources: "object") -> AsyncIterator[psycopg.AsyncConnection]:
+    """The async context manager behind ``ctx.atransaction()`` (see the module)."""
+    state: TransactionState = ctx._tx
+    _check_state(ctx, state)
+    store = resources.store  # type: ignore[attr-defined]
+    connections = resources.connections  # type: ignore[attr-defined]
+    job = ctx.job
+    aconn = await connections.aget()
+    state.open, state.is_async = True, True
+    parent = trace.get_current_span()
+    try:
+        tx = aconn.transaction()
+        await tx.__aenter__()
+        try:
+            yield aconn
+            report = await run_sync(aconn, lambda conn: store.complete(conn, [job.lease], [job.ordering_key]))
+            if job.id not in report.accepted:
+                _refused(job, resources, parent)
+        except BaseException as exc:
+            try:
+                await tx.__aexit__(type(exc), exc, exc.__traceback__)
+            except psycopg.Error:
+                connections.discard_async()
+            raise
+        try:
+            await tx.__aexit__(None, None, None)  # COMMIT
+        except psycopg.Error as exc:
+            if not await asyncio.to_thread(_committed, ctx, connections, store, exc):
+                if aconn.broken or aconn.closed:
+                    connections.discard_async()
+                raise
+        state.committed = True
+        tracing.settle_span(job, OPERATION, True, parent=parent, worker_id=resources.worker_id)  # type: ignore[attr-defined]
+    finally:
+        state.open, state.is_async = False, False
+
+
+def _check_state(ctx: "JobContext", state: TransactionState) -> None:
+    if state.committed:
+        raise RuntimeError(f"job {ctx.job_id}: its transaction already committed the job's success; "
+                           "an attempt has one ctx.transaction(): put all its writes in that block")
+    if state.open:
+        raise RuntimeError(f"job {ctx.job_id}: ctx.transaction() is already open; blocks do not nest "
+                           "(use conn.transaction() inside it for a savepoint)")
+
+
+def _refused(job: object, resources: object, parent: object) -> None:
+    """The fence refused the success: count, trace and raise LeaseLost (the caller rolls back)."""
+    tracing.settle_span(job, OPERATION, False, parent=parent, worker_id=resources.worker_id)  # type: ignore[attr-defined,arg-type]
+    if resources.metrics is not None:  # type: ignore[attr-defined]
+        resources.metrics.fenced(job.queue, OPERATION)  # type: ignore[attr-defined]
+    raise LeaseLost(job_id=job.id, lease_token=job.lease_token, operation=OPERATION)  # type: ignore[attr-defined]
 
 
 def _roll_back(tx: psycopg.Transaction, exc: BaseException, connections: object) -> None:

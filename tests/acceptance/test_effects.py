@@ -27,16 +27,18 @@ def make_orders(pg_dsn, schema):
                           "lease_token bigint, attempt int, pid int)").format(sql.Identifier(schema)))
 
 
-def enqueue(env, payload):
-    return env.enqueue("order", payload, max_attempts=5, any_task=True)
+def enqueue(env, payload, task="order"):
+    return env.enqueue(task, payload, max_attempts=5, any_task=True)
 
 
-def test_a_stale_handler_taken_over_commits_nothing_and_is_told(env, pg_dsn, conn):
+@pytest.mark.parametrize("task", ["order", "aorder"])
+def test_a_stale_handler_taken_over_commits_nothing_and_is_told(env, pg_dsn, conn, task):
     """SIGSTOP past the lease while another pod claims and finishes: exactly one of the
-    two inserts is committed (the second owner's), and the stale handler got LeaseLost."""
+    two inserts is committed (the second owner's), and the stale handler got LeaseLost
+    (sync ctx.transaction(), and an async handler's ctx.atransaction())."""
     schema = env.settings.schema
     make_orders(pg_dsn, schema)
-    job_id = enqueue(env, {"seconds": 4})
+    job_id = enqueue(env, {"seconds": 4}, task)
     with Worker(pg_dsn, schema, "--concurrency", "1", *FAST, app=EFFECTS_APP, name="a") as a:
         wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE event = 'start'"), 30,
                    message=lambda: f"worker A started the job; log:\n{a.logs()[-3000:]}")

@@ -125,3 +125,24 @@ def flow(payload, ctx):
         if kill == "after_last_step":
             _kill_here()
     ledger(ctx, "end")
+
+
+@app.task(name="aorder", max_attempts=5, retry=FAST)
+async def aorder(payload, ctx):
+    """``order`` for an async handler: ctx.atransaction() on an async connection."""
+    import asyncio
+
+    ledger(ctx, "start")
+    end = time.monotonic() + payload.get("seconds", 0)
+    while time.monotonic() < end:
+        ctx.heartbeat()
+        await asyncio.sleep(0.05)
+    try:
+        async with ctx.atransaction() as conn:
+            await conn.execute(sql.SQL("INSERT INTO {}.orders (job_id, lease_token, attempt, pid) "
+                                       "VALUES (%s, %s, %s, %s)").format(SCHEMA),
+                               [ctx.job_id, ctx.lease_token, ctx.attempt, os.getpid()])
+    except pgworker.LeaseLost as exc:
+        ledger(ctx, "told_lease_lost", exc.operation)
+        raise
+    ledger(ctx, "committed")

@@ -202,3 +202,36 @@ def test_a_context_built_by_hand_has_no_transaction():
     ctx = JobContext(None)  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match="given by a worker"):
         ctx.transaction()
+
+
+def test_an_async_handlers_transaction_commits_with_its_success_or_rolls_back(app, conn, orders):
+    """ctx.atransaction(): the same success statement (through the async bridge), with an
+    ordering key (its lock and promotion join the transaction), and the fence."""
+    schema = app.settings.schema
+    told = []
+
+    @app.task(name="aorder", max_attempts=1)
+    async def aorder(payload, ctx):
+        if payload.get("steal"):
+            conn.execute(sql.SQL("UPDATE {}.jobs SET lease_token = lease_token + 1 WHERE id = %s")
+                         .format(sql.Identifier(schema)), [ctx.job_id])
+        try:
+            async with ctx.atransaction() as c:
+                assert isinstance(c, psycopg.AsyncConnection)
+                await c.execute(sql.SQL("INSERT INTO {}.orders (job_id, note) VALUES (%s, %s)")
+                                .format(sql.Identifier(schema)), [ctx.job_id, payload["note"]])
+                if payload.get("step"):
+                    ctx.step("s", lambda: 1)
+        except (pgworker.LeaseLost, RuntimeError) as exc:
+            told.append(type(exc).__name__)
+            raise
+
+    ids = [app.enqueue("aorder", {"note": str(n)}, ordering_key="k") for n in range(2)]
+    stolen = app.enqueue("aorder", {"note": "stolen", "steal": True})
+    stepped = app.enqueue("aorder", {"note": "step", "step": True})
+    result = drain(app)
+    assert orders() == [(ids[0], "0"), (ids[1], "1")]
+    assert told == ["LeaseLost", "RuntimeError"]
+    assert [job_row(conn, schema, i)[0] for i in (*ids, stolen, stepped)] == ["succeeded", "succeeded", "running",
+                                                                             "dead"]
+    assert result.counts["succeeded"] == 2
