@@ -104,6 +104,7 @@ def job_transaction(ctx: "JobContext", resources: "object") -> Iterator[psycopg.
                     connections.discard()
                 raise
         state.committed = True
+        _settled(ctx)
         tracing.settle_span(job, OPERATION, True, parent=parent, worker_id=resources.worker_id)  # type: ignore[attr-defined]
     finally:
         state.open, state.conn = False, None
@@ -142,9 +143,19 @@ async def job_atransaction(ctx: "JobContext", resources: "object") -> AsyncItera
                     connections.discard_async()
                 raise
         state.committed = True
+        _settled(ctx)
         tracing.settle_span(job, OPERATION, True, parent=parent, worker_id=resources.worker_id)  # type: ignore[attr-defined]
     finally:
         state.open, state.is_async = False, False
+
+
+def _settled(ctx: "JobContext") -> None:
+    """Tell the slot table the job's success is committed: its lease is not renewed any
+    more, and a claimer that dies before the handler returns is settled without a write."""
+    if ctx._table is not None:
+        from ..worker.outcome import COMMITTED  # here: pgworker.worker imports the context, which imports this
+
+        ctx._table.mark_committed(ctx._slot, ctx.job.id, COMMITTED)
 
 
 def _check_state(ctx: "JobContext", state: TransactionState) -> None:

@@ -196,3 +196,20 @@ def test_a_stale_workers_effect_record_is_refused_by_the_fence(env, pg_dsn, conn
                                      max_steps=10) == (True, 0, True)
         assert env.store.effect_done(c, stale, "e", "1") is False
     assert q(conn, schema, "SELECT status FROM {s}.job_steps WHERE job_id = %s", job_id) == [("started",)]
+
+
+def test_a_handler_lingering_after_its_commit_is_not_renewed_or_fenced(env, pg_dsn, conn):
+    """After ctx.transaction() committed, the row has left 'running': the renewer must not
+    try to renew it (it would be refused, counted as a fenced renewal and logged as a lost
+    lease), even when the handler takes several renewal intervals to return."""
+    schema = env.settings.schema
+    make_orders(pg_dsn, schema)
+    job_id = env.enqueue("order", {"linger": 3.5}, max_attempts=5, any_task=True)
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--lease", "3", "--poll-interval", "0.3",
+                app=EFFECTS_APP) as w:
+        wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE event = 'lingered'"), 30,
+                   message=lambda: f"the handler to return; log:\n{w.logs()[-3000:]}")
+        assert w.stop() == 0
+        logs = w.logs()
+    assert "lease lost" not in logs and "fenced out" not in logs, logs[-3000:]
+    assert q(conn, schema, "SELECT state::text, attempts FROM {s}.jobs WHERE id = %s", job_id) == [("succeeded", 1)]

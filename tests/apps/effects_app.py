@@ -58,6 +58,9 @@ def order(payload, ctx):
     ledger(ctx, "committed")
     if kill == "after_commit":
         os.kill(os.getpid(), signal.SIGKILL)
+    if payload.get("linger"):  # past a renewal interval after the commit
+        time.sleep(payload["linger"])
+        ledger(ctx, "lingered", str(ctx.lease_lost))
 
 
 def _kill_here():
