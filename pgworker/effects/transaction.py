@@ -105,7 +105,8 @@ def job_transaction(ctx: "JobContext", resources: "object") -> Iterator[psycopg.
                 raise
         state.committed = True
         _settled(ctx)
-        tracing.settle_span(job, OPERATION, True, parent=parent, worker_id=resources.worker_id)  # type: ignore[attr-defined]
+        worker_id = resources.worker_id  # type: ignore[attr-defined]
+        tracing.settle_span(job, OPERATION, True, parent=parent, worker_id=worker_id)
     finally:
         state.open, state.conn = False, None
 
@@ -144,7 +145,8 @@ async def job_atransaction(ctx: "JobContext", resources: "object") -> AsyncItera
                 raise
         state.committed = True
         _settled(ctx)
-        tracing.settle_span(job, OPERATION, True, parent=parent, worker_id=resources.worker_id)  # type: ignore[attr-defined]
+        worker_id = resources.worker_id  # type: ignore[attr-defined]
+        tracing.settle_span(job, OPERATION, True, parent=parent, worker_id=worker_id)
     finally:
         state.open, state.is_async = False, False
 
@@ -169,7 +171,8 @@ def _check_state(ctx: "JobContext", state: TransactionState) -> None:
 
 def _refused(job: object, resources: object, parent: object) -> None:
     """The fence refused the success: count, trace and raise LeaseLost (the caller rolls back)."""
-    tracing.settle_span(job, OPERATION, False, parent=parent, worker_id=resources.worker_id)  # type: ignore[attr-defined,arg-type]
+    worker_id = resources.worker_id  # type: ignore[attr-defined]
+    tracing.settle_span(job, OPERATION, False, parent=parent, worker_id=worker_id)
     if resources.metrics is not None:  # type: ignore[attr-defined]
         resources.metrics.fenced(job.queue, OPERATION)  # type: ignore[attr-defined]
     raise LeaseLost(job_id=job.id, lease_token=job.lease_token, operation=OPERATION)  # type: ignore[attr-defined]

@@ -34,7 +34,8 @@ KIND_NAMES = {COMPLETE: "complete", FAIL: "fail", SNOOZE: "snooze", CANCEL: "can
               COMMITTED: "committed"}
 # The metric outcome each kind counts as once written (a failure: retried or dead, as
 # the statement decided; any kind but complete: cancelled when a cancellation was requested).
-PROVISIONAL = {COMPLETE: "succeeded", COMMITTED: "succeeded", FAIL: "retried", SNOOZE: "snoozed", CANCEL: "cancelled", RELEASE: "released"}
+PROVISIONAL = {COMPLETE: "succeeded", COMMITTED: "succeeded", FAIL: "retried", SNOOZE: "snoozed",
+               CANCEL: "cancelled", RELEASE: "released"}
 
 CODE_MAX_CHARS = 64
 OUTCOME_INVALID = "OUTCOME_INVALID"
