@@ -14,6 +14,7 @@ from .errors import (  # noqa: E402
     AlreadyEnqueued,
     ConfigError,
     DatabaseUnavailable,
+    EffectUncertain,
     InvalidJob,
     InvalidName,
     InvalidPayload,
@@ -28,8 +29,10 @@ from .errors import (  # noqa: E402
     SchemaTooNew,
     SchemaVersionError,
     Snooze,
+    StepError,
     UnknownTask,
 )
+from .effects.steps import NOT_DONE  # noqa: E402
 from .jobs import ClaimedJob, FenceReport, JobState, Lease, Outcome, ReplayResult  # noqa: E402
 from .producer import JobSpec  # noqa: E402
 from .retry import FailureClass, RetryPolicy  # noqa: E402
@@ -41,6 +44,6 @@ __all__ = [
     "PgworkerError", "ConfigError", "InvalidName", "InvalidJob", "PayloadError", "InvalidPayload",
     "DatabaseUnavailable", "SchemaVersionError", "SchemaNotMigrated", "SchemaTooNew",
     "LeaseLost", "Permanent", "Retry", "Snooze", "JobCancelled", "UnknownTask",
-    "QueuePaused", "AlreadyEnqueued",
+    "QueuePaused", "AlreadyEnqueued", "StepError", "EffectUncertain", "NOT_DONE",
     "__version__",
 ]

@@ -342,11 +342,23 @@ class App(AsyncProducer):
         return operations.cancel(self, job_id, actor=actor, conn=conn)
 
     def replay(self, job_ids: Sequence[int] = (), *, queue: str | None = None, limit: int = 1000,
-               actor: str | None = None) -> ReplayResult:
+               actor: str | None = None, clean: bool = False) -> ReplayResult:
         """Put dead jobs back to pending (same ids, history kept, audited); by id, or up to
         ``limit`` dead jobs of ``queue``. Returns a :class:`ReplayResult`, the list of replayed ids with
-        ``held_by`` ({id: id of the job holding its dedupe key}) and ``not_dead`` (not dead, or unknown)."""
-        return operations.replay(self, job_ids, queue=queue, limit=limit, actor=actor)
+        ``held_by`` ({id: id of the job holding its dedupe key}) and ``not_dead`` (not dead, or unknown).
+        The jobs keep their recorded steps and effects (``ctx.step``, ``ctx.effect``) unless
+        ``clean``: then they are forgotten in the same transaction and run again."""
+        return operations.replay(self, job_ids, queue=queue, limit=limit, actor=actor, clean=clean)
+
+    def resolve_effect(self, job_id: int, name: str, *, result: Any = None, retry: bool = False,
+                       actor: str | None = None) -> str:
+        """Resolve an external effect left uncertain (``EFFECT_UNCERTAIN``: started by an
+        attempt that never recorded its end): ``result`` (JSON) marks it done, as if the
+        call had returned it (the destination says it happened); ``retry=True`` forgets the
+        record, so that the next attempt calls again with the same idempotency key. Only
+        while the job is not running; replay a dead job afterwards. Returns the job's
+        state; raises :class:`ConfigError` when there is no such started effect."""
+        return operations.resolve_effect(self, job_id, name, result=result, retry=retry, actor=actor)
 
     def prune(self, older_than: "float | timedelta", *, batch: int = PRUNE_BATCH) -> int:
         """Delete succeeded and cancelled jobs finished more than ``older_than`` (seconds

@@ -16,7 +16,9 @@ OUTCOMES = ("succeeded", "retried", "dead", "cancelled", "released", "snoozed", 
 CLAIM_RESULTS = ("claimed", "empty", "error")
 RENEW_RESULTS = ("renewed", "lost", "error")
 EXPIRATION_ACTIONS = ("requeued", "dead", "cancelled")
-FENCED_OPERATIONS = ("renew", "complete", "fail", "release", "snooze", "cancel")
+FENCED_OPERATIONS = ("renew", "complete", "fail", "release", "snooze", "cancel", "complete_in_transaction",
+                     "step", "effect_started", "effect_done")
+EFFECT_RECONCILE_RESULTS = ("happened", "not_happened")
 WAKEUP_REASONS = ("notify", "poll", "reconnect", "sweep", "claim")
 # pgworker_queue_jobs{state}: the live jobs of a queue, each in one of them. A pending
 # job is due (run_at has come: claimable now, unless its queue is paused), scheduled
@@ -37,7 +39,8 @@ UNREGISTERED_TASK = "unregistered"
 ERROR_CLASS_TOP_N = 20
 # Codes pgworker itself writes: their series exist from the start (and never count
 # against the top-N of handler exception classes).
-KNOWN_ERROR_CODES = ("LEASE_EXPIRED", "WORKER_DIED", "TIMEOUT", "UNKNOWN_TASK", "PAYLOAD_INVALID", "PERMANENT")
+KNOWN_ERROR_CODES = ("LEASE_EXPIRED", "WORKER_DIED", "TIMEOUT", "UNKNOWN_TASK", "PAYLOAD_INVALID", "PERMANENT",
+                     "EFFECT_UNCERTAIN")
 OTHER = "other"
 # The jobs table's health (pgworker_table_*): which vacuum, and what holds the horizon.
 VACUUM_KINDS = ("manual", "auto")
@@ -128,6 +131,17 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("pgworker_fenced_writes_total", "counter", ("queue", "operation"),
               "Writes refused by the fence because the lease was lost, by operation.", "worker",
               recorded_by="claimers (outcomes); the supervisor (renew, and a dead claimer's outcomes)"),
+    MetricDef("pgworker_steps_skipped_total", "counter", ("queue",),
+              "Durable steps and effects (ctx.step, ctx.effect) an attempt found recorded by an earlier "
+              "one and did not run again (docs/effects.md).", "worker", recorded_by=_CLAIMERS),
+    MetricDef("pgworker_effects_reconciled_total", "counter", ("queue", "result"),
+              "External effects an earlier attempt started without recording their end, settled by the "
+              "handler's reconcile function: happened (its result recorded, no second call) or "
+              "not_happened (called again with the same idempotency key).", "worker", recorded_by=_CLAIMERS),
+    MetricDef("pgworker_effects_uncertain_total", "counter", ("queue",),
+              "External effects found started without an end and without a reconcile function: the job "
+              "went dead EFFECT_UNCERTAIN for an operator to resolve (`pgworker effects resolve`).", "worker",
+              recorded_by=_CLAIMERS),
     MetricDef("pgworker_lease_overrun_seconds", "histogram", ("queue",),
               "The duplicate-execution window: how long an attempt whose lease was lost ran past its "
               "lease's expiry, measured when its refused write reached the database (database clock).",
@@ -272,10 +286,16 @@ SPANS: tuple[SpanDef, ...] = (
             "One claim statement, with the number of jobs it returned."),
     SpanDef("process", "process {queue}", "CONSUMER", "process", ("process",),
             "One attempt of a job, parented to the enqueuing span and linked to it."),
-    SpanDef("settle", "settle {queue}", "CLIENT", "settle", ("complete", "fail", "retry", "release", "snooze", "cancel"),
-            "The fenced write of an attempt's outcome, with pgworker.fence.result: a child of the "
+    SpanDef("settle", "settle {queue}", "CLIENT", "settle", ("complete", "fail", "retry", "release", "snooze", "cancel",
+                                                     "complete_in_transaction"),
+            "The fenced write of an attempt's outcome, with pgworker.fence.result (complete_in_transaction: "
+            "the success written in the handler's own transaction, ctx.transaction()): a child of the "
             "attempt's process span when written alone or refused; one span per statement (with "
             "messaging.batch.message_count and a link to each attempt) when several are written together."),
+    SpanDef("record", "record {queue}", "INTERNAL", "record", ("step", "effect_started", "effect_done"),
+            "One fenced record of a durable step or external effect (ctx.step, ctx.effect), a child of the "
+            "attempt's process span, with pgworker.step.name and pgworker.fence.result; a refusal is an "
+            "error with a `fence refused` event."),
     SpanDef("renew", "renew {queue}", "CLIENT", "renew", ("renew",),
             "A batched lease renewal of the pod's live jobs of one queue."),
     SpanDef("reap", "reap {queue}", "INTERNAL", "reap", ("reap",),
@@ -284,8 +304,9 @@ SPANS: tuple[SpanDef, ...] = (
 
 SPAN_ATTRIBUTES = {
     "messaging.system": f"always {MESSAGING_SYSTEM!r}",
-    "messaging.operation.type": "send, receive, process, settle (renew and reap are pgworker's own)",
-    "messaging.operation.name": "send, claim, process, complete, fail, retry, release, snooze, cancel, renew, reap",
+    "messaging.operation.type": "send, receive, process, settle (renew, reap and record are pgworker's own)",
+    "messaging.operation.name": "send, claim, process, complete, fail, retry, release, snooze, cancel, complete_in_transaction, renew, "
+                                "reap, step, effect_started, effect_done",
     "messaging.destination.name": "the queue",
     "messaging.message.id": "the job id (single-job spans)",
     "messaging.batch.message_count": "jobs in a batch (claim, bulk enqueue, batched settle, renew, reap)",
@@ -296,6 +317,7 @@ SPAN_ATTRIBUTES = {
     "pgworker.lease.token": "the fencing token of the attempt",
     "pgworker.lease.overrun_seconds": "a refused write: how long the attempt ran past its lease's expiry",
     "pgworker.fence.result": "accepted, or refused when the lease was lost",
+    "pgworker.step.name": "the name of a durable step or external effect (record spans)",
     "pgworker.outcome": "how the attempt ended (succeeded, retried, dead, ...)",
 }
 

@@ -152,6 +152,14 @@ class Settings:
     error_message_max_chars: int = field(default=ERROR_MESSAGE_MAX_CHARS, metadata=_env(
         "PGWORKER_ERROR_MESSAGE_MAX_CHARS", int, unit="characters",
         help="Longest error message stored per attempt (20-100000); longer ones are cut."))
+    step_max_per_job: int = field(default=1000, metadata=_env(
+        "PGWORKER_STEP_MAX_PER_JOB", int, unit="records",
+        help="Most durable steps and effects (ctx.step, ctx.effect) one job may record (1-100000); "
+             "one more fails the attempt STEP_LIMIT."))
+    step_result_max_bytes: int = field(default=65536, metadata=_env(
+        "PGWORKER_STEP_RESULT_MAX_BYTES", int, unit="bytes",
+        help="Largest JSON result of one step or effect (16-10485760, as UTF-8 JSON text); a larger one "
+             "fails the attempt STEP_RESULT_TOO_LARGE."))
     metrics_port: int = field(default=METRICS_PORT, metadata=_env(
         "PGWORKER_METRICS_PORT", int, unit="TCP port",
         help="Port of /metrics, /healthz and /readyz of `pgworker run`; 0 turns the HTTP server off."))
@@ -271,6 +279,12 @@ class Settings:
         if not 20 <= self.error_message_max_chars <= 100_000:
             raise ConfigError(f"error_message_max_chars must be between 20 and 100000, got {self.error_message_max_chars}; "
                               "set PGWORKER_ERROR_MESSAGE_MAX_CHARS")
+        if not 1 <= self.step_max_per_job <= 100_000:
+            raise ConfigError(f"step_max_per_job must be between 1 and 100000, got {self.step_max_per_job}; "
+                              "set PGWORKER_STEP_MAX_PER_JOB")
+        if not 16 <= self.step_result_max_bytes <= 10_485_760:
+            raise ConfigError(f"step_result_max_bytes must be between 16 and 10485760, got {self.step_result_max_bytes}; "
+                              "set PGWORKER_STEP_RESULT_MAX_BYTES")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be 0-65535 (0: no server), got {self.metrics_port}; set PGWORKER_METRICS_PORT")
         if self.priority_aging_seconds is not None and not self.priority_aging_seconds > 0:

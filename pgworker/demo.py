@@ -48,12 +48,36 @@ class WebhookEndpoint:
         self.requests = 0
         self.delivered: dict[str, dict[str, Any]] = {}
         self.duplicates = 0
+        self.charges: dict[str, dict[str, Any]] = {}  # the payment endpoint, by Idempotency-Key
+        self.charge_requests = 0
+        self.reconciliations = 0
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
+            def _reply(self, code: int, body: Any = None) -> None:
+                data = b"" if body is None else json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:  # noqa: N802 - the payment endpoint: was the charge with this key made?
+                key = self.path.rsplit("/", 1)[-1]
+                with endpoint.lock:
+                    endpoint.reconciliations += 1
+                    charge = endpoint.charges.get(key)
+                self._reply(200, charge) if charge else self._reply(404, {"error": "no such charge"})
+
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 key = self.headers.get("Idempotency-Key", "")
+                if self.path.startswith("/charges"):  # charged once per key; the first reply is "lost"
+                    with endpoint.lock:
+                        endpoint.charge_requests += 1
+                        first = key not in endpoint.charges
+                        charge = endpoint.charges.setdefault(
+                            key, {"charge": f"ch_{len(endpoint.charges) + 1}", "cents": body.get("cents")})
+                    return self._reply(503) if first else self._reply(200, charge)
                 attempt = int(self.headers.get("X-Attempt", "1"))
                 event = int(body.get("event_id", 0))
                 with endpoint.lock:
@@ -147,6 +171,9 @@ def build_workload(n: int, rng: random.Random) -> tuple[list[JobSpec], int]:
             if i % 15 == 4:
                 payload = {"document": f"doc-{i}"}  # wrong shape: dead with PAYLOAD_INVALID
             specs.append(JobSpec("summarize_text", payload))
+    # a durable step and an external effect whose first reply is lost, then reconciled
+    specs.append(JobSpec("charge_invoice", {"invoice": "INV-1", "lines": [{"cents": 1250, "qty": 2},
+                                                                         {"cents": 499}]}))
     return specs, duplicates
 
 
@@ -356,6 +383,8 @@ def _summary(app: App, jobs: int, duplicates: int, elapsed: float, out_dir: str,
         "webhooks delivered": len(endpoint.delivered),
         "webhook requests (incl. retries)": endpoint.requests,
         "duplicate deliveries": endpoint.duplicates,
+        "invoices charged (ctx.effect)": len(endpoint.charges),
+        "charge requests / reconciliations": f"{endpoint.charge_requests} / {endpoint.reconciliations}",
         "wall time (s)": round(elapsed, 2),
     }
 

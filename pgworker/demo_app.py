@@ -10,6 +10,12 @@
   Its payload is decoded into a dataclass; a payload that does not fit ends dead with
   PAYLOAD_INVALID instead of being retried.
 
+* ``charge_invoice``: totals an invoice in a durable step (``ctx.step``: computed once
+  across attempts) and charges it at a local payment endpoint as an external effect
+  (``ctx.effect``) with an idempotency key. The endpoint takes the first charge of each
+  invoice and then "loses" its reply (503): the next attempt finds the charge started
+  and unfinished, asks the endpoint (``reconcile``) and goes on without charging again.
+
 Settings come from the environment because claimers are separate processes:
 ``PGWORKER_DEMO_DIR`` (output folder) and ``PGWORKER_DEMO_URL`` (the endpoint).
 """
@@ -91,3 +97,31 @@ def summarize_text(job: TextJob, ctx: pgworker.JobContext) -> None:
     counts = Counter(words)
     report = {"doc": job.doc, "words": job.words, "top": counts.most_common(3)}
     _write_atomic(_out("reports", f"{ctx.idempotency_key}.json"), json.dumps(report).encode())
+
+
+def _charges_url(key: str = "") -> str:
+    return os.environ["PGWORKER_DEMO_URL"].rsplit("/", 1)[0] + "/charges" + (f"/{key}" if key else "")
+
+
+def _charge(key: str, cents: int) -> dict:
+    req = urllib.request.Request(_charges_url(), data=json.dumps({"cents": cents}).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", "Idempotency-Key": key})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def _find_charge(key: str) -> object:
+    """Ask the payment endpoint whether the charge with this key was made."""
+    try:
+        with urllib.request.urlopen(_charges_url(key), timeout=5) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return pgworker.NOT_DONE
+        raise
+
+
+@app.task(name="charge_invoice", queue="webhooks", max_attempts=4, retry=FAST_RETRY, timeout=10)
+def charge_invoice(payload: dict, ctx: pgworker.JobContext) -> None:
+    cents = ctx.step("total", lambda: sum(int(line["cents"]) * int(line.get("qty", 1)) for line in payload["lines"]))
+    ctx.effect("charge", lambda key: _charge(key, cents), reconcile=_find_charge)

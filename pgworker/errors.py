@@ -166,3 +166,22 @@ class Snooze(PgworkerError):
 
 class JobCancelled(PgworkerError):
     """The job was cancelled while running; raise it from a handler to stop early."""
+
+
+class StepError(Permanent):
+    """A durable step or effect (``ctx.step``, ``ctx.effect``) that cannot be recorded:
+    its result is not JSON (``STEP_RESULT_INVALID``) or too large
+    (``STEP_RESULT_TOO_LARGE``, setting ``step_result_max_bytes``), the job has recorded
+    as many as it may (``STEP_LIMIT``, setting ``step_max_per_job``), or its name is not
+    1-200 printable characters (``STEP_NAME_INVALID``). The attempt fails permanently: the
+    same code would fail the same way again."""
+
+    code = "STEP_RESULT_INVALID"
+
+
+class EffectUncertain(Permanent):
+    """An external effect was started by an earlier attempt that did not record its end,
+    and the handler gave no ``reconcile`` function to ask the destination: the job goes
+    dead with ``EFFECT_UNCERTAIN`` for an operator to resolve (`pgworker effects resolve`)."""
+
+    code = "EFFECT_UNCERTAIN"

@@ -98,6 +98,10 @@ class WorkerMetrics:
             c("pgworker_reap_failed_total", q)
             for op in cat.FENCED_OPERATIONS:
                 c("pgworker_fenced_writes_total", q, op)
+            c("pgworker_steps_skipped_total", q)
+            c("pgworker_effects_uncertain_total", q)
+            for r in cat.EFFECT_RECONCILE_RESULTS:
+                c("pgworker_effects_reconciled_total", q, r)
             tasks = (tasks_by_queue or {}).get(q, ()) if self.task_label else ("",)
             for t in tasks:
                 for o in cat.OUTCOMES:
@@ -184,6 +188,18 @@ class WorkerMetrics:
 
     def fenced(self, queue: str, operation: str, count: int = 1) -> None:
         self._child("pgworker_fenced_writes_total", queue, operation).inc(count)
+
+    def step_skipped(self, queue: str) -> None:
+        """A step or effect found recorded by an earlier attempt: not run again."""
+        self._child("pgworker_steps_skipped_total", queue).inc()
+
+    def effect_reconciled(self, queue: str, result: str) -> None:
+        """An uncertain effect settled by reconcile: ``result`` happened | not_happened."""
+        self._child("pgworker_effects_reconciled_total", queue, result).inc()
+
+    def effect_uncertain(self, queue: str) -> None:
+        """An uncertain effect with no reconcile function: the job goes dead EFFECT_UNCERTAIN."""
+        self._child("pgworker_effects_uncertain_total", queue).inc()
 
     def renewals(self, queue: str, result: str, count: int) -> None:
         if count:

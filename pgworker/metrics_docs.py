@@ -196,6 +196,7 @@ def render() -> str:
         f"| `outcome` | {_values(cat.OUTCOMES)} |",
         f"| `result` (claims) | {_values(cat.CLAIM_RESULTS)} |",
         f"| `result` (renewals) | {_values(cat.RENEW_RESULTS)} |",
+        f"| `result` (reconciled effects) | {_values(cat.EFFECT_RECONCILE_RESULTS)} |",
         f"| `action` | {_values(cat.EXPIRATION_ACTIONS)} |",
         f"| `operation` | {_values(cat.FENCED_OPERATIONS)} |",
         f"| `reason` | {_values(cat.WAKEUP_REASONS)} |",

@@ -5,6 +5,7 @@ a queue's policies included, and their store calls; and whether a queue name is 
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import socket
@@ -35,11 +36,36 @@ def cancel(app: App, job_id: int, *, actor: str | None, conn: psycopg.Connection
 
 
 def replay(app: App, job_ids: Sequence[int], *, queue: str | None, limit: int,
-           actor: str | None) -> ReplayResult:
+           actor: str | None, clean: bool = False) -> ReplayResult:
     if queue is not None:
         check_queue_name(queue)
     with app.connection() as c:
-        return app.store.replay(c, ids=list(job_ids), queue=queue, limit=limit, actor=actor or _actor())
+        if not clean:
+            return app.store.replay(c, ids=list(job_ids), queue=queue, limit=limit, actor=actor or _actor())
+        # one transaction: no worker can claim a replayed job before its steps are forgotten
+        with c.transaction():
+            result = app.store.replay(c, ids=list(job_ids), queue=queue, limit=limit, actor=actor or _actor())
+            if result:
+                app.store.steps_clean(c, list(result))
+        return result
+
+
+def resolve_effect(app: App, job_id: int, name: str, *, result: Any = None, retry: bool = False,
+                   actor: str | None = None) -> str:
+    """Resolve an effect left uncertain (see App.resolve_effect); returns the job's state."""
+    text = None
+    if not retry:
+        try:
+            text = json.dumps(result, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"the effect's result must be JSON ({exc})") from None
+    with app.connection() as c:
+        row = app.store.effect_resolve(c, job_id, name, retry=retry, result_json=text, by=actor or _actor())
+    if row is None:
+        raise ConfigError(f"job {job_id} has no effect {name!r} left started (uncertain), or the job is running: "
+                          f"see `pgworker jobs show {job_id}`; only an effect recorded 'started' on a job that "
+                          "is not running can be resolved")
+    return row[0]
 
 
 def prune(app: App, older_than: "float | timedelta", *, batch: int) -> int:

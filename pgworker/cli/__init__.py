@@ -17,6 +17,7 @@ import sys
 from typing import Sequence
 
 from ..errors import PgworkerError
+from .effects import cmd_effects
 from .jobs import cmd_cancel, cmd_dead, cmd_enqueue, cmd_jobs, cmd_prune
 # The parser's names, importable from here as they were from the single module (the
 # settings reference, pgworker.settings_docs, reads the private value types too).
@@ -30,7 +31,7 @@ EXIT_USAGE = 2
 
 
 COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "enqueue": cmd_enqueue, "jobs": cmd_jobs,
-            "dead": cmd_dead, "cancel": cmd_cancel, "prune": cmd_prune, "status": cmd_status,
+            "dead": cmd_dead, "effects": cmd_effects, "cancel": cmd_cancel, "prune": cmd_prune, "status": cmd_status,
             "queue": cmd_queue, "schedules": cmd_schedules, "sql": cmd_sql, "web": cmd_web, "demo": cmd_demo}
 
 

@@ -104,7 +104,8 @@ def cmd_dead(args: argparse.Namespace) -> int:
     if getattr(args, "dead_command", None) == "replay":
         if not args.ids and not (args.queue and args.all):
             raise ConfigError("give job ids, or --queue QUEUE --all")
-        result = app.replay(args.ids, queue=args.queue if args.all else None, limit=args.limit)
+        result = app.replay(args.ids, queue=args.queue if args.all else None, limit=args.limit,
+                            clean=args.clean)
         if args.json:
             emit(args, {"replayed": list(result), "not_dead": result.not_dead,
                         "held": [{"id": i, "held_by": h} for i, h in sorted(result.held_by.items())]})

@@ -171,6 +171,21 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--queue", help="with --all: the queue whose dead jobs to replay")
     dr.add_argument("--all", action="store_true", help="every dead job of --queue")
     dr.add_argument("--limit", type=_positive_int, default=10_000, metavar="N", help="with --all: at most N jobs")
+    dr.add_argument("--clean", action="store_true",
+                    help="forget the jobs' recorded steps and effects: they all run again (default: kept)")
+
+    p = sub.add_parser("effects", help="resolve an external effect left uncertain (EFFECT_UNCERTAIN)")
+    _common(p)
+    esub = p.add_subparsers(dest="effects_command", metavar="resolve")
+    er = esub.add_parser("resolve", help="mark an uncertain effect done with its result, or --retry it")
+    _common(er)
+    er.add_argument("id", type=int, help="the job's id")
+    er.add_argument("name", help="the effect's name (see `pgworker jobs show ID`)")
+    how = er.add_mutually_exclusive_group(required=True)
+    how.add_argument("--result", metavar="JSON", help="the destination says it happened: record this result")
+    how.add_argument("--retry", action="store_true",
+                     help="the destination says it did not: the next attempt calls again, same idempotency key")
+    er.add_argument("--replay", action="store_true", help="then replay the job if it is dead")
 
     p = sub.add_parser("cancel", help="cancel a job (a running one is asked to stop)")
     _common(p)

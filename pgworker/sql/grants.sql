@@ -69,6 +69,8 @@ GRANT SELECT ON {schema}.queue_events TO {worker};
 -- the pod registry the console's Workers page reads: each pod refreshes its own row,
 -- marks it stopped, and prunes rows left by pods that were killed
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.pods TO {worker};
+-- durable steps and external effects (ctx.step, ctx.effect): fenced inserts and updates
+GRANT SELECT, INSERT, UPDATE ON {schema}.job_steps TO {worker};
 
 -- name: viewer
 -- The web console in read-only mode (`pgworker web --read-only`): it reads every page's
@@ -78,6 +80,6 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.pods TO {worker};
 GRANT USAGE ON SCHEMA {schema} TO {viewer};
 GRANT SELECT ON {schema}.jobs, {schema}.job_events, {schema}.queues, {schema}.queue_events,
                 {schema}.schedules, {schema}.migrations, {schema}.pods, {schema}.bulk_operations,
-                {schema}.bulk_operation_jobs TO {viewer};
+                {schema}.bulk_operation_jobs, {schema}.job_steps TO {viewer};
 GRANT EXECUTE ON FUNCTION {schema}.console_job_filter(jsonb, text, text, text, text, text, text, timestamptz, jsonb)
     TO {viewer};

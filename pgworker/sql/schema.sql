@@ -1,4 +1,4 @@
--- The whole pgworker schema as it stands (version 6), in one file, for reading and
+-- The whole pgworker schema as it stands (version 7), in one file, for reading and
 -- review. Installing and upgrading go through the numbered migrations
 -- (pgworker/sql/migrations, `pgworker migrate`); a test applies both to two schemas and
 -- checks that they produce the same catalog, so this file cannot drift from them.
@@ -305,3 +305,22 @@ RETURNS boolean LANGUAGE sql STABLE PARALLEL SAFE AS $$
        AND (f->>'created_before' IS NULL OR created_at < (f->>'created_before')::timestamptz)
        AND (f->'payload' IS NULL OR payload @> (f->'payload'))
 $$;
+
+-- One row per named step (ctx.step) or external effect (ctx.effect) of a job, across its
+-- attempts (docs/effects.md); every write presents the job's lease token.
+CREATE TABLE {schema}.job_steps (
+    job_id          bigint NOT NULL REFERENCES {schema}.jobs (id) ON DELETE CASCADE,
+    name            text NOT NULL CHECK (length(name) BETWEEN 1 AND 200),
+    kind            text NOT NULL CHECK (kind IN ('step', 'effect')),
+    status          text NOT NULL CHECK (status IN ('started', 'done')),
+    result          jsonb,
+    idempotency_key text,
+    attempt         integer NOT NULL,
+    lease_token     bigint NOT NULL,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    finished_at     timestamptz,
+    -- who marked it done when an operator resolved an uncertain effect ('worker' otherwise)
+    resolved_by     text,
+    PRIMARY KEY (job_id, name),
+    CHECK ((status = 'done') = (finished_at IS NOT NULL))
+);

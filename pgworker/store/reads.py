@@ -36,13 +36,16 @@ class ReadStatements(StoreBase):
         return run(conn, self.get_job_plan(job_id))
 
     def get_job_plan(self, job_id: int) -> Plan[dict[str, Any] | None]:
-        """The job's row as a dict (with ``events``, its audit entries), or None; a plan
+        """The job's row as a dict (with ``events``, its audit entries, and ``steps``, its
+        durable steps and effects), or None; a plan
         (:mod:`pgworker.store.plan`)."""
         rows = yield Exec(self.queries["job_get"], {"id": job_id}, dict_rows=True)
         if not rows:
             return None
         row: dict[str, Any] = rows[0]
         row["events"] = yield Exec(self.queries["job_events_list"], {"id": job_id}, dict_rows=True)
+        # durable steps and effects (docs/effects.md)
+        row["steps"] = yield Exec(self.queries["job_steps_of"], {"id": job_id}, dict_rows=True)
         return row
 
     def list_jobs(self, conn: psycopg.Connection, *, queue: str | None, state: str | None,

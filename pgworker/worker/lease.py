@@ -58,6 +58,11 @@ the SQL that enforces the database side is in ``pgworker/sql/queries/lease.sql``
    act as the owner. A lease that is ``lost`` (presumed or refused) does not stop the
    write: the fence decides.
 
+6. **Committed by the handler.** A handler whose ``ctx.transaction()`` committed its
+   job's success has no lease left to keep: from the commit (``SlotTable.mark_committed``)
+   its slot is neither renewed nor presumed lost, and a claimer that dies before the
+   handler returns is settled with no write (pgworker/effects/transaction.py).
+
 Cancellation rides on renewals: a renewal returns whether an operator asked to cancel
 the job; the slot's ``cancel`` flag tells the handler (``ctx.cancel_requested``).
 """
@@ -70,6 +75,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from . import slots as s
+from .outcome import COMMITTED
 
 log = logging.getLogger("pgworker.lease")
 
@@ -93,6 +99,8 @@ def renewable(terms: LeaseTerms, v: s.SlotView, now: float) -> bool:
     caller checks that). ``now`` is ``time.monotonic()``."""
     if v.lost or v.state not in s.LIVE_STATES:
         return False
+    if v.outcome == COMMITTED:
+        return False  # the handler's transaction committed its success: the row is no longer running
     if v.state != s.RUNNING:
         return True  # waiting unstarted, being taken over, decided or being written: clocks not running
     runtime = now - v.started_at
@@ -107,7 +115,7 @@ def presumed_lost(terms: LeaseTerms, v: s.SlotView, now: float) -> bool:
     """Rule 3: a whole lease has passed since the last accepted renewal (or the claim)
     was sent, so the database's lease has expired. Never for an outcome write in flight
     (its handler is done, and the fence decides the write)."""
-    if v.lost or v.state not in s.LIVE_STATES or v.state == s.WRITING:
+    if v.lost or v.state not in s.LIVE_STATES or v.state == s.WRITING or v.outcome == COMMITTED:
         return False
     last = max(v.renewed_at, v.claimed_at)
     return now - last >= terms.lease_seconds

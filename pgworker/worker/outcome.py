@@ -27,10 +27,15 @@ log = logging.getLogger("pgworker.claimer")
 
 # What will be written (the slot table records these numbers for the supervisor).
 COMPLETE, FAIL, SNOOZE, CANCEL, RELEASE = 1, 2, 3, 4, 5
-KIND_NAMES = {COMPLETE: "complete", FAIL: "fail", SNOOZE: "snooze", CANCEL: "cancel", RELEASE: "release"}
+# The success was committed by the handler's own transaction (ctx.transaction()): nothing
+# is written, every runner counts it as succeeded (pgworker/effects/transaction.py).
+COMMITTED = 6
+KIND_NAMES = {COMPLETE: "complete", FAIL: "fail", SNOOZE: "snooze", CANCEL: "cancel", RELEASE: "release",
+              COMMITTED: "committed"}
 # The metric outcome each kind counts as once written (a failure: retried or dead, as
 # the statement decided; any kind but complete: cancelled when a cancellation was requested).
-PROVISIONAL = {COMPLETE: "succeeded", FAIL: "retried", SNOOZE: "snoozed", CANCEL: "cancelled", RELEASE: "released"}
+PROVISIONAL = {COMPLETE: "succeeded", COMMITTED: "succeeded", FAIL: "retried", SNOOZE: "snoozed",
+               CANCEL: "cancelled", RELEASE: "released"}
 
 CODE_MAX_CHARS = 64
 OUTCOME_INVALID = "OUTCOME_INVALID"
@@ -124,7 +129,9 @@ class Write(NamedTuple):
 
 def write_outcomes(store: Store, conn: psycopg.Connection, writes: Sequence[Write], *,
                    keys_known: bool = True) -> dict[int, FenceReport]:
-    """Write outcomes: one fenced statement per kind (pgworker/sql/queries/lease.sql).
+    """Write outcomes: one fenced statement per kind (pgworker/sql/queries/lease.sql);
+    ``COMMITTED`` outcomes were written by the handler's transaction and are reported
+    accepted without a statement.
 
     Returns a :class:`pgworker.jobs.FenceReport` per kind: which leases took effect (with
     the state each job went to) and which the fence refused. Raises psycopg errors as
@@ -148,6 +155,9 @@ def write_outcomes(store: Store, conn: psycopg.Connection, writes: Sequence[Writ
             out[kind] = store.finish_cancelled(conn, leases, keys)
         elif kind == RELEASE:
             out[kind] = store.release(conn, leases, keys)
+        elif kind == COMMITTED:  # already written, in the handler's transaction: no second outcome
+            out[kind] = FenceReport("complete", tuple(le.job_id for le in leases), (),
+                                    {le.job_id: "succeeded" for le in leases})
     return out
 
 

@@ -258,6 +258,19 @@ class SlotTable:
                 s.code, s.message = _bytes(code, CODE_BYTES), _bytes(message, MESSAGE_BYTES)
             return True
 
+    def mark_committed(self, index: int, job_id: int, outcome: int) -> bool:
+        """Record that a running handler's own transaction committed its job's success
+        (``outcome``: COMMITTED of pgworker.worker.outcome), the slot staying RUNNING while
+        the handler finishes: the row has left 'running', so the lease is no longer renewed
+        or presumed lost (pgworker.worker.lease), and a claimer that dies now is settled
+        with no write (the settler)."""
+        with self.lock:
+            s = self.slots[index]
+            if s.job_id != job_id or s.state != RUNNING:
+                return False
+            s.outcome = outcome
+            return True
+
     def set_state_many(self, slots: Iterable[tuple[int, int]], state: int) -> None:
         """Move each (slot index, job id) that still holds that job to ``state``."""
         table = self.slots

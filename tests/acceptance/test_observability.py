@@ -400,7 +400,7 @@ def test_exposed_labels_are_the_catalogued_ones_with_bounded_values(exposition):
             if label in allowed:
                 assert value in allowed[label], (name, label, value)
         if "result" in labels:
-            assert labels["result"] in set(cat.CLAIM_RESULTS) | set(cat.RENEW_RESULTS)
+            assert labels["result"] in {*cat.CLAIM_RESULTS, *cat.RENEW_RESULTS, *cat.EFFECT_RECONCILE_RESULTS}
         if "error_class" in labels:
             assert labels["error_class"] in {"FLAKY", "DOOMED", cat.OTHER, *cat.KNOWN_ERROR_CODES}
 

@@ -23,6 +23,20 @@ from ..render import pretty, redact
 #: A loader may read more through the store; the job page's own come from job_get.
 SECTIONS: list[tuple[str, Callable[[Any, dict[str, Any]], dict[str, Any]]]] = []
 
+
+def _steps(ctx: Any, job: dict[str, Any]) -> dict[str, Any]:
+    """The job's durable steps and effects (issue 20), their results redacted like the
+    payload (the API returns the job: never an unredacted result)."""
+    cfg = ctx.console.config
+    steps = [dict(s, result=redact(s["result"], cfg.redact_keys)) for s in job.get("steps") or []]
+    job["steps"] = [{k: v for k, v in s.items()} for s in steps]
+    for s in steps:
+        s["result_text"] = "-" if s["result"] is None else pretty(s["result"], 200)
+    return {"steps": steps}
+
+
+SECTIONS.append(("job/_steps.html", _steps))
+
 #: What each action does to a job in each state (the store methods fence by state again).
 ACTIONS_BY_STATE = {"pending": ("retry", "cancel"), "running": ("cancel",), "dead": ("replay", "discard")}
 FINISHED = ("succeeded", "cancelled", "dead")

@@ -39,7 +39,7 @@ from ...db import READ_ONLY_SQLSTATE, OutageLog, connection_lost, describe_failu
 from ...jobs import ClaimedJob, FenceReport
 from ...names import bounded_text, schema_flag
 from .. import slots as s
-from ..outcome import FAIL, OUTCOME_INVALID, Outcome, Write, write_outcomes, written_outcome
+from ..outcome import COMMITTED, FAIL, OUTCOME_INVALID, Outcome, Write, write_outcomes, written_outcome
 from ..service import Backoff
 from .connection import ClaimerConnection
 
@@ -271,7 +271,7 @@ class Completer:
             if accepted:
                 if outcome == "dead":
                     _log_dead(o, self.schema_flag)
-                if traced and o.span is not None:
+                if traced and o.span is not None and o.kind != COMMITTED:  # traced by its transaction
                     op = {"complete": "complete", "fail": "retry" if outcome == "retried" else "fail"}.get(
                         o.kind_name, o.kind_name)
                     settled.setdefault((o.job.queue, op), []).append((o.job, o.span))

@@ -2,6 +2,8 @@
 
 Decision order (:meth:`Executor.decide`), with the reasons:
 
+0. A handler whose ``ctx.transaction()`` committed has succeeded, whatever it did
+   afterwards (``COMMITTED``: nothing more is written; a later exception is logged).
 1. Success wins: the work was done (even if a cancellation arrived meanwhile, or the
    lease was presumed lost; the fence decides whether the success is recorded).
 2. A cancellation beats everything else: an operator asked for the job to end, so a
@@ -40,7 +42,8 @@ from ...names import bounded_text, redact
 from ...retry import classify, error_code
 from ...tasks import Task
 from ..slots import SlotTable
-from ..outcome import (CANCEL, COMPLETE, FAIL, SNOOZE, Outcome, bounded_code, bounded_delay,
+from ...effects.connections import EffectResources, HandlerConnections
+from ..outcome import (CANCEL, COMMITTED, COMPLETE, FAIL, SNOOZE, Outcome, bounded_code, bounded_delay,
                       bounded_message)
 
 log = logging.getLogger("pgworker.claimer")
@@ -116,6 +119,9 @@ class Executor:
         # testing.drain hands the job back and stops (a test run must end on Ctrl-C)
         self.interrupted = False
         self.avg_run_seconds: float | None = None
+        # the handlers' own transactions (ctx.transaction()): a connection opened on first use
+        self.effects = EffectResources(app.store, app.settings, HandlerConnections(app.settings, worker_id),
+                                       worker_id)
 
     def run(self, job: ClaimedJob, slot: int, traced: bool = True) -> Outcome:
         """Run ``job``'s handler (in slot ``slot``) and decide its outcome. ``traced``:
@@ -128,7 +134,7 @@ class Executor:
                           message=unknown_task_message(job.task, self.app.tasks))
             tracing.record_outcome(span, "dead", LookupError(job.task), UNKNOWN_TASK)
             return self._record(out, span)
-        ctx = JobContext(job, self.table, slot)
+        ctx = JobContext(job, self.table, slot, self.effects)
         token = tracing.attach(span) if traced else None  # the handler's own spans become children
         self.running = True
         t0 = time.perf_counter()
@@ -149,9 +155,11 @@ class Executor:
             tracing.detach(token)
         avg = self.avg_run_seconds
         self.avg_run_seconds = elapsed if avg is None else 0.8 * avg + 0.2 * elapsed
-        out = self.decide(job, task, slot, result, error, elapsed)
+        out = self.committed(job, slot, result, error, elapsed) if ctx.committed else \
+            self.decide(job, task, slot, result, error, elapsed)
         if traced:
-            tracing.record_outcome(span, out.outcome, error, out.code if error is not None else None)
+            shown = None if out.kind == COMMITTED else error  # a committed attempt succeeded
+            tracing.record_outcome(span, out.outcome, shown, out.code if shown is not None else None)
             return self._record(out, span)
         return self._record(out, None)
 
@@ -197,10 +205,23 @@ class Executor:
             loop.close()
 
     def close(self) -> None:
+        self.effects.close()
         if self.loop is not None and not self.loop.is_closed():
             self.loop.close()
 
     # -- deciding -------------------------------------------------------------------------
+
+    def committed(self, job: ClaimedJob, slot: int, result: Any, error: BaseException | None,
+                  elapsed: float) -> Outcome:
+        """The outcome of a handler whose transaction committed the job's success: that
+        commit was the outcome; an exception (or a Retry / Snooze) after it changes nothing."""
+        after = error if error is not None else result if isinstance(result, (Retry, Snooze)) else None
+        if after is not None:
+            log.warning("job %s: the handler %s after its transaction committed; the job stays succeeded "
+                        "(put the work that may fail inside ctx.transaction())", job.id,
+                        f"raised {type(after).__name__}" if error is not None else f"returned {type(after).__name__}",
+                        extra={"action": "error_after_commit", "job_id": job.id, "queue": job.queue})
+        return Outcome(job, slot, COMMITTED, "succeeded", elapsed)
 
     def decide(self, job: ClaimedJob, task: Task, slot: int, result: Any, error: BaseException | None,
                elapsed: float) -> Outcome:

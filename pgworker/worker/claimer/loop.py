@@ -105,6 +105,7 @@ class Claimer:
         from ...metrics import process_metrics
 
         self.metrics = process_metrics(task_label=self.settings.metrics_task_label)
+        self.executor.effects.metrics = self.metrics
         tasks_by_queue: dict[str, list[str]] = {}
         for t in self.app.tasks.values():
             tasks_by_queue.setdefault(t.queue, []).append(t.name)

@@ -1,0 +1,272 @@
+"""ctx.step() and ctx.effect() against a real PostgreSQL (through pgworker.testing.drain,
+the worker's executor): a step runs once across attempts; inside ctx.transaction() its
+record commits (or rolls back) with the handler's writes; a stale owner's record is
+refused by the fence; bounds and bad results fail the attempt with a clear code;
+effects are reconciled or left uncertain; an operator resolves them; a clean replay
+forgets the steps."""
+
+from __future__ import annotations
+
+import pytest
+from psycopg import sql
+
+import pgworker
+from pgworker.testing import drain
+
+pytestmark = pytest.mark.integration
+NOW = pgworker.RetryPolicy(base_seconds=0.0, jitter=0.0)
+
+
+def steps(conn, schema, job_id):
+    return conn.execute(sql.SQL("SELECT name, kind, status, result, attempt FROM {}.job_steps WHERE job_id = %s "
+                                "ORDER BY created_at, name").format(sql.Identifier(schema)), [job_id]).fetchall()
+
+
+def job_row(conn, schema, job_id):
+    return conn.execute(sql.SQL("SELECT state::text, attempts, last_error_code FROM {}.jobs WHERE id = %s")
+                        .format(sql.Identifier(schema)), [job_id]).fetchone()
+
+
+def test_a_step_runs_once_across_attempts_and_its_result_comes_back_as_json(app, conn):
+    calls = []
+
+    @app.task(name="pipeline", max_attempts=3, retry=NOW)
+    def pipeline(payload, ctx):
+        a = ctx.step("fetch", lambda: calls.append("fetch") or (1, {"rows": 2}))
+        assert a == [1, {"rows": 2}]  # through JSON on every attempt, the first included
+        if ctx.attempt == 1:
+            raise ConnectionError("flaky after the step")
+        ctx.step("store", lambda: calls.append("store") or "stored")
+
+    job_id = app.enqueue("pipeline", {})
+    result = drain(app, skip_backoff=True)
+    assert [a.outcome for a in result.attempts] == ["retried", "succeeded"]
+    assert calls == ["fetch", "store"]
+    assert steps(conn, app.settings.schema, job_id) == [
+        ("fetch", "step", "done", [1, {"rows": 2}], 1), ("store", "step", "done", "stored", 2)]
+
+
+def test_a_step_inside_the_transaction_commits_or_rolls_back_with_the_handlers_writes(app, conn):
+    schema = app.settings.schema
+    conn.execute(sql.SQL("CREATE TABLE {}.orders (job_id bigint, attempt int)").format(sql.Identifier(schema)))
+
+    @app.task(name="order", max_attempts=3, retry=NOW)
+    def order(payload, ctx):
+        with ctx.transaction() as c:
+            def write():
+                c.execute(sql.SQL("INSERT INTO {}.orders VALUES (%s, %s)").format(sql.Identifier(schema)),
+                          [ctx.job_id, ctx.attempt])
+                return {"attempt": ctx.attempt}
+            got = ctx.step("insert", write)
+            if ctx.attempt == 1:
+                raise ValueError("rolled back: the insert and the step's record with it")
+            assert got == {"attempt": ctx.attempt}
+
+    job_id = app.enqueue("order", {})
+    result = drain(app, skip_backoff=True)
+    assert [a.outcome for a in result.attempts] == ["retried", "succeeded"]
+    assert conn.execute(sql.SQL("SELECT * FROM {}.orders").format(sql.Identifier(schema))).fetchall() == \
+        [(job_id, 2)]
+    assert steps(conn, schema, job_id) == [("insert", "step", "done", {"attempt": 2}, 2)]
+
+
+def test_a_stale_owners_step_record_is_refused_by_the_fence(app, conn):
+    schema = app.settings.schema
+    told = []
+
+    @app.task(name="stale", max_attempts=1)
+    def stale(payload, ctx):
+        conn.execute(sql.SQL("UPDATE {}.jobs SET lease_token = lease_token + 1 WHERE id = %s")
+                     .format(sql.Identifier(schema)), [ctx.job_id])
+        try:
+            ctx.step("s", lambda: 1)
+        except pgworker.LeaseLost as exc:
+            told.append(exc.operation)
+            raise
+
+    job_id = app.enqueue("stale", {})
+    drain(app)
+    assert told == ["step"]
+    assert steps(conn, schema, job_id) == []
+
+
+@pytest.mark.parametrize("value, code", [
+    (object(), "STEP_RESULT_INVALID"), (float("nan"), "STEP_RESULT_INVALID"), ("x" * 100, "STEP_RESULT_TOO_LARGE"),
+    ("\x00", "STEP_RESULT_INVALID")])
+def test_a_result_that_is_not_json_or_too_large_fails_the_attempt_with_a_clear_code(pg_dsn, schema, value, code):
+    from pg import make_settings
+    app = pgworker.App(settings=make_settings(pg_dsn, schema, step_result_max_bytes=64))
+    app.migrate()
+    try:
+        @app.task(name="bad")
+        def bad(payload, ctx):
+            ctx.step("s", lambda: value)
+
+        job_id = app.enqueue("bad", {})
+        drain(app)
+        with app.connection() as c:
+            assert job_row(c, schema, job_id) == ("dead", 1, code)
+            assert steps(c, schema, job_id) == []
+    finally:
+        app.close()
+
+
+def test_steps_past_the_limit_are_refused(pg_dsn, schema):
+    from pg import make_settings
+    app = pgworker.App(settings=make_settings(pg_dsn, schema, step_max_per_job=2000))
+    app.migrate()
+    seen = []
+    try:
+        @app.task(name="many")
+        def many(payload, ctx):
+            for i in range(2500):
+                try:
+                    ctx.step(f"s{i}", lambda: i)
+                except pgworker.StepError as exc:
+                    seen.append((i, exc.code))
+                    raise
+
+        job_id = app.enqueue("many", {})
+        drain(app)
+        with app.connection() as c:
+            assert job_row(c, schema, job_id) == ("dead", 1, "STEP_LIMIT")
+            assert c.execute(sql.SQL("SELECT count(*) FROM {}.job_steps").format(sql.Identifier(schema))) \
+                .fetchone() == (2000,)
+        assert seen == [(2000, "STEP_LIMIT")]
+    finally:
+        app.close()
+
+
+def test_an_effect_started_without_done_is_reconciled_or_left_uncertain(app, conn):
+    schema = app.settings.schema
+    calls, asked = [], []
+    destination = {}  # what the destination saw, by idempotency key
+
+    def charge(key):
+        calls.append(key)
+        destination[key] = "ch_1"
+        if len(calls) == 1:
+            raise ConnectionError("the reply was lost")  # the charge happened; its 'done' never recorded
+        return {"charge": destination[key]}
+
+    def reconcile(key):
+        asked.append(key)
+        return {"charge": destination[key]} if key in destination else pgworker.NOT_DONE
+
+    @app.task(name="pay", max_attempts=3, retry=NOW)
+    def pay(payload, ctx):
+        return ctx.effect("charge", charge, reconcile=reconcile if payload["reconcile"] else None)
+
+    job_id = app.enqueue("pay", {"reconcile": True})
+    result = drain(app, skip_backoff=True)
+    assert [a.outcome for a in result.attempts] == ["retried", "succeeded"]
+    assert len(calls) == 1 and asked == calls  # the second attempt asked; it did not call again
+    assert steps(conn, schema, job_id) == [("charge", "effect", "done", {"charge": "ch_1"}, 1)]
+
+    calls.clear(), asked.clear(), destination.clear()
+    uncertain = app.enqueue("pay", {"reconcile": False})
+    drain(app, skip_backoff=True)
+    assert job_row(conn, schema, uncertain) == ("dead", 2, "EFFECT_UNCERTAIN")
+    assert len(calls) == 1
+    assert steps(conn, schema, uncertain) == [("charge", "effect", "started", None, 1)]
+
+
+def test_an_effect_the_destination_never_saw_is_called_again_with_the_same_key(app, conn):
+    calls = []
+
+    def send(key):
+        calls.append(key)
+        if len(calls) == 1:
+            raise ConnectionError("never reached the destination")
+        return "sent"
+
+    @app.task(name="send", max_attempts=3, retry=NOW)
+    def send_task(payload, ctx):
+        ctx.effect("send", send, reconcile=lambda key: pgworker.NOT_DONE)
+
+    job_id = app.enqueue("send", {})
+    drain(app, skip_backoff=True)
+    assert len(calls) == 2 and calls[0] == calls[1] and calls[0].endswith(":send")
+    assert job_row(conn, app.settings.schema, job_id)[0] == "succeeded"
+
+
+def test_an_effect_inside_a_transaction_is_refused(app):
+    errors = []
+
+    @app.task(name="wrong", max_attempts=1)
+    def wrong(payload, ctx):
+        with ctx.transaction():
+            try:
+                ctx.effect("e", lambda key: 1)
+            except RuntimeError as exc:
+                errors.append(str(exc))
+
+    app.enqueue("wrong", {})
+    drain(app)
+    assert "outside the block" in errors[0]
+
+
+def test_an_operator_resolves_an_uncertain_effect_and_a_clean_replay_forgets_steps(app, conn):
+    schema = app.settings.schema
+    calls = []
+
+    def charge(key):
+        calls.append(key)
+        if len([c for c in calls if c != "quote"]) == 1:
+            raise ConnectionError("the reply was lost")
+        return "ch_2"
+
+    @app.task(name="pay", max_attempts=2, retry=NOW)
+    def pay(payload, ctx):
+        ctx.step("quote", lambda: calls.append("quote") or 10)
+        return ctx.effect("charge", charge)
+
+    job_id = app.enqueue("pay", {})
+    drain(app, skip_backoff=True)
+    assert job_row(conn, schema, job_id) == ("dead", 2, "EFFECT_UNCERTAIN")
+    shown = app.get_job(job_id)["steps"]
+    assert [(s["name"], s["kind"], s["status"]) for s in shown] == [("quote", "step", "done"),
+                                                                      ("charge", "effect", "started")]
+    assert shown[1]["idempotency_key"].endswith(":charge")
+    with pytest.raises(pgworker.ConfigError, match="no effect 'quote' left started"):
+        app.resolve_effect(job_id, "quote", result=1)
+    # the destination says it happened: recorded done, the replayed job does not call again
+    assert app.resolve_effect(job_id, "charge", result={"charge": "ch_1"}, actor="ops") == "dead"
+    assert list(app.replay([job_id])) == [job_id]
+    drain(app, skip_backoff=True)
+    assert job_row(conn, schema, job_id)[0] == "succeeded" and calls.count("quote") == 1 and len(calls) == 2, calls
+    assert [(s["status"], s["result"], s["resolved_by"]) for s in app.get_job(job_id)["steps"]][1] == \
+        ("done", {"charge": "ch_1"}, "ops")
+
+    # --retry: forgotten, the next attempt calls again with the same key
+    other = app.enqueue("pay", {})
+    calls[:] = ["quote", "pad"]  # the charge of this job succeeds at once...
+    with app.connection() as c:  # ...after an earlier attempt left it started (as a crash would)
+        c.execute(sql.SQL("INSERT INTO {}.job_steps (job_id, name, kind, status, idempotency_key, attempt, "
+                          "lease_token) VALUES (%s, 'charge', 'effect', 'started', 'k', 1, 0)")
+                  .format(sql.Identifier(schema)), [other])
+        c.execute(sql.SQL("UPDATE {}.jobs SET state = 'dead', finished_at = now() WHERE id = %s")
+                  .format(sql.Identifier(schema)), [other])
+    app.resolve_effect(other, "charge", retry=True)
+    app.replay([other])
+    drain(app, skip_backoff=True)
+    assert job_row(conn, schema, other)[0] == "succeeded"
+
+    # a clean replay: the steps are forgotten in the replay's transaction
+    with app.connection() as c:
+        c.execute(sql.SQL("UPDATE {}.jobs SET state = 'dead', finished_at = now() WHERE id = %s")
+                  .format(sql.Identifier(schema)), [job_id])
+    assert list(app.replay([job_id], clean=True)) == [job_id]
+    assert steps(conn, schema, job_id) == []
+
+
+def test_steps_go_with_their_job_when_it_is_pruned(app, conn):
+    @app.task(name="one")
+    def one(payload, ctx):
+        ctx.step("s", lambda: 1)
+
+    app.enqueue("one", {})
+    drain(app)
+    assert app.prune(0) == 1
+    assert conn.execute(sql.SQL("SELECT count(*) FROM {}.job_steps").format(sql.Identifier(app.settings.schema))) \
+        .fetchone() == (0,)
