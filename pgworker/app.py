@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import psycopg
 
-from . import connections, db, lifecycle, operations
+from . import connections, db, lifecycle, operations, results
 from .config import Settings
 from .errors import ConfigError
 from .jobs import ClaimedJob, Lease, ReapResult, ReplayResult
@@ -273,10 +273,14 @@ class App:
         :meth:`fail` or :meth:`release` before the lease expires, or renew it."""
         return lifecycle.claim(self, queue, limit=limit, lease_seconds=lease_seconds, owner=owner, conn=conn)
 
-    def complete(self, job: "ClaimedJob | Lease", *, conn: psycopg.Connection | None = None) -> None:
-        """Mark a claimed job succeeded. Raises :class:`LeaseLost` when the fence refuses
-        the write (the token moved on or the lease expired): the job is not yours."""
-        lifecycle.complete(self, job, conn=conn)
+    def complete(self, job: "ClaimedJob | Lease", *, result: Any = None,
+                 conn: psycopg.Connection | None = None) -> None:
+        """Mark a claimed job succeeded, storing ``result`` (JSON; None stores nothing) with
+        the success. Raises :class:`LeaseLost` when the fence refuses the write (the token
+        moved on or the lease expired): the job is not yours, and its result is not stored;
+        ``ValueError`` when ``result`` is not JSON or longer than ``result_max_bytes``
+        (nothing written)."""
+        lifecycle.complete(self, job, result=result, conn=conn)
 
     def fail(self, job: "ClaimedJob | Lease", error: BaseException, *, attempt: int | None = None,
              retry: RetryPolicy | None = None, conn: psycopg.Connection | None = None) -> str:
@@ -397,6 +401,31 @@ class App:
             now = self.store.db_now(c)
         # an App with tasks is the user's code: its schedules are all there are
         return describe(self.schedules, rows, now, app_known=bool(self.tasks or self.schedules))
+
+    def result(self, job_id: int, *, conn: psycopg.Connection | None = None) -> Any:
+        """What job ``job_id``'s handler returned (decoded JSON; None when it returned nothing).
+
+        Raises :class:`ResultNotReady` while the job is pending or running,
+        :class:`JobDidNotSucceed` when it ended dead or cancelled (``state``, ``code``),
+        :class:`ResultLost` when its success was recorded without its result, and
+        :class:`JobNotFound` when there is no such job (or it was pruned, result included).
+        """
+        return results.result(self, job_id, conn)
+
+    def wait_result(self, job_id: int, *, timeout: float, poll_seconds: float = results.WAIT_POLL_SECONDS) -> Any:
+        """:meth:`result`, waiting up to ``timeout`` seconds for the job to finish.
+
+        Woken by the NOTIFY of the statement that completes it (its own connection, with
+        LISTEN), and re-reading at least every ``poll_seconds`` (a failure or cancellation
+        sends no notification). Raises :class:`ResultTimeout` (a ``TimeoutError``) at the
+        timeout, and what :meth:`result` raises once the job has finished.
+        """
+        return results.wait_result(self, job_id, timeout=timeout, poll_seconds=poll_seconds)
+
+    async def wait_result_async(self, job_id: int, *, timeout: float,
+                                poll_seconds: float = results.WAIT_POLL_SECONDS) -> Any:
+        """:meth:`wait_result` for asyncio code: it waits in a worker thread, never blocking the loop."""
+        return await results.wait_result_async(self, job_id, timeout=timeout, poll_seconds=poll_seconds)
 
     def get_job(self, job_id: int) -> dict[str, Any] | None:
         """The job's row (payload, error history, audit events), or None."""

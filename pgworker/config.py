@@ -27,6 +27,7 @@ MAX_BATCH_SIZE = 100
 MAX_PAYLOAD_BYTES = 1024 * 1024
 ERROR_HISTORY_ENTRIES = 10
 ERROR_MESSAGE_MAX_CHARS = 1000
+RESULT_MAX_BYTES = 64 * 1024
 METRICS_PORT = 9186
 STATS_CACHE_SECONDS = 5.0
 STATS_TIMEOUT_SECONDS = 2.0
@@ -151,6 +152,10 @@ class Settings:
     error_message_max_chars: int = field(default=ERROR_MESSAGE_MAX_CHARS, metadata=_env(
         "PGWORKER_ERROR_MESSAGE_MAX_CHARS", int, unit="characters",
         help="Longest error message stored per attempt (20-100000); longer ones are cut."))
+    result_max_bytes: int = field(default=RESULT_MAX_BYTES, metadata=_env(
+        "PGWORKER_RESULT_MAX_BYTES", int, unit="bytes",
+        help="Largest handler return value stored as the job's result, as UTF-8 JSON (2-100000000); "
+             "a larger one fails the attempt with RESULT_TOO_LARGE."))
     metrics_port: int = field(default=METRICS_PORT, metadata=_env(
         "PGWORKER_METRICS_PORT", int, unit="TCP port",
         help="Port of /metrics, /healthz and /readyz of `pgworker run`; 0 turns the HTTP server off."))
@@ -265,6 +270,9 @@ class Settings:
             raise ConfigError("error_history_entries must be between 1 and 1000")
         if not 20 <= self.error_message_max_chars <= 100_000:
             raise ConfigError("error_message_max_chars must be between 20 and 100000")
+        if not 2 <= self.result_max_bytes <= 100_000_000:
+            raise ConfigError(f"result_max_bytes must be between 2 and 100000000, got {self.result_max_bytes}; "
+                              "set PGWORKER_RESULT_MAX_BYTES")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be 0-65535, got {self.metrics_port}")
         if self.priority_aging_seconds is not None and not self.priority_aging_seconds > 0:

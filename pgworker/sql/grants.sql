@@ -32,6 +32,8 @@ GRANT SELECT ON {schema}.queues, {schema}.queue_events, {schema}.schedules TO {p
 -- A duplicate enqueue releases a dedupe hold whose window (after success) has passed.
 GRANT UPDATE (dedupe_until) ON {schema}.jobs TO {producer};
 GRANT SELECT ON {schema}.migrations TO {producer};
+-- What its jobs returned (App.result, App.wait_result): the producer asked for the work
+GRANT SELECT ON {schema}.job_results TO {producer};
 
 -- name: worker
 -- Claim, renew, record outcomes, run the reaper and the pruner, read queue statistics:
@@ -66,6 +68,9 @@ GRANT SELECT ON {schema}.queue_events TO {worker};
 -- the pod registry the console's Workers page reads: each pod refreshes its own row,
 -- marks it stopped, and prunes rows left by pods that were killed
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.pods TO {worker};
+-- results: stored by the fenced success (job_complete, ON CONFLICT updates a replayed
+-- job's), read back for a dependent's context and for App.result
+GRANT SELECT, INSERT, UPDATE (result, stored_at) ON {schema}.job_results TO {worker};
 
 -- name: viewer
 -- The web console in read-only mode (`pgworker web --read-only`): it reads every page's
@@ -75,6 +80,6 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.pods TO {worker};
 GRANT USAGE ON SCHEMA {schema} TO {viewer};
 GRANT SELECT ON {schema}.jobs, {schema}.job_events, {schema}.queues, {schema}.queue_events,
                 {schema}.schedules, {schema}.migrations, {schema}.pods, {schema}.bulk_operations,
-                {schema}.bulk_operation_jobs TO {viewer};
+                {schema}.bulk_operation_jobs, {schema}.job_results TO {viewer};
 GRANT EXECUTE ON FUNCTION {schema}.console_job_filter(jsonb, text, text, text, text, text, text, timestamptz, jsonb)
     TO {viewer};

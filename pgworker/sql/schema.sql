@@ -305,3 +305,13 @@ RETURNS boolean LANGUAGE sql STABLE PARALLEL SAFE AS $$
        AND (f->>'created_before' IS NULL OR created_at < (f->>'created_before')::timestamptz)
        AND (f->'payload' IS NULL OR payload @> (f->'payload'))
 $$;
+
+-- What handlers returned (issue 21): one row per succeeded job that returned something,
+-- written by the fenced success itself (job_complete); SQL NULL: the success was recorded
+-- without its result (the claimer died and it did not fit in shared memory). Deleted
+-- with its job (retention).
+CREATE TABLE {schema}.job_results (
+    job_id bigint PRIMARY KEY REFERENCES {schema}.jobs (id) ON DELETE CASCADE,
+    result jsonb,
+    stored_at timestamptz NOT NULL DEFAULT now()
+);

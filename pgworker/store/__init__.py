@@ -21,12 +21,13 @@ from .lifecycle import LifecycleStatements
 from .maintenance import MaintenanceStatements
 from .operations import OperationStatements
 from .reads import QueueStats, ReadStatements
+from .results import ResultStatements
 
 __all__ = ["QueueStats", "Store", "atomic", "json_or_none", "notify_channel"]
 
 
 class Store(EnqueueStatements, LifecycleStatements, MaintenanceStatements, OperationStatements, ReadStatements,
-            ConsoleStatements, StoreBase):
+            ResultStatements, ConsoleStatements, StoreBase):
     """Every named statement of one schema, one method each, grouped by area in the
     modules of this package as the statements are in ``sql/queries/``."""
 

@@ -38,6 +38,9 @@ class ReadStatements(StoreBase):
             events = conn.cursor(row_factory=psycopg.rows.dict_row).execute(
                 self.queries["job_events_list"], {"id": job_id}).fetchall()
             row["events"] = events
+            found = cur.execute(self.queries["job_result_get"], {"id": job_id}).fetchone()
+            if found is not None and found["has_result"]:
+                row["result"] = found["result"] if found["result"] is not None else "(lost: see docs/results.md)"
         return row
 
     def list_jobs(self, conn: psycopg.Connection, *, queue: str | None, state: str | None,

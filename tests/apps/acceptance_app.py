@@ -88,6 +88,12 @@ async def async_echo(payload, ctx):
     ledger(ctx, "async")
 
 
+@app.task(name="returns", max_attempts=2, retry=FAST)
+def returns(payload, ctx):
+    """Returns a result (issue 21): its payload back, with the attempt that made it."""
+    return {"echo": payload, "attempt": ctx.attempt}
+
+
 @app.task(name="async_slow", max_attempts=1, timeout=0.5)
 async def async_slow(payload, ctx):
     await asyncio.sleep(30)
