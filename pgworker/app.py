@@ -12,8 +12,9 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import psycopg
 
-from . import connections, db, lifecycle, operations, results
+from . import connections, db, graphs, lifecycle, operations, results
 from .config import Settings
+from .dependencies import enqueue_graph, has_dependencies
 from .errors import ConfigError
 from .jobs import ClaimedJob, Lease, ReapResult, ReplayResult
 from .migrate import MigrationReport, migrate
@@ -217,7 +218,9 @@ class App:
                 delay: "float | timedelta | None" = None, max_attempts: int | None = None,
                 dedupe_key: str | None = None, ordering_key: str | None = None,
                 dedupe_window: "float | timedelta | None" = None, ordering_on_dead: str | None = None,
-                any_task: bool = False, conn: psycopg.Connection | None = None) -> int:
+                depends_on: "Sequence[int] | None" = None, on_parent_failure: str | None = None,
+                graph_id: int | None = None, any_task: bool = False,
+                conn: psycopg.Connection | None = None) -> int:
         """Enqueue one job and return its id.
 
         ``task``: a :class:`Task`, or a task name. When this App has registered tasks, a
@@ -234,6 +237,11 @@ class App:
         ``ordering_key``: jobs sharing it run one at a time in enqueue order;
         ``ordering_on_dead`` ('block' or 'skip', default the task's) says whether this job,
         if it dies, holds the key's later jobs back. See docs/scheduling.md.
+        ``depends_on``: ids of jobs this one waits for (at most ``max_parents``); it stays
+        pending and blocked until every one has succeeded, and the statement that completes
+        the last one makes it due. ``on_parent_failure``: 'hold' (default: a dead parent
+        holds it until replayed) or 'cancel' (cancelled with the parent's reason).
+        ``graph_id``: the graph it belongs to (default: its parents'). See docs/graphs.md.
         ``conn``: run inside the caller's transaction (a rollback leaves no job and no
         wake-up); otherwise a pooled connection commits at once.
 
@@ -241,8 +249,13 @@ class App:
         subclass :class:`UnknownTask` included; all ``ValueError``) before touching the
         database, and :class:`DatabaseUnavailable` when PostgreSQL cannot be reached.
         """
-        job = self._prepared.one(JobSpec(task, payload, queue, priority, run_at, delay, max_attempts,
-                                         dedupe_key, ordering_key, dedupe_window, ordering_on_dead), any_task)
+        spec = JobSpec(task, payload, queue, priority, run_at, delay, max_attempts, dedupe_key, ordering_key,
+                       dedupe_window, ordering_on_dead, depends_on, None, on_parent_failure, graph_id)
+        job = self._prepared.one(spec, any_task)
+        if has_dependencies(spec) or on_parent_failure is not None:
+            with self.connection(conn) as c:
+                return enqueue_graph(self.store, c, [spec], [job], max_parents=self.settings.max_parents,
+                                     single=True, metrics=self.metrics)[0]
         with self.connection(conn) as c:
             return enqueue_one(self.store, c, job, self.metrics)
 
@@ -255,8 +268,17 @@ class App:
         Every job is validated before anything is written: one bad item (a task name
         this App does not register included, unless ``any_task=True``: see
         :meth:`enqueue`) raises and inserts nothing.
+
+        Dependencies within the call: a job's ``depends_on`` may name the ``ref`` of an
+        earlier job of the call (or an existing job's id); the call's jobs then share a
+        graph id (the first job's, unless given). See docs/graphs.md.
         """
-        prepared = self._prepared.many(specs_from(jobs), any_task)
+        specs = specs_from(jobs)
+        prepared = self._prepared.many(specs, any_task)
+        if any(has_dependencies(s) or s.on_parent_failure is not None for s in specs):
+            with self.connection(conn) as c:
+                return enqueue_graph(self.store, c, specs, prepared, max_parents=self.settings.max_parents,
+                                     metrics=self.metrics)
         with self.connection(conn) as c:
             return enqueue_batch(self.store, c, prepared, self.metrics)
 
@@ -433,6 +455,27 @@ class App:
             return self.store.get_job(c, job_id)
 
     def list_jobs(self, *, queue: str | None = None, state: str | None = None,
-                  limit: int = 50) -> list[dict[str, Any]]:
+                  limit: int = 50, graph_id: int | None = None) -> list[dict[str, Any]]:
+        """Jobs, newest first, by queue and state, or the jobs of one graph (``graph_id``)."""
         with self.connection() as c:
-            return self.store.list_jobs(c, queue=queue, state=state, limit=limit)
+            return self.store.list_jobs(c, queue=queue, state=state, limit=limit, graph_id=graph_id)
+
+    # -- graphs (docs/graphs.md) ----------------------------------------------------------
+
+    def chain(self, jobs: Sequence[Any], *, on_parent_failure: str | None = None,
+              conn: psycopg.Connection | None = None) -> "graphs.Graph":
+        """Enqueue jobs that run one after another; see :func:`pgworker.graphs.chain`."""
+        return graphs.chain(self, jobs, on_parent_failure=on_parent_failure, conn=conn)
+
+    def group(self, jobs: Sequence[Any], *, callback: Any = None, on_parent_failure: str | None = None,
+              conn: psycopg.Connection | None = None) -> "graphs.Graph":
+        """Enqueue independent jobs and a callback run when all succeeded; see :func:`pgworker.graphs.group`."""
+        return graphs.group(self, jobs, callback=callback, on_parent_failure=on_parent_failure, conn=conn)
+
+    def cancel_graph(self, graph_id: int, *, actor: str | None = None) -> dict[str, Any]:
+        """Cancel every unfinished job of a graph; see :func:`pgworker.graphs.cancel_graph`."""
+        return graphs.cancel_graph(self, graph_id, actor=actor)
+
+    def replay_graph(self, graph_id: int, *, actor: str | None = None) -> list[int]:
+        """Replay a graph's dead jobs and what their death cancelled; see :func:`pgworker.graphs.replay_graph`."""
+        return graphs.replay_graph(self, graph_id, actor=actor)

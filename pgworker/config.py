@@ -28,6 +28,7 @@ MAX_PAYLOAD_BYTES = 1024 * 1024
 ERROR_HISTORY_ENTRIES = 10
 ERROR_MESSAGE_MAX_CHARS = 1000
 RESULT_MAX_BYTES = 64 * 1024
+MAX_PARENTS = 1000
 METRICS_PORT = 9186
 STATS_CACHE_SECONDS = 5.0
 STATS_TIMEOUT_SECONDS = 2.0
@@ -156,6 +157,9 @@ class Settings:
         "PGWORKER_RESULT_MAX_BYTES", int, unit="bytes",
         help="Largest handler return value stored as the job's result, as UTF-8 JSON (2-100000000); "
              "a larger one fails the attempt with RESULT_TOO_LARGE."))
+    max_parents: int = field(default=MAX_PARENTS, metadata=_env(
+        "PGWORKER_MAX_PARENTS", int, unit="jobs",
+        help="Most jobs one job may depend on (depends_on), 1-100000; more is refused at enqueue."))
     metrics_port: int = field(default=METRICS_PORT, metadata=_env(
         "PGWORKER_METRICS_PORT", int, unit="TCP port",
         help="Port of /metrics, /healthz and /readyz of `pgworker run`; 0 turns the HTTP server off."))
@@ -270,6 +274,9 @@ class Settings:
             raise ConfigError("error_history_entries must be between 1 and 1000")
         if not 20 <= self.error_message_max_chars <= 100_000:
             raise ConfigError("error_message_max_chars must be between 20 and 100000")
+        if not 1 <= self.max_parents <= 100_000:
+            raise ConfigError(f"max_parents must be between 1 and 100000, got {self.max_parents}; "
+                              "set PGWORKER_MAX_PARENTS")
         if not 2 <= self.result_max_bytes <= 100_000_000:
             raise ConfigError(f"result_max_bytes must be between 2 and 100000000, got {self.result_max_bytes}; "
                               "set PGWORKER_RESULT_MAX_BYTES")

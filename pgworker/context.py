@@ -29,12 +29,14 @@ class JobContext:
     :class:`LeaseLost` or :class:`JobCancelled` in those cases.
     """
 
-    __slots__ = ("job", "_table", "_slot", "progress_value", "_logger")
+    __slots__ = ("job", "_table", "_slot", "progress_value", "_logger", "_app")
 
-    def __init__(self, job: "ClaimedJob", table: "SlotTable | None" = None, slot: int = -1) -> None:
+    def __init__(self, job: "ClaimedJob", table: "SlotTable | None" = None, slot: int = -1,
+                 app: Any = None) -> None:
         self.job = job
         self._table = table
         self._slot = slot
+        self._app = app
         self.progress_value: Any = None
         self._logger: logging.LoggerAdapter | None = None
 
@@ -94,6 +96,16 @@ class JobContext:
             raise LeaseLost(job_id=self.job.id, lease_token=self.job.lease_token, operation="heartbeat")
         if cancel:
             raise JobCancelled(f"job {self.job.id} was cancelled")
+
+    def parent_results(self, conn: Any = None) -> dict[int, Any]:
+        """What this job's parents (``depends_on``) returned: {parent id: result}, each
+        decoded JSON, None for a parent that returned nothing; {} for a job without
+        parents. Every parent has succeeded when a child runs; a parent pruned since
+        (retention) is missing. One query (``conn``, or the App's pool)."""
+        if self._app is None:
+            raise RuntimeError("parent_results() needs the App: this context was built without one")
+        with self._app.connection(conn) as c:
+            return self._app.store.parent_results(c, self.job.id)
 
     def __repr__(self) -> str:
         return f"<JobContext job={self.job.id} task={self.job.task!r} attempt={self.job.attempt}>"

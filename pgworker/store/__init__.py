@@ -16,6 +16,7 @@ from .base import StoreBase, atomic, notify_channel
 
 
 from .console import ConsoleStatements
+from .dependencies import DependencyStatements
 from .enqueue import EnqueueStatements
 from .lifecycle import LifecycleStatements
 from .maintenance import MaintenanceStatements
@@ -27,7 +28,7 @@ __all__ = ["QueueStats", "Store", "atomic", "json_or_none", "notify_channel"]
 
 
 class Store(EnqueueStatements, LifecycleStatements, MaintenanceStatements, OperationStatements, ReadStatements,
-            ResultStatements, ConsoleStatements, StoreBase):
+            ResultStatements, DependencyStatements, ConsoleStatements, StoreBase):
     """Every named statement of one schema, one method each, grouped by area in the
     modules of this package as the statements are in ``sql/queries/``."""
 

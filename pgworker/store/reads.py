@@ -41,11 +41,28 @@ class ReadStatements(StoreBase):
             found = cur.execute(self.queries["job_result_get"], {"id": job_id}).fetchone()
             if found is not None and found["has_result"]:
                 row["result"] = found["result"] if found["result"] is not None else "(lost: see docs/results.md)"
+            # dependencies (docs/graphs.md): shown only for a job that has them
+            parents = cur.execute(self.queries["job_parents_list"], {"id": job_id, "limit": 100}).fetchall()
+            children = cur.execute(self.queries["job_children_list"], {"id": job_id, "limit": 100}).fetchall() \
+                if row.pop("has_children") else []
+            if parents:
+                row["parents"] = parents
+            else:
+                row.pop("on_parent_failure")
+            if children:
+                row["children"] = children
+            if row["graph_id"] is None:
+                row.pop("graph_id")
+            if not row["waiting_parents"]:
+                row.pop("waiting_parents")
         return row
 
     def list_jobs(self, conn: psycopg.Connection, *, queue: str | None, state: str | None,
-                  limit: int) -> list[dict[str, Any]]:
+                  limit: int, graph_id: int | None = None) -> list[dict[str, Any]]:
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        if graph_id is not None:
+            return cur.execute(self.queries["jobs_list_graph"], {"graph_id": graph_id, "state": state,
+                                                                 "limit": limit}).fetchall()
         return cur.execute(self.queries["jobs_list"], {"queue": queue, "state": state,
                                                        "limit": limit}).fetchall()
 

@@ -94,6 +94,22 @@ def returns(payload, ctx):
     return {"echo": payload, "attempt": ctx.attempt}
 
 
+@app.task(name="sturdy", max_attempts=30, retry=FAST)
+def sturdy(payload, ctx):
+    """A parent for the crash tests (issue 21): sleeps payload['seconds'], returns its id."""
+    ledger(ctx, "start")
+    time.sleep(payload.get("seconds", 0))
+    return {"parent": ctx.job_id}
+
+
+@app.task(name="sink", max_attempts=30, retry=FAST)
+def sink(payload, ctx):
+    """A child for the crash tests: records each run with its parents' results."""
+    results = ctx.parent_results()
+    ledger(ctx, "run", note=",".join(str(v["parent"]) for v in results.values()))
+    return len(results)
+
+
 @app.task(name="async_slow", max_attempts=1, timeout=0.5)
 async def async_slow(payload, ctx):
     await asyncio.sleep(30)
