@@ -349,3 +349,24 @@ def test_a_group_callback_gets_every_result(app):
     assert app.result(graph.ids[-1]) == 100
     assert app.result(chained.ids[-1]) == 10
     assert {j["id"] for j in app.list_jobs(graph_id=graph.graph_id)} == set(graph.ids)
+
+
+def test_the_statistics_count_waiting_jobs_and_the_wait_behind_a_dead_parent(app, conn):
+    parent = app.enqueue("t", max_attempts=1, queue="etl")
+    live = app.enqueue("t", queue="etl")
+    for _ in range(3):
+        app.enqueue("t", queue="etl", depends_on=[parent, live])
+    [row] = app.store.queue_stats(conn, ["etl"])
+    assert row["waiting_on_parents"] == 3 and row["blocked_by_dead_parent_age_seconds"] == 0
+    jobs = {j.id: j for j in app.claim("etl", limit=2)}
+    app.fail(jobs[parent], Permanent("x"))
+    conn.execute(sql.SQL("UPDATE {} SET finished_at = now() - interval '2 hours' WHERE id = %s")
+                 .format(sql.Identifier(app.settings.schema, "jobs")), [parent])
+    [row] = app.store.queue_stats(conn, ["etl"])
+    assert row["waiting_on_parents"] == 3 and 7100 < row["blocked_by_dead_parent_age_seconds"] < 7300
+    from pgworker.database_gauges import QueueStatsCollector
+
+    collector = QueueStatsCollector(lambda qs: app.store.queue_stats(conn, qs), lambda: ["etl"], 0)
+    families = {f.name: f for f in collector.collect()}
+    assert families["pgworker_queue_waiting_on_parents"].samples[0].value == 3
+    assert families["pgworker_queue_blocked_by_dead_parent_age_seconds"].samples[0].value > 7100

@@ -59,6 +59,14 @@ SELECT q.queue,
        (SELECT count(DISTINCT j.ordering_key) FROM {schema}.jobs j
          WHERE j.queue = q.queue AND j.state = 'dead' AND j.ordering_key IS NOT NULL
            AND j.dead_blocks_key) AS dead_blocked_keys,
+       -- dependencies (docs/graphs.md): jobs waiting for parents (jobs_waiting_idx), and
+       -- how long the oldest of them has waited behind a dead parent (since it died)
+       (SELECT count(*) FROM {schema}.jobs j
+         WHERE j.queue = q.queue AND j.state = 'pending' AND j.waiting_parents > 0) AS waiting_on_parents,
+       coalesce((SELECT extract(epoch FROM now() - min(p.finished_at)) FROM {schema}.jobs c
+         JOIN {schema}.job_dependencies d ON d.child_id = c.id JOIN {schema}.jobs p ON p.id = d.parent_id
+         WHERE c.queue = q.queue AND c.state = 'pending' AND c.waiting_parents > 0 AND p.state = 'dead'),
+         0)::float8 AS blocked_by_dead_parent_age_seconds,
        coalesce((SELECT qs.paused_at IS NOT NULL FROM {schema}.queues qs WHERE qs.name = q.queue), false) AS paused
 FROM unnest(%(queues)s::text[]) AS q(queue);
 
