@@ -50,7 +50,7 @@ GRANT USAGE ON SCHEMA {schema} TO {worker};
 GRANT SELECT ON {schema}.jobs TO {worker};
 GRANT UPDATE (state, run_at, attempts, lease_owner, lease_token, lease_expires_at, started_at,
               heartbeat_at, finished_at, last_error_code, errors, blocked, cancel_requested_at,
-              dedupe_until)
+              dedupe_until, progress, progress_message, progress_at)
     ON {schema}.jobs TO {worker};
 -- handlers enqueue follow-up jobs (the producer's INSERT); the scheduler enqueues
 -- periodic jobs with their slot

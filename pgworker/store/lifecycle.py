@@ -200,6 +200,12 @@ class LifecycleStatements(StoreBase):
                            keys, lambda r: r[2])
         return FenceReport.build(operation, leases, rows)
 
+    def record_progress(self, conn: psycopg.Connection, lease: Lease, progress: float,
+                        message: str | None) -> bool:
+        """Record a running job's progress (fenced); False when the lease was lost."""
+        return self._exec(conn, "job_progress", {"id": lease.job_id, "token": lease.token, "progress": progress,
+                                                 "message": message}).fetchone() is not None
+
     def lease_states(self, conn: psycopg.Connection, ids: Sequence[int]) -> list[tuple[Any, ...]]:
         """(id, state, lease_token, last_error_code) of jobs, to settle an unknown write."""
         return self._exec(conn, "job_lease_states", {"ids": list(ids)}).fetchall()

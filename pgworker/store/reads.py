@@ -55,6 +55,9 @@ class ReadStatements(StoreBase):
                 row.pop("graph_id")
             if not row["waiting_parents"]:
                 row.pop("waiting_parents")
+            if row["progress_at"] is None:  # never reported: not shown
+                for k in ("progress", "progress_message", "progress_at"):
+                    row.pop(k)
         return row
 
     def list_jobs(self, conn: psycopg.Connection, *, queue: str | None, state: str | None,

@@ -107,3 +107,12 @@ def test_kill_9_of_the_claimers_completing_parents_loses_no_child_and_doubles_no
                    + w.logs()[-3000:])
     assert kills >= 5
     _check_children_ran_after_their_parents(conn, schema, graphs)
+
+
+def test_a_workers_progress_is_on_the_row(env, pg_dsn, conn):
+    schema = env.settings.schema
+    job_id = env.enqueue("progresses")
+    with Worker(pg_dsn, schema, "--concurrency", "1"):
+        assert env.wait_result(job_id, timeout=60) == 0.5
+    job = env.get_job(job_id)
+    assert (job["progress"], job["progress_message"]) == (0.5, "half way") and job["progress_at"] is not None

@@ -94,6 +94,13 @@ def returns(payload, ctx):
     return {"echo": payload, "attempt": ctx.attempt}
 
 
+@app.task(name="progresses", max_attempts=1, renew="progress")
+def progresses(payload, ctx):
+    """Reports its progress durably (issue 21) and returns it."""
+    ctx.progress(0.5, "half way", force=True)
+    return ctx.progress_value
+
+
 @app.task(name="sturdy", max_attempts=30, retry=FAST)
 def sturdy(payload, ctx):
     """A parent for the crash tests (issue 21): sleeps payload['seconds'], returns its id."""

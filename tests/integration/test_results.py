@@ -254,3 +254,39 @@ def test_the_producer_and_viewer_roles_read_results_and_the_worker_stores_them(a
         for r in roles.values():
             conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(r)))
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(r)))
+
+
+def test_progress_is_durable_fenced_rate_limited_and_shown(app, conn):
+    from pgworker import JobContext, LeaseLost
+    from pgworker.worker import slots as s
+
+    schema = app.settings.schema
+    job_id = app.enqueue("t")
+    [job] = app.claim()
+    table = s.SlotTable(2)
+    [slot] = table.put_many([s.SlotEntry(job.id, job.lease_token, 0, job.attempt, 0.0, s.RENEW_PROGRESS)],
+                            claimed_at=time.monotonic())
+    table.start(slot, job.id)
+    ctx = JobContext(job, table, slot, app)
+    before = table.held()[0].progress_at
+    assert ctx.progress(0.25, "a quarter\x00of the rows") is True
+    assert table.held()[0].progress_at > before  # evidence of progress for the lease
+    assert ctx.progress(0.5) is False  # within the interval: shared memory only
+    row = app.get_job(job_id)
+    assert (row["progress"], row["progress_message"]) == (0.25, "a quarter\ufffdof the rows")
+    assert ctx.progress(0.5, "half", force=True) is True
+    assert app.get_job(job_id)["progress"] == 0.5
+    for bad in (1.5, -0.1, float("nan"), "half", True):
+        with pytest.raises(ValueError):
+            ctx.progress(bad)
+    assert len(app.get_job(job_id)["progress_message"]) == 4
+    ctx.progress(0.6, "x" * 1000, force=True)
+    assert len(app.get_job(job_id)["progress_message"]) == 200
+    # fenced: once the lease moved to another attempt, the old context's write is refused
+    expire(conn, schema, job.id)
+    app.reap(retry=NO_BACKOFF)
+    [again] = app.claim()
+    with pytest.raises(LeaseLost):
+        ctx.progress(0.9, "stale", force=True)
+    assert app.get_job(job_id)["progress"] == pytest.approx(0.6)
+    assert "progress" not in app.get_job(app.enqueue("t"))  # never reported: not shown

@@ -155,3 +155,13 @@ EXECUTE FUNCTION {schema}.job_dependencies_parent_gone();
 
 REVOKE ALL ON FUNCTION {schema}.job_dependencies_settle() FROM PUBLIC;
 REVOKE ALL ON FUNCTION {schema}.job_dependencies_parent_gone() FROM PUBLIC;
+
+-- Progress (issue 21): how far a running job has come, written by the handler
+-- (ctx.progress), fenced by the lease token, rate-limited by the worker. No index holds
+-- these columns, so the update is HOT when the page has room.
+ALTER TABLE {schema}.jobs
+    ADD COLUMN progress real,
+    ADD COLUMN progress_message text,
+    ADD COLUMN progress_at timestamptz,
+    ADD CONSTRAINT jobs_progress_range CHECK (progress BETWEEN 0 AND 1),
+    ADD CONSTRAINT jobs_progress_message_length CHECK (length(progress_message) <= 200);

@@ -71,6 +71,17 @@ SELECT j.id, j.lease_token, NULL, NULL, true FROM {schema}.jobs AS j JOIN f ON j
 WHERE j.state::text = 'running' AND j.lease_token = f.token AND j.lease_expires_at > now()
   AND j.id NOT IN (SELECT id FROM locked);
 
+-- name: job_progress
+-- A running job's progress (ctx.progress): a fraction 0-1 and a short message, bounded
+-- by the caller and by CHECK constraints. Fenced like an outcome (id + state + token):
+-- no row means the lease was lost, and the worker's handler is told so. Also a
+-- heartbeat (heartbeat_at). Kept by the job after it finishes, for `pgworker jobs show`.
+UPDATE {schema}.jobs AS j
+SET progress = %(progress)s::real, progress_message = %(message)s::text, progress_at = now(),
+    heartbeat_at = now()
+WHERE j.id = %(id)s AND j.state = 'running' AND j.lease_token = %(token)s
+RETURNING j.id;
+
 -- name: job_complete
 -- Record successes, and what each handler returned. Fenced by id + state + token,
 -- expired lease or not (the token proves ownership while the row is still running: a

@@ -12,7 +12,8 @@ SELECT id, queue, task, payload, state::text AS state, priority, run_at, attempt
        extract(epoch FROM dedupe_window)::float8 AS dedupe_window_seconds, dedupe_until,
        ordering_key, blocked, dead_blocks_key, schedule_name, schedule_slot,
        cancel_requested_at, trace_context, created_at, graph_id, waiting_parents,
-       CASE WHEN cancel_on_parent_failure THEN 'cancel' ELSE 'hold' END AS on_parent_failure, has_children
+       CASE WHEN cancel_on_parent_failure THEN 'cancel' ELSE 'hold' END AS on_parent_failure, has_children,
+       progress, progress_message, progress_at
 FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: job_events_list
