@@ -91,3 +91,25 @@ def summarize_text(job: TextJob, ctx: pgworker.JobContext) -> None:
     counts = Counter(words)
     report = {"doc": job.doc, "words": job.words, "top": counts.most_common(3)}
     _write_atomic(_out("reports", f"{ctx.idempotency_key}.json"), json.dumps(report).encode())
+
+
+@app.task(name="tile_stats", queue="images", max_attempts=3, retry=FAST_RETRY)
+def tile_stats(payload: dict, ctx: pgworker.JobContext) -> dict:
+    """A part of the demo's small graph: how many points of a tile are in the set (its result)."""
+    size, inside = int(payload.get("size", 24)), 0
+    for py in range(size):
+        for px in range(size):
+            c = complex(float(payload["x"]) + (px - size / 2) / size, float(payload["y"]) + (py - size / 2) / size)
+            z, n = 0j, 0
+            while abs(z) <= 2 and n < 40:
+                z, n = z * z + c, n + 1
+            inside += n == 40
+    return {"tile": payload["name"], "inside": inside, "points": size * size}
+
+
+@app.task(name="mosaic", queue="default", max_attempts=3, retry=FAST_RETRY)
+def mosaic(payload: dict, ctx: pgworker.JobContext) -> dict:
+    """The graph's callback: runs once every tile_stats job succeeded, from their results."""
+    parts = list(ctx.parent_results().values())
+    return {"tiles": len(parts), "inside": sum(p["inside"] for p in parts),
+            "points": sum(p["points"] for p in parts)}
