@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
+from . import db
 from .errors import JobDidNotSucceed, JobNotFound, ResultLost, ResultNotReady, ResultTimeout
 
 if TYPE_CHECKING:
@@ -114,10 +115,13 @@ def wait_result(app: App, job_id: int, *, timeout: float, poll_seconds: float = 
     if not poll_seconds > 0:
         raise ValueError(f"poll_seconds must be > 0, got {poll_seconds!r}")
     deadline = time.monotonic() + timeout
-    # A connection of its own (LISTEN is a session's), autocommit so each re-read sees
-    # the latest commit; the LISTEN is sent before the first read, so a completion that
-    # commits in between is either read or notified, never missed.
-    with app.connect(application_name="pgworker-wait-result") as conn:
+    # A connection of its own (LISTEN is a session's: PGWORKER_LISTEN_DSN when set, the
+    # direct connection a pooler deployment gives the listener), autocommit so each re-read
+    # sees the latest commit; the LISTEN is sent before the first read, so a completion
+    # that commits in between is either read or notified, never missed.
+    s = app.settings
+    with db.connect(s.effective_listen_dsn, application_name="pgworker-wait-result",
+                    prepare=s.prepared_statements) as conn:
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(app.store.results_channel)))
         while True:
             finished, value = _settled(job_id, app.store.job_result(conn, job_id))
