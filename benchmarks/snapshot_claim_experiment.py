@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                 hint = max(r[2] for r in rows).isoformat()
                 done += len(rows)
                 if done >= todo[0]:
-                    m = todo.pop(0)
+                    todo.pop(0)
                     hinted = explain(probe, claim, {"hint": hint, "window": a.window})
                     full = explain(probe, claim, {"hint": "-infinity", "window": a.window})
                     row = {"processed": done, "seconds": round(time.monotonic() - t0, 1),

@@ -11,6 +11,7 @@ from .app import App  # noqa: E402
 from .config import Settings  # noqa: E402
 from .context import JobContext  # noqa: E402
 from .errors import (  # noqa: E402
+    AlreadyEnqueued,
     ConfigError,
     DatabaseUnavailable,
     InvalidJob,
@@ -44,6 +45,6 @@ __all__ = [
     "PgworkerError", "ConfigError", "InvalidName", "InvalidJob", "PayloadError", "InvalidPayload",
     "DatabaseUnavailable", "SchemaVersionError", "SchemaNotMigrated", "SchemaTooNew",
     "LeaseLost", "Permanent", "Retry", "Snooze", "JobCancelled", "UnknownTask",
-    "QueuePaused", "ResultNotReady", "JobDidNotSucceed", "ResultLost", "ResultTimeout",
+    "QueuePaused", "AlreadyEnqueued", "ResultNotReady", "JobDidNotSucceed", "ResultLost", "ResultTimeout",
     "__version__",
 ]

@@ -8,7 +8,7 @@ import contextlib
 import os
 import socket
 from datetime import datetime, timedelta
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence, overload
 
 import psycopg
 
@@ -20,14 +20,15 @@ from .jobs import ClaimedJob, Lease, ReapResult, ReplayResult
 from .migrate import MigrationReport, migrate
 from .names import redact_dsn
 from .operations import PRUNE_BATCH, UNSET
-from .producer import JobSpec, Preparer, enqueue_batch, enqueue_one, specs_from
+from .aio import AsyncProducer
+from .producer import JobSpec, Preparer, check_on_conflict, enqueue_batch, enqueue_one, specs_from
 from .retry import Classifier, RetryPolicy
 from .schedules import MISFIRE_GRACE_SECONDS, Periodic
 from .store import Store
 from .tasks import DEFAULT_MAX_ATTEMPTS, Task, check_dedupe_window
 
 
-class App:
+class App(AsyncProducer):
     """A pgworker application: where jobs live (DSN, schema) and which tasks exist.
 
     ``App(dsn)`` or ``App(settings=Settings.from_env())``. Settings not given are read
@@ -61,6 +62,7 @@ class App:
         if settings.dsn is not None:
             db.check_dsn(settings.dsn)
         self.close()
+        self._drop_apool()
         self.settings = settings
         self.store = Store(settings.schema, error_history_entries=settings.error_history_entries)
         self._prepared = Preparer(self.tasks, settings.max_payload_bytes)
@@ -70,6 +72,19 @@ class App:
 
     # -- tasks ----------------------------------------------------------------------
 
+    @overload
+    def task(self, func: Callable[..., Any], /) -> Task: ...
+
+    @overload
+    def task(self, func: None = None, /, *, name: str | None = None,
+             queue: str | None = None, max_attempts: int | None = None,
+             retry: RetryPolicy | None = None, timeout: float | None = None,
+             max_runtime: float | None = None, renew: str | None = None, priority: int = 0,
+             permanent_errors: Sequence[type[BaseException]] = (),
+             payload_type: Callable[..., Any] | None = None, ordering_on_dead: str = "block",
+             dedupe_window: "float | timedelta | None" = None, schedule: str | None = None,
+             schedule_tz: str = "UTC", schedule_missed: str = "latest") -> Callable[[Callable[..., Any]], Task]: ...
+
     def task(self, func: Callable[..., Any] | None = None, *, name: str | None = None,
              queue: str | None = None, max_attempts: int | None = None,
              retry: RetryPolicy | None = None, timeout: float | None = None,
@@ -77,7 +92,7 @@ class App:
              permanent_errors: Sequence[type[BaseException]] = (),
              payload_type: Callable[..., Any] | None = None, ordering_on_dead: str = "block",
              dedupe_window: "float | timedelta | None" = None, schedule: str | None = None,
-             schedule_tz: str = "UTC", schedule_missed: str = "latest") -> Any:
+             schedule_tz: str = "UTC", schedule_missed: str = "latest") -> "Task | Callable[[Callable[..., Any]], Task]":
         """Register a handler: ``@app.task`` or ``@app.task(name=..., queue=...)``.
 
         The handler is ``def f(payload)`` or ``def f(payload, ctx)`` (``async def`` too);
@@ -171,6 +186,7 @@ class App:
     @contextlib.contextmanager
     def connection(self, conn: psycopg.Connection | None = None) -> Iterator[psycopg.Connection]:
         """``conn`` if given (the caller's transaction), else a pooled autocommit connection."""
+        connections.require_sync(conn, None)
         with connections.database_errors(self.settings):
             if conn is not None:
                 yield conn
@@ -219,7 +235,7 @@ class App:
                 dedupe_key: str | None = None, ordering_key: str | None = None,
                 dedupe_window: "float | timedelta | None" = None, ordering_on_dead: str | None = None,
                 depends_on: "Sequence[int] | None" = None, on_parent_failure: str | None = None,
-                graph_id: int | None = None, any_task: bool = False,
+                graph_id: int | None = None, any_task: bool = False, on_conflict: str = "return",
                 conn: psycopg.Connection | None = None) -> int:
         """Enqueue one job and return its id.
 
@@ -234,6 +250,8 @@ class App:
         job with this key is pending or running (and, with ``dedupe_window`` seconds, for
         that long after it succeeded), enqueueing another returns that job's id instead;
         a unique index decides, and a duplicate never aborts the caller's transaction.
+        ``on_conflict='raise'`` raises :class:`AlreadyEnqueued` instead (its ``job_id`` the
+        holder's), so the caller can tell a duplicate from a new job.
         ``ordering_key``: jobs sharing it run one at a time in enqueue order;
         ``ordering_on_dead`` ('block' or 'skip', default the task's) says whether this job,
         if it dies, holds the key's later jobs back. See docs/scheduling.md.
@@ -249,38 +267,47 @@ class App:
         subclass :class:`UnknownTask` included; all ``ValueError``) before touching the
         database, and :class:`DatabaseUnavailable` when PostgreSQL cannot be reached.
         """
+        connections.require_sync(conn, "aenqueue")
         spec = JobSpec(task, payload, queue, priority, run_at, delay, max_attempts, dedupe_key, ordering_key,
-                       dedupe_window, ordering_on_dead, depends_on, None, on_parent_failure, graph_id)
+                       dedupe_window, ordering_on_dead, depends_on=depends_on, on_parent_failure=on_parent_failure,
+                       graph_id=graph_id)
         job = self._prepared.one(spec, any_task)
+        check_on_conflict(on_conflict)
         if has_dependencies(spec) or on_parent_failure is not None:
             with self.connection(conn) as c:
                 return enqueue_graph(self.store, c, [spec], [job], max_parents=self.settings.max_parents,
                                      single=True, metrics=self.metrics)[0]
         with self.connection(conn) as c:
-            return enqueue_one(self.store, c, job, self.metrics)
+            return enqueue_one(self.store, c, job, self.metrics, on_conflict)
 
     def enqueue_many(self, jobs: Iterable["JobSpec | dict[str, Any] | tuple[Any, Any]"], *,
-                     any_task: bool = False, conn: psycopg.Connection | None = None) -> list[int]:
+                     any_task: bool = False, on_conflict: str = "return",
+                     conn: psycopg.Connection | None = None) -> list[int]:
         """Enqueue many jobs in one transaction and return their ids in input order.
 
         Items are :class:`JobSpec`, dicts of its fields, or ``(task, payload)`` tuples.
         Jobs without dedupe or ordering keys go in through COPY; one NOTIFY per queue.
         Every job is validated before anything is written: one bad item (a task name
         this App does not register included, unless ``any_task=True``: see
-        :meth:`enqueue`) raises and inserts nothing.
+        :meth:`enqueue`) raises and inserts nothing. A job whose dedupe key is held gets
+        the holder's id; with ``on_conflict='raise'`` the batch raises
+        :class:`AlreadyEnqueued` (``held_by``: {position: holder id}) and inserts nothing
+        (in the caller's transaction through a savepoint: the transaction stays usable).
 
         Dependencies within the call: a job's ``depends_on`` may name the ``ref`` of an
         earlier job of the call (or an existing job's id); the call's jobs then share a
         graph id (the first job's, unless given). See docs/graphs.md.
         """
+        connections.require_sync(conn, "aenqueue_many")
         specs = specs_from(jobs)
         prepared = self._prepared.many(specs, any_task)
+        check_on_conflict(on_conflict)
         if any(has_dependencies(s) or s.on_parent_failure is not None for s in specs):
             with self.connection(conn) as c:
                 return enqueue_graph(self.store, c, specs, prepared, max_parents=self.settings.max_parents,
                                      metrics=self.metrics)
         with self.connection(conn) as c:
-            return enqueue_batch(self.store, c, prepared, self.metrics)
+            return enqueue_batch(self.store, c, prepared, self.metrics, on_conflict)
 
     # -- the lifecycle, for custom consumers and tests --------------------------------
 
@@ -337,6 +364,7 @@ class App:
         """Cancel a job: pending or dead jobs become cancelled at once ('cancelled' is
         returned); a running job gets a cancellation request its worker sees at the next
         lease renewal ('running' is returned). None when the job is finished or unknown."""
+        connections.require_sync(conn, "acancel")
         return operations.cancel(self, job_id, actor=actor, conn=conn)
 
     def replay(self, job_ids: Sequence[int] = (), *, queue: str | None = None, limit: int = 1000,

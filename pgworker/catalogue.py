@@ -30,7 +30,7 @@ DRAIN_RESULTS = ("succeeded", "deadline", "interrupted", "failed")
 # PGWORKER_PRUNE=false, the reaper, pruner, scheduler and listener not in drain mode. The
 # label is not `service`: the Prometheus Operator's ServiceMonitor adds a target label of
 # that name (the Kubernetes Service), which would rename ours to exported_service.
-LOOPS = ("renewer", "settler", "listener", "reaper", "pruner", "scheduler")
+LOOPS = ("renewer", "settler", "listener", "reaper", "pruner", "scheduler", "registry")
 # The task label of a job whose task this worker did not register (a typo, a rolling
 # deploy, hostile input): one bounded value, not a series per unknown name.
 UNREGISTERED_TASK = "unregistered"

@@ -8,6 +8,7 @@ start-up with the name of the setting to fix rather than as a failure at 3 a.m.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 from dataclasses import dataclass, field, fields
@@ -256,24 +257,29 @@ class Settings:
                 f"the lease ({self.lease_seconds} s) must be at least two renewal intervals ({renew} s): "
                 "a single late renewal would otherwise lose the lease; lower PGWORKER_RENEW_INTERVAL_SECONDS")
         if self.max_runtime_seconds <= 0:
-            raise ConfigError("max_runtime_seconds must be > 0; set PGWORKER_MAX_RUNTIME_SECONDS")
+            raise ConfigError(f"max_runtime_seconds must be > 0, got {self.max_runtime_seconds}; set PGWORKER_MAX_RUNTIME_SECONDS")
         for name in ("poll_interval_seconds", "reap_interval_seconds", "stats_cache_seconds",
                      "stats_timeout_seconds", "completion_flush_seconds", "statement_timeout_seconds",
                      "lock_timeout_seconds", "prune_interval_seconds"):
             if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}; set {_variable(name)}")
         if self.shutdown_grace_seconds < 0:
-            raise ConfigError("shutdown_grace_seconds must be >= 0")
+            raise ConfigError(f"shutdown_grace_seconds must be >= 0, got {self.shutdown_grace_seconds}; "
+                              "set PGWORKER_SHUTDOWN_GRACE_SECONDS")
         if not 1 <= self.max_batch_size <= 10_000:
-            raise ConfigError(f"max_batch_size must be between 1 and 10000, got {self.max_batch_size}")
+            raise ConfigError(f"max_batch_size must be between 1 and 10000, got {self.max_batch_size}; "
+                              "set PGWORKER_MAX_BATCH_SIZE")
         if self.batch_size is not None and not 1 <= self.batch_size <= self.max_batch_size:
-            raise ConfigError(f"batch_size must be between 1 and max_batch_size ({self.max_batch_size}), got {self.batch_size}")
+            raise ConfigError(f"batch_size must be between 1 and max_batch_size ({self.max_batch_size}), got "
+                              f"{self.batch_size}; set PGWORKER_BATCH_SIZE (or auto), or raise PGWORKER_MAX_BATCH_SIZE")
         if self.max_payload_bytes < 2:
-            raise ConfigError("max_payload_bytes must be at least 2")
+            raise ConfigError(f"max_payload_bytes must be at least 2, got {self.max_payload_bytes}; set PGWORKER_MAX_PAYLOAD_BYTES")
         if not 1 <= self.error_history_entries <= 1000:
-            raise ConfigError("error_history_entries must be between 1 and 1000")
+            raise ConfigError(f"error_history_entries must be between 1 and 1000, got {self.error_history_entries}; "
+                              "set PGWORKER_ERROR_HISTORY_ENTRIES")
         if not 20 <= self.error_message_max_chars <= 100_000:
-            raise ConfigError("error_message_max_chars must be between 20 and 100000")
+            raise ConfigError(f"error_message_max_chars must be between 20 and 100000, got {self.error_message_max_chars}; "
+                              "set PGWORKER_ERROR_MESSAGE_MAX_CHARS")
         if not 1 <= self.max_parents <= 100_000:
             raise ConfigError(f"max_parents must be between 1 and 100000, got {self.max_parents}; "
                               "set PGWORKER_MAX_PARENTS")
@@ -281,7 +287,7 @@ class Settings:
             raise ConfigError(f"result_max_bytes must be between 2 and 100000000, got {self.result_max_bytes}; "
                               "set PGWORKER_RESULT_MAX_BYTES")
         if not 0 <= self.metrics_port <= 65535:
-            raise ConfigError(f"metrics_port must be 0-65535, got {self.metrics_port}")
+            raise ConfigError(f"metrics_port must be 0-65535 (0: no server), got {self.metrics_port}; set PGWORKER_METRICS_PORT")
         if self.priority_aging_seconds is not None and not self.priority_aging_seconds > 0:
             raise ConfigError("priority_aging_seconds must be > 0 (or unset for strict priority); "
                               "set PGWORKER_PRIORITY_AGING_SECONDS")
@@ -291,7 +297,7 @@ class Settings:
                 raise ConfigError(f"queue_concurrency for {q!r} must be an integer >= 1, got {n!r}; "
                                   "set PGWORKER_QUEUE_CONCURRENCY like 'emails=2,reports=1'")
         if len({q for q, _ in self.queue_concurrency}) != len(self.queue_concurrency):
-            raise ConfigError("queue_concurrency names a queue twice; give each queue once")
+            raise ConfigError("queue_concurrency names a queue twice; give each queue once in PGWORKER_QUEUE_CONCURRENCY")
         for name in ("retention_succeeded_seconds", "retention_cancelled_seconds", "retention_dead_seconds",
                      "retention_queue_events_seconds"):
             value = getattr(self, name)
@@ -300,7 +306,8 @@ class Settings:
                                   f"set PGWORKER_{name.upper()}")
         if self.synchronous_commit is not None and self.synchronous_commit not in (
                 "on", "off", "local", "remote_write", "remote_apply"):
-            raise ConfigError("synchronous_commit must be one of on, off, local, remote_write, remote_apply")
+            raise ConfigError(f"synchronous_commit must be one of on, off, local, remote_write, remote_apply, got "
+                              f"{self.synchronous_commit!r}; set PGWORKER_SYNCHRONOUS_COMMIT")
 
     def _check_seconds(self) -> None:
         """Every duration is a finite number of seconds within its bound: NaN passes every
@@ -353,8 +360,18 @@ class Settings:
         values.update({k: v for k, v in overrides.items() if v is not None})
         unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
-            raise ConfigError(f"unknown settings: {', '.join(sorted(unknown))}")
+            names = [f.name for f in dataclasses.fields(cls)]
+            close = {k: difflib.get_close_matches(k, names, n=1, cutoff=0.6)
+                     or [n for n in names if n.startswith(f"{k}_")][:1] for k in sorted(unknown)}
+            listed = ", ".join(f"{k} (did you mean {c[0]}?)" if c else k for k, c in close.items())
+            raise ConfigError(f"unknown settings: {listed}; the settings are pgworker.Settings' fields "
+                              "(docs/configuration.md)")
         return cls(**values)
+
+
+def _variable(name: str) -> str:
+    """The environment variable of the setting ``name`` (for the fix an error names)."""
+    return str(next(f.metadata["env"] for f in dataclasses.fields(Settings) if f.name == name))
 
 
 def env_var_names() -> dict[str, str]:

@@ -72,6 +72,25 @@ def borrow(pool: Any) -> Iterator[psycopg.Connection]:
             pooled._pgworker_returned_at = time.monotonic()  # type: ignore[attr-defined]
 
 
+def require_sync(conn: object, async_call: str | None) -> None:
+    """Raise TypeError when ``conn`` is a ``psycopg.AsyncConnection`` given to a sync call,
+    naming the coroutine to await instead (``async_call``, e.g.
+    'aenqueue'), where otherwise psycopg would fail later with "'coroutine' object has no
+    attribute 'fetchone'" and a never-awaited coroutine."""
+    if isinstance(conn, psycopg.AsyncConnection):
+        fix = (f"await app.{async_call}(..., conn=conn)" if async_call
+               else "the App's async call (await app.aenqueue / aenqueue_many / acancel)")
+        raise TypeError(f"conn is a psycopg.AsyncConnection, but this call is synchronous: use {fix}")
+
+
+def require_async(conn: object, sync_call: str) -> None:
+    """Raise TypeError when ``conn`` is a sync ``psycopg.Connection`` given to a coroutine,
+    naming the plain call to use instead (``sync_call``, e.g. 'enqueue')."""
+    if isinstance(conn, psycopg.Connection):
+        raise TypeError(f"conn is a synchronous psycopg.Connection, but this call is a coroutine: use "
+                        f"app.{sync_call}(..., conn=conn) (no await), or pass a psycopg.AsyncConnection")
+
+
 _ROLE_MISSING = re.compile(r'role ".*" does not exist$')
 
 

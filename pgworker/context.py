@@ -47,10 +47,10 @@ class JobContext:
         self._app = app
         self._progress_written_at = 0.0
         self.progress_value: Any = None
-        self._logger: logging.LoggerAdapter | None = None
+        self._logger: "logging.LoggerAdapter[logging.Logger] | None" = None
 
     @property
-    def logger(self) -> logging.LoggerAdapter:
+    def logger(self) -> "logging.LoggerAdapter[logging.Logger]":
         """A logger whose records carry the job's id, attempt, queue and task (built on
         first use: most handlers never log, and a claimer builds a context per job)."""
         if self._logger is None:
@@ -140,7 +140,8 @@ class JobContext:
         if self._app is None:
             raise RuntimeError("parent_results() needs the App: this context was built without one")
         with self._app.connection(conn) as c:
-            return self._app.store.parent_results(c, self.job.id)
+            results: dict[int, Any] = self._app.store.parent_results(c, self.job.id)
+        return results
 
     def __repr__(self) -> str:
         return f"<JobContext job={self.job.id} task={self.job.task!r} attempt={self.job.attempt}>"

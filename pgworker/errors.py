@@ -117,6 +117,27 @@ class DedupeConflict(PgworkerError):
     """Another active job holds this dedupe key."""
 
 
+class AlreadyEnqueued(DedupeConflict):
+    """An enqueue with ``on_conflict='raise'`` found its dedupe key held: nothing was
+    inserted. ``dedupe_key``: the key; ``job_id``: the id of the job holding it;
+    ``held_by``: for a batch, {position in the batch: holder's id} (every refused job)."""
+
+    def __init__(self, dedupe_key: str, job_id: int, *, held_by: "dict[int, int] | None" = None) -> None:
+        self.dedupe_key = dedupe_key
+        self.job_id = job_id
+        self.held_by = dict(held_by) if held_by else {}
+        more = f" ({len(self.held_by)} jobs of the batch refused; nothing of it was inserted)" if self.held_by else ""
+        super().__init__(f"dedupe key {dedupe_key!r} is held by job {job_id}: nothing was enqueued{more}; "
+                         "without on_conflict='raise' the enqueue returns the holder's id")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_already_enqueued, (self.dedupe_key, self.job_id, self.held_by))
+
+
+def _already_enqueued(dedupe_key: str, job_id: int, held_by: "dict[int, int]") -> "AlreadyEnqueued":
+    return AlreadyEnqueued(dedupe_key, job_id, held_by=held_by)
+
+
 # --- control flow for handlers -------------------------------------------------------
 # Handlers raise these (or return Retry/Snooze instances) to steer what happens next.
 

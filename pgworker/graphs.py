@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
-from .producer import JobSpec, specs_from
+from .producer import specs_from
 
 if TYPE_CHECKING:
     import psycopg

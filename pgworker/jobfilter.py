@@ -10,6 +10,7 @@ payload must contain, PostgreSQL's ``@>``).
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from dataclasses import dataclass, fields
@@ -115,6 +116,24 @@ class JobFilter:
             shown = json.dumps(v, separators=(",", ":")) if k == "payload" else v
             parts.append(f"{k.replace('_', ' ')} {shown}")
         return ", ".join(parts) or "every job"
+
+
+#: The keys a filter reads (a list's query string and a bulk operation's ``filter``).
+KEYS = tuple(f.name for f in fields(JobFilter))
+
+
+def check_keys(given: Mapping[str, Any], known: tuple[str, ...] = KEYS, *, what: str = "filter") -> None:
+    """Refuse a key ``known`` does not hold, naming the closest known one: a misspelt
+    key (``tsk``) would otherwise be dropped and a bulk operation widened to every job
+    the rest of the filter matches. Raises :class:`FilterError`."""
+    unknown = [k for k in given if k not in known]
+    if not unknown:
+        return
+    key = str(unknown[0])
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise FilterError(f"{what} key {key!r} is not one pgworker reads ({hint}the keys: {', '.join(known)}); "
+                      "nothing was changed")
 
 
 def _checked(check: Any, value: str | None) -> str | None:

@@ -32,7 +32,7 @@ def load_app(ref: str) -> Any:
     from .app import App
 
     if ":" not in ref:
-        raise ConfigError(f"--app {ref!r} must look like {FORMS}")
+        raise ConfigError(f"--app {ref!r} must look like {FORMS}{_colon_hint(ref)}")
     module_ref, _, attr = ref.rpartition(":")
     call = attr.endswith("()")
     attr = attr.removesuffix("()")
@@ -43,12 +43,35 @@ def load_app(ref: str) -> Any:
     try:
         obj = getattr(module, attr)
     except AttributeError:
-        raise ConfigError(f"--app {ref!r}: module {module_ref!r} has no attribute {attr!r}") from None
+        raise ConfigError(f"--app {ref!r}: module {module_ref!r} has no attribute {attr!r}"
+                          f"{_apps_hint(module_ref, module)}") from None
     if call:
         obj = _call_factory(ref, obj)
     if not isinstance(obj, App):
         raise ConfigError(_not_an_app(ref, module_ref, module, attr, obj))
     return obj
+
+
+def _colon_hint(ref: str) -> str:
+    """The reference the user probably meant: the App's name goes after a colon."""
+    if ref.endswith(".py") or os.sep in ref:
+        return f": did you mean --app {ref}:app (the name of the App in that file after the colon)?"
+    module, dot, attr = ref.rpartition(".")
+    if dot and module and attr:
+        return f": did you mean --app {module}:{attr}?"
+    return f": did you mean --app {ref}:app?" if ref else ""
+
+
+def _apps_hint(module_ref: str, module: ModuleType) -> str:
+    """'; this module's App: --app m:app', or its Apps, or nothing when it holds none."""
+    from .app import App
+
+    apps = sorted(name for name, value in vars(module).items() if isinstance(value, App))
+    if len(apps) == 1:
+        return f"; this module's App: --app {module_ref}:{apps[0]}"
+    if apps:
+        return f"; this module's Apps: {', '.join(apps)}"
+    return "; it defines no pgworker.App (app = pgworker.App(), with its @app.task functions)"
 
 
 def _load_file(ref: str, module_ref: str) -> ModuleType:
@@ -143,8 +166,7 @@ def _not_an_app(ref: str, module_ref: str, module: ModuleType, attr: str, obj: A
         return f"--app {ref!r} is the pgworker Task {obj.name!r}, not an App: {fix}"
     found = ("a class" if inspect.isclass(obj) else "a function" if callable(obj)
              else f"a {type(obj).__name__}")
-    hint = (f"; this module's App: --app {module_ref}:{apps[0]}" if len(apps) == 1
-            else f"; this module's Apps: {', '.join(apps)}" if apps else "")
+    hint = _apps_hint(module_ref, module) if apps else ""
     if callable(obj) and not inspect.isclass(obj):
         hint += f"; if {attr!r} is a factory that returns the App, call it: --app {module_ref}:{attr}()"
     return f"--app {ref!r} is {found}, not a pgworker.App{hint}"

@@ -95,10 +95,14 @@ def configure_queue(app: App, queue: str, *, concurrency_limit: "int | None", ra
                 raise ConfigError(f"burst (CLI: --burst) must be from 1 to {QUEUE_LIMIT_MAX:,} jobs, got {burst!r}")
             params.update(rate=float(rate_limit), burst=float(burst))
         elif burst is not None:
-            raise ConfigError("burst without a rate limit; give rate_limit (CLI: --rate) in jobs per second too")
+            raise ConfigError("burst (CLI: --burst) with the rate limit removed: a burst is the bucket of a rate; "
+                              "give rate_limit (CLI: --rate) in jobs per second with it")
         params["set_rate"] = True
     elif burst is not None:
-        raise ConfigError("burst without a rate limit; give rate_limit (CLI: --rate) in jobs per second too")
+        # a queue that already has a rate was refused with "burst without a rate limit"
+        raise ConfigError("burst (CLI: --burst) is set with its rate: give rate_limit (CLI: --rate) too, even if "
+                          "the queue already has one (e.g. --rate 20 --burst 40; its current rate: "
+                          "`pgworker queue list`)")
     if aging is not UNSET:
         seconds = aging.total_seconds() if isinstance(aging, timedelta) else aging
         if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))

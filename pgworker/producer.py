@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
 import psycopg
 
 from . import tracing
-from .errors import InvalidJob, PayloadError, UnknownTask
+from .errors import AlreadyEnqueued, InvalidJob, PayloadError, UnknownTask
 from .jobs import EARLIEST_TIMESTAMP, MAX_DELAY_SECONDS
 from .names import check_key, check_queue_name, check_task_name
-from .store import Store, atomic
+from .payloads import to_json_value
+from .store import Store
+from .store.plan import Atomic, Plan, run
 from .tasks import (DEFAULT_MAX_ATTEMPTS, ORDERING_ON_DEAD, Task, check_dedupe_window, check_max_attempts,
                     check_ordering_on_dead, check_priority)
 
@@ -32,7 +34,9 @@ if TYPE_CHECKING:
 # rejects it ("unsupported Unicode escape sequence").
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 # One encoder for every payload: json.dumps with options builds a new one per call.
-_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+# ``default``: dataclasses, pydantic models, enums, datetimes... as JSON (pgworker.payloads),
+# called only for values JSON has no form for, so plain payloads cost nothing more.
+_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"), default=to_json_value)
 
 
 class JobSpec(NamedTuple):
@@ -62,10 +66,6 @@ class JobSpec(NamedTuple):
     graph_id: int | None = None
 
 
-#: The JobSpec fields of dependencies (pgworker.dependencies); the rest is prepare()'s.
-DEPENDENCY_FIELDS = ("depends_on", "ref", "on_parent_failure", "graph_id")
-NO_DEPENDENCIES = dict.fromkeys(DEPENDENCY_FIELDS)
-
 
 class PreparedJob(NamedTuple):
     """A validated job with its defaults resolved and its payload as JSON text."""
@@ -86,7 +86,9 @@ class PreparedJob(NamedTuple):
 def serialize_payload(payload: Any, max_bytes: int) -> str:
     """The payload as compact JSON text; raises :class:`PayloadError` naming the fix.
 
-    Refused: values JSON cannot carry (sets, bytes, objects), NaN and infinities (not
+    Dataclass instances, pydantic models, enums, datetimes, UUIDs and Decimals are
+    converted (:func:`pgworker.payloads.to_json_value`). Refused: values JSON cannot carry
+    (sets, bytes, other objects), NaN and infinities (not
     JSON, RFC 8259 section 6), NUL characters and lone surrogates (PostgreSQL ``jsonb``
     cannot store them), nesting deeper than Python's recursion limit, and payloads
     larger than ``max_bytes`` in UTF-8.
@@ -95,7 +97,7 @@ def serialize_payload(payload: Any, max_bytes: int) -> str:
         text = _ENCODER.encode(payload)
     except TypeError as exc:
         raise PayloadError(f"payload is not JSON-serialisable: {exc}; pass dicts, lists, str, "
-                           "int, float, bool or None (convert sets to lists, bytes to base64 text)") from None
+                           "int, float, bool or None, dataclasses or pydantic models of them (sets as lists, bytes as base64 text)") from None
     except ValueError as exc:
         raise PayloadError(f"payload is not valid JSON: {exc}; replace NaN and infinities "
                            "with null or a string") from None
@@ -173,7 +175,7 @@ def prepare(spec: JobSpec, tasks: dict[str, Task], max_payload_bytes: int, *,
     given, and 5 attempts.
     """
     task = spec.task
-    registered: Task | None = task if isinstance(task, Task) else tasks.get(task)  # type: ignore[arg-type]
+    registered: Task | None = task if isinstance(task, Task) else tasks.get(task)
     name = check_task_name(task.name if isinstance(task, Task) else task)
     if registered is None and tasks and not any_task:
         raise UnknownTask(unknown_task_message(name, tasks))
@@ -230,7 +232,7 @@ class Preparer:
                getattr(spec.run_at, "fold", None))
         if spec.depends_on is not None or spec.ref is not None or spec.on_parent_failure is not None \
                 or spec.graph_id is not None:  # pgworker.dependencies reads these; prepare() the rest
-            spec = spec._replace(**NO_DEPENDENCIES)
+            spec = spec._replace(depends_on=None, ref=None, on_parent_failure=None, graph_id=None)
             key = (task if isinstance(task, str) else id(task), any_task, *spec[2:],
                    getattr(spec.run_at, "fold", None))
         try:
@@ -261,13 +263,33 @@ def unknown_task_message(name: str, tasks: dict[str, Task]) -> str:
             "any_task=True (CLI: --any-task)")
 
 
+#: What an enqueue does when the job's dedupe key is held: "return" the holder's id
+#: (the default), or "raise" :class:`AlreadyEnqueued` (nothing inserted).
+ON_CONFLICT = ("return", "raise")
+
+
+def check_on_conflict(value: object) -> str:
+    if value not in ON_CONFLICT:
+        raise InvalidJob(f"on_conflict must be 'return' (a held dedupe key returns the holder's id) or "
+                         f"'raise' (AlreadyEnqueued), got {value!r}")
+    return value
+
+
 def enqueue_one(store: Store, conn: psycopg.Connection, job: PreparedJob,
-                metrics: "WorkerMetrics | None" = None) -> int:
-    """Insert one prepared job; returns its id (the existing job's on a dedupe conflict)."""
+                metrics: "WorkerMetrics | None" = None, on_conflict: str = "return") -> int:
+    """Insert one prepared job; returns its id. On a dedupe conflict nothing is inserted
+    and the holder's id is returned, or :class:`AlreadyEnqueued` raised (``on_conflict``
+    'raise')."""
+    return run(conn, enqueue_one_plan(store, job, metrics, on_conflict))
+
+
+def enqueue_one_plan(store: Store, job: PreparedJob, metrics: "WorkerMetrics | None" = None,
+                     on_conflict: str = "return") -> Plan[int]:
+    """:func:`enqueue_one` as a plan (:mod:`pgworker.store.plan`), for either kind of connection."""
     if job.dedupe_key is None and job.ordering_key is None and not tracing.enabled():
         # the common case, untraced: one statement and nothing around it
-        job_id = store.insert_job(
-            conn, queue=job.queue, task=job.task, payload_json=job.payload_json, priority=job.priority,
+        job_id = yield from store.insert_job_plan(
+            queue=job.queue, task=job.task, payload_json=job.payload_json, priority=job.priority,
             run_at=job.run_at, delay_seconds=job.delay_seconds, max_attempts=job.max_attempts, dedupe_key=None,
             ordering_key=None, trace_context=None)
         if metrics:
@@ -277,8 +299,8 @@ def enqueue_one(store: Store, conn: psycopg.Connection, job: PreparedJob,
         ctx = tracing.carrier(span)
         ctx_json = json.dumps(ctx) if ctx else None
         for _ in range(10):
-            job_id = store.insert_job(
-                conn, queue=job.queue, task=job.task, payload_json=job.payload_json,
+            job_id = yield from store.insert_job_plan(
+                queue=job.queue, task=job.task, payload_json=job.payload_json,
                 priority=job.priority, run_at=job.run_at, delay_seconds=job.delay_seconds,
                 max_attempts=job.max_attempts, dedupe_key=job.dedupe_key,
                 ordering_key=job.ordering_key, trace_context=ctx_json,
@@ -286,21 +308,25 @@ def enqueue_one(store: Store, conn: psycopg.Connection, job: PreparedJob,
             if job_id is not None:
                 if metrics:
                     metrics.enqueued(job.queue, 1)
+                result = job_id
                 break
             # The key is held: return the holder's id. The holder can finish between the
             # insert and this lookup, or its hold have expired (released by the lookup);
             # then the insert is tried again, and the unique index decides once more.
-            holder = store.dedupe_holders(conn, [job.dedupe_key]).get(job.dedupe_key)  # type: ignore[list-item]
+            holders = yield from store.dedupe_holders_plan([job.dedupe_key])  # type: ignore[list-item]
+            holder = holders.get(job.dedupe_key)  # type: ignore[arg-type]
             if holder is not None:
-                job_id = holder
                 if span.is_recording():
                     span.set_attribute("pgworker.dedupe.duplicate", True)
+                if on_conflict == "raise":
+                    raise AlreadyEnqueued(job.dedupe_key, holder)  # type: ignore[arg-type]
+                result = holder
                 break
         else:  # pragma: no cover - needs a job finishing and reappearing 10 times in a row
             raise InvalidJob(f"dedupe key {job.dedupe_key!r} kept changing hands; try again")
         if span.is_recording():
-            span.set_attribute("messaging.message.id", str(job_id))
-        return job_id
+            span.set_attribute("messaging.message.id", str(result))
+        return result
 
 
 # From this many jobs without keys, a bulk enqueue uses COPY (five round trips, then the
@@ -309,14 +335,22 @@ COPY_MIN_JOBS = 1000
 
 
 def enqueue_batch(store: Store, conn: psycopg.Connection, jobs: Sequence[PreparedJob],
-                  metrics: "WorkerMetrics | None" = None) -> list[int]:
+                  metrics: "WorkerMetrics | None" = None, on_conflict: str = "return") -> list[int]:
     """Insert many prepared jobs: without dedupe or ordering keys, one statement for up to
     ``COPY_MIN_JOBS`` jobs, else COPY; with keys, a multi-row insert after the key locks;
     one NOTIFY per queue with a job due now.
 
     Returns ids in input order; a job refused by its dedupe key gets the id of the job
-    holding the key. Runs in one transaction (a savepoint in the caller's, if any).
+    holding the key, or with ``on_conflict='raise'`` the batch raises :class:`AlreadyEnqueued`
+    (``held_by``: {position: holder id}) and inserts nothing (a savepoint in the caller's
+    transaction, which stays usable). Runs in one transaction (inside the caller's, if any).
     """
+    return run(conn, enqueue_batch_plan(store, jobs, metrics, on_conflict))
+
+
+def enqueue_batch_plan(store: Store, jobs: Sequence[PreparedJob], metrics: "WorkerMetrics | None" = None,
+                       on_conflict: str = "return") -> Plan[list[int]]:
+    """:func:`enqueue_batch` as a plan (:mod:`pgworker.store.plan`), for either kind of connection."""
     if not jobs:
         return []
     queues = sorted({j.queue for j in jobs})
@@ -327,7 +361,7 @@ def enqueue_batch(store: Store, conn: psycopg.Connection, jobs: Sequence[Prepare
         if not keyed and len(jobs) < COPY_MIN_JOBS:
             # the common case: one statement (one round trip; on an autocommit connection,
             # one transaction), ids in input order
-            ids = store.insert_jobs_batch(conn, {
+            ids = yield from store.insert_jobs_batch_plan({
                 "queues": [j.queue for j in jobs], "tasks": [j.task for j in jobs],
                 "payloads": [j.payload_json for j in jobs], "priorities": [j.priority for j in jobs],
                 "run_ats": [j.run_at for j in jobs], "delays": [j.delay_seconds for j in jobs],
@@ -336,30 +370,8 @@ def enqueue_batch(store: Store, conn: psycopg.Connection, jobs: Sequence[Prepare
                 for q, n in Counter(j.queue for j in jobs).items():
                     metrics.enqueued(q, n)
             return ids
-        with atomic(conn):
-            ids, db_now = store.allocate_ids(conn, len(jobs))
-            # run_at from the database clock, as single enqueues do
-            run_ats = [j.run_at or (db_now + timedelta(seconds=j.delay_seconds) if j.delay_seconds else db_now)
-                       for j in jobs]
-            holders: dict[int, int] = {}
-            if not keyed:  # a large batch: COPY (its fixed round trips amortised over the rows)
-                store.copy_jobs(conn, ((i, j.queue, j.task, j.payload_json, j.priority, r,
-                                        j.max_attempts, ctx_json)
-                                       for i, j, r in zip(ids, jobs, run_ats)))
-                inserted = {i: r <= db_now for i, r in zip(ids, run_ats)}
-            else:  # a job refused by its dedupe key gets the holder's id
-                inserted, holders = store.insert_jobs_many(conn, {
-                    "ids": ids, "queues": [j.queue for j in jobs], "tasks": [j.task for j in jobs],
-                    "payloads": [j.payload_json for j in jobs],
-                    "priorities": [j.priority for j in jobs], "run_ats": run_ats,
-                    "max_attempts": [j.max_attempts for j in jobs],
-                    "dedupe_keys": [j.dedupe_key for j in jobs],
-                    "dedupe_windows": [j.dedupe_window_seconds for j in jobs],
-                    "ordering_keys": [j.ordering_key for j in jobs],
-                    "dead_blocks_keys": [j.dead_blocks_key for j in jobs],
-                    "trace_contexts": [ctx_json] * len(jobs)})
-            store.notify_queues(conn, {j.queue for i, j in zip(ids, jobs) if inserted.get(i)})
-            out = [holders.get(pos, i) for pos, i in enumerate(ids)]
+        ids, inserted, out = yield Atomic(_batch_plan(store, jobs, keyed, ctx_json, on_conflict),
+                                          savepoint=on_conflict == "raise")
         if metrics:
             counts: dict[str, int] = defaultdict(int)
             for i, j in zip(ids, jobs):
@@ -367,7 +379,39 @@ def enqueue_batch(store: Store, conn: psycopg.Connection, jobs: Sequence[Prepare
                     counts[j.queue] += 1
             for q, n in counts.items():
                 metrics.enqueued(q, n)
-        return out
+        return out  # type: ignore[no-any-return]
+
+
+def _batch_plan(store: Store, jobs: Sequence[PreparedJob], keyed: bool, ctx_json: str | None,
+                on_conflict: str) -> Plan[tuple[list[int], dict[int, bool], list[int]]]:
+    """The transaction of a COPY or keyed batch: (reserved ids, {inserted id: due now}, result)."""
+    ids, db_now = yield from store.allocate_ids_plan(len(jobs))
+    # run_at from the database clock, as single enqueues do
+    run_ats = [j.run_at or (db_now + timedelta(seconds=j.delay_seconds) if j.delay_seconds else db_now)
+               for j in jobs]
+    holders: dict[int, int] = {}
+    if not keyed:  # a large batch: COPY (its fixed round trips amortised over the rows)
+        yield from store.copy_jobs_plan((i, j.queue, j.task, j.payload_json, j.priority, r,
+                                         j.max_attempts, ctx_json)
+                                        for i, j, r in zip(ids, jobs, run_ats))
+        inserted = {i: r <= db_now for i, r in zip(ids, run_ats)}
+    else:  # a job refused by its dedupe key gets the holder's id
+        inserted, holders = yield from store.insert_jobs_many_plan({
+            "ids": ids, "queues": [j.queue for j in jobs], "tasks": [j.task for j in jobs],
+            "payloads": [j.payload_json for j in jobs],
+            "priorities": [j.priority for j in jobs], "run_ats": run_ats,
+            "max_attempts": [j.max_attempts for j in jobs],
+            "dedupe_keys": [j.dedupe_key for j in jobs],
+            "dedupe_windows": [j.dedupe_window_seconds for j in jobs],
+            "ordering_keys": [j.ordering_key for j in jobs],
+            "dead_blocks_keys": [j.dead_blocks_key for j in jobs],
+            "trace_contexts": [ctx_json] * len(jobs)})
+        if holders and on_conflict == "raise":  # undone by the enclosing Atomic's savepoint
+            raise AlreadyEnqueued(jobs[min(holders)].dedupe_key, holders[min(holders)],  # type: ignore[arg-type]
+                                  held_by=holders)
+    yield from store.notify_queues_plan({j.queue for i, j in zip(ids, jobs) if inserted.get(i)})
+    out = [holders.get(pos, i) for pos, i in enumerate(ids)]
+    return ids, inserted, out
 
 
 def specs_from(items: Iterable[Any]) -> list[JobSpec]:

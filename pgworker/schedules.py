@@ -193,7 +193,8 @@ class UnusableScheduleRow(Exception):
 class Scheduler:
     """Fires the due slots of ``periodics``; one per pod (any number may run).
 
-    ``fired`` and ``skipped`` count the slots this scheduler enqueued and skipped;
+    ``fired`` and ``skipped`` count the slots this scheduler enqueued and skipped
+    (``fired_by_queue``: the enqueued ones by queue, for ``pgworker_enqueued_jobs_total``);
     ``errors`` counts, by schedule name, the ticks in which that schedule failed (their
     sum is ``pgworker_schedule_errors_total``).
     """
@@ -202,6 +203,7 @@ class Scheduler:
         self.store = store
         self.periodics = {p.name: p for p in periodics}
         self.fired = 0
+        self.fired_by_queue: Counter[str] = Counter()
         self.skipped = 0
         self.errors: Counter[str] = Counter()
         # Schedules failing now, with the failures of the current streak: the first
@@ -325,6 +327,7 @@ class Scheduler:
         extra = {"action": "schedule", "queue": p.queue}
         if d.enqueue:
             self.fired += 1
+            self.fired_by_queue[p.queue] += 1
             log.info("schedule %r: enqueued job %s for the %s slot", p.name, job_id, d.slot.isoformat(),
                      extra={**extra, "job_id": job_id})
         else:

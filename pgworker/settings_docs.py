@@ -78,8 +78,9 @@ TASK_OPTIONS: dict[str, tuple[str, str]] = {
               "reported progress (`ctx.heartbeat()`) within the last lease."),
     "priority": ("integer", "Higher runs first, -32768 to 32767."),
     "permanent_errors": ("exception types", "Exceptions that make the job dead at once, without retries."),
-    "payload_type": ("callable", "Decodes the payload (a dataclass, say); a failure makes the job dead "
-                     "with PAYLOAD_INVALID."),
+    "payload_type": ("type or callable", "Decodes the payload: a dataclass, TypedDict or pydantic model is "
+                     "checked field by field (default: the annotation of the handler's payload parameter, "
+                     "when it is one of those); a failure makes the job dead at once with PAYLOAD_INVALID."),
     "ordering_on_dead": ("`block` or `skip`", "Whether a dead job of an ordering key holds the key's later "
                          "jobs until replayed or discarded."),
     "dedupe_window": ("seconds", "How long after success a job keeps its dedupe key held."),
@@ -95,6 +96,9 @@ _DURATION_LEGEND = ("a **duration** is a number of seconds, or a number with a u
 
 
 def _g(value: float) -> str:
+    """A number as a reader types it: ``:g`` alone wrote 90 days as 7.776e+06."""
+    if float(value).is_integer() and abs(value) >= 1e6:
+        return f"{int(value):,}"
     return f"{value:g}"
 
 

@@ -10,6 +10,9 @@
   Per queue they would be a read of the history; the workers' counters
   (``pgworker_jobs_finished_total``) have them by queue.
 - The queues' settings rows (paused queues) and the ordering keys held by a dead job.
+- The queues holding due jobs that no live pod of the registry (``pods``) claims from: a
+  misspelt ``queue=`` at enqueue, or a queue no deployment was given, waits forever
+  otherwise. Only said when some pod is alive (between drain runs none is).
 
 So the cost of a status is bounded by the live jobs and the limit, whatever retention
 keeps (it grouped over every row: 17,595 buffers on a modest table).
@@ -25,18 +28,35 @@ import psycopg
 from .catalogue import STATS_STATES
 
 FINISHED_COUNT_LIMIT = 10_000
+PODS_READ = 500
+#: A pod not seen for this many renewal intervals reads as gone (the console's Workers
+#: page, and `pgworker status`'s queues that no live pod claims).
+GONE_AFTER_RENEWALS = 3
+
+
+def pod_status(pod: dict[str, Any], renew_interval: float) -> str:
+    """``"stopped"``, ``"gone"`` or ``"alive"`` for a row of ``pods_list`` (its
+    ``stopped_at`` and ``seen_seconds_ago``, seconds by the database clock), given the
+    renewal interval in seconds that pods refresh their rows on."""
+    if pod["stopped_at"]:
+        return "stopped"
+    return "gone" if pod["seen_seconds_ago"] > GONE_AFTER_RENEWALS * renew_interval else "alive"
 
 
 @dataclass
 class StatusReport:
     """``figures``: one row per queue (see ``Store.queue_figures``); ``finished``: one row
     per finished state with ``jobs`` and whether it is ``estimated``; ``queues``: the
-    settings rows (``Store.list_queues``); ``blocked``: keys held by a dead job."""
+    settings rows (``Store.list_queues``); ``blocked``: keys held by a dead job;
+    ``unclaimed``: see the module docstring."""
 
     figures: list[dict[str, Any]] = field(default_factory=list)
     finished: list[dict[str, Any]] = field(default_factory=list)
     queues: list[dict[str, Any]] = field(default_factory=list)
     blocked: list[dict[str, Any]] = field(default_factory=list)
+    #: Queues with due jobs that no live pod claims: ``queue``, ``due``, and
+    #: ``claimed`` (every queue the live pods claim, sorted).
+    unclaimed: list[dict[str, Any]] = field(default_factory=list)
 
     def state_rows(self) -> list[dict[str, Any]]:
         """One row per queue and live state holding jobs, then one per finished state of
@@ -78,4 +98,27 @@ def status_reads(app: Any, conn: psycopg.Connection) -> StatusReport:
             jobs = max(row["estimated"] or 0, row["counted"])
             finished.append({"state": row["state"], "jobs": jobs, "estimated": True})
     return StatusReport(figures=figures, finished=finished, queues=store.list_queues(conn),
-                        blocked=store.dead_blocked_keys(conn))
+                        blocked=store.dead_blocked_keys(conn),
+                        unclaimed=unclaimed_queues(figures, _pods(store, conn), app.settings.effective_renew_interval))
+
+
+def _pods(store: Any, conn: psycopg.Connection) -> list[dict[str, Any]]:
+    """The registry's rows, or none when this role may not read them (a producer role
+    granted before the registry's column grant: `pgworker sql grants` gives it)."""
+    try:
+        with conn.transaction():
+            return store.pods_claiming(conn, limit=PODS_READ)
+    except psycopg.errors.InsufficientPrivilege:
+        return []
+
+
+def unclaimed_queues(figures: list[dict[str, Any]], pods: list[dict[str, Any]],
+                     renew_interval: float) -> list[dict[str, Any]]:
+    """The queues of ``figures`` with due jobs that no alive pod of ``pods`` (rows of
+    ``pods_list``) claims; empty when no pod is alive."""
+    alive = [p for p in pods if pod_status(p, renew_interval) == "alive"]
+    if not alive:
+        return []
+    claimed = sorted({q for p in alive for q in p["queues"]})
+    return [{"queue": f["queue"], "due": f["due"], "claimed": claimed}
+            for f in figures if f["due"] and f["queue"] not in claimed]

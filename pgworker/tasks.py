@@ -14,6 +14,7 @@ from .config import DEFAULT_QUEUE, MAX_SETTING_SECONDS
 from .errors import ConfigError, InvalidJob, InvalidPayload
 from .jobs import UndecodablePayload
 from .names import check_queue_name, check_task_name
+from .payloads import PayloadValidationError, decoder_for, is_pydantic_model, is_typed_dict, payload_type_of
 from .retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -37,8 +38,10 @@ class Task:
     setting). ``renew``: 'alive' renews the lease while the claimer process lives (up to
     the max runtime); 'progress' only while the handler reported progress within the last
     lease (``ctx.heartbeat()``). ``permanent_errors``: exception types that skip retries.
-    ``payload_type``: a callable (a dataclass, say) that decodes the payload; a failure
-    to decode ends the job dead with code PAYLOAD_INVALID.
+    ``payload_type``: a callable that decodes the payload; a dataclass, TypedDict or
+    pydantic model (given here, or the annotation of the handler's payload parameter) is
+    decoded and checked field by field (:mod:`pgworker.payloads`). A failure to decode
+    ends the job dead at once with code PAYLOAD_INVALID and the failure's message.
     ``ordering_on_dead``: what a dead job does to its ordering key: 'block' (the key's
     later jobs wait until it is replayed or discarded) or 'skip' (they go on).
     ``dedupe_window_seconds``: how long after success a job keeps its dedupe key held
@@ -71,6 +74,28 @@ class Task:
             raise ConfigError(f"task {self.name!r}: renew must be 'alive' or 'progress'")
         check_ordering_on_dead(self.ordering_on_dead)
         check_dedupe_window(self.dedupe_window_seconds)
+        if not isinstance(self.retry, RetryPolicy):
+            raise ConfigError(f"task {self.name!r}: retry must be a pgworker.RetryPolicy, e.g. "
+                              f"retry=pgworker.RetryPolicy(base_seconds=5); got {self.retry!r} "
+                              "(the number of attempts is max_attempts=)")
+        self._check_signature()
+
+    def _check_signature(self) -> None:
+        """The handler must take the payload (and may take the context): one that takes
+        neither was accepted here and failed every attempt of every job with a TypeError."""
+        try:
+            signature = inspect.signature(self.func)
+        except (TypeError, ValueError):  # no signature to read (a builtin): the call decides
+            return
+        for args in ((None, None), (None,)):
+            try:
+                signature.bind(*args)
+                return
+            except TypeError:
+                continue
+        raise ConfigError(f"task {self.name!r}: the handler {getattr(self.func, '__name__', self.func)}{signature} "
+                          "cannot be called as handler(payload) or handler(payload, ctx): take the payload, "
+                          "optionally the pgworker.JobContext, and give any other parameter a default")
 
     # Cached: the claimer asks for every job, and inspect.signature costs ~20 us a call.
     @functools.cached_property
@@ -87,11 +112,31 @@ class Task:
             return True
         return len(params) >= 2
 
+    @functools.cached_property
+    def typed_decoder(self) -> Callable[[Any], Any] | None:
+        """The checking decoder of a dataclass, TypedDict or pydantic payload type: the
+        ``payload_type`` given, else the annotation of the handler's payload parameter
+        (:mod:`pgworker.payloads`); None for any other (or no) type."""
+        tp = self.payload_type
+        if tp is None:
+            tp = payload_type_of(self.func)
+        elif not (isinstance(tp, type) and (dataclasses.is_dataclass(tp) or is_typed_dict(tp)
+                                            or is_pydantic_model(tp))):
+            return None
+        return decoder_for(tp) if tp is not None else None
+
     def decode(self, payload: Any) -> Any:
-        """The payload as the handler wants it; raises :class:`InvalidPayload`."""
+        """The payload as the handler wants it; raises :class:`InvalidPayload` (the job then
+        goes dead at once with PAYLOAD_INVALID) when it does not fit the payload type."""
         if isinstance(payload, UndecodablePayload):
             raise InvalidPayload(f"task {self.name!r}: the stored payload cannot be decoded: {payload.reason} "
                                  f"({payload.size} bytes); fix the producer, then replay or cancel the job")
+        typed = self.typed_decoder
+        if typed is not None:
+            try:
+                return typed(payload)
+            except PayloadValidationError as exc:
+                raise InvalidPayload(f"task {self.name!r}: {exc}") from None
         if self.payload_type is None:
             return payload
         try:
@@ -108,6 +153,12 @@ class Task:
         if self.app is None:
             raise ConfigError(f"task {self.name!r} is not bound to an App")
         return self.app.enqueue(self, payload, **options)
+
+    async def aenqueue(self, payload: Any = None, **options: Any) -> int:
+        """Enqueue a job of this task from asyncio; see :meth:`pgworker.App.aenqueue`."""
+        if self.app is None:
+            raise ConfigError(f"task {self.name!r} is not bound to an App")
+        return await self.app.aenqueue(self, payload, **options)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the handler directly (tests, local use)."""
@@ -161,7 +212,7 @@ def check_ordering_on_dead(value: object) -> str:
     if value not in ORDERING_ON_DEAD:
         raise InvalidJob(f"ordering_on_dead must be 'block' (a dead job holds its ordering key until it "
                          f"is replayed or discarded) or 'skip' (the key's next job runs), got {value!r}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def check_dedupe_window(value: object) -> float | None:

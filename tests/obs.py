@@ -92,7 +92,7 @@ def wait_for_metrics(port: int, predicate: Any, timeout: float = 60.0, message: 
         return text if predicate(text) else None
 
     return wait_until(check, timeout, 0.2, message=lambda: f"{message}; last scrape:\n"
-                      + "\n".join(l for l in last[0].splitlines() if l.startswith("pgworker_")))
+                      + "\n".join(line for line in last[0].splitlines() if line.startswith("pgworker_")))
 
 
 def wait_ready(port: int, timeout: float = 60.0) -> None:

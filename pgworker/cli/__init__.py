@@ -21,7 +21,8 @@ from .jobs import cmd_cancel, cmd_dead, cmd_enqueue, cmd_jobs, cmd_prune
 # The parser's names, importable from here as they were from the single module (the
 # settings reference, pgworker.settings_docs, reads the private value types too).
 from .parser import (ENV_FLAGS, SETTING_FLAGS, SETTING_SWITCHES, _ABSENT, _duration_or_none,  # noqa: F401
-                     _float_or_none, _int_or_none, build_parser, parse_duration, unrecognized)
+                     _float_or_none, _int_or_none, attach_negative_values, build_parser, parse_duration,
+                     unrecognized)
 from .queues import cmd_queue, cmd_status
 from .service import cmd_demo, cmd_migrate, cmd_run, cmd_schedules, cmd_sql, cmd_web
 
@@ -43,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {option} goes after the command's name: `pgworker COMMAND {option} ...` "
               "(`pgworker --help` lists the commands, `pgworker COMMAND --help` their options)", file=sys.stderr)
         return EXIT_USAGE
-    args, extras = parser.parse_known_args(argv)
+    args, extras = parser.parse_known_args(attach_negative_values(parser, argv))
     if extras:
         unrecognized(parser, args, extras)  # exits 2, as parse_args would, with the fix when known
     for dest, (variable, default) in ENV_FLAGS.items():

@@ -167,7 +167,12 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     app = _make_app(args)
     state = app.cancel(args.id)
     if state is None:
-        print(f"error: job {args.id} is unknown or already finished", file=sys.stderr)
+        job = app.get_job(args.id)  # which of the two it is: "unknown or already finished" said neither
+        if job is not None:
+            why = f"job {args.id} has already finished ({job['state']}): there is nothing to cancel"
+        else:
+            why = f"there is no job {args.id} in schema {app.settings.schema!r} (--schema, PGWORKER_SCHEMA)"
+        print(f"error: {why}", file=sys.stderr)
         return 1
     msg = "cancelled" if state == "cancelled" else (
         "cancellation requested (the job is running): its handler sees it with the next lease "

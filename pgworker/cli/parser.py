@@ -5,6 +5,7 @@ environment variable (docs/configuration.md is generated from them)."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 import shlex
 from typing import Any
@@ -16,6 +17,8 @@ _UNITS = {"ms": 0.001, "s": 1, None: 1, "m": 60, "h": 3600, "d": 86400, "w": 604
 def parse_duration(text: str) -> float:
     """'90', '90s', '15m', '12h', '7d', '2w', '250ms' -> seconds."""
     m = _DURATION.match(text)
+    if not m and _DURATION.match(text.strip().removeprefix("-")):
+        raise argparse.ArgumentTypeError(f"{text!r} is negative: a duration is 0 or more, e.g. 30s, 15m, 12h, 7d")
     if not m:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration; use forms like 30s, 15m, 12h, 7d")
     return float(m.group(1)) * _UNITS[m.group(2)]
@@ -141,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(jl)
     for q in (p, jl):
         q.add_argument("--queue", help="only this queue's jobs")
-        q.add_argument("--state", choices=("pending", "running", "succeeded", "dead", "cancelled"),
+        q.add_argument("--state", type=_job_state, choices=("pending", "running", "succeeded", "dead", "cancelled"),
                        help="only jobs in this state")
         q.add_argument("--limit", type=_positive_int, default=50, metavar="N", help="at most N jobs, newest first")
         q.add_argument("--graph", type=int, metavar="ID", help="only the jobs of this graph (docs/graphs.md)")
@@ -259,6 +262,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def attach_negative_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """`--delay -5s` as `--delay=-5s`: argparse reads a value that starts with '-' and is
+    not a plain number as an option, and said only "expected one argument"; attached, the
+    option's own type names what is wrong with it."""
+    takes_value: set[str] = set()
+
+    def walk(p: argparse.ArgumentParser) -> None:
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    walk(sub)
+            elif action.option_strings and action.nargs is None and not isinstance(
+                    action, (argparse._StoreConstAction, argparse._HelpAction, argparse._VersionAction)):
+                takes_value.update(o for o in action.option_strings if o.startswith("--"))
+
+    walk(parser)
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] in takes_value and re.match(r"-\d", arg):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]) -> None:
     """Exit 2 for arguments no parser took, as argparse does, but with the fix for the
     usual slip: `pgworker enqueue send_email '{"to": ...}'` (the payload goes in
@@ -273,11 +301,44 @@ def unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, extr
             "unexpected argument after the task's name (a payload?): give the payload with --payload, e.g. "
             f"`pgworker enqueue {shlex.quote(args.task)} --payload '{{\"to\": \"a@example.com\"}}'`"
             + (f"; also unrecognized: {' '.join(options)}" if options else ""))
-    parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    command = _command_parser(parser, args)
+    known = [o for a in command._actions for o in a.option_strings if o.startswith("--")]
+    hints = []
+    for option in (a.split("=", 1)[0] for a in extras if a.startswith("--")):
+        close = difflib.get_close_matches(option, known, n=1, cutoff=0.6)
+        if close and close[0] != option:
+            hints.append(f"did you mean {close[0]}?")
+    listed = f"`{command.prog} --help` lists its options" if command is not parser else "`pgworker --help`"
+    command.error(f"unrecognized arguments: {' '.join(extras)}" + "".join(f"; {h}" for h in hints) + f" ({listed})")
+
+
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command the arguments name: its usage and options are the
+    ones an error should show (`pgworker jobs list`'s, not the top level's)."""
+    current = parser
+    while True:
+        subs = [a for a in current._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = [a.choices[getattr(args, a.dest)] for a in subs if getattr(args, a.dest, None) in a.choices]
+        if not chosen:
+            return current
+        current = chosen[0]
 
 
 _NONE = ("none", "off", "null", "-")
 _ABSENT: Any = object()
+
+
+# `pgworker status` splits pending jobs by what they wait for; a job's state is pending.
+_STATUS_ONLY = {"due": "due now", "scheduled": "scheduled later", "blocked": "waiting for an earlier job of its "
+                "ordering key (`pgworker dead keys` lists the keys a dead job holds)"}
+
+
+def _job_state(text: str) -> str:
+    if text in _STATUS_ONLY:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is how `pgworker status` counts pending jobs {_STATUS_ONLY[text]}: a job's state is "
+            "pending; use --state pending")
+    return text
 
 
 def _positive_int(text: str) -> int:

@@ -36,6 +36,29 @@ def _settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _make_app(args: argparse.Namespace, *, need_app: bool = False) -> Any:
+    """The App the command works with: the --app's with the flags applied, or one from
+    the environment. Raises :class:`ConfigError`; one refusing a setting that has a
+    flag names the flag beside its variable (the value may have come from either)."""
+    try:
+        return _app_of(args, need_app=need_app)
+    except ConfigError as exc:
+        raise ConfigError(_name_the_flags(str(exc))) from None
+
+
+def _name_the_flags(message: str) -> str:
+    """'set PGWORKER_LEASE_SECONDS' -> 'set --lease or PGWORKER_LEASE_SECONDS'."""
+    from ..config import env_var_names
+
+    variables = env_var_names()
+    for dest, name in SETTING_FLAGS.items():
+        variable = variables.get(name)
+        flag = "--" + dest.replace("_", "-")
+        if variable and f"set {variable}" in message and flag not in message:
+            message = message.replace(f"set {variable}", f"set {flag} or {variable}")
+    return message
+
+
+def _app_of(args: argparse.Namespace, *, need_app: bool) -> Any:
     from ..app import App
     from ..config import Settings
     from ..loader import load_app

@@ -31,6 +31,9 @@ GRANT SELECT (id, queue, task, state, priority, run_at, attempts, max_attempts, 
 -- `queue list`, `queue events`, `schedules`): queue settings and pauses, their audit
 -- trail, the schedules. Nothing in them is a payload or an error message.
 GRANT SELECT ON {schema}.queues, {schema}.queue_events, {schema}.schedules TO {producer};
+-- `pgworker status` names the queues with due jobs that no live pod claims: of the pod
+-- registry, only which queues each pod claims and whether it is alive.
+GRANT SELECT (queues, stopped_at, last_seen) ON {schema}.pods TO {producer};
 -- A duplicate enqueue releases a dedupe hold whose window (after success) has passed.
 GRANT UPDATE (dedupe_until) ON {schema}.jobs TO {producer};
 -- Dependencies (docs/graphs.md): an enqueue with depends_on locks its parents and marks

@@ -15,6 +15,7 @@ from .. import sql as sqlfiles
 from ..errors import SchemaNotMigrated, SchemaTooNew
 from ..jobs import MAX_DELAY_SECONDS, Lease
 from ..names import check_schema_name
+from .plan import Exec, Plan, run
 
 
 def atomic(conn: psycopg.Connection) -> contextlib.AbstractContextManager[Any]:
@@ -104,17 +105,26 @@ class StoreBase:
     # changes the rows, then promotes the next job of each key in a new statement. Claims
     # take no key lock (only the head of a key is claimable) and never wait (SKIP LOCKED).
 
+    def _step(self, name: str, params: dict[str, Any] | None = None, prepare: bool | None = None) -> Exec:
+        """The named statement as a plan's step (see :mod:`pgworker.store.plan`)."""
+        return Exec(self.queries[name], params, prepare)
+
     def lock_ordering_keys(self, conn: psycopg.Connection, keys: Sequence[str]) -> None:
-        self._exec(conn, "ordering_keys_lock", {"namespace": self._ordering_namespace,
-                                                "keys": list(keys)}).fetchall()
+        run(conn, self.lock_ordering_keys_plan(keys))
+
+    def lock_ordering_keys_plan(self, keys: Sequence[str]) -> Plan[None]:
+        yield self._step("ordering_keys_lock", {"namespace": self._ordering_namespace, "keys": list(keys)})
 
     def _promote(self, conn: psycopg.Connection, keys: Iterable[str]) -> list[int]:
         """Unblock the head of each key (the caller holds the keys' locks)."""
+        return run(conn, self._promote_plan(keys))
+
+    def _promote_plan(self, keys: Iterable[str]) -> Plan[list[int]]:
         keys = sorted(set(keys))
         if not keys:
             return []
-        cur = self._exec(conn, "ordering_keys_promote", {"keys": keys, "channel": self.channel})
-        return [r[0] for r in cur.fetchall()]
+        rows = yield self._step("ordering_keys_promote", {"keys": keys, "channel": self.channel})
+        return [r[0] for r in rows]
 
     def promote_ordering_keys(self, conn: psycopg.Connection, keys: Sequence[str]) -> list[int]:
         """Lock the keys, then unblock each key's head (a new statement, fresh snapshot)."""
@@ -127,10 +137,13 @@ class StoreBase:
 
     def ordering_keys_of(self, conn: psycopg.Connection, ids: Sequence[int]) -> dict[int, str]:
         """{job id: ordering key} for those of ``ids`` that have one."""
+        return run(conn, self.ordering_keys_of_plan(ids))
+
+    def ordering_keys_of_plan(self, ids: Sequence[int]) -> Plan[dict[int, str]]:
         if not ids:
             return {}
-        cur = self._exec(conn, "jobs_ordering_keys", {"ids": list(ids)})
-        return {r[0]: r[1] for r in cur.fetchall()}
+        rows = yield self._step("jobs_ordering_keys", {"ids": list(ids)})
+        return {r[0]: r[1] for r in rows}
 
     def _keyed(self, conn: psycopg.Connection, name: str, params: dict[str, Any],
                keys: Iterable[str | None], promote_if: Any) -> list[tuple[Any, ...]]:

@@ -115,6 +115,10 @@ class ConsoleStatements(StoreBase):
     def pods_list(self, conn: psycopg.Connection, *, limit: int) -> list[dict[str, Any]]:
         return self._rows(conn, "pods_list", {"limit": limit})
 
+    def pods_claiming(self, conn: psycopg.Connection, *, limit: int) -> list[dict[str, Any]]:
+        """Per pod (up to ``limit``): ``queues`` it claims, ``stopped_at``, ``seen_seconds_ago``."""
+        return self._rows(conn, "pods_claiming", {"limit": limit})
+
     # -- bulk operations --------------------------------------------------------------
 
     def bulk_operation_create(self, conn: psycopg.Connection, *, kind: str, job_filter: dict[str, Any], actor: str,

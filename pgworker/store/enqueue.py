@@ -1,4 +1,7 @@
-"""Enqueueing: single and bulk inserts, their wake-ups, deduplication (sql/queries/enqueue.sql)."""
+"""Enqueueing: single and bulk inserts, their wake-ups, deduplication (sql/queries/enqueue.sql).
+
+Each operation is a plan (:mod:`pgworker.store.plan`), run by the sync methods here on a
+``psycopg.Connection`` and by :mod:`pgworker.aio` on an ``AsyncConnection``."""
 
 from __future__ import annotations
 
@@ -9,7 +12,8 @@ import psycopg
 from psycopg import sql
 
 from ..errors import InvalidJob
-from .base import StoreBase, atomic
+from .base import StoreBase
+from .plan import Atomic, Copy, Plan, run
 
 
 class EnqueueStatements(StoreBase):
@@ -21,11 +25,24 @@ class EnqueueStatements(StoreBase):
                    trace_context: str | None, dedupe_window_seconds: float | None = None,
                    dead_blocks_key: bool = True) -> int | None:
         """Insert one job (and its wake-up); returns its id, or None on a dedupe conflict."""
+        return run(conn, self.insert_job_plan(
+            queue=queue, task=task, payload_json=payload_json, priority=priority, run_at=run_at,
+            delay_seconds=delay_seconds, max_attempts=max_attempts, dedupe_key=dedupe_key,
+            ordering_key=ordering_key, trace_context=trace_context,
+            dedupe_window_seconds=dedupe_window_seconds, dead_blocks_key=dead_blocks_key))
+
+    def insert_job_plan(self, *, queue: str, task: str, payload_json: str, priority: int,
+                        run_at: datetime | None, delay_seconds: float, max_attempts: int,
+                        dedupe_key: str | None, ordering_key: str | None, trace_context: str | None,
+                        dedupe_window_seconds: float | None = None,
+                        dead_blocks_key: bool = True) -> Plan[int | None]:
+        """:meth:`insert_job` as a plan."""
         if dedupe_key is None and ordering_key is None:
-            return self._exec(conn, "job_insert_plain", {
+            rows = yield self._step("job_insert_plain", {
                 "queue": queue, "task": task, "payload": payload_json, "priority": priority, "run_at": run_at,
                 "delay": delay_seconds, "max_attempts": max_attempts, "trace_context": trace_context,
-                "channel": self.channel}).fetchone()[0]
+                "channel": self.channel})
+            return rows[0][0]  # type: ignore[no-any-return]
         params = {
             "queue": queue, "task": task, "payload": payload_json, "priority": priority,
             "run_at": run_at, "delay": delay_seconds, "max_attempts": max_attempts,
@@ -34,16 +51,22 @@ class EnqueueStatements(StoreBase):
             "trace_context": trace_context, "channel": self.channel, "notify_payload": queue,
         }
         if ordering_key is not None:
-            with atomic(conn):
-                self.lock_ordering_keys(conn, [ordering_key])
-                row = self._exec(conn, "job_insert", params).fetchone()
+            rows = yield Atomic(self._locked_insert_plan([ordering_key], params))
         else:
-            row = self._exec(conn, "job_insert", params).fetchone()
-        return row[0] if row else None
+            rows = yield self._step("job_insert", params)
+        return rows[0][0] if rows else None
+
+    def _locked_insert_plan(self, keys: list[str], params: dict[str, Any]) -> Plan[list[Any]]:
+        yield from self.lock_ordering_keys_plan(keys)
+        rows: list[Any] = yield self._step("job_insert", params)
+        return rows
 
     def allocate_ids(self, conn: psycopg.Connection, count: int) -> tuple[list[int], datetime]:
         """Reserve ``count`` job ids from the jobs sequence; also returns the database's now()."""
-        rows = self._exec(conn, "job_ids_allocate", {"sequence": self._sequence, "count": count}).fetchall()
+        return run(conn, self.allocate_ids_plan(count))
+
+    def allocate_ids_plan(self, count: int) -> Plan[tuple[list[int], datetime]]:
+        rows = yield self._step("job_ids_allocate", {"sequence": self._sequence, "count": count})
         return [r[0] for r in rows], rows[0][1]
 
     def insert_jobs_batch(self, conn: psycopg.Connection, rows: dict[str, list[Any]]) -> list[int]:
@@ -51,8 +74,11 @@ class EnqueueStatements(StoreBase):
         queue with a job due now); ``rows`` holds one list per column (queues, tasks,
         payloads as JSON text, priorities, run_ats, delays in seconds, max_attempts,
         trace_contexts). Returns the new ids in input order."""
-        cur = self._exec(conn, "jobs_insert_batch", {**rows, "sequence": self._sequence, "channel": self.channel})
-        return [r[0] for r in cur.fetchall()]
+        return run(conn, self.insert_jobs_batch_plan(rows))
+
+    def insert_jobs_batch_plan(self, rows: dict[str, list[Any]]) -> Plan[list[int]]:
+        out = yield self._step("jobs_insert_batch", {**rows, "sequence": self._sequence, "channel": self.channel})
+        return [r[0] for r in out]
 
     def insert_jobs_many(self, conn: psycopg.Connection,
                          rows: dict[str, list[Any]]) -> tuple[dict[int, bool], dict[int, int]]:
@@ -74,37 +100,45 @@ class EnqueueStatements(StoreBase):
         each such key's head when nothing of the key is active, which is what the enqueue
         of those jobs one by one would have left.
         """
+        return run(conn, self.insert_jobs_many_plan(rows))
+
+    def insert_jobs_many_plan(self, rows: dict[str, list[Any]]) -> Plan[tuple[dict[int, bool], dict[int, int]]]:
+        result: tuple[dict[int, bool], dict[int, int]] = yield Atomic(self._insert_jobs_many_plan(rows))
+        return result
+
+    def _insert_jobs_many_plan(self, rows: dict[str, list[Any]]) -> Plan[tuple[dict[int, bool], dict[int, int]]]:
         ids, dedupe_keys, ordering_keys = rows["ids"], rows["dedupe_keys"], rows["ordering_keys"]
         keys = sorted({k for k in ordering_keys if k is not None})
-        with atomic(conn):
-            if keys:
-                self.lock_ordering_keys(conn, keys)
-            inserted = self._insert_many(conn, rows)
-            todo = [pos for pos, i in enumerate(ids) if i not in inserted]
-            stranded = {ordering_keys[pos] for pos in todo} - {None}
-            holders: dict[int, int] = {}
-            for _ in range(10):
-                if not todo:
-                    break
-                found = self.dedupe_holders(conn, [dedupe_keys[pos] for pos in todo])
-                for pos in todo:
-                    if (holder := found.get(dedupe_keys[pos])) is not None:
-                        holders[pos] = holder
-                # A key with no holder now was held by a job that finished since, or by an
-                # expired hold (released by dedupe_holders): insert those jobs again with
-                # the ids reserved for them, so that each keeps its place in its key
-                # (behind the earlier jobs, before the later ones of the batch).
-                again = [pos for pos in todo if pos not in holders]
-                if again:
-                    inserted.update(self._insert_many(conn, {c: [v[pos] for pos in again] for c, v in rows.items()}))
-                todo = [pos for pos in again if ids[pos] not in inserted]
-            if todo:  # pragma: no cover - needs a key changing hands 10 times in a row
-                raise InvalidJob(f"dedupe key {dedupe_keys[todo[0]]!r} kept changing hands; try again")
-            self._promote(conn, stranded)
+        if keys:
+            yield from self.lock_ordering_keys_plan(keys)
+        inserted = yield from self._insert_many_plan(rows)
+        todo = [pos for pos, i in enumerate(ids) if i not in inserted]
+        stranded = {ordering_keys[pos] for pos in todo} - {None}
+        holders: dict[int, int] = {}
+        for _ in range(10):
+            if not todo:
+                break
+            found = yield from self.dedupe_holders_plan([dedupe_keys[pos] for pos in todo])
+            for pos in todo:
+                if (holder := found.get(dedupe_keys[pos])) is not None:
+                    holders[pos] = holder
+            # A key with no holder now was held by a job that finished since, or by an
+            # expired hold (released by dedupe_holders): insert those jobs again with
+            # the ids reserved for them, so that each keeps its place in its key
+            # (behind the earlier jobs, before the later ones of the batch).
+            again = [pos for pos in todo if pos not in holders]
+            if again:
+                inserted.update((yield from self._insert_many_plan(
+                    {c: [v[pos] for pos in again] for c, v in rows.items()})))
+            todo = [pos for pos in again if ids[pos] not in inserted]
+        if todo:  # pragma: no cover - needs a key changing hands 10 times in a row
+            raise InvalidJob(f"dedupe key {dedupe_keys[todo[0]]!r} kept changing hands; try again")
+        yield from self._promote_plan(stranded)
         return inserted, holders
 
-    def _insert_many(self, conn: psycopg.Connection, rows: dict[str, list[Any]]) -> dict[int, bool]:
-        return {r[0]: r[1] for r in self._exec(conn, "jobs_insert_many", rows).fetchall()}
+    def _insert_many_plan(self, rows: dict[str, list[Any]]) -> Plan[dict[int, bool]]:
+        out = yield self._step("jobs_insert_many", rows)
+        return {r[0]: r[1] for r in out}
 
     def copy_jobs(self, conn: psycopg.Connection, rows: Iterable[tuple[Any, ...]]) -> None:
         """COPY jobs without dedupe or ordering keys (ids reserved by :meth:`allocate_ids`).
@@ -113,22 +147,27 @@ class EnqueueStatements(StoreBase):
         (the server parses jsonb from text in either format), so no row needs a Python
         jsonb wrapper and psycopg formats each row in C.
         """
+        run(conn, self.copy_jobs_plan(rows))
+
+    def copy_jobs_plan(self, rows: Iterable[tuple[Any, ...]]) -> Plan[None]:
         stmt = sql.SQL("COPY {} (id, queue, task, payload, priority, run_at, max_attempts, trace_context) "
                        "FROM STDIN").format(self._jobs_table)
-        with conn.cursor() as cur:
-            with cur.copy(stmt) as copy:
-                for r in rows:
-                    copy.write_row(r)
+        yield Copy(stmt, rows)
 
     def dedupe_holders(self, conn: psycopg.Connection, keys: Sequence[str]) -> dict[str, int]:
         """{dedupe key: id of the job holding it}, after releasing expired holds; a key
         missing from the result is free (insert again)."""
-        cur = self._exec(conn, "dedupe_holders", {"keys": sorted(set(keys))})
-        return {r[0]: r[1] for r in cur.fetchall()}
+        return run(conn, self.dedupe_holders_plan(keys))
+
+    def dedupe_holders_plan(self, keys: Sequence[str]) -> Plan[dict[str, int]]:
+        rows = yield self._step("dedupe_holders", {"keys": sorted(set(keys))})
+        return {r[0]: r[1] for r in rows}
 
     def notify_queues(self, conn: psycopg.Connection, queues: Iterable[str]) -> None:
         """One NOTIFY per queue (delivered when the transaction commits)."""
+        run(conn, self.notify_queues_plan(queues))
+
+    def notify_queues_plan(self, queues: Iterable[str]) -> Plan[None]:
         payloads = sorted(set(queues))
         if payloads:
-            self._exec(conn, "queues_notify", {"channel": self.channel, "payloads": payloads}).fetchall()
-
+            yield self._step("queues_notify", {"channel": self.channel, "payloads": payloads})

@@ -7,7 +7,8 @@ from typing import Any, Sequence
 import psycopg
 
 from ..jobs import ReplayResult
-from .base import StoreBase, atomic
+from .base import StoreBase
+from .plan import Atomic, Plan, run
 
 
 class OperationStatements(StoreBase):
@@ -18,19 +19,27 @@ class OperationStatements(StoreBase):
         cancellation was requested from its worker), or None when nothing was cancellable.
         A job cancelled at once (pending, or a dead job discarded) promotes the next job of
         its ordering key; its key is locked first (read without a lock: it never changes)."""
-        keys = list(self.ordering_keys_of(conn, [job_id]).values())
-        with atomic(conn):
-            if keys:
-                self.lock_ordering_keys(conn, keys)
-            row = self._exec(conn, "job_cancel", {"id": job_id}).fetchone()
-            if row is None:
-                return None
-            self._exec(conn, "job_event_insert", {
-                "ids": [job_id], "kind": "cancel_requested" if row[1] == "running" else "cancelled",
-                "actor": actor, "detail": None})
-            if row[1] == "cancelled" and row[2] is not None:
-                self._promote(conn, [row[2]])
-        return row[1]
+        return run(conn, self.cancel_plan(job_id, actor=actor))
+
+    def cancel_plan(self, job_id: int, *, actor: str | None) -> Plan[str | None]:
+        """:meth:`cancel` as a plan (:mod:`pgworker.store.plan`)."""
+        keys = list((yield from self.ordering_keys_of_plan([job_id])).values())
+        state: str | None = yield Atomic(self._cancel_plan(job_id, keys, actor))
+        return state
+
+    def _cancel_plan(self, job_id: int, keys: list[str], actor: str | None) -> Plan[str | None]:
+        if keys:
+            yield from self.lock_ordering_keys_plan(keys)
+        rows = yield self._step("job_cancel", {"id": job_id})
+        if not rows:
+            return None
+        row = rows[0]
+        yield self._step("job_event_insert", {
+            "ids": [job_id], "kind": "cancel_requested" if row[1] == "running" else "cancelled",
+            "actor": actor, "detail": None})
+        if row[1] == "cancelled" and row[2] is not None:
+            yield from self._promote_plan([row[2]])
+        return row[1]  # type: ignore[no-any-return]
 
     def replay(self, conn: psycopg.Connection, *, ids: Sequence[int] = (), queue: str | None = None,
                limit: int = 1000, actor: str | None) -> ReplayResult:
@@ -42,27 +51,36 @@ class OperationStatements(StoreBase):
         left behind the one of its key just replayed names that one). The keys are locked
         first, expired dedupe holds released. Ids that were not dead are in ``not_dead``.
         """
-        targets = self._exec(conn, "jobs_replay_targets", {"ids": list(ids), "queue": queue,
-                                                           "limit": limit}).fetchall()
+        return run(conn, self.replay_plan(ids=ids, queue=queue, limit=limit, actor=actor))
+
+    def replay_plan(self, *, ids: Sequence[int] = (), queue: str | None = None, limit: int = 1000,
+                    actor: str | None) -> Plan[ReplayResult]:
+        """:meth:`replay` as a plan (:mod:`pgworker.store.plan`)."""
+        targets = yield self._step("jobs_replay_targets", {"ids": list(ids), "queue": queue, "limit": limit})
         if not targets:
             return ReplayResult(not_dead=sorted(set(ids)))
         keys = sorted({r[1] for r in targets if r[1] is not None})
-        dedupe = [r[2] for r in targets if r[2] is not None]
-        with atomic(conn):
-            if keys:
-                self.lock_ordering_keys(conn, keys)
-            if dedupe:
-                self.dedupe_holders(conn, dedupe)  # releases expired holds first
-            cur = self._exec(conn, "jobs_replay", {"ids": [r[0] for r in targets], "actor": actor,
-                                                   "channel": self.channel})
-            replayed = [r[0] for r in cur.fetchall()]
-            done = set(replayed)
-            left = [r for r in targets if r[0] not in done and r[2] is not None]
-            holders = self.dedupe_holders(conn, [r[2] for r in left]) if left else {}
-            self._promote(conn, keys)
+        replayed, left, holders = yield Atomic(self._replay_plan(targets, keys, actor))
+        done = set(replayed)
         held_by = {r[0]: holders[r[2]] for r in left if r[2] in holders}
         return ReplayResult(replayed, held_by=held_by,
                             not_dead=sorted(set(ids) - done - set(held_by)))
+
+    def _replay_plan(self, targets: list[Any], keys: list[str],
+                     actor: str | None) -> Plan[tuple[list[int], list[Any], dict[str, int]]]:
+        dedupe = [r[2] for r in targets if r[2] is not None]
+        if keys:
+            yield from self.lock_ordering_keys_plan(keys)
+        if dedupe:
+            yield from self.dedupe_holders_plan(dedupe)  # releases expired holds first
+        rows = yield self._step("jobs_replay", {"ids": [r[0] for r in targets], "actor": actor,
+                                                "channel": self.channel})
+        replayed = [r[0] for r in rows]
+        done = set(replayed)
+        left = [r for r in targets if r[0] not in done and r[2] is not None]
+        holders = (yield from self.dedupe_holders_plan([r[2] for r in left])) if left else {}
+        yield from self._promote_plan(keys)
+        return replayed, left, holders
 
     # -- queues ---------------------------------------------------------------------
 

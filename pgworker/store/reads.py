@@ -8,6 +8,7 @@ from typing import Any, Iterable, Sequence
 import psycopg
 
 from .base import StoreBase
+from .plan import Exec, Plan, run
 
 
 class QueueStats(list):  # type: ignore[type-arg]
@@ -32,32 +33,38 @@ class ReadStatements(StoreBase):
     """Reads: jobs, statistics, table health, periodic jobs' rows."""
 
     def get_job(self, conn: psycopg.Connection, job_id: int) -> dict[str, Any] | None:
-        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-        row = cur.execute(self.queries["job_get"], {"id": job_id}).fetchone()
-        if row is not None:
-            events = conn.cursor(row_factory=psycopg.rows.dict_row).execute(
-                self.queries["job_events_list"], {"id": job_id}).fetchall()
-            row["events"] = events
-            found = cur.execute(self.queries["job_result_get"], {"id": job_id}).fetchone()
-            if found is not None and found["has_result"]:
-                row["result"] = found["result"] if found["result"] is not None else "(lost: see docs/results.md)"
-            # dependencies (docs/graphs.md): shown only for a job that has them
-            parents = cur.execute(self.queries["job_parents_list"], {"id": job_id, "limit": 100}).fetchall()
-            children = cur.execute(self.queries["job_children_list"], {"id": job_id, "limit": 100}).fetchall() \
-                if row.pop("has_children") else []
-            if parents:
-                row["parents"] = parents
-            else:
-                row.pop("on_parent_failure")
-            if children:
-                row["children"] = children
-            if row["graph_id"] is None:
-                row.pop("graph_id")
-            if not row["waiting_parents"]:
-                row.pop("waiting_parents")
-            if row["progress_at"] is None:  # never reported: not shown
-                for k in ("progress", "progress_message", "progress_at"):
-                    row.pop(k)
+        return run(conn, self.get_job_plan(job_id))
+
+    def get_job_plan(self, job_id: int) -> Plan[dict[str, Any] | None]:
+        """The job's row as a dict (with ``events``, its audit entries; ``result``,
+        ``parents``, ``children`` and the progress columns when it has them), or None; a
+        plan (:mod:`pgworker.store.plan`)."""
+        rows = yield Exec(self.queries["job_get"], {"id": job_id}, dict_rows=True)
+        if not rows:
+            return None
+        row: dict[str, Any] = rows[0]
+        row["events"] = yield Exec(self.queries["job_events_list"], {"id": job_id}, dict_rows=True)
+        found = yield Exec(self.queries["job_result_get"], {"id": job_id}, dict_rows=True)
+        if found and found[0]["has_result"]:
+            row["result"] = found[0]["result"] if found[0]["result"] is not None else "(lost: see docs/results.md)"
+        # dependencies (docs/graphs.md): shown only for a job that has them
+        parents = yield Exec(self.queries["job_parents_list"], {"id": job_id, "limit": 100}, dict_rows=True)
+        children: list[dict[str, Any]] = []
+        if row.pop("has_children"):
+            children = yield Exec(self.queries["job_children_list"], {"id": job_id, "limit": 100}, dict_rows=True)
+        if parents:
+            row["parents"] = parents
+        else:
+            row.pop("on_parent_failure")
+        if children:
+            row["children"] = children
+        if row["graph_id"] is None:
+            row.pop("graph_id")
+        if not row["waiting_parents"]:
+            row.pop("waiting_parents")
+        if row["progress_at"] is None:  # never reported: not shown
+            for k in ("progress", "progress_message", "progress_at"):
+                row.pop(k)
         return row
 
     def list_jobs(self, conn: psycopg.Connection, *, queue: str | None, state: str | None,

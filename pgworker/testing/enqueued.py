@@ -7,6 +7,7 @@ the other jobs by task and state.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections import Counter
 from typing import Any, Iterable
@@ -146,8 +147,8 @@ class _Matcher:
 
 def _explain(app: Any, match: _Matcher, jobs: list[JobRow], found: list[JobRow]) -> str:
     """What was enqueued: the task's jobs with their mismatches, then the others by count."""
-    if not jobs:
-        return f"No job at all is in schema {app.settings.schema!r}."
+    if not jobs:  # a misspelt task name is as likely here as with other jobs about
+        return f"No job at all is in schema {app.settings.schema!r}" + _registration_hint(app, match.task) + "."
     mine = [j for j in jobs if match.task is None or j.task == match.task]
     lines = []
     if not mine:
@@ -178,7 +179,9 @@ def _registration_hint(app: Any, task: str | None) -> str:
     if task is None or task in getattr(app, "tasks", {}):
         return ""
     known = ", ".join(repr(t) for t in sorted(app.tasks)) or "none"
-    return f" (and no task of that name is registered on this App: registered are {known})"
+    close = difflib.get_close_matches(task, list(app.tasks), n=1, cutoff=0.6)
+    meant = f"; did you mean {close[0]!r}?" if close else ""
+    return f" (and no task of that name is registered on this App: registered are {known}{meant})"
 
 
 def _job_line(j: JobRow) -> str:
@@ -220,9 +223,12 @@ def _same_scalar(a: Any, b: Any) -> bool:
 
 
 def _as_json(value: Any, name: str) -> Any:
-    """``value`` as it comes back from a jsonb column (tuples become lists, ...)."""
+    """``value`` as it comes back from a jsonb column (tuples become lists, a dataclass or
+    pydantic model the dict enqueue stores for it, ...)."""
+    from ..payloads import to_json_value
+
     try:
-        return json.loads(json.dumps(value, allow_nan=False))
+        return json.loads(json.dumps(value, allow_nan=False, default=to_json_value))
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{name}= must be JSON-serialisable like a job's payload: {exc}") from None
 

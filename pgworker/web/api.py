@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 from .. import bulk
 from ..errors import ConfigError
-from ..jobfilter import JobFilter
+from ..jobfilter import KEYS, JobFilter, check_keys
 from .pages import bulk as bulk_page
 from .pages.dead import dead_data
 from .pages.job import apply_action, job_data
@@ -59,6 +59,8 @@ async def overview(request: Request) -> Response:
 
 async def jobs(request: Request) -> Response:
     ctx = await request.app.state.console.enter(request)
+    # a misspelt filter (?tsk=) listed every job as if it matched
+    check_keys(request.query_params, (*KEYS, "sort", "cursor"), what="query")
     return Json(_filter_out(await ctx.db(jobs_data, ctx, request.query_params)))
 
 
@@ -123,6 +125,7 @@ async def queue_action(request: Request) -> Response:
         return Json({"resumed": await ctx.db(ctx.app.resume_queue, queue, actor=ctx.actor)})
     body = await _body(request)
     names = {"concurrency": "concurrency_limit", "rate": "rate_limit", "burst": "burst", "aging": "aging"}
+    check_keys(body, tuple(names), what="limits")  # a misspelt limit would be a silent no-op
     limits = {names[k]: v for k, v in body.items() if k in names}
     return Json(await ctx.db(lambda: ctx.app.configure_queue(queue, actor=ctx.actor, **limits)))
 
@@ -130,6 +133,7 @@ async def queue_action(request: Request) -> Response:
 async def create_operation(request: Request) -> Response:
     ctx = await request.app.state.console.enter(request, "bulk")
     body = await _body(request)
+    check_keys(body, ("kind", "filter"), what="request")  # a misspelt "filter" would mean every job
     kind = str(body.get("kind") or "")
     if kind not in bulk.KINDS:
         raise ConfigError(f"kind must be one of {', '.join(bulk.KINDS)}")
@@ -137,7 +141,8 @@ async def create_operation(request: Request) -> Response:
     raw = body.get("filter") or {}
     if not isinstance(raw, dict):
         raise ConfigError('filter must be an object such as {"state": "dead", "task": "send_email"}')
-    job_filter = JobFilter.parse({k: (v if k == "payload" else str(v)) for k, v in raw.items()})
+    check_keys(raw)  # a misspelt key, dropped, would widen the operation to every job the rest matches
+    job_filter = JobFilter.parse({k: (v if k == "payload" or v is None else str(v)) for k, v in raw.items()})
     op = await ctx.db(bulk.create, ctx.app, kind, job_filter, actor=ctx.actor)
     if ctx.console.applier is not None:
         ctx.console.applier.wake.set()

@@ -92,6 +92,10 @@ class Console:
                 ("application/x-www-form-urlencoded", "multipart/form-data")):
             token = (await request.form()).get("csrf_token")
         if not security.csrf_valid(self.config.secret, principal.name, token if isinstance(token, str) else None):
+            if "/api/" in request.url.path:
+                # a script, not a page: reloading is no fix for it
+                raise Refused(403, "missing or expired CSRF token: GET /api/csrf and send its token in the "
+                                   "X-CSRF-Token header (or use a bearer token, PGWORKER_WEB_TOKENS, which needs none)")
             raise Refused(403, "missing or expired CSRF token: reload the page and try again")
 
     # -- services started on first use ----------------------------------------------------

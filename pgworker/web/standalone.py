@@ -8,9 +8,11 @@ admin). Listening beyond loopback without credentials is refused with the fix.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import os
+import socket
 from typing import Any, Mapping
 
 from ..errors import ConfigError
@@ -59,10 +61,34 @@ def serve(app: Any, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, confi
 
     config = config or WebConfig.from_env()
     web = build(app, host=host, config=config)
+    sock = listen_socket(host, port)
     shown = f"[{host}]" if ":" in host else host
     print(f"pgworker console on http://{shown}:{port}{root_path or ''}/ (schema {app.settings.schema!r}"
           f"{', read-only' if config.read_only else ''})", flush=True)
     server = uvicorn.Server(uvicorn.Config(web, host=host, port=port, root_path=root_path, log_level=log_level,
                                            proxy_headers=False, server_header=False, lifespan="on"))
-    server.run()
+    server.run(sockets=[sock])
     return 0
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The console's bound socket, made here rather than by uvicorn so that a port in use
+    is refused with the fix before the console says it serves (uvicorn printed the URL,
+    then "[Errno 98] ... address already in use" and exited 3). Raises ConfigError."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve the console on {host!r}: {exc}; give an address of this host with "
+                          "--host (default 127.0.0.1)") from None
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(f"port {port} on {host} is already in use (another `pgworker web`, or a "
+                              "`pgworker demo --keep` console?): choose another with --port") from None
+        raise ConfigError(f"cannot serve the console on {host}:{port}: {exc.strerror}; set --host and --port") from None
+    sock.set_inheritable(True)
+    return sock

@@ -9,6 +9,7 @@ every ``RESYNC_SECONDS``).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 import psycopg
@@ -45,10 +46,14 @@ class SchedulerService(Service):
 
 
 def tick(scheduler: Scheduler, conn: psycopg.Connection, metrics: Any) -> float:
-    """One tick of ``scheduler``, counting its schedules' failures in the metrics; returns
-    the seconds until the next slot."""
+    """One tick of ``scheduler``, counting its schedules' failures and the jobs it
+    enqueued (by queue, as every enqueue is) in the metrics; returns the seconds until
+    the next slot."""
     before = sum(scheduler.errors.values())
+    fired = Counter(scheduler.fired_by_queue)
     try:
         return scheduler.tick(conn)
     finally:
         metrics.schedule_errors(sum(scheduler.errors.values()) - before)
+        for queue, n in (scheduler.fired_by_queue - fired).items():
+            metrics.enqueued(queue, n)

@@ -40,7 +40,13 @@ def test_operator_workflow(pg_dsn, schema):
     shown = js(cli(pg_dsn, schema, "jobs", "show", str(job), "--json"))
     assert shown["payload"] == {"month": "2026-11"} and shown["state"] == "pending"
     assert "job %d: cancelled" % delayed in cli(pg_dsn, schema, "cancel", str(delayed)).stdout
-    assert cli(pg_dsn, schema, "cancel", str(delayed), check=False).returncode == 1
+    again = cli(pg_dsn, schema, "cancel", str(delayed), check=False)
+    assert again.returncode == 1
+    # it said "unknown or already finished": which, and what there is to do
+    assert again.stderr == f"error: job {delayed} has already finished (cancelled): there is nothing to cancel\n"
+    unknown = cli(pg_dsn, schema, "cancel", "987654", check=False)
+    assert unknown.returncode == 1
+    assert unknown.stderr == f"error: there is no job 987654 in schema {schema!r} (--schema, PGWORKER_SCHEMA)\n"
     table = cli(pg_dsn, schema, "status").stdout
     assert "QUEUE" in table and "reports" in table and "due" in table
     assert "finished jobs, all queues" in table and "cancelled" in table  # the job cancelled above

@@ -230,7 +230,7 @@ def test_a_stalled_background_loop_shows_in_its_last_success(env, pg_dsn, conn):
     fast = {"PGWORKER_PRUNE_INTERVAL_SECONDS": "0.5"}
     with worker(pg_dsn, schema, "--concurrency", "2", "--reap-interval", "0.5", "--lease", "3",
                 "--poll-interval", "0.3", "--no-stats", port=port, env=fast) as w:
-        services = {"renewer", "settler", "listener", "reaper", "pruner"}
+        services = {"renewer", "settler", "listener", "reaper", "pruner", "registry"}
         text = wait_for_metrics(port, lambda t: set(service_loops(t)) == services and len(claimer_loops(t)) == 2,
                                 60, "a last-success timestamp for every service and claimer")
         intervals = {ls["loop"]: v for ls, v in series(text, "pgworker_loop_interval_seconds")}

@@ -109,7 +109,7 @@ class Buildah:
         return json.loads(self("inspect", "--type", "image", name).stdout)["OCIv1"]["config"]
 
     def images(self) -> list[dict]:
-        return json.loads(self("images", "--json").stdout or "[]")
+        return json.loads(self("images", "--json").stdout or "[]") or []
 
 
 @contextlib.contextmanager
@@ -137,7 +137,8 @@ def debian_base(buildah: Buildah) -> tuple[str, float | None]:
             return name, None
         # A run killed while it built the base left its container (nothing else in this
         # storage starts from scratch, and the lock says no base is being built now).
-        for ctr in json.loads(buildah("containers", "--json").stdout or "[]"):
+        # An empty storage prints "null", not "[]".
+        for ctr in json.loads(buildah("containers", "--json").stdout or "[]") or []:
             if ctr.get("imagename") == "scratch":
                 buildah("rm", ctr["id"], check=False)
         started = time.monotonic()

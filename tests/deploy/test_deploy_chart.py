@@ -282,6 +282,19 @@ def test_cronjob():
     assert not {"livenessProbe", "readinessProbe", "startupProbe", "ports"} & set(c)
 
 
+def test_cronjob_names_fit_kubernetes_limit_with_a_long_release_name():
+    """Kubernetes refuses a CronJob whose name is over 52 characters (the Jobs it creates
+    append 11); the fullname is cut at 63, so both CronJobs cut their own names."""
+    long_name = "a-release-name-of-exactly-sixty-three-characters-for-this-test1"
+    assert len(long_name) == 63
+    values = merge(scenario_values("cronjob"), {"fullnameOverride": long_name, "prune": {"enabled": True}})
+    crons = by_kind(documents(render(values)), "CronJob")
+    assert len(crons) == 2, [c["metadata"]["name"] for c in crons]
+    for cron in crons:
+        name = cron["metadata"]["name"]
+        assert len(name) <= 52 and not name.endswith("-"), name
+
+
 def _documented_exit_codes() -> dict[int, str]:
     """{code: meaning} of the exit-code table of docs/deploy.md (which
     tests/acceptance/test_exit_codes.py checks against the code)."""

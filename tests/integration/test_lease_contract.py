@@ -262,7 +262,6 @@ def test_a_row_the_reaper_cannot_write_is_isolated_and_reported(app, conn, caplo
 def test_a_row_no_update_may_touch_is_reported_without_its_history(app, conn, caplog):
     """A trigger refusing every update of a row: its error history cannot be written either;
     the log says so, and the rest of the batch is reaped (here, App.reap's single batch)."""
-    import logging
 
     schema = app.settings.schema
     good = expired_running(conn, schema, 3, minutes_ago=2)

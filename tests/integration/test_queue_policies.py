@@ -101,6 +101,14 @@ def test_queue_limits_that_would_break_every_claim_are_refused(app, limits):
         assert len(app.store.claim_batch(c, queue="default", limit=10, owner="x", lease_seconds=60).jobs) == 1
 
 
+def test_a_burst_alone_says_the_rate_goes_with_it_even_when_the_queue_has_one(app):
+    """It said "burst without a rate limit" of a queue that had a rate."""
+    app.configure_queue("default", rate_limit=20, burst=40)
+    with pytest.raises(ConfigError, match=r"give rate_limit \(CLI: --rate\) too, even if the queue already has one"):
+        app.configure_queue("default", burst=5)
+    assert app.configure_queue("default", rate_limit=20, burst=5)["rate_burst"] == 5
+
+
 def test_rate_limit_is_a_token_bucket(app, conn):
     schema = app.settings.schema
     app.configure_queue("default", rate_limit=20, burst=5)

@@ -117,7 +117,6 @@ def test_status_reads_no_table_sequentially(app, conn, pg_dsn):
 def test_status_of_a_small_table_counts_finished_jobs_exactly(app, conn, pg_dsn):
     """Under the limit (a new install, the demo) the finished counts are exact, with no
     ANALYZE yet."""
-    schema = app.settings.schema
     for _ in range(3):
         app.enqueue("t")
     jobs = app.claim("default", limit=3)
@@ -127,3 +126,28 @@ def test_status_of_a_small_table_counts_finished_jobs_exactly(app, conn, pg_dsn)
         rows = status_reads(app, c).state_rows()
     assert {(r["queue"], r["state"], r["jobs"], r["estimated"]) for r in rows} == {
         ("default", "running", 2, False), (None, "succeeded", 1, False)}
+
+
+def test_status_names_due_queues_that_no_live_pod_claims(app, conn, pg_dsn):
+    """A job enqueued to a misspelt queue waits forever with nothing said: status names
+    the queues with due jobs that no live pod of the registry claims, with the queues
+    the live pods do claim. Stopped and gone pods claim nothing; with no pod alive (between
+    drain runs) nothing is said."""
+    store = app.store
+    app.enqueue("t", queue="emails")
+    app.enqueue("t", queue="emials")
+    app.enqueue("t", queue="emials")
+    app.enqueue("t", queue="reports", delay=3600)  # scheduled, not due: waits for its time anyway
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        assert status_reads(app, c).unclaimed == []  # no pod registered
+        pod = dict(host="h", pid=1, version="0", concurrency=2, drain=False, claimers=[])
+        store.pod_heartbeat(c, pod_id="old", queues=["emials"], **pod)
+        store.pod_stop(c, "old")
+        store.pod_heartbeat(c, pod_id="gone", queues=["emials"], **pod)
+        c.execute(sql.SQL("UPDATE {}.pods SET last_seen = now() - interval '1 hour' WHERE id = 'gone'")
+                  .format(sql.Identifier(app.settings.schema)))
+        assert status_reads(app, c).unclaimed == []  # no pod alive
+        store.pod_heartbeat(c, pod_id="live", queues=["emails", "default"], **pod)
+        assert status_reads(app, c).unclaimed == [{"queue": "emials", "due": 2, "claimed": ["default", "emails"]}]
+        store.pod_heartbeat(c, pod_id="live2", queues=["emials"], **pod)
+        assert status_reads(app, c).unclaimed == []

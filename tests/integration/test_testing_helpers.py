@@ -5,6 +5,7 @@ max_jobs guard), the enqueue assertions and their messages, throwaway schemas an
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import datetime, timedelta, timezone
 
 import psycopg
@@ -339,6 +340,18 @@ def test_assert_enqueued_failure_shows_what_was_enqueued(app):
         assert_enqueued(app, "send_mail")
 
 
+def test_assert_enqueued_of_a_misspelt_task_names_the_registered_one_even_with_no_job_at_all(app):
+    """With no job in the schema it said only "No job at all is in schema ..."."""
+    app.task(name="send_email")(lambda payload: None)
+    with pytest.raises(AssertionError) as caught:
+        assert_enqueued(app, "send_emial")
+    assert f"No job at all is in schema {app.settings.schema!r} (and no task of that name is registered" \
+        in str(caught.value) and "did you mean 'send_email'?" in str(caught.value), caught.value
+    app.enqueue("send_email", {})
+    with pytest.raises(AssertionError, match="did you mean 'send_email'"):
+        assert_enqueued(app, "send_emial")
+
+
 def test_refute_enqueued_lists_the_jobs_that_match(app):
     job_id = app.enqueue("cleanup", {"bucket": "tmp", "days": 3})
     with pytest.raises(AssertionError) as caught:
@@ -398,3 +411,23 @@ def test_bind_refuses_what_it_cannot_bind(pg_dsn, monkeypatch):
     with pytest.raises(pgworker.ConfigError, match="PGWORKER_TEST_DSN"):
         with bind(pgworker.App(), "s"):
             pass
+
+
+@dataclasses.dataclass
+class Invoice:  # at module level: the handler's string annotation (PEP 563) resolves to it
+    customer: str
+    cents: int
+
+
+def test_assert_enqueued_compares_a_typed_payload_as_it_is_stored(app):
+    seen = []
+
+    @app.task(name="bill")
+    def bill(inv: Invoice) -> None:
+        seen.append(inv)
+
+    app.enqueue("bill", Invoice("acme", 5))
+    assert_enqueued(app, "bill", payload=Invoice("acme", 5))
+    assert_enqueued(app, "bill", payload={"customer": "acme", "cents": 5})
+    drain(app)
+    assert seen == [Invoice("acme", 5)]  # the handler got the dataclass back

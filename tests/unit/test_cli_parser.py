@@ -110,12 +110,61 @@ def test_a_payload_given_as_an_argument_points_to_payload(argv, capsys):
     assert "S3cret" not in err
 
 
-def test_other_unrecognized_arguments_keep_argparses_error(capsys):
+def test_other_unrecognized_arguments_name_the_command_and_the_closest_option(capsys):
+    """It said "pgworker: error: unrecognized arguments: --concurency 2" under the top
+    level's usage: neither the command's options nor the one meant."""
     from pgworker import cli
 
-    for argv, said in ((["status", "extra"], "pgworker: error: unrecognized arguments: extra\n"),
-                       (["enqueue", "t", "--bogus"], "pgworker: error: unrecognized arguments: --bogus\n"),
-                       (["enqueue", "t", "--prio", "5"], "pgworker: error: unrecognized arguments: --prio 5\n")):
+    for argv, said in (
+            (["status", "extra"], "pgworker status: error: unrecognized arguments: extra "
+                                  "(`pgworker status --help` lists its options)\n"),
+            (["enqueue", "t", "--bogus"], "pgworker enqueue: error: unrecognized arguments: --bogus "
+                                          "(`pgworker enqueue --help` lists its options)\n"),
+            (["enqueue", "t", "--prio", "5"], "pgworker enqueue: error: unrecognized arguments: --prio 5; "
+                                              "did you mean --priority? (`pgworker enqueue --help` lists its options)\n"),
+            (["run", "--concurency", "2"], "pgworker run: error: unrecognized arguments: --concurency 2; "
+                                           "did you mean --concurrency? (`pgworker run --help` lists its options)\n"),
+            (["jobs", "list", "--stat=dead"], "pgworker jobs list: error: unrecognized arguments: --stat=dead; "
+                                              "did you mean --state? (`pgworker jobs list --help` lists its options)\n")):
         with pytest.raises(SystemExit) as exit_:
             cli.main(argv)
-        assert exit_.value.code == 2 and capsys.readouterr().err.endswith(said)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.endswith(said), err
+        assert err.startswith(f"usage: pgworker {argv[0]}"), err  # the command's usage, not the top level's
+
+
+@pytest.mark.parametrize("shown", ["due", "scheduled", "blocked"])
+def test_a_state_of_pgworker_status_given_to_jobs_list_says_it_is_pending(shown, capsys):
+    """`pgworker status` shows 'blocked 2'; `pgworker jobs list --state blocked` said only
+    "invalid choice: 'blocked'"."""
+    from pgworker import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["jobs", "list", "--state", shown])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert f"'{shown}' is how `pgworker status` counts pending jobs" in err and "use --state pending" in err, err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["enqueue", "t", "--delay", "-5s"], "argument --delay: '-5s' is negative: a duration is 0 or more"),
+    (["prune", "--older-than", "-1d"], "argument --older-than: '-1d' is negative: a duration is 0 or more"),
+    (["run", "--lease", "-5"], "argument --lease: '-5' is negative: a duration is 0 or more"),
+])
+def test_a_negative_duration_is_named_as_negative(argv, said, capsys):
+    """argparse read '-5s' as an option and said only "argument --delay: expected one argument"."""
+    from pgworker import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and said in err, err
+
+
+def test_negative_numbers_and_payloads_still_parse():
+    from pgworker.cli.parser import attach_negative_values, build_parser
+
+    parser = build_parser()
+    argv = attach_negative_values(parser, ["enqueue", "t", "--priority", "-5", "--payload", "-1", "--json"])
+    args = parser.parse_args(argv)
+    assert args.priority == -5 and args.payload == "-1" and args.json

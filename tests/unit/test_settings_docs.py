@@ -78,3 +78,9 @@ def test_a_setting_without_help_or_unit_fails_the_render():
         settings_docs.setting_unit(limit)
     assert settings_docs.setting_row(wait, {"new_wait_seconds": ["--new-wait"]}) == \
         "| `new_wait_seconds` | `PGWORKER_NEW_WAIT_SECONDS` | `--new-wait` | 1 | seconds | How long. |"
+
+
+def test_no_default_is_written_in_scientific_notation():
+    """The queues' audit-trail retention read "7.776e+06" seconds."""
+    assert not re.findall(r"\| [-\d.]+e[+-]\d+ \|", settings_docs.render())
+    assert "| 7,776,000 | seconds |" in settings_docs.render()

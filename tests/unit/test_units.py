@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from datetime import datetime, timedelta
 
@@ -199,6 +200,37 @@ def test_settings_refuse_non_finite_and_unbounded_values_at_start(variable, valu
         Settings.from_env(environ={variable: value})
 
 
+@pytest.mark.parametrize("variable,value", [
+    ("PGWORKER_POLL_INTERVAL_SECONDS", "0"), ("PGWORKER_REAP_INTERVAL_SECONDS", "-1"),
+    ("PGWORKER_SHUTDOWN_GRACE_SECONDS", "-1"), ("PGWORKER_MAX_BATCH_SIZE", "0"), ("PGWORKER_BATCH_SIZE", "500"),
+    ("PGWORKER_MAX_PAYLOAD_BYTES", "1"), ("PGWORKER_ERROR_HISTORY_ENTRIES", "0"),
+    ("PGWORKER_ERROR_MESSAGE_MAX_CHARS", "5"), ("PGWORKER_METRICS_PORT", "70000"),
+    ("PGWORKER_SYNCHRONOUS_COMMIT", "sometimes"), ("PGWORKER_STATS_TIMEOUT_SECONDS", "0"),
+    ("PGWORKER_MAX_RUNTIME_SECONDS", "0")])
+def test_a_setting_out_of_range_names_its_variable_and_the_value(variable, value):
+    """These said only "poll_interval_seconds must be > 0" (or less: "max_payload_bytes
+    must be at least 2"), without the variable or flag to change."""
+    with pytest.raises(ConfigError, match=variable) as refused:
+        Settings.from_env(environ={variable: value})
+    assert value in str(refused.value), refused.value
+
+
+@pytest.mark.parametrize("argv,fix", [
+    (["--poll-interval", "0"], "set --poll-interval or PGWORKER_POLL_INTERVAL_SECONDS"),
+    (["--lease", "0.5s"], "set --lease or PGWORKER_LEASE_SECONDS"),
+    (["--batch-size", "0"], "set --batch-size or PGWORKER_BATCH_SIZE"),
+    (["--metrics-port", "70000"], "set --metrics-port or PGWORKER_METRICS_PORT"),
+    (["--concurrency", "0"], "set --concurrency or PGWORKER_CONCURRENCY")])
+def test_a_flag_out_of_range_is_named_beside_its_variable(argv, fix, capsys):
+    """`pgworker run --lease 0.5s` said "set PGWORKER_LEASE_SECONDS": not what was typed."""
+    from pgworker import cli
+
+    app = os.path.join(os.path.dirname(os.path.dirname(__file__)), "apps", "acceptance_app.py") + ":app"
+    assert cli.main(["run", "--app", app, "--dsn", "postgresql://nobody@127.0.0.1:1/none", *argv]) == 1
+    err = capsys.readouterr().err
+    assert fix in err, err
+
+
 def test_quantity_words_a_count():
     from pgworker.names import quantity
 
@@ -248,6 +280,36 @@ def test_task_options_are_checked_where_the_task_is_declared(options, fragment):
     assert "t" not in app.tasks
 
 
+def _no_arguments():
+    pass
+
+
+def _three_required(payload, ctx, more):
+    pass
+
+
+def _required_keyword(payload, *, key):
+    pass
+
+
+@pytest.mark.parametrize("handler, options", [
+    (_no_arguments, {}), (_three_required, {}), (_required_keyword, {}), (lambda payload: None, {"retry": 5})])
+def test_a_handler_that_cannot_be_called_or_a_retry_that_is_no_policy_is_refused_at_declaration(handler, options):
+    """Each was accepted, and every attempt of every job then failed (TypeError): a
+    handler taking no payload, one wanting more than (payload, ctx), or retry=5 (meant
+    as attempts)."""
+    from pgworker import App
+
+    app = App("postgresql://nobody@127.0.0.1:1/none")
+    fix = "retry must be a pgworker.RetryPolicy" if options else "cannot be called as handler(payload) or"
+    with pytest.raises(ConfigError, match=re.escape(fix)):
+        app.task(name="t", **options)(handler)
+    assert "t" not in app.tasks
+    for fine in (lambda payload: None, lambda payload, ctx: None, lambda payload, ctx=None, extra=1: None,
+                 lambda *args: None):
+        app.task(name=f"t{id(fine)}")(fine)
+
+
 def test_a_traceback_is_bounded_escaped_and_never_fails_the_outcome():
     """A break-it trial: a 30,000-character source line took redaction 38 s (a claimer
     past its timeout was killed, the job ended TIMEOUT); a file name with a line break
@@ -280,3 +342,22 @@ def test_a_traceback_is_bounded_escaped_and_never_fails_the_outcome():
         namespace["g"]()
     except ValueError as exc:
         assert isinstance(handler_traceback(exc), str)  # no exception escapes
+
+
+def test_an_unknown_task_close_to_a_registered_one_is_named_with_the_fix():
+    """A misspelt name enqueued without the App (`pgworker enqueue send_emial`) died with
+    "deploy a worker that has it, then replay the job": a replay only dies again."""
+    from pgworker.worker.claimer.executor import unknown_task_message
+
+    said = unknown_task_message("send_emial", ["ordered", "send_email", "slow"])
+    assert "did you mean 'send_email'? then discard this job and enqueue that name" in said, said
+    assert unknown_task_message("no.such.task", ["alpha", "beta"]) == (
+        "no handler for task 'no.such.task' in this worker (registered: alpha, beta); deploy a worker that has "
+        "it, then replay the job")
+
+
+def test_an_unknown_setting_names_the_one_meant():
+    """It said only "unknown settings: dns"."""
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env(environ={}, dns="postgresql://h/d", lease=30)
+    assert "dns (did you mean dsn?)" in str(refused.value) and "lease (did you mean lease_seconds?)" in str(refused.value)

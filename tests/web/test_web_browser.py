@@ -14,10 +14,8 @@ import time
 
 import psycopg
 import pytest
-from conftest import DOC_SHOTS
 from console_server import WEB_APP, ConsoleServer
 from pg import make_settings, wait_until
-from psycopg import sql
 from worker import Worker, q
 
 import browser as browser_mod

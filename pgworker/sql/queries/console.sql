@@ -260,6 +260,13 @@ FROM {schema}.pods
 ORDER BY started_at DESC, id
 LIMIT %(limit)s;
 
+-- name: pods_claiming
+-- What `pgworker status` reads of the registry: the queues each pod claims and whether it
+-- is alive (the columns a producer may read; a row per pod).
+SELECT queues, stopped_at, extract(epoch FROM now() - last_seen)::float8 AS seen_seconds_ago
+FROM {schema}.pods
+LIMIT %(limit)s;
+
 -- name: bulk_operation_create
 -- Record a bulk operation (kind, normalised filter, who asked); it takes the jobs up to
 -- the newest id at this moment. Returns its row.

@@ -26,6 +26,7 @@ can reach another job's outcome.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import logging
 import time
 import traceback
@@ -72,6 +73,13 @@ def unknown_task_message(task: str, registered: Iterable[str]) -> str:
     listed = ", ".join(bounded_text(n, KNOWN_TASKS_CHARS) for n in shown) or "none"
     if more:
         listed += f" and {more} more"
+    close = difflib.get_close_matches(task, names, n=1, cutoff=0.8) if isinstance(task, str) else []
+    if close:
+        # most likely a misspelt name enqueued without an App that knows it: replaying
+        # would only die again, so the fix is a new job under the right name
+        return (f"no handler for task {bounded_text(repr(task), 100)} in this worker (did you mean "
+                f"{bounded_text(repr(close[0]), 100)}? then discard this job and enqueue that name; registered: "
+                f"{listed}); or deploy a worker that has it, then replay the job")
     return (f"no handler for task {bounded_text(repr(task), 100)} in this worker (registered: {listed}); "
             "deploy a worker that has it, then replay the job")
 

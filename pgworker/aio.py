@@ -1,0 +1,242 @@
+"""The asyncio producer API of :class:`pgworker.App`: ``await app.aenqueue(...)``,
+``aenqueue_many`` (COPY for large batches), ``acancel``, ``areplay``, ``aget_job``, in
+the caller's ``psycopg.AsyncConnection`` transaction or on the App's own async pool
+(opened at the first call, closed by ``await app.aclose()``).
+
+The same validation (:class:`pgworker.producer.Preparer`), statements, tracing spans,
+metrics and NOTIFY as the sync calls: both run the same plans
+(:mod:`pgworker.store.plan`), only the driver differs. A mixin so that ``app.py`` stays
+the one facade; it uses the App's ``settings``, ``name``, ``store``, ``metrics`` and
+``_prepared``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Self, Sequence
+
+import psycopg
+
+from . import db
+from .config import Settings
+from .connections import POOL_CHECK_IDLE_SECONDS, POOL_MAX_SIZE, database_errors, require_async
+from .errors import DatabaseUnavailable, InvalidJob
+from .jobs import ReplayResult
+from .names import check_queue_name, dsn_password, redact, redact_dsn
+from .producer import JobSpec, Preparer, check_on_conflict, enqueue_batch_plan, enqueue_one_plan, specs_from
+from .store.plan import arun
+
+if TYPE_CHECKING:
+    from .store import Store
+    from .tasks import Task
+
+
+class AsyncProducer:
+    """The coroutines of :class:`pgworker.App` for asyncio services (FastAPI, Starlette,
+    aiohttp): they never block the event loop. Each takes ``conn=`` (an open
+    ``psycopg.AsyncConnection``: the call joins its transaction, so a rollback leaves no
+    job and no wake-up) or uses the App's async pool (autocommit; up to 4 connections,
+    opened lazily in the running event loop). Passing a sync ``psycopg.Connection``
+    raises TypeError naming the sync call; the sync calls refuse an AsyncConnection the
+    same way."""
+
+    settings: Settings
+    name: str
+    store: "Store"
+    _prepared: Preparer
+    metrics: Any
+    _apool: Any = None
+    _apool_loop: Any = None
+    _apool_lock: "asyncio.Lock | None" = None
+
+    # -- connections ----------------------------------------------------------------
+
+    async def _get_apool(self) -> Any:
+        loop = asyncio.get_running_loop()
+        if self._apool is not None and self._apool_loop is not loop:
+            # opened in an event loop that has ended (asyncio.run called again): its
+            # connections belong to that loop and cannot be used or closed from this one
+            self._apool = None
+        if self._apool is None:
+            if self._apool_lock is None or self._apool_loop is not loop:
+                self._apool_lock = asyncio.Lock()
+                self._apool_loop = loop
+            async with self._apool_lock:  # two first calls at once open one pool
+                if self._apool is None:
+                    self._apool = await open_async_pool(self.settings, self.name)
+        return self._apool
+
+    @contextlib.asynccontextmanager
+    async def aconnection(self, conn: psycopg.AsyncConnection | None = None,
+                          sync_call: str = "connection") -> AsyncIterator[psycopg.AsyncConnection]:
+        """``conn`` if given (the caller's transaction), else a pooled autocommit async
+        connection. Database failures become pgworker's errors (DatabaseUnavailable, ...)."""
+        require_async(conn, sync_call)
+        with database_errors(self.settings):
+            if conn is not None:
+                yield conn
+                return
+            pool = await self._get_apool()
+            async with pool.connection() as pooled:
+                try:
+                    yield pooled
+                finally:
+                    pooled._pgworker_returned_at = time.monotonic()
+
+    async def aopen(self) -> None:
+        """Open the async pool now rather than at the first call: in a web app's lifespan
+        startup, so that a wrong DSN or an unreachable server fails the start with
+        :class:`DatabaseUnavailable` instead of the first request. Idempotent."""
+        with database_errors(self.settings):
+            await self._get_apool()
+
+    async def aclose(self) -> None:
+        """Close the async pool (safe to call twice, and when it was never opened). The
+        sync pool is closed by :meth:`App.close`."""
+        pool, self._apool = self._apool, None
+        if pool is None:
+            return
+        if self._apool_loop is not asyncio.get_running_loop():
+            # opened in another event loop, now ended: its tasks cannot be awaited from
+            # here; dropping the pool lets the garbage collector close its sockets
+            return
+        await pool.close()
+
+    def _drop_apool(self) -> None:
+        """Forget the async pool (the settings changed: :meth:`App.configure`), closing it
+        in its event loop if that still runs."""
+        pool, self._apool = self._apool, None
+        loop = self._apool_loop
+        if pool is not None and loop is not None and not loop.is_closed():
+            asyncio.run_coroutine_threadsafe(pool.close(), loop)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+        self.close()  # type: ignore[attr-defined]
+
+    # -- producing ------------------------------------------------------------------
+
+    async def aenqueue(self, task: "str | Task", payload: Any = None, *, queue: str | None = None,
+                       priority: int | None = None, run_at: datetime | None = None,
+                       delay: "float | timedelta | None" = None, max_attempts: int | None = None,
+                       dedupe_key: str | None = None, ordering_key: str | None = None,
+                       dedupe_window: "float | timedelta | None" = None, ordering_on_dead: str | None = None,
+                       any_task: bool = False, on_conflict: str = "return",
+                       conn: psycopg.AsyncConnection | None = None) -> int:
+        """:meth:`App.enqueue` as a coroutine: the same options, checks and errors (raised
+        before any I/O), the same result (the job's id, the holder's on a held dedupe key,
+        or :class:`AlreadyEnqueued` with ``on_conflict='raise'``). ``conn``: a ``psycopg.AsyncConnection`` whose transaction the
+        insert and its NOTIFY join; without it the App's async pool commits at once."""
+        require_async(conn, "enqueue")
+        job = self._prepared.one(JobSpec(task, payload, queue, priority, run_at, delay, max_attempts,
+                                         dedupe_key, ordering_key, dedupe_window, ordering_on_dead), any_task)
+        check_on_conflict(on_conflict)
+        async with self.aconnection(conn, "enqueue") as c:
+            return await arun(c, enqueue_one_plan(self.store, job, self.metrics, on_conflict))
+
+    async def aenqueue_many(self, jobs: Iterable["JobSpec | dict[str, Any] | tuple[Any, Any]"], *,
+                            any_task: bool = False, on_conflict: str = "return",
+                            conn: psycopg.AsyncConnection | None = None) -> list[int]:
+        """:meth:`App.enqueue_many` as a coroutine: every item validated first (one bad
+        item inserts nothing), one statement or COPY (from 1000 jobs without keys), one
+        NOTIFY per queue; ids in input order; ``on_conflict`` as there."""
+        require_async(conn, "enqueue_many")
+        specs = specs_from(jobs)
+        if any(s.depends_on or s.ref is not None or s.graph_id is not None or s.on_parent_failure is not None
+               for s in specs):
+            # the graph enqueue (pgworker.dependencies) has no async form yet: refused, never dropped
+            raise InvalidJob("aenqueue_many does not take dependencies (depends_on, ref, graph_id, "
+                             "on_parent_failure) yet: use App.enqueue_many; nothing was enqueued")
+        prepared = self._prepared.many(specs, any_task)
+        check_on_conflict(on_conflict)
+        async with self.aconnection(conn, "enqueue_many") as c:
+            return await arun(c, enqueue_batch_plan(self.store, prepared, self.metrics, on_conflict))
+
+    # -- operator calls a web app needs -------------------------------------------------
+
+    async def acancel(self, job_id: int, *, actor: str | None = None,
+                      conn: psycopg.AsyncConnection | None = None) -> str | None:
+        """:meth:`App.cancel` as a coroutine: 'cancelled', 'running' (a request its worker
+        sees at the next renewal), or None when the job is finished or unknown."""
+        from .operations import _actor
+
+        require_async(conn, "cancel")
+        async with self.aconnection(conn, "cancel") as c:
+            return await arun(c, self.store.cancel_plan(job_id, actor=actor or _actor()))
+
+    async def areplay(self, job_ids: Sequence[int] = (), *, queue: str | None = None, limit: int = 1000,
+                      actor: str | None = None) -> ReplayResult:
+        """:meth:`App.replay` as a coroutine (a :class:`ReplayResult`)."""
+        from .operations import _actor
+
+        if queue is not None:
+            check_queue_name(queue)
+        async with self.aconnection(None, "replay") as c:
+            return await arun(c, self.store.replay_plan(ids=list(job_ids), queue=queue, limit=limit,
+                                                        actor=actor or _actor()))
+
+    async def aget_job(self, job_id: int, *, conn: psycopg.AsyncConnection | None = None) -> dict[str, Any] | None:
+        """:meth:`App.get_job` as a coroutine: the job's row (state, payload, attempts,
+        error history, ``events``), or None when unknown."""
+        async with self.aconnection(conn, "get_job") as c:
+            return await arun(c, self.store.get_job_plan(job_id))
+
+
+async def open_async_pool(s: Settings, name: str) -> Any:
+    """An open ``psycopg_pool.AsyncConnectionPool`` of autocommit connections for the App
+    called ``name``, configured as :func:`pgworker.connections.open_pool` configures the
+    sync one; raises :class:`DatabaseUnavailable` when the server cannot be reached."""
+    from psycopg_pool import AsyncConnectionPool
+
+    db.check_dsn(s.dsn)
+
+    async def configure(conn: psycopg.AsyncConnection) -> None:
+        # behind a transaction-mode pooler, prepared statements would go missing (the
+        # same test as db.detect_pooler: the backend pid libpq got differs from the server's)
+        pooled = False
+        if s.prepared_statements:
+            cur = await conn.execute("SELECT pg_backend_pid()")
+            row = await cur.fetchone()
+            pooled = row is not None and row[0] != conn.info.backend_pid
+        if pooled or not s.prepared_statements:
+            conn.prepare_threshold = None
+
+    async def check(conn: psycopg.AsyncConnection) -> None:
+        last = getattr(conn, "_pgworker_returned_at", 0.0)
+        if time.monotonic() - last > POOL_CHECK_IDLE_SECONDS:
+            await AsyncConnectionPool.check_connection(conn)
+
+    # Fail fast with a clear message when the server is unreachable (the pool itself
+    # would keep retrying until its timeout), as the sync pool does.
+    try:
+        probe = await psycopg.AsyncConnection.connect(
+            s.dsn or "", autocommit=True, application_name=f"{name}:client",
+            connect_timeout=db.CONNECT_TIMEOUT_SECONDS)
+    except psycopg.Error as exc:
+        raise _unreachable(s, exc) from None
+    await probe.close()
+    pool = AsyncConnectionPool(
+        conninfo=s.dsn or "", min_size=1, max_size=POOL_MAX_SIZE, open=False,
+        name=f"pgworker-async-{os.getpid()}", configure=configure, check=check,
+        kwargs={"autocommit": True, "application_name": f"{name}:client",
+                "connect_timeout": db.CONNECT_TIMEOUT_SECONDS, **db.KEEPALIVE_KWARGS})
+    try:
+        await pool.open(wait=True, timeout=db.CONNECT_TIMEOUT_SECONDS + 5)
+    except Exception as exc:
+        await pool.close()
+        raise _unreachable(s, exc) from None
+    return pool
+
+
+def _unreachable(s: Settings, exc: Exception) -> DatabaseUnavailable:
+    return DatabaseUnavailable(
+        f"cannot connect to PostgreSQL at {redact_dsn(s.dsn)!r}: "
+        f"{redact(str(exc), dsn_password(s.dsn), s.dsn)}; check the DSN (--dsn or PGWORKER_DSN) and that "
+        "the server is running")

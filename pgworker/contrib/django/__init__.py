@@ -1,0 +1,104 @@
+"""pgworker in a Django project: add ``"pgworker.contrib.django"`` to ``INSTALLED_APPS``.
+
+Jobs then live in the database of ``DATABASES[PGWORKER["DATABASE"]]`` (default
+``"default"``, which must use Django's psycopg (3) backend,
+``django.db.backends.postgresql`` with psycopg installed), in the schema
+``PGWORKER["SCHEMA"]`` (default ``"pgworker"``). ``PGWORKER["APP"]``: the App holding
+your tasks (``"myproject.tasks:app"``), for the worker and for enqueues that should check
+task names; without it, :func:`get_app` is a pure producer App.
+
+Enqueue inside ``transaction.atomic()`` on Django's own connection: the job commits or
+rolls back with the view's writes::
+
+    from pgworker.contrib import django as pgworker_django
+
+    with transaction.atomic():
+        order = Order.objects.create(item="book")
+        pgworker_django.enqueue("ship_order", {"order": order.pk})
+
+``manage.py pgworker migrate|run|status|...`` runs the ``pgworker`` command with the DSN
+and schema from those settings (see :mod:`.management.commands.pgworker`).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import psycopg
+
+import pgworker
+
+_lock = threading.Lock()
+_apps: dict[tuple[str, str, str | None], pgworker.App] = {}
+
+
+def _settings() -> tuple[str, str, str | None]:
+    from django.conf import settings
+
+    conf = getattr(settings, "PGWORKER", {}) or {}
+    return conf.get("DATABASE", "default"), conf.get("SCHEMA", "pgworker"), conf.get("APP")
+
+
+def dsn(using: str | None = None) -> str:
+    """A libpq connection string for the Django database ``using`` (default: the
+    ``PGWORKER["DATABASE"]`` alias), from its NAME, USER, PASSWORD, HOST, PORT and OPTIONS."""
+    from django.db import connections
+
+    db = connections[using or _settings()[0]].settings_dict
+    parts: dict[str, Any] = {"dbname": db.get("NAME"), "user": db.get("USER"), "password": db.get("PASSWORD"),
+                             "host": db.get("HOST"), "port": db.get("PORT")}
+    options = dict(db.get("OPTIONS") or {})
+    for key in ("pool", "server_side_binding", "isolation_level", "assume_role", "cursor_factory"):
+        options.pop(key, None)  # Django's own options, not libpq's
+    parts.update(options)
+    return psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in parts.items() if v not in (None, "")})
+
+
+def get_app() -> pgworker.App:
+    """The process's App for the configured database and schema: ``PGWORKER["APP"]``
+    loaded (and pointed at that database), or a pure producer App. Built once."""
+    alias, schema, app_ref = _settings()
+    key = (alias, schema, app_ref)
+    with _lock:
+        app = _apps.get(key)
+        if app is None:
+            settings = pgworker.Settings.from_env(dsn=dsn(alias), schema=schema)
+            if app_ref:
+                from pgworker.loader import load_app
+
+                app = load_app(app_ref)
+                app.configure(settings)
+            else:
+                app = pgworker.App(settings=settings)
+            _apps[key] = app
+    return app
+
+
+def connection(using: str | None = None) -> psycopg.Connection:
+    """The psycopg connection under Django's connection ``using`` (opened if need be):
+    pass it as ``conn=`` to join the current ``transaction.atomic()`` block. Raises
+    TypeError when the backend is not psycopg 3."""
+    from django.db import connections
+
+    django_conn = connections[using or _settings()[0]]
+    django_conn.ensure_connection()
+    raw = django_conn.connection
+    if not isinstance(raw, psycopg.Connection):
+        raise TypeError(f"Django's connection {django_conn.alias!r} is a {type(raw).__module__}."
+                        f"{type(raw).__name__}; pgworker needs the psycopg (3) backend: pip install psycopg "
+                        "(Django picks it over psycopg2 when both are installed)")
+    return raw
+
+
+def enqueue(task: "str | pgworker.Task", payload: Any = None, *, using: str | None = None,
+            **options: Any) -> int:
+    """:meth:`pgworker.App.enqueue` on Django's connection ``using``: inside
+    ``transaction.atomic()`` the job commits or rolls back with it; outside, it commits at
+    once (Django's autocommit). Returns the job id."""
+    return get_app().enqueue(task, payload, conn=connection(using), **options)
+
+
+def enqueue_many(jobs: Any, *, using: str | None = None, **options: Any) -> list[int]:
+    """:meth:`pgworker.App.enqueue_many` on Django's connection ``using``."""
+    return get_app().enqueue_many(jobs, conn=connection(using), **options)

@@ -1,0 +1,79 @@
+"""pgworker.contrib.django in a real Django project (tests/django_project) against a real
+PostgreSQL: `manage.py pgworker migrate|status|run` with the settings' database and
+schema, and a view enqueueing inside transaction.atomic() on Django's connection (its
+job rolls back with the view's writes, or commits and is run by a real worker)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from psycopg import sql
+
+from worker import ACCEPTANCE_APP, HERE, create_ledger, q
+
+pytestmark = pytest.mark.integration
+
+pytest.importorskip("django", reason="Django is a test dependency (pip install -e '.[test]')")
+
+PROJECT = os.path.join(HERE, "django_project")
+
+
+def manage(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, os.path.join(PROJECT, "manage.py"), "pgworker", *args],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def project(pg_dsn, schema, monkeypatch):
+    """The Django project configured (in this process too) for this test's schema."""
+    env = dict(os.environ, SHOP_DSN=pg_dsn, SHOP_SCHEMA=schema, DJANGO_SETTINGS_MODULE="settings",
+               PGWORKER_SCHEMA="somewhere_else", PGWORKER_DSN="")  # the Django settings must win
+    env.pop("SHOP_WORKER_APP", None)
+    for key in ("SHOP_DSN", "SHOP_SCHEMA", "DJANGO_SETTINGS_MODULE"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.syspath_prepend(PROJECT)
+    return env
+
+
+def test_manage_commands_and_a_view_enqueueing_in_its_transaction(project, pg_dsn, schema, conn):
+    done = manage(project, "migrate")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert q(conn, schema, "SELECT count(*) FROM {s}.migrations")[0][0] > 0  # the settings' schema
+    conn.execute(sql.SQL("CREATE TABLE {}.orders (id serial PRIMARY KEY, item text NOT NULL)").format(
+        sql.Identifier(schema)))
+    create_ledger(pg_dsn, schema)
+
+    import django
+    from django.test import Client
+
+    from pgworker.contrib import django as pgworker_django
+
+    django.setup()
+    client = Client()
+    refused = client.post("/orders", {"item": "x", "refuse": "1"})
+    assert refused.status_code == 409
+    assert q(conn, schema, "SELECT count(*) FROM {s}.orders")[0][0] == 0
+    assert q(conn, schema, "SELECT count(*) FROM {s}.jobs")[0][0] == 0  # rolled back with the order
+    made = [client.post("/orders", {"item": f"item {i}"}).json() for i in range(3)]
+    assert client.get(f"/jobs/{made[0]['job']}").json() == {"state": "pending"}
+    # outside atomic(), Django's autocommit: the enqueue commits at once
+    alone = pgworker_django.enqueue("record", {"order": None}, any_task=True)
+    assert q(conn, schema, "SELECT count(*) FROM {s}.jobs")[0][0] == 4
+    from django.db import connections
+
+    connections.close_all()
+
+    status = manage(project, "status")
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "default" in status.stdout
+    run = manage(dict(project, SHOP_WORKER_APP=ACCEPTANCE_APP), "run", "--drain", "--concurrency", "1",
+                 "--metrics-port", "0", timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    ran = {r[0] for r in q(conn, schema, "SELECT job_id FROM {s}.ledger WHERE event = 'run'")}
+    assert ran == {m["job"] for m in made} | {alone}
+    bare = manage(project)  # no command: an error naming the commands, no traceback
+    assert bare.returncode == 1 and "give a pgworker command: migrate, run, status" in bare.stderr
+    assert "Traceback" not in bare.stderr

@@ -1,0 +1,53 @@
+"""The type checker and the linter, as .ci/run runs them: mypy (strict, configured in
+pyproject.toml) passes pgworker's public modules and an example user module clean, and
+fails on a fixture with a planted error; ruff passes the repository."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from obs import strict
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FIXTURE = os.path.join("tests", "typing", "fixtures", "planted_error.py")
+
+
+def require(module: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        message = f"{module} is not installed (pip install -e '.[lint]')"
+        if strict():
+            pytest.fail(f"{message}; PGWORKER_STRICT=1 requires it", pytrace=False)
+        pytest.skip(message)
+
+
+def mypy(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_mypy_passes_the_public_modules_and_a_user_module():
+    require("mypy")
+    done = mypy()  # the files and options of pyproject.toml's [tool.mypy]
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Success: no issues found" in done.stdout
+
+
+def test_mypy_fails_on_a_planted_error():
+    require("mypy")
+    done = mypy(FIXTURE)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert 'planted_error.py:12: error: Incompatible types in assignment (expression has type "int", ' \
+           'variable has type "str")' in done.stdout, done.stdout
+    assert "missing library stubs or py.typed" not in done.stdout
+
+
+def test_ruff_passes_the_repository():
+    require("ruff")
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "pgworker", "tests", "benchmarks"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr

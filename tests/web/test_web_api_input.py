@@ -1,0 +1,78 @@
+"""What the JSON API does with a request a script got wrong: a misspelt key of a bulk
+operation's body or filter, or of a queue's limits, is refused with the closest key
+(dropped, it widened a replay to every dead job, or set nothing), and nothing changes."""
+
+from __future__ import annotations
+
+import pytest
+from console_server import ConsoleServer
+from worker import q
+
+pytestmark = pytest.mark.integration
+
+AUTH = {"Authorization": "Bearer admin-token-0123456789"}
+
+
+@pytest.fixture
+def console(app, pg_dsn):
+    with ConsoleServer(pg_dsn, app.settings.schema,
+                       env={"PGWORKER_WEB_TOKENS": "ops:admin:admin-token-0123456789"}) as server:
+        yield server
+
+
+def _dead(app, conn, task):
+    job = app.enqueue(task, {"n": 1}, any_task=True)
+    q(conn, app.settings.schema, "UPDATE {s}.jobs SET state = 'dead', finished_at = now(), "
+      "last_error_code = 'PERMANENT' WHERE id = %s RETURNING id", job)
+    return job
+
+
+@pytest.mark.parametrize("body, named, fix", [
+    ({"kind": "replay", "filter": {"state": "dead", "tsk": "wanted"}}, "'tsk'", "did you mean 'task'?"),
+    ({"kind": "replay", "fitler": {"task": "wanted"}}, "'fitler'", "did you mean 'filter'?"),
+    ({"kind": "discard", "filter": {"task": "wanted", "error": "PERMANENT"}}, "'error'", "did you mean 'error_code'?"),
+])
+def test_a_misspelt_bulk_key_is_refused_and_nothing_is_replayed(console, app, conn, body, named, fix):
+    wanted, other = _dead(app, conn, "wanted"), _dead(app, conn, "other")
+    r = console.post("/api/bulk", headers=AUTH, json=body)
+    assert r.status_code == 400, r.text
+    assert named in r.json()["error"] and fix in r.json()["error"], r.text
+    assert q(conn, app.settings.schema, "SELECT count(*) FROM {s}.bulk_operations") == [(0,)]
+    states = q(conn, app.settings.schema, "SELECT state::text FROM {s}.jobs WHERE id IN (%s, %s)", wanted, other)
+    assert states == [("dead",), ("dead",)]
+
+
+def test_a_null_filter_value_means_any_not_the_text_none(console, app, conn):
+    _dead(app, conn, "wanted")
+    r = console.post("/api/bulk", headers=AUTH, json={"kind": "replay", "filter": {"task": "wanted", "queue": None}})
+    assert r.status_code == 201, r.text
+    assert r.json()["filter"] == {"task": "wanted", "state": "dead"}
+
+
+def test_a_misspelt_limit_is_refused_instead_of_setting_nothing(console, app, conn):
+    r = console.post("/api/queues/emails/limits", headers=AUTH, json={"concurency": 5})
+    assert r.status_code == 400 and "did you mean 'concurrency'?" in r.json()["error"], r.text
+    assert q(conn, app.settings.schema, "SELECT count(*) FROM {s}.queues WHERE name = 'emails'") == [(0,)]
+    r = console.post("/api/queues/emails/limits", headers=AUTH, json={"concurrency": 5})
+    assert r.status_code == 200, r.text
+
+
+def test_a_script_without_a_csrf_token_is_told_where_to_get_one(app, pg_dsn, conn):
+    """The local operator's script was told to "reload the page"."""
+    job = _dead(app, conn, "wanted")
+    with ConsoleServer(pg_dsn, app.settings.schema) as console:  # loopback, no credentials
+        r = console.post(f"/api/jobs/{job}/replay")
+        assert r.status_code == 403 and "GET /api/csrf" in r.json()["error"] and "X-CSRF-Token" in r.json()["error"]
+        token = console.get("/api/csrf").json()["token"]
+        r = console.post(f"/api/jobs/{job}/replay", headers={"X-CSRF-Token": token})
+        assert r.status_code == 200 and r.json()["changed"] is True, r.text
+        page = console.post(f"/jobs/{job}/replay")
+        assert page.status_code == 403 and "reload the page" in page.text
+
+
+def test_a_misspelt_list_filter_is_refused_instead_of_listing_every_job(console, app, conn):
+    _dead(app, conn, "wanted")
+    r = console.get("/api/jobs?tsk=wanted", headers=AUTH)
+    assert r.status_code == 400 and "did you mean 'task'?" in r.json()["error"], r.text
+    r = console.get("/api/jobs?task=wanted&sort=newest&cursor=", headers=AUTH)
+    assert r.status_code == 200 and [j["task"] for j in r.json()["jobs"]] == ["wanted"], r.text
