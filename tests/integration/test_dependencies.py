@@ -370,3 +370,11 @@ def test_the_statistics_count_waiting_jobs_and_the_wait_behind_a_dead_parent(app
     families = {f.name: f for f in collector.collect()}
     assert families["pgworker_queue_waiting_on_parents"].samples[0].value == 3
     assert families["pgworker_queue_blocked_by_dead_parent_age_seconds"].samples[0].value > 7100
+
+
+def test_the_async_producer_refuses_dependencies_rather_than_dropping_them(app, conn):
+    import asyncio
+
+    with pytest.raises(InvalidJob, match="App.enqueue_many"):
+        asyncio.run(app.aenqueue_many([JobSpec("t", ref="a"), JobSpec("t", depends_on=["a"])]))
+    assert count_jobs(conn, app.settings.schema) == 0
