@@ -28,6 +28,7 @@ from psycopg import sql
 
 from pgworker import sql as sqlfiles
 from pgworker.store import notify_channel
+from pgworker.store.base import results_channel
 
 from .common import QUEUE, TASK, BenchSchema, connect
 from .server_cost import BackendCpu, RunWal, wal_figures
@@ -88,10 +89,14 @@ def claim_complete_script(schema: str, batch: int) -> str:
         sql.Identifier(schema, "bench_claim"),
         sql.SQL(", ").join(sql.SQL("{} => {}").format(sql.Identifier(f"p_{n}"), values[n]) for n in names))
     complete = sqlfiles.render(sqlfiles.query_templates()["job_complete"], schema)
-    extra = [n for n in _params(complete) if n not in ("ids", "tokens")]
+    extra = [n for n in _params(complete) if n not in ("ids", "tokens", "has_result", "results", "results_channel")]
     if extra:
         raise SystemExit(f"benchmark: job_complete has parameters the pgbench ceiling does not know: {extra}")
-    complete = complete.replace("%(ids)s", ":ids").replace("%(tokens)s", ":tokens")
+    # no-op jobs return nothing: no result rows (issue 21), as the claimer sends it
+    complete = (complete.replace("%(has_result)s", "(SELECT array_agg(false) FROM unnest(:ids::bigint[]))")
+                .replace("%(results)s", "(SELECT array_agg(NULL::text) FROM unnest(:ids::bigint[]))")
+                .replace("%(results_channel)s", sql.Literal(results_channel(schema)).as_string(None))
+                .replace("%(ids)s", ":ids").replace("%(tokens)s", ":tokens"))
     return f"{call.as_string(None)}\n{_strip_comments(complete)};\n"
 
 

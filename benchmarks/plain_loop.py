@@ -39,7 +39,9 @@ def _consume(dsn: str, schema: str, batch: int, barrier: Any, out: Any) -> None:
             if not rows:
                 out.put((own_backend_cpu(conn) - cpu0, time.process_time() - mine0))
                 return
-            conn.execute(complete, {"ids": [r[i] for r in rows], "tokens": [r[t] for r in rows]}).fetchall()
+            conn.execute(complete, {"ids": [r[i] for r in rows], "tokens": [r[t] for r in rows],
+                                    "has_result": [False] * len(rows), "results": [None] * len(rows),
+                                    "results_channel": store.results_channel}).fetchall()
 
 
 def plain_loop(schema: BenchSchema, *, processes: int, batch: int, since_id: int = 0) -> tuple[int, float]:

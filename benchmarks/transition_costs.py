@@ -31,6 +31,7 @@ from psycopg import sql
 
 from pgworker.migrate import drop_schema, migrate
 from pgworker.store import Store
+from pgworker.store.base import results_channel
 
 from .common import LOCAL_DSN, QUEUE, connect, cpu_seconds
 from .reference import CLAIM as REF_CLAIM, COMPLETE as REF_COMPLETE, DDL as REF_DDL
@@ -214,7 +215,10 @@ def pgworker_transitions(dsn: str, variant: str, jobs: int, batch: int) -> dict[
 
         def complete(part: list[tuple[int, int]]) -> int:
             return len(conn.execute(q["job_complete"], {"ids": [a for a, _ in part],
-                                                        "tokens": [b for _, b in part]}).fetchall())
+                                                        "tokens": [b for _, b in part],
+                                                        "has_result": [False] * len(part),
+                                                        "results": [None] * len(part),
+                                                        "results_channel": results_channel(schema)}).fetchall())
 
         out["renew"] = run.measure(jobs, batches(renew))
         out["complete"] = run.measure(jobs, batches(complete))

@@ -24,7 +24,7 @@ import psycopg
 from . import db
 from .config import Settings
 from .connections import POOL_CHECK_IDLE_SECONDS, POOL_MAX_SIZE, database_errors, require_async
-from .errors import DatabaseUnavailable
+from .errors import DatabaseUnavailable, InvalidJob
 from .jobs import ReplayResult
 from .names import check_queue_name, dsn_password, redact, redact_dsn
 from .producer import JobSpec, Preparer, check_on_conflict, enqueue_batch_plan, enqueue_one_plan, specs_from
@@ -148,7 +148,13 @@ class AsyncProducer:
         item inserts nothing), one statement or COPY (from 1000 jobs without keys), one
         NOTIFY per queue; ids in input order; ``on_conflict`` as there."""
         require_async(conn, "enqueue_many")
-        prepared = self._prepared.many(specs_from(jobs), any_task)
+        specs = specs_from(jobs)
+        if any(s.depends_on or s.ref is not None or s.graph_id is not None or s.on_parent_failure is not None
+               for s in specs):
+            # the graph enqueue (pgworker.dependencies) has no async form yet: refused, never dropped
+            raise InvalidJob("aenqueue_many does not take dependencies (depends_on, ref, graph_id, "
+                             "on_parent_failure) yet: use App.enqueue_many; nothing was enqueued")
+        prepared = self._prepared.many(specs, any_task)
         check_on_conflict(on_conflict)
         async with self.aconnection(conn, "enqueue_many") as c:
             return await arun(c, enqueue_batch_plan(self.store, prepared, self.metrics, on_conflict))

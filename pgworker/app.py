@@ -12,8 +12,9 @@ from typing import Any, Callable, Iterable, Iterator, Sequence, overload
 
 import psycopg
 
-from . import connections, db, lifecycle, operations
+from . import connections, db, graphs, lifecycle, operations, results
 from .config import Settings
+from .dependencies import enqueue_graph, has_dependencies
 from .errors import ConfigError
 from .jobs import ClaimedJob, Lease, ReapResult, ReplayResult
 from .migrate import MigrationReport, migrate
@@ -233,7 +234,8 @@ class App(AsyncProducer):
                 delay: "float | timedelta | None" = None, max_attempts: int | None = None,
                 dedupe_key: str | None = None, ordering_key: str | None = None,
                 dedupe_window: "float | timedelta | None" = None, ordering_on_dead: str | None = None,
-                any_task: bool = False, on_conflict: str = "return",
+                depends_on: "Sequence[int] | None" = None, on_parent_failure: str | None = None,
+                graph_id: int | None = None, any_task: bool = False, on_conflict: str = "return",
                 conn: psycopg.Connection | None = None) -> int:
         """Enqueue one job and return its id.
 
@@ -253,6 +255,11 @@ class App(AsyncProducer):
         ``ordering_key``: jobs sharing it run one at a time in enqueue order;
         ``ordering_on_dead`` ('block' or 'skip', default the task's) says whether this job,
         if it dies, holds the key's later jobs back. See docs/scheduling.md.
+        ``depends_on``: ids of jobs this one waits for (at most ``max_parents``); it stays
+        pending and blocked until every one has succeeded, and the statement that completes
+        the last one makes it due. ``on_parent_failure``: 'hold' (default: a dead parent
+        holds it until replayed) or 'cancel' (cancelled with the parent's reason).
+        ``graph_id``: the graph it belongs to (default: its parents'). See docs/graphs.md.
         ``conn``: run inside the caller's transaction (a rollback leaves no job and no
         wake-up); otherwise a pooled connection commits at once.
 
@@ -261,9 +268,15 @@ class App(AsyncProducer):
         database, and :class:`DatabaseUnavailable` when PostgreSQL cannot be reached.
         """
         connections.require_sync(conn, "aenqueue")
-        job = self._prepared.one(JobSpec(task, payload, queue, priority, run_at, delay, max_attempts,
-                                         dedupe_key, ordering_key, dedupe_window, ordering_on_dead), any_task)
+        spec = JobSpec(task, payload, queue, priority, run_at, delay, max_attempts, dedupe_key, ordering_key,
+                       dedupe_window, ordering_on_dead, depends_on=depends_on, on_parent_failure=on_parent_failure,
+                       graph_id=graph_id)
+        job = self._prepared.one(spec, any_task)
         check_on_conflict(on_conflict)
+        if has_dependencies(spec) or on_parent_failure is not None:
+            with self.connection(conn) as c:
+                return enqueue_graph(self.store, c, [spec], [job], max_parents=self.settings.max_parents,
+                                     single=True, metrics=self.metrics)[0]
         with self.connection(conn) as c:
             return enqueue_one(self.store, c, job, self.metrics, on_conflict)
 
@@ -280,10 +293,19 @@ class App(AsyncProducer):
         the holder's id; with ``on_conflict='raise'`` the batch raises
         :class:`AlreadyEnqueued` (``held_by``: {position: holder id}) and inserts nothing
         (in the caller's transaction through a savepoint: the transaction stays usable).
+
+        Dependencies within the call: a job's ``depends_on`` may name the ``ref`` of an
+        earlier job of the call (or an existing job's id); the call's jobs then share a
+        graph id (the first job's, unless given). See docs/graphs.md.
         """
         connections.require_sync(conn, "aenqueue_many")
-        prepared = self._prepared.many(specs_from(jobs), any_task)
+        specs = specs_from(jobs)
+        prepared = self._prepared.many(specs, any_task)
         check_on_conflict(on_conflict)
+        if any(has_dependencies(s) or s.on_parent_failure is not None for s in specs):
+            with self.connection(conn) as c:
+                return enqueue_graph(self.store, c, specs, prepared, max_parents=self.settings.max_parents,
+                                     metrics=self.metrics)
         with self.connection(conn) as c:
             return enqueue_batch(self.store, c, prepared, self.metrics, on_conflict)
 
@@ -300,10 +322,14 @@ class App(AsyncProducer):
         :meth:`fail` or :meth:`release` before the lease expires, or renew it."""
         return lifecycle.claim(self, queue, limit=limit, lease_seconds=lease_seconds, owner=owner, conn=conn)
 
-    def complete(self, job: "ClaimedJob | Lease", *, conn: psycopg.Connection | None = None) -> None:
-        """Mark a claimed job succeeded. Raises :class:`LeaseLost` when the fence refuses
-        the write (the token moved on or the lease expired): the job is not yours."""
-        lifecycle.complete(self, job, conn=conn)
+    def complete(self, job: "ClaimedJob | Lease", *, result: Any = None,
+                 conn: psycopg.Connection | None = None) -> None:
+        """Mark a claimed job succeeded, storing ``result`` (JSON; None stores nothing) with
+        the success. Raises :class:`LeaseLost` when the fence refuses the write (the token
+        moved on or the lease expired): the job is not yours, and its result is not stored;
+        ``ValueError`` when ``result`` is not JSON or longer than ``result_max_bytes``
+        (nothing written)."""
+        lifecycle.complete(self, job, result=result, conn=conn)
 
     def fail(self, job: "ClaimedJob | Lease", error: BaseException, *, attempt: int | None = None,
              retry: RetryPolicy | None = None, conn: psycopg.Connection | None = None) -> str:
@@ -438,12 +464,58 @@ class App(AsyncProducer):
         # an App with tasks is the user's code: its schedules are all there are
         return describe(self.schedules, rows, now, app_known=bool(self.tasks or self.schedules))
 
+    def result(self, job_id: int, *, conn: psycopg.Connection | None = None) -> Any:
+        """What job ``job_id``'s handler returned (decoded JSON; None when it returned nothing).
+
+        Raises :class:`ResultNotReady` while the job is pending or running,
+        :class:`JobDidNotSucceed` when it ended dead or cancelled (``state``, ``code``),
+        :class:`ResultLost` when its success was recorded without its result, and
+        :class:`JobNotFound` when there is no such job (or it was pruned, result included).
+        """
+        return results.result(self, job_id, conn)
+
+    def wait_result(self, job_id: int, *, timeout: float, poll_seconds: float = results.WAIT_POLL_SECONDS) -> Any:
+        """:meth:`result`, waiting up to ``timeout`` seconds for the job to finish.
+
+        Woken by the NOTIFY of the statement that completes it (its own connection, with
+        LISTEN), and re-reading at least every ``poll_seconds`` (a failure or cancellation
+        sends no notification). Raises :class:`ResultTimeout` (a ``TimeoutError``) at the
+        timeout, and what :meth:`result` raises once the job has finished.
+        """
+        return results.wait_result(self, job_id, timeout=timeout, poll_seconds=poll_seconds)
+
+    async def wait_result_async(self, job_id: int, *, timeout: float,
+                                poll_seconds: float = results.WAIT_POLL_SECONDS) -> Any:
+        """:meth:`wait_result` for asyncio code: it waits in a worker thread, never blocking the loop."""
+        return await results.wait_result_async(self, job_id, timeout=timeout, poll_seconds=poll_seconds)
+
     def get_job(self, job_id: int) -> dict[str, Any] | None:
         """The job's row (payload, error history, audit events), or None."""
         with self.connection() as c:
             return self.store.get_job(c, job_id)
 
     def list_jobs(self, *, queue: str | None = None, state: str | None = None,
-                  limit: int = 50) -> list[dict[str, Any]]:
+                  limit: int = 50, graph_id: int | None = None) -> list[dict[str, Any]]:
+        """Jobs, newest first, by queue and state, or the jobs of one graph (``graph_id``)."""
         with self.connection() as c:
-            return self.store.list_jobs(c, queue=queue, state=state, limit=limit)
+            return self.store.list_jobs(c, queue=queue, state=state, limit=limit, graph_id=graph_id)
+
+    # -- graphs (docs/graphs.md) ----------------------------------------------------------
+
+    def chain(self, jobs: Sequence[Any], *, on_parent_failure: str | None = None,
+              conn: psycopg.Connection | None = None) -> "graphs.Graph":
+        """Enqueue jobs that run one after another; see :func:`pgworker.graphs.chain`."""
+        return graphs.chain(self, jobs, on_parent_failure=on_parent_failure, conn=conn)
+
+    def group(self, jobs: Sequence[Any], *, callback: Any = None, on_parent_failure: str | None = None,
+              conn: psycopg.Connection | None = None) -> "graphs.Graph":
+        """Enqueue independent jobs and a callback run when all succeeded; see :func:`pgworker.graphs.group`."""
+        return graphs.group(self, jobs, callback=callback, on_parent_failure=on_parent_failure, conn=conn)
+
+    def cancel_graph(self, graph_id: int, *, actor: str | None = None) -> dict[str, Any]:
+        """Cancel every unfinished job of a graph; see :func:`pgworker.graphs.cancel_graph`."""
+        return graphs.cancel_graph(self, graph_id, actor=actor)
+
+    def replay_graph(self, graph_id: int, *, actor: str | None = None) -> list[int]:
+        """Replay a graph's dead jobs and what their death cancelled; see :func:`pgworker.graphs.replay_graph`."""
+        return graphs.replay_graph(self, graph_id, actor=actor)

@@ -92,6 +92,13 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("pgworker_queue_dead_blocked_ordering_keys", "gauge", ("queue",),
               "Ordering keys held by a dead job (dead-head policy 'block'): their later jobs wait "
               "until it is replayed or discarded.", "database", recorded_by=_STATS),
+    MetricDef("pgworker_queue_waiting_on_parents", "gauge", ("queue",),
+              "Pending jobs waiting for parents (depends_on) that have not all succeeded yet; "
+              "docs/graphs.md.", "database", recorded_by=_STATS),
+    MetricDef("pgworker_queue_blocked_by_dead_parent_age_seconds", "gauge", ("queue",),
+              "How long the job of the queue waiting longest behind a dead parent has waited since "
+              "the parent died (held until the parent is replayed); 0 when none.", "database",
+              recorded_by=_STATS),
     MetricDef("pgworker_queue_paused", "gauge", ("queue",),
               "1 while the queue is paused (nothing is claimed from it), else 0.", "database",
               recorded_by=_STATS),

@@ -28,6 +28,8 @@ MAX_BATCH_SIZE = 100
 MAX_PAYLOAD_BYTES = 1024 * 1024
 ERROR_HISTORY_ENTRIES = 10
 ERROR_MESSAGE_MAX_CHARS = 1000
+RESULT_MAX_BYTES = 64 * 1024
+MAX_PARENTS = 1000
 METRICS_PORT = 9186
 STATS_CACHE_SECONDS = 5.0
 STATS_TIMEOUT_SECONDS = 2.0
@@ -160,6 +162,13 @@ class Settings:
         "PGWORKER_STEP_RESULT_MAX_BYTES", int, unit="bytes",
         help="Largest JSON result of one step or effect (16-10485760, as UTF-8 JSON text); a larger one "
              "fails the attempt STEP_RESULT_TOO_LARGE."))
+    result_max_bytes: int = field(default=RESULT_MAX_BYTES, metadata=_env(
+        "PGWORKER_RESULT_MAX_BYTES", int, unit="bytes",
+        help="Largest handler return value stored as the job's result, as UTF-8 JSON (2-100000000); "
+             "a larger one fails the attempt with RESULT_TOO_LARGE."))
+    max_parents: int = field(default=MAX_PARENTS, metadata=_env(
+        "PGWORKER_MAX_PARENTS", int, unit="jobs",
+        help="Most jobs one job may depend on (depends_on), 1-100000; more is refused at enqueue."))
     metrics_port: int = field(default=METRICS_PORT, metadata=_env(
         "PGWORKER_METRICS_PORT", int, unit="TCP port",
         help="Port of /metrics, /healthz and /readyz of `pgworker run`; 0 turns the HTTP server off."))
@@ -285,6 +294,12 @@ class Settings:
         if not 16 <= self.step_result_max_bytes <= 10_485_760:
             raise ConfigError(f"step_result_max_bytes must be between 16 and 10485760, got {self.step_result_max_bytes}; "
                               "set PGWORKER_STEP_RESULT_MAX_BYTES")
+        if not 1 <= self.max_parents <= 100_000:
+            raise ConfigError(f"max_parents must be between 1 and 100000, got {self.max_parents}; "
+                              "set PGWORKER_MAX_PARENTS")
+        if not 2 <= self.result_max_bytes <= 100_000_000:
+            raise ConfigError(f"result_max_bytes must be between 2 and 100000000, got {self.result_max_bytes}; "
+                              "set PGWORKER_RESULT_MAX_BYTES")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be 0-65535 (0: no server), got {self.metrics_port}; set PGWORKER_METRICS_PORT")
         if self.priority_aging_seconds is not None and not self.priority_aging_seconds > 0:

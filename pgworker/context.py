@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from .effects.steps import run_effect, run_step
 from .effects.transaction import TransactionState, job_atransaction, job_transaction
 from .errors import JobCancelled, LeaseLost
+from .names import bounded_text
 
 if TYPE_CHECKING:
     import psycopg
@@ -27,8 +30,9 @@ class JobContext:
     ``lease_token``, and ``idempotency_key``, which is the same for every attempt of the
     job: pass it to external systems so that a re-run after a crash is recognised.
 
-    ``heartbeat()`` (alias ``progress()``) reports progress; it writes to shared memory
-    and costs no query. ``lease_lost`` becomes True when the supervisor could not renew
+    ``heartbeat()`` reports progress; it writes to shared memory and costs no query.
+    ``progress(value, message=None)`` also records how far the job has come on its row
+    (durable, fenced, rate-limited; ``pgworker jobs show`` prints it). ``lease_lost`` becomes True when the supervisor could not renew
     the lease (another worker may now run the job: stop, your outcome will be refused);
     ``cancel_requested`` when an operator cancelled the job; ``stopping`` when the worker
     is shutting down (the shutdown grace runs). ``check()`` raises
@@ -38,13 +42,20 @@ class JobContext:
     own writes commit together with the job's fenced success (docs/effects.md).
     """
 
-    __slots__ = ("job", "_table", "_slot", "progress_value", "_logger", "_effects", "_tx")
+    __slots__ = ("job", "_table", "_slot", "progress_value", "_logger", "_effects", "_tx", "_app",
+                 "_progress_written_at")
+
+    #: At most one progress write per job this often (seconds).
+    PROGRESS_WRITE_SECONDS = 1.0
+    PROGRESS_MESSAGE_MAX_CHARS = 200
 
     def __init__(self, job: "ClaimedJob", table: "SlotTable | None" = None, slot: int = -1,
-                 effects: "EffectResources | None" = None) -> None:
+                 effects: "EffectResources | None" = None, app: Any = None) -> None:
         self.job = job
         self._table = table
         self._slot = slot
+        self._app = app
+        self._progress_written_at = 0.0
         self.progress_value: Any = None
         self._logger: "logging.LoggerAdapter[logging.Logger] | None" = None
         self._effects = effects
@@ -78,7 +89,33 @@ class JobContext:
         if self._table is not None:
             self._table.progress(self._slot, self.job.id)
 
-    progress = heartbeat
+    def progress(self, value: float, message: str | None = None, *, force: bool = False) -> bool:
+        """Record how far the job has come: ``value`` a fraction from 0.0 to 1.0, ``message``
+        a short text (cut to 200 printable characters). A heartbeat too (the lease's
+        evidence of progress for ``renew='progress'`` tasks).
+
+        Durable: written on the job's row, fenced by the lease token, at most once every
+        ``PROGRESS_WRITE_SECONDS`` per job (a call in between is a heartbeat only, its value
+        kept in ``progress_value``; ``force=True`` writes now). Returns whether this call
+        wrote. Raises ``ValueError`` for a value outside 0-1 (or not a number) and
+        :class:`LeaseLost` when the fence refuses the write (stop: the job is not yours).
+        """
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or not 0.0 <= value <= 1.0:
+            raise ValueError(f"progress must be a fraction from 0.0 to 1.0, got {value!r}")
+        text = None if message is None else bounded_text(str(message), self.PROGRESS_MESSAGE_MAX_CHARS)
+        self.heartbeat(value)
+        if self._app is None:
+            return False
+        now = time.monotonic()
+        if not force and now - self._progress_written_at < self.PROGRESS_WRITE_SECONDS:
+            return False
+        self._progress_written_at = now
+        with self._app.connection() as c:
+            ok = self._app.store.record_progress(c, self.job.lease, float(value), text)
+        if not ok:
+            raise LeaseLost(job_id=self.job.id, lease_token=self.job.lease_token, operation="progress")
+        return True
 
     @property
     def lease_lost(self) -> bool:
@@ -164,6 +201,17 @@ class JobContext:
     def committed(self) -> bool:
         """True once ``ctx.transaction()`` committed the job's success."""
         return self._tx.committed
+
+    def parent_results(self, conn: Any = None) -> dict[int, Any]:
+        """What this job's parents (``depends_on``) returned: {parent id: result}, each
+        decoded JSON, None for a parent that returned nothing; {} for a job without
+        parents. Every parent has succeeded when a child runs; a parent pruned since
+        (retention) is missing. One query (``conn``, or the App's pool)."""
+        if self._app is None:
+            raise RuntimeError("parent_results() needs the App: this context was built without one")
+        with self._app.connection(conn) as c:
+            results: dict[int, Any] = self._app.store.parent_results(c, self.job.id)
+        return results
 
     def __repr__(self) -> str:
         return f"<JobContext job={self.job.id} task={self.job.task!r} attempt={self.job.attempt}>"

@@ -78,6 +78,10 @@ class QueueStatsCollector:
         dead_keys = GaugeMetricFamily("pgworker_queue_dead_blocked_ordering_keys",
                                       d["pgworker_queue_dead_blocked_ordering_keys"].help, labels=["queue"])
         paused = GaugeMetricFamily("pgworker_queue_paused", d["pgworker_queue_paused"].help, labels=["queue"])
+        waiting = GaugeMetricFamily("pgworker_queue_waiting_on_parents",
+                                    d["pgworker_queue_waiting_on_parents"].help, labels=["queue"])
+        behind_dead = GaugeMetricFamily("pgworker_queue_blocked_by_dead_parent_age_seconds",
+                                        d["pgworker_queue_blocked_by_dead_parent_age_seconds"].help, labels=["queue"])
         for row in self._rows:
             q = row["queue"]
             for state in cat.STATS_STATES:
@@ -87,7 +91,9 @@ class QueueStatsCollector:
             expired.add_metric([q], float(row["expired_leases"]))
             dead_keys.add_metric([q], float(row["dead_blocked_keys"]))
             paused.add_metric([q], 1.0 if row["paused"] else 0.0)
-        yield from (jobs, age, dead_age, expired, dead_keys, paused)
+            waiting.add_metric([q], float(row.get("waiting_on_parents", 0)))
+            behind_dead.add_metric([q], float(row.get("blocked_by_dead_parent_age_seconds", 0.0)))
+        yield from (jobs, age, dead_age, expired, dead_keys, paused, waiting, behind_dead)
         yield GaugeMetricFamily("pgworker_queue_stats_up", d["pgworker_queue_stats_up"].help, value=self._up)
         yield GaugeMetricFamily("pgworker_queue_stats_duration_seconds",
                                 d["pgworker_queue_stats_duration_seconds"].help, value=self._duration)

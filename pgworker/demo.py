@@ -238,6 +238,13 @@ def main(args: argparse.Namespace) -> int:
         distinct = len(set(ids))
         print(f"enqueued {quantity(len(specs), 'request')} in {time.time() - t0:.2f}s: {quantity(distinct, 'job')}, "
               f"{quantity(len(specs) - distinct, 'duplicate')} refused by their dedupe key", flush=True)
+        # a small graph (docs/graphs.md): four tiles' statistics, then a mosaic from their results
+        graph = app.group([JobSpec("tile_stats", {"name": f"t{k}", "x": -0.75 + 0.25 * k, "y": 0.1})
+                           for k in range(4)], callback=JobSpec("mosaic", {}))
+        distinct += len(graph.ids)
+        specs += [JobSpec("tile_stats")] * len(graph.ids)  # counted as requests too (no duplicates)
+        print(f"enqueued graph {graph.graph_id}: 4 tile_stats jobs, then mosaic (job {graph.ids[-1]}) "
+              "when all have succeeded", flush=True)
 
         env = dict(os.environ, PGWORKER_DSN=dsn, PGWORKER_SCHEMA=schema, PGWORKER_DEMO_DIR=out_dir,
                    PGWORKER_DEMO_URL=endpoint.url, PGWORKER_LOG_LEVEL=os.environ.get("PGWORKER_LOG_LEVEL", "WARNING"))
@@ -284,6 +291,10 @@ def main(args: argparse.Namespace) -> int:
             print()
         summary = _summary(app, distinct, len(specs) - distinct, elapsed, out_dir, endpoint)
         _print_summary(summary)
+        try:
+            print(f"graph {graph.graph_id}: mosaic (job {graph.ids[-1]}) returned {app.result(graph.ids[-1])}")
+        except Exception as exc:  # noqa: BLE001 - the demo reports, it does not fail on the graph
+            print(f"graph {graph.graph_id}: no result ({type(exc).__name__}: {exc})")
         print(f"worker log (failed attempts and dead jobs, as a real worker logs them): {log_path}")
         if not args.keep:
             shutil.rmtree(out_dir, ignore_errors=True)

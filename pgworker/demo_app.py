@@ -125,3 +125,25 @@ def _find_charge(key: str) -> object:
 def charge_invoice(payload: dict, ctx: pgworker.JobContext) -> None:
     cents = ctx.step("total", lambda: sum(int(line["cents"]) * int(line.get("qty", 1)) for line in payload["lines"]))
     ctx.effect("charge", lambda key: _charge(key, cents), reconcile=_find_charge)
+
+
+@app.task(name="tile_stats", queue="images", max_attempts=3, retry=FAST_RETRY)
+def tile_stats(payload: dict, ctx: pgworker.JobContext) -> dict:
+    """A part of the demo's small graph: how many points of a tile are in the set (its result)."""
+    size, inside = int(payload.get("size", 24)), 0
+    for py in range(size):
+        for px in range(size):
+            c = complex(float(payload["x"]) + (px - size / 2) / size, float(payload["y"]) + (py - size / 2) / size)
+            z, n = 0j, 0
+            while abs(z) <= 2 and n < 40:
+                z, n = z * z + c, n + 1
+            inside += n == 40
+    return {"tile": payload["name"], "inside": inside, "points": size * size}
+
+
+@app.task(name="mosaic", queue="default", max_attempts=3, retry=FAST_RETRY)
+def mosaic(payload: dict, ctx: pgworker.JobContext) -> dict:
+    """The graph's callback: runs once every tile_stats job succeeded, from their results."""
+    parts = list(ctx.parent_results().values())
+    return {"tiles": len(parts), "inside": sum(p["inside"] for p in parts),
+            "points": sum(p["points"] for p in parts)}

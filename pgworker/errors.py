@@ -87,6 +87,32 @@ class JobNotFound(PgworkerError, LookupError):
     """No job has this id."""
 
 
+class ResultNotReady(PgworkerError):
+    """The job has not finished yet: it has no result to read (App.wait_result waits for one)."""
+
+
+class JobDidNotSucceed(PgworkerError):
+    """The job ended without succeeding (dead or cancelled): it has no result.
+
+    ``job_id``, ``state`` ('dead' or 'cancelled') and ``code`` (its last error code) say
+    how it ended; ``pgworker jobs show ID`` has its error history."""
+
+    def __init__(self, message: str | None = None, *, job_id: int | None = None, state: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.job_id, self.state, self.code = job_id, state, code
+
+
+class ResultLost(PgworkerError):
+    """The job succeeded but its result was not stored: the claimer process died after
+    the handler returned, and the result was too large for the shared-memory slot
+    (docs/results.md). The job is not run again."""
+
+
+class ResultTimeout(PgworkerError, TimeoutError):
+    """App.wait_result gave up: the job had not finished within the timeout."""
+
+
 class DedupeConflict(PgworkerError):
     """Another active job holds this dedupe key."""
 

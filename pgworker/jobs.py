@@ -50,6 +50,19 @@ class Outcome(str, enum.Enum):
     LOST = "lost"
 
 
+class _ResultLost:
+    """The result of a success written without it (see :data:`RESULT_LOST`)."""
+
+    def __repr__(self) -> str:
+        return "RESULT_LOST"
+
+
+#: In the ``results`` of :meth:`pgworker.store.Store.complete`: the job succeeded but what its
+#: handler returned is not known any more (its claimer died after deciding the success,
+#: and the result was too large for shared memory); stored as SQL NULL in job_results.
+RESULT_LOST: Any = _ResultLost()
+
+
 class Lease(NamedTuple):
     """The right to settle one attempt of a job: its id and the claim's fencing token.
 

@@ -4,13 +4,14 @@ under a lease, then settle or renew it through the fence; recover expired leases
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from .errors import LeaseLost
 from .jobs import ClaimedJob, FailRequest, Lease, ReapResult
 from .names import check_queue_name, dsn_password
+from .results import encode_result
 from .retry import RetryPolicy, classify
 from .tasks import retry_delays
 
@@ -31,11 +32,12 @@ def _lease(job: "ClaimedJob | Lease") -> Lease:
     return job.lease if isinstance(job, ClaimedJob) else job
 
 
-def complete(app: App, job: "ClaimedJob | Lease", *, conn: psycopg.Connection | None) -> None:
+def complete(app: App, job: "ClaimedJob | Lease", *, result: Any = None, conn: psycopg.Connection | None) -> None:
     lease = _lease(job)
     keys = [job.ordering_key] if isinstance(job, ClaimedJob) else None  # None: read from the row
+    encoded = encode_result(result, app.settings.result_max_bytes)  # ResultRefused (a ValueError): nothing written
     with app.connection(conn) as c:
-        report = app.store.complete(c, [lease], keys)
+        report = app.store.complete(c, [lease], keys, [encoded])
     if not report.ok:
         raise LeaseLost(job_id=lease.job_id, lease_token=lease.token, operation="complete")
 

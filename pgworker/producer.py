@@ -55,6 +55,16 @@ class JobSpec(NamedTuple):
     ordering_key: str | None = None
     dedupe_window: "float | timedelta | None" = None
     ordering_on_dead: str | None = None
+    #: Dependencies (docs/graphs.md): the jobs this one waits for, each an existing job's id
+    #: or, in ``enqueue_many``, the ``ref`` of an earlier job of the same call.
+    depends_on: "Sequence[int | str] | None" = None
+    #: A name other jobs of the same ``enqueue_many`` call use in their ``depends_on``.
+    ref: str | None = None
+    #: What this job does when a parent ends dead: 'hold' (default: wait for the replay) or 'cancel'.
+    on_parent_failure: str | None = None
+    #: The graph it belongs to (default: its parents' graph; in a call with dependencies, the call's first job).
+    graph_id: int | None = None
+
 
 
 class PreparedJob(NamedTuple):
@@ -220,6 +230,11 @@ class Preparer:
         # one would be served the other's prepared instant, an hour off
         key = (task if isinstance(task, str) else id(task), any_task, *spec[2:],
                getattr(spec.run_at, "fold", None))
+        if spec.depends_on is not None or spec.ref is not None or spec.on_parent_failure is not None \
+                or spec.graph_id is not None:  # pgworker.dependencies reads these; prepare() the rest
+            spec = spec._replace(depends_on=None, ref=None, on_parent_failure=None, graph_id=None)
+            key = (task if isinstance(task, str) else id(task), any_task, *spec[2:],
+                   getattr(spec.run_at, "fold", None))
         try:
             base = self._shared.get(key)
         except TypeError:  # an unhashable option: validated (and refused) on its own

@@ -69,9 +69,18 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             # what a dead job does to its ordering key: meaningless without one (JSON keeps
             # every column, for scripts)
             job.pop("dead_blocks_key", None)
+        if not args.json:  # one line per parent and child: id (task): state
+            for side in ("parents", "children"):
+                if side in job:
+                    job[side] = [f"{r['id']} ({r['task']}): {r['state']}"
+                                 + (f" {r['last_error_code']}" if r.get("last_error_code") else "")
+                                 + (f", waiting for {r['waiting_parents']}" if r.get("waiting_parents") else "")
+                                 for r in job[side]]
         emit(args, job)
         return 0
-    rows = app.list_jobs(queue=args.queue, state=args.state, limit=args.limit)
+    if args.graph is not None and args.queue is not None:
+        raise ConfigError("--graph lists one graph's jobs whatever their queue: give --graph or --queue")
+    rows = app.list_jobs(queue=args.queue, state=args.state, limit=args.limit, graph_id=args.graph)
     emit(args, rows, ["id", "queue", "task", "state", "priority", "attempts", "max_attempts",
                       "run_at", "last_error_code"])
     return 0

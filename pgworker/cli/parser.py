@@ -147,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--state", type=_job_state, choices=("pending", "running", "succeeded", "dead", "cancelled"),
                        help="only jobs in this state")
         q.add_argument("--limit", type=_positive_int, default=50, metavar="N", help="at most N jobs, newest first")
+        q.add_argument("--graph", type=int, metavar="ID", help="only the jobs of this graph (docs/graphs.md)")
     js = jsub.add_parser("show", help="one job in full")
     _common(js)
     js.add_argument("id", type=int, help="the job's id")

@@ -15,7 +15,8 @@
 -- job that looks claimed, leased or dead.
 GRANT USAGE ON SCHEMA {schema} TO {producer};
 GRANT INSERT (id, queue, task, payload, priority, run_at, max_attempts, dedupe_key, dedupe_window,
-              ordering_key, dead_blocks_key, blocked, trace_context) ON {schema}.jobs TO {producer};
+              ordering_key, dead_blocks_key, blocked, trace_context, waiting_parents, has_children,
+              cancel_on_parent_failure, graph_id) ON {schema}.jobs TO {producer};
 -- ids for bulk enqueue (COPY), and the identity default of single inserts
 GRANT USAGE ON SEQUENCE {schema}.jobs_id_seq TO {producer};
 -- The state of jobs, never their payloads, error messages, lease owners or trace
@@ -23,7 +24,8 @@ GRANT USAGE ON SEQUENCE {schema}.jobs_id_seq TO {producer};
 -- ordering-key checks), and the client checks the schema version.
 GRANT SELECT (id, queue, task, state, priority, run_at, attempts, max_attempts, lease_token,
               lease_expires_at, last_error_code, dedupe_key, dedupe_until, ordering_key,
-              dead_blocks_key, blocked, created_at, finished_at, schedule_name, schedule_slot)
+              dead_blocks_key, blocked, created_at, finished_at, schedule_name, schedule_slot,
+              waiting_parents, has_children, cancel_on_parent_failure, graph_id)
     ON {schema}.jobs TO {producer};
 -- The read-only views of the queues an application shows its users (`pgworker status`,
 -- `queue list`, `queue events`, `schedules`): queue settings and pauses, their audit
@@ -34,7 +36,14 @@ GRANT SELECT ON {schema}.queues, {schema}.queue_events, {schema}.schedules TO {p
 GRANT SELECT (queues, stopped_at, last_seen) ON {schema}.pods TO {producer};
 -- A duplicate enqueue releases a dedupe hold whose window (after success) has passed.
 GRANT UPDATE (dedupe_until) ON {schema}.jobs TO {producer};
+-- Dependencies (docs/graphs.md): an enqueue with depends_on locks its parents and marks
+-- them (has_children), and writes the edges; `jobs show` reads them. The rule that
+-- unblocks children runs in the triggers, as the schema's owner: no grant for it.
+GRANT UPDATE (has_children) ON {schema}.jobs TO {producer};
+GRANT SELECT, INSERT ON {schema}.job_dependencies TO {producer};
 GRANT SELECT ON {schema}.migrations TO {producer};
+-- What its jobs returned (App.result, App.wait_result): the producer asked for the work
+GRANT SELECT ON {schema}.job_results TO {producer};
 
 -- name: worker
 -- Claim, renew, record outcomes, run the reaper and the pruner, read queue statistics:
@@ -44,13 +53,17 @@ GRANT USAGE ON SCHEMA {schema} TO {worker};
 GRANT SELECT ON {schema}.jobs TO {worker};
 GRANT UPDATE (state, run_at, attempts, lease_owner, lease_token, lease_expires_at, started_at,
               heartbeat_at, finished_at, last_error_code, errors, blocked, cancel_requested_at,
-              dedupe_until)
+              dedupe_until, progress, progress_message, progress_at)
     ON {schema}.jobs TO {worker};
 -- handlers enqueue follow-up jobs (the producer's INSERT); the scheduler enqueues
 -- periodic jobs with their slot
 GRANT INSERT (id, queue, task, payload, priority, run_at, max_attempts, dedupe_key, dedupe_window,
-              ordering_key, dead_blocks_key, blocked, trace_context, schedule_name, schedule_slot)
+              ordering_key, dead_blocks_key, blocked, trace_context, schedule_name, schedule_slot,
+              waiting_parents, has_children, cancel_on_parent_failure, graph_id)
     ON {schema}.jobs TO {worker};
+-- handlers enqueue dependent jobs too, and read their parents' results (ctx.parent_results)
+GRANT UPDATE (has_children) ON {schema}.jobs TO {worker};
+GRANT SELECT, INSERT ON {schema}.job_dependencies TO {worker};
 -- the claim reads each queue's policy and, for a rate-limited queue, spends its tokens
 GRANT SELECT, UPDATE (tokens, tokens_at) ON {schema}.queues TO {worker};
 -- the scheduler registers schedules and advances each one's last slot (compare-and-set)
@@ -71,6 +84,9 @@ GRANT SELECT ON {schema}.queue_events TO {worker};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.pods TO {worker};
 -- durable steps and external effects (ctx.step, ctx.effect): fenced inserts and updates
 GRANT SELECT, INSERT, UPDATE ON {schema}.job_steps TO {worker};
+-- results: stored by the fenced success (job_complete, ON CONFLICT updates a replayed
+-- job's), read back for a dependent's context and for App.result
+GRANT SELECT, INSERT, UPDATE (result, stored_at) ON {schema}.job_results TO {worker};
 
 -- name: viewer
 -- The web console in read-only mode (`pgworker web --read-only`): it reads every page's
@@ -80,6 +96,7 @@ GRANT SELECT, INSERT, UPDATE ON {schema}.job_steps TO {worker};
 GRANT USAGE ON SCHEMA {schema} TO {viewer};
 GRANT SELECT ON {schema}.jobs, {schema}.job_events, {schema}.queues, {schema}.queue_events,
                 {schema}.schedules, {schema}.migrations, {schema}.pods, {schema}.bulk_operations,
-                {schema}.bulk_operation_jobs, {schema}.job_steps TO {viewer};
+                {schema}.bulk_operation_jobs, {schema}.job_steps, {schema}.job_results,
+                {schema}.job_dependencies TO {viewer};
 GRANT EXECUTE ON FUNCTION {schema}.console_job_filter(jsonb, text, text, text, text, text, text, timestamptz, jsonb)
     TO {viewer};

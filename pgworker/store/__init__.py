@@ -17,17 +17,19 @@ from .base import StoreBase, atomic, notify_channel
 
 from .console import ConsoleStatements
 from .effects import EffectStatements
+from .dependencies import DependencyStatements
 from .enqueue import EnqueueStatements
 from .lifecycle import LifecycleStatements
 from .maintenance import MaintenanceStatements
 from .operations import OperationStatements
 from .reads import QueueStats, ReadStatements
+from .results import ResultStatements
 
 __all__ = ["QueueStats", "Store", "atomic", "json_or_none", "notify_channel"]
 
 
 class Store(EnqueueStatements, LifecycleStatements, MaintenanceStatements, OperationStatements, ReadStatements,
-            ConsoleStatements, EffectStatements, StoreBase):
+            ResultStatements, DependencyStatements, ConsoleStatements, EffectStatements, StoreBase):
     """Every named statement of one schema, one method each, grouped by area in the
     modules of this package as the statements are in ``sql/queries/``."""
 

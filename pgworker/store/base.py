@@ -37,12 +37,23 @@ def notify_channel(schema: str) -> str:
     return name
 
 
+def results_channel(schema: str) -> str:
+    """The NOTIFY channel that says jobs of a schema finished with a result to read
+    (``App.wait_result``): ``pgworker_results.<schema>``, hashed past 63 bytes. Apart
+    from :func:`notify_channel`, whose payloads the workers read as queue names."""
+    name = f"pgworker_results.{schema}"
+    if len(name.encode()) > 63:
+        name = "pgworker_results." + hashlib.sha1(schema.encode()).hexdigest()[:20]
+    return name
+
+
 class StoreBase:
     """Named statements of one schema, rendered once (schema quoted as an identifier)."""
 
     def __init__(self, schema: str, *, error_history_entries: int = 10) -> None:
         self.schema = check_schema_name(schema)
         self.channel = notify_channel(schema)
+        self.results_channel = results_channel(schema)
         self.error_history_entries = error_history_entries
         self.queries: dict[str, str] = {
             name: sqlfiles.render(text, schema) for name, text in sqlfiles.query_templates().items()

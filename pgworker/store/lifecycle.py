@@ -7,7 +7,7 @@ from typing import Any, Iterable, Sequence
 import psycopg
 from psycopg.types.json import set_json_loads
 
-from ..jobs import ClaimedJob, ClaimResult, FailRequest, FenceReport, Lease, safe_json_loads
+from ..jobs import RESULT_LOST, ClaimedJob, ClaimResult, FailRequest, FenceReport, Lease, safe_json_loads
 from .base import StoreBase, _delay, atomic
 
 
@@ -106,13 +106,31 @@ class LifecycleStatements(StoreBase):
         return None if row is None else ClaimedJob(*row)
 
     def complete(self, conn: psycopg.Connection, leases: Sequence[Lease],
-                 ordering_keys: Iterable[str | None] | None = None) -> FenceReport:
-        """Mark jobs succeeded (fenced) and promote the next job of their ordering keys.
+                 ordering_keys: Iterable[str | None] | None = None,
+                 results: Sequence[str | None] | None = None) -> FenceReport:
+        """Mark jobs succeeded (fenced), store what their handlers returned, and promote
+        the next job of their ordering keys: the one statement every success goes through.
 
         ``ordering_keys``: the jobs' keys when the caller knows them (a claimer does);
         None reads them first (one statement), so that the key locks precede the row locks.
+        ``results``: one per lease, each the result's JSON text (already encoded and
+        bounded: :func:`pgworker.results.encode_result`), None for a handler that
+        returned nothing (no row), or :data:`pgworker.jobs.RESULT_LOST`. A result is
+        stored only for a lease the fence accepted, in the same statement.
         """
-        return self._finish(conn, "job_complete", "complete", leases, ordering_keys)
+        if not leases:
+            return FenceReport("complete")
+        if results is None:
+            results = [None] * len(leases)
+        elif len(results) != len(leases):
+            raise ValueError(f"complete: {len(results)} results for {len(leases)} leases")
+        keys = self._keys_for(conn, leases, ordering_keys)
+        rows = self._keyed(conn, "job_complete", {
+            "ids": [le.job_id for le in leases], "tokens": [le.token for le in leases],
+            "has_result": [r is not None for r in results],
+            "results": [None if r is None or r is RESULT_LOST else r for r in results],
+            "results_channel": self.results_channel}, keys, lambda r: r[2])
+        return FenceReport.build("complete", leases, rows)
 
     def fail(self, conn: psycopg.Connection, requests: Sequence[FailRequest],
              ordering_keys: Iterable[str | None] | None = None) -> FenceReport:
@@ -181,6 +199,12 @@ class LifecycleStatements(StoreBase):
                                              "tokens": [le.token for le in leases]},
                            keys, lambda r: r[2])
         return FenceReport.build(operation, leases, rows)
+
+    def record_progress(self, conn: psycopg.Connection, lease: Lease, progress: float,
+                        message: str | None) -> bool:
+        """Record a running job's progress (fenced); False when the lease was lost."""
+        return self._exec(conn, "job_progress", {"id": lease.job_id, "token": lease.token, "progress": progress,
+                                                 "message": message}).fetchone() is not None
 
     def lease_states(self, conn: psycopg.Connection, ids: Sequence[int]) -> list[tuple[Any, ...]]:
         """(id, state, lease_token, last_error_code) of jobs, to settle an unknown write."""

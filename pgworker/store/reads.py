@@ -36,9 +36,9 @@ class ReadStatements(StoreBase):
         return run(conn, self.get_job_plan(job_id))
 
     def get_job_plan(self, job_id: int) -> Plan[dict[str, Any] | None]:
-        """The job's row as a dict (with ``events``, its audit entries, and ``steps``, its
-        durable steps and effects), or None; a plan
-        (:mod:`pgworker.store.plan`)."""
+        """The job's row as a dict (with ``events``, its audit entries; ``steps``, its
+        durable steps and effects; ``result``, ``parents``, ``children`` and the progress
+        columns when it has them), or None; a plan (:mod:`pgworker.store.plan`)."""
         rows = yield Exec(self.queries["job_get"], {"id": job_id}, dict_rows=True)
         if not rows:
             return None
@@ -46,11 +46,35 @@ class ReadStatements(StoreBase):
         row["events"] = yield Exec(self.queries["job_events_list"], {"id": job_id}, dict_rows=True)
         # durable steps and effects (docs/effects.md)
         row["steps"] = yield Exec(self.queries["job_steps_of"], {"id": job_id}, dict_rows=True)
+        found = yield Exec(self.queries["job_result_get"], {"id": job_id}, dict_rows=True)
+        if found and found[0]["has_result"]:
+            row["result"] = found[0]["result"] if found[0]["result"] is not None else "(lost: see docs/results.md)"
+        # dependencies (docs/graphs.md): shown only for a job that has them
+        parents = yield Exec(self.queries["job_parents_list"], {"id": job_id, "limit": 100}, dict_rows=True)
+        children: list[dict[str, Any]] = []
+        if row.pop("has_children"):
+            children = yield Exec(self.queries["job_children_list"], {"id": job_id, "limit": 100}, dict_rows=True)
+        if parents:
+            row["parents"] = parents
+        else:
+            row.pop("on_parent_failure")
+        if children:
+            row["children"] = children
+        if row["graph_id"] is None:
+            row.pop("graph_id")
+        if not row["waiting_parents"]:
+            row.pop("waiting_parents")
+        if row["progress_at"] is None:  # never reported: not shown
+            for k in ("progress", "progress_message", "progress_at"):
+                row.pop(k)
         return row
 
     def list_jobs(self, conn: psycopg.Connection, *, queue: str | None, state: str | None,
-                  limit: int) -> list[dict[str, Any]]:
+                  limit: int, graph_id: int | None = None) -> list[dict[str, Any]]:
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        if graph_id is not None:
+            return cur.execute(self.queries["jobs_list_graph"], {"graph_id": graph_id, "state": state,
+                                                                 "limit": limit}).fetchall()
         return cur.execute(self.queries["jobs_list"], {"queue": queue, "state": state,
                                                        "limit": limit}).fetchall()
 

@@ -294,7 +294,8 @@ def _run_one(app: Any, conn: psycopg.Connection, executor: Executor, table: Slot
             write_outcomes(app.store, conn, [Write(job.lease, RELEASE, job.ordering_key)])
             raise KeyboardInterrupt
         report = write_outcomes(app.store, conn, [Write(job.lease, out.kind, job.ordering_key, out.code,
-                                                        out.message, out.delay, out.permanent)])[out.kind]
+                                                        out.message, out.delay, out.permanent,
+                                                        out.result)])[out.kind]
     finally:
         table.clear(slot, job.id)
     accepted = job.id in report.accepted

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Sequence
 
 import psycopg
 
-from ..jobs import MAX_DELAY_SECONDS, ClaimedJob, FailRequest, FenceReport, Lease
+from ..jobs import MAX_DELAY_SECONDS, RESULT_LOST, ClaimedJob, FailRequest, FenceReport, Lease
 from ..names import bounded_text
 from ..store import Store
 
@@ -60,6 +60,7 @@ class Outcome:
     delay: float = 0.0
     permanent: bool = False
     span: Any = None
+    result: str | None = None  # COMPLETE: the handler's return value as JSON (None: nothing to store)
     decided_at: float = field(default_factory=time.monotonic)
     retries: int = 0  # writes attempted before (a connection failed, or a statement was refused for now)
 
@@ -116,7 +117,9 @@ def _warn(job: ClaimedJob, text: str) -> None:
 class Write(NamedTuple):
     """One fenced outcome write: the lease, the kind, and the values of a failure,
     retry or snooze. ``ordering_key``: the job's key when known (a claimer knows it);
-    None for all of a batch makes the store read the keys first (the supervisor)."""
+    None for all of a batch makes the store read the keys first (the supervisor).
+    ``result``: a success's result as JSON text, None for none, or
+    :data:`pgworker.jobs.RESULT_LOST` (see :func:`slot_result`)."""
 
     lease: Lease
     kind: int
@@ -125,6 +128,24 @@ class Write(NamedTuple):
     message: str = ""
     delay: float = 0.0
     permanent: bool = False
+    result: Any = None
+
+
+# How a success's result is kept in its slot (the slot's code field says which; the
+# message field holds the JSON), so that the settler can write it for a claimer that died
+# after deciding: a result that fits in the slot's message is kept whole, a larger one is
+# known only to the dead process and is written as lost (docs/results.md).
+RESULT_IN_SLOT = "RESULT"
+RESULT_NOT_IN_SLOT = "RESULT_LOST"
+
+
+def slot_result(code: str, message: str) -> Any:
+    """A COMPLETE slot's result for the settler: its JSON, RESULT_LOST, or None (none)."""
+    if code == RESULT_IN_SLOT:
+        return message
+    if code == RESULT_NOT_IN_SLOT:
+        return RESULT_LOST
+    return None
 
 
 def write_outcomes(store: Store, conn: psycopg.Connection, writes: Sequence[Write], *,
@@ -145,7 +166,7 @@ def write_outcomes(store: Store, conn: psycopg.Connection, writes: Sequence[Writ
         leases = [w.lease for w in items]
         keys = [w.ordering_key for w in items] if keys_known else None
         if kind == COMPLETE:
-            out[kind] = store.complete(conn, leases, keys)
+            out[kind] = store.complete(conn, leases, keys, [w.result for w in items])
         elif kind == FAIL:
             out[kind] = store.fail(conn, [FailRequest(w.lease, w.code or "ERROR", w.message, w.delay, w.permanent)
                                           for w in items], keys)

@@ -36,7 +36,7 @@ import psycopg
 from ..names import schema_flag
 from ..tasks import retry_delays
 from . import slots as s
-from .outcome import COMMITTED, FAIL, PROVISIONAL, RELEASE, Write, write_outcomes, written_outcome
+from .outcome import COMMITTED, COMPLETE, FAIL, PROVISIONAL, RELEASE, Write, slot_result, write_outcomes, written_outcome
 from .service import Service
 
 log = logging.getLogger("pgworker.worker")
@@ -79,7 +79,10 @@ def settlements(held: list[s.SlotView], in_transit: list[tuple[s.SlotTable, s.Sl
         if v.outcome == COMMITTED:  # its transaction committed the success (the handler may still have run)
             w = Write(lease, COMMITTED)
         elif v.state in (s.DECIDED, s.WRITING) and v.outcome:
-            w = Write(lease, v.outcome, None, v.code or None, v.message, v.delay, v.permanent)
+            if v.outcome == COMPLETE:  # the result, as the claimer kept it in the slot
+                w = Write(lease, COMPLETE, result=slot_result(v.code, v.message))
+            else:
+                w = Write(lease, v.outcome, None, v.code or None, v.message, v.delay, v.permanent)
         elif v.state == s.CLAIMED:
             w = Write(lease, RELEASE)
         else:

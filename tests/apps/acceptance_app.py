@@ -88,6 +88,35 @@ async def async_echo(payload, ctx):
     ledger(ctx, "async")
 
 
+@app.task(name="returns", max_attempts=2, retry=FAST)
+def returns(payload, ctx):
+    """Returns a result (issue 21): its payload back, with the attempt that made it."""
+    return {"echo": payload, "attempt": ctx.attempt}
+
+
+@app.task(name="progresses", max_attempts=1, renew="progress")
+def progresses(payload, ctx):
+    """Reports its progress durably (issue 21) and returns it."""
+    ctx.progress(0.5, "half way", force=True)
+    return ctx.progress_value
+
+
+@app.task(name="sturdy", max_attempts=30, retry=FAST)
+def sturdy(payload, ctx):
+    """A parent for the crash tests (issue 21): sleeps payload['seconds'], returns its id."""
+    ledger(ctx, "start")
+    time.sleep(payload.get("seconds", 0))
+    return {"parent": ctx.job_id}
+
+
+@app.task(name="sink", max_attempts=30, retry=FAST)
+def sink(payload, ctx):
+    """A child for the crash tests: records each run with its parents' results."""
+    results = ctx.parent_results()
+    ledger(ctx, "run", note=",".join(str(v["parent"]) for v in results.values()))
+    return len(results)
+
+
 @app.task(name="async_slow", max_attempts=1, timeout=0.5)
 async def async_slow(payload, ctx):
     await asyncio.sleep(30)

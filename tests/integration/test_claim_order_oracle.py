@@ -7,8 +7,10 @@ releases, on one queue and one claimer, so that the claim's choice is determinis
 each claim, the oracle computes from the table what the claim must take, independently of
 the claim's indexes and of the `blocked` flag the store maintains:
 
-- claimable: pending, due (run_at <= now()), and no earlier job of its ordering key
-  unfinished (pending, running, or dead while it blocks the key);
+- claimable: pending, due (run_at <= now()), no earlier job of its ordering key
+  unfinished (pending, running, or dead while it blocks the key), and (issue 21) no parent
+  in job_dependencies that has not succeeded (the dependency variant below enqueues jobs
+  with depends_on; the oracle reads the edges, never waiting_parents or `blocked`);
 - with an aging bound: the claimable jobs due for longer than the bound, oldest first, then
   the rest in (priority DESC, run_at, id) order; without one, only the latter;
 
@@ -43,6 +45,8 @@ WITH claimable AS (
       AND NOT EXISTS (SELECT 1 FROM {jobs} AS e
                       WHERE j.ordering_key IS NOT NULL AND e.ordering_key = j.ordering_key AND e.id < j.id
                         AND (e.state IN ('pending', 'running') OR (e.state = 'dead' AND e.dead_blocks_key)))
+      AND NOT EXISTS (SELECT 1 FROM {edges} AS d JOIN {jobs} AS p ON p.id = d.parent_id
+                      WHERE d.child_id = j.id AND p.state <> 'succeeded')
 ), aged AS (
     SELECT id, run_at FROM claimable WHERE aged ORDER BY run_at, id LIMIT %(limit)s
 ), rest AS (
@@ -56,10 +60,11 @@ ORDER BY arm, CASE WHEN arm = 0 THEN run_at END, priority DESC, run_at, id
 """
 
 
-def _run(app: App, conn: psycopg.Connection, seed: int, *, aging: float | None, steps: int = 240) -> int:
+def _run(app: App, conn: psycopg.Connection, seed: int, *, aging: float | None, steps: int = 240,
+         dependencies: bool = False) -> int:
     rng = random.Random(seed)
     jobs = sql.Identifier(app.settings.schema, "jobs")
-    oracle = sql.SQL(ORACLE).format(jobs=jobs)
+    oracle = sql.SQL(ORACLE).format(jobs=jobs, edges=sql.Identifier(app.settings.schema, "job_dependencies"))
     now = conn.execute("SELECT now()").fetchone()[0]
     held: list = []
     claims = 0
@@ -72,9 +77,16 @@ def _run(app: App, conn: psycopg.Connection, seed: int, *, aging: float | None, 
             # distinct moments in the past (an hour or two ago: some beyond the aging bound), or an hour ahead
             run_at = (now - timedelta(seconds=rng.uniform(1, 7200), microseconds=step) if past
                       else now + timedelta(hours=1))
+            key = rng.choice((None, None, "a", "b", "c"))
+            parents = []
+            if dependencies and key is None and rng.random() < 0.5:
+                # 1-3 parents among the jobs that can still succeed (a cancelled parent is refused)
+                alive = [row[0] for row in conn.execute(sql.SQL(
+                    "SELECT id FROM {} WHERE state IN ('pending', 'running', 'succeeded')").format(jobs))]
+                parents = rng.sample(alive, min(len(alive), rng.randint(1, 3)))
             app.enqueue("t", {"step": step}, queue=QUEUE, priority=rng.choice((0, 5, 10)), run_at=run_at,
-                        ordering_key=rng.choice((None, None, "a", "b", "c")),
-                        max_attempts=rng.choice((1, 5)))
+                        ordering_key=key, max_attempts=rng.choice((1, 5)), depends_on=parents or None,
+                        on_parent_failure=rng.choice(("hold", "cancel")) if parents else None)
         elif r < 0.8:
             limit = rng.randint(1, 7)
             want = [row[0] for row in conn.execute(oracle, {"queue": QUEUE, "limit": limit, "aging": aging})]
@@ -104,3 +116,14 @@ def test_strict_priority_claims_match_the_oracle(app: App, conn: psycopg.Connect
 def test_claims_with_priority_aging_match_the_oracle(app: App, conn: psycopg.Connection, seed: int):
     app.configure_queue(QUEUE, aging=AGING)
     assert _run(app, conn, seed, aging=AGING) > 20
+
+
+@pytest.mark.parametrize("seed", [8, 9, 10])
+def test_claims_with_dependencies_match_the_oracle(app: App, conn: psycopg.Connection, seed: int):
+    """Issue 21: a job whose parents have not all succeeded is never claimed, and one whose
+    last parent succeeded is claimed in its place in the order."""
+    if seed == 10:
+        app.configure_queue(QUEUE, aging=AGING)
+    assert _run(app, conn, seed, aging=AGING if seed == 10 else None, dependencies=True) > 20
+    edges = sql.Identifier(app.settings.schema, "job_dependencies")
+    assert conn.execute(sql.SQL("SELECT count(*) FROM {}").format(edges)).fetchone()[0] > 20

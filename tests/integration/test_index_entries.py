@@ -39,7 +39,9 @@ pytestmark = pytest.mark.integration
 # Every index of the jobs table. A new one must be added here with the entries it costs.
 INDEXES = ("jobs_pkey", "jobs_claim_idx", "jobs_due_idx", "jobs_lease_expiry_idx", "jobs_dead_idx",
            "jobs_dedupe_key_idx", "jobs_ordering_key_idx", "jobs_ordering_active_idx", "jobs_running_idx",
-           "jobs_finished_idx", "jobs_schedule_slot_idx")
+           "jobs_finished_idx", "jobs_schedule_slot_idx",
+           # dependencies (issue 21): partial, so a job outside a graph with no parents has no entries
+           "jobs_graph_idx", "jobs_waiting_idx")
 
 # transition -> {index: entries inserted for one job}; indexes not named get none.
 # "pkey" = a new row version that is not HOT (an insert, or an update that changed an
@@ -75,6 +77,13 @@ PINNED: dict[str, dict[str, int]] = {
     "snooze": {"jobs_pkey": 1, "jobs_claim_idx": 1, "jobs_due_idx": 1},
     # an expired lease back to pending
     "reap": {"jobs_pkey": 1, "jobs_claim_idx": 1, "jobs_due_idx": 1},
+    # dependencies (issue 21). A child waiting for its parent: blocked, so out of the claim
+    # indexes, in the waiting index; its parent's has_children flag (no index holds it)
+    # is a HOT update
+    "enqueue dependent": {"jobs_pkey": 1, "jobs_waiting_idx": 1},
+    # the parent succeeds (as a plain completion) and the trigger unblocks the child: a
+    # second non-HOT row version, back in the claim indexes
+    "complete, child unblocked": {"jobs_pkey": 2, "jobs_finished_idx": 1, "jobs_claim_idx": 1, "jobs_due_idx": 1},
 }
 
 
@@ -164,5 +173,10 @@ def test_each_transition_inserts_the_pinned_index_entries(app: App, conn: psycop
                                             "WHERE queue = 'reap'").format(jobs)).fetchone()[0],
                timeout=30, message="the reap case's lease to expire")
     assert len(measure("reap", app.reap).requeued) == 1
+
+    parent_id = app.enqueue("t", {}, queue="parent")
+    measure("enqueue dependent", lambda: app.enqueue("t", {}, queue="child", depends_on=[parent_id]))
+    parent = claim("parent")
+    measure("complete, child unblocked", lambda: app.complete(parent))
 
     assert measured == PINNED

@@ -72,8 +72,10 @@ def test_grants_quote_every_name_and_refuse_nonsense():
     assert text.count(";\n") + 1 == len(grant_statements("s", producer="p", worker="w"))
     assert "UPDATE (state" in render(grant_statements("s", worker="w"))
     producer = render(grant_statements("s", producer="p"))
-    # a producer's only UPDATE: releasing a dedupe hold whose window after success has passed
-    assert [line for line in producer.splitlines() if "UPDATE" in line] == ['GRANT UPDATE (dedupe_until) ON "s".jobs TO "p";']
+    # a producer's only UPDATEs: releasing a dedupe hold whose window after success has
+    # passed, and marking a parent of a job it enqueues with depends_on (issue 21)
+    assert [line for line in producer.splitlines() if "UPDATE" in line] == [
+        'GRANT UPDATE (dedupe_until) ON "s".jobs TO "p";', 'GRANT UPDATE (has_children) ON "s".jobs TO "p";']
     with pytest.raises(ConfigError, match="--producer"):
         grant_statements("s")
     with pytest.raises(InvalidName):

@@ -71,21 +71,53 @@ SELECT j.id, j.lease_token, NULL, NULL, true FROM {schema}.jobs AS j JOIN f ON j
 WHERE j.state::text = 'running' AND j.lease_token = f.token AND j.lease_expires_at > now()
   AND j.id NOT IN (SELECT id FROM locked);
 
--- name: job_complete
--- Record successes. Fenced by id + state + token, expired lease or not (the token proves
--- ownership while the row is still running: a late success is kept, not run again).
--- Rows not returned were refused by the fence and stay untouched. A job with a
--- dedupe_window keeps its dedupe key held until dedupe_until (it stays in the unique
--- index); the others release it (a succeeded row without dedupe_until leaves the index).
+-- name: job_progress
+-- A running job's progress (ctx.progress): a fraction 0-1 and a short message, bounded
+-- by the caller and by CHECK constraints. Fenced like an outcome (id + state + token):
+-- no row means the lease was lost, and the worker's handler is told so. Also a
+-- heartbeat (heartbeat_at). Kept by the job after it finishes, for `pgworker jobs show`.
 UPDATE {schema}.jobs AS j
-SET state = 'succeeded',
-    finished_at = now(),
-    lease_owner = NULL,
-    lease_expires_at = NULL,
-    dedupe_until = CASE WHEN j.dedupe_key IS NOT NULL THEN now() + j.dedupe_window END
-FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS f(id, token)
-WHERE j.id = f.id AND j.state::text = 'running' AND j.lease_token = f.token
-RETURNING j.id, j.lease_token, j.ordering_key;
+SET progress = %(progress)s::real, progress_message = %(message)s::text, progress_at = now(),
+    heartbeat_at = now()
+WHERE j.id = %(id)s AND j.state = 'running' AND j.lease_token = %(token)s
+RETURNING j.id;
+
+-- name: job_complete
+-- Record successes, and what each handler returned. Fenced by id + state + token,
+-- expired lease or not (the token proves ownership while the row is still running: a
+-- late success is kept, not run again). Rows not returned were refused by the fence and
+-- stay untouched, and so is their result: a result is inserted only for a row this
+-- statement moved to succeeded (`done`), so a stale worker's result is never stored. A
+-- job with a dedupe_window keeps its dedupe key held until dedupe_until (it stays in the
+-- unique index); the others release it (a succeeded row without dedupe_until leaves the
+-- index). %(has_result)s says whether a row is written to job_results; %(results)s is its
+-- JSON text (NULL with has_result: the result was lost, see the migration). A job that
+-- returned nothing gets no row, so the common case costs job_results nothing.
+-- Once anything completed, one NOTIFY on %(results_channel)s (empty payload; delivered
+-- at commit) wakes App.wait_result callers, who re-read their own job: the uncorrelated
+-- subquery runs once per statement, not per row, and a statement that completed nothing
+-- sends nothing.
+WITH f AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(has_result)s::boolean[],
+                         %(results)s::text[]) AS f(id, token, has_result, result)
+), done AS (
+    UPDATE {schema}.jobs AS j
+    SET state = 'succeeded',
+        finished_at = now(),
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        dedupe_until = CASE WHEN j.dedupe_key IS NOT NULL THEN now() + j.dedupe_window END
+    FROM f
+    WHERE j.id = f.id AND j.state::text = 'running' AND j.lease_token = f.token
+    RETURNING j.id, j.lease_token, j.ordering_key, f.has_result, f.result
+), stored AS (
+    INSERT INTO {schema}.job_results (job_id, result)
+    SELECT id, result::jsonb FROM done WHERE has_result
+    ON CONFLICT (job_id) DO UPDATE SET result = excluded.result, stored_at = now()
+    RETURNING job_id
+)
+SELECT id, lease_token, ordering_key FROM done
+WHERE (SELECT count(pg_notify(%(results_channel)s, '')) FROM (SELECT 1 FROM done LIMIT 1) AS any_done) >= 0;
 
 -- name: job_fail
 -- Record failed attempts. Each goes back to pending at now() + its delay (the task's

@@ -11,7 +11,9 @@ SELECT id, queue, task, payload, state::text AS state, priority, run_at, attempt
        finished_at, last_error_code, errors, dedupe_key,
        extract(epoch FROM dedupe_window)::float8 AS dedupe_window_seconds, dedupe_until,
        ordering_key, blocked, dead_blocks_key, schedule_name, schedule_slot,
-       cancel_requested_at, trace_context, created_at
+       cancel_requested_at, trace_context, created_at, graph_id, waiting_parents,
+       CASE WHEN cancel_on_parent_failure THEN 'cancel' ELSE 'hold' END AS on_parent_failure, has_children,
+       progress, progress_message, progress_at
 FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: job_events_list
@@ -58,6 +60,14 @@ SELECT q.queue,
        (SELECT count(DISTINCT j.ordering_key) FROM {schema}.jobs j
          WHERE j.queue = q.queue AND j.state = 'dead' AND j.ordering_key IS NOT NULL
            AND j.dead_blocks_key) AS dead_blocked_keys,
+       -- dependencies (docs/graphs.md): jobs waiting for parents (jobs_waiting_idx), and
+       -- how long the oldest of them has waited behind a dead parent (since it died)
+       (SELECT count(*) FROM {schema}.jobs j
+         WHERE j.queue = q.queue AND j.state = 'pending' AND j.waiting_parents > 0) AS waiting_on_parents,
+       coalesce((SELECT extract(epoch FROM now() - min(p.finished_at)) FROM {schema}.jobs c
+         JOIN {schema}.job_dependencies d ON d.child_id = c.id JOIN {schema}.jobs p ON p.id = d.parent_id
+         WHERE c.queue = q.queue AND c.state = 'pending' AND c.waiting_parents > 0 AND p.state = 'dead'),
+         0)::float8 AS blocked_by_dead_parent_age_seconds,
        coalesce((SELECT qs.paused_at IS NOT NULL FROM {schema}.queues qs WHERE qs.name = q.queue), false) AS paused
 FROM unnest(%(queues)s::text[]) AS q(queue);
 

@@ -310,7 +310,7 @@ class Completer:
 
 
 def _write(o: Outcome) -> Write:
-    return Write(o.job.lease, o.kind, o.job.ordering_key, o.code, o.message, o.delay, o.permanent)
+    return Write(o.job.lease, o.kind, o.job.ordering_key, o.code, o.message, o.delay, o.permanent, o.result)
 
 
 def _merge(reports: dict[int, FenceReport], kind: int, report: FenceReport) -> None:

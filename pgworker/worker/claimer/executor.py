@@ -41,10 +41,11 @@ from ...jobs import ClaimedJob
 from ...names import bounded_text, redact
 from ...retry import classify, error_code
 from ...tasks import Task
-from ..slots import SlotTable
 from ...effects.connections import EffectResources, HandlerConnections
-from ..outcome import (CANCEL, COMMITTED, COMPLETE, FAIL, SNOOZE, Outcome, bounded_code, bounded_delay,
-                      bounded_message)
+from ...results import ResultRefused, encode_result
+from ..slots import MESSAGE_BYTES, SlotTable
+from ..outcome import (CANCEL, COMMITTED, COMPLETE, FAIL, RESULT_IN_SLOT, RESULT_NOT_IN_SLOT, SNOOZE, Outcome,
+                      bounded_code, bounded_delay, bounded_message)
 
 log = logging.getLogger("pgworker.claimer")
 
@@ -134,7 +135,7 @@ class Executor:
                           message=unknown_task_message(job.task, self.app.tasks))
             tracing.record_outcome(span, "dead", LookupError(job.task), UNKNOWN_TASK)
             return self._record(out, span)
-        ctx = JobContext(job, self.table, slot, self.effects)
+        ctx = JobContext(job, self.table, slot, self.effects, self.app)
         token = tracing.attach(span) if traced else None  # the handler's own spans become children
         self.running = True
         t0 = time.perf_counter()
@@ -167,8 +168,13 @@ class Executor:
         if span is not None:
             out.span = span
             span.end()
+        code, message = out.code or "", out.message
+        if out.kind == COMPLETE and out.result is not None:
+            # kept in the slot for the settler, should this process die before the write
+            fits = len(out.result.encode("utf-8")) < MESSAGE_BYTES
+            code, message = (RESULT_IN_SLOT, out.result) if fits else (RESULT_NOT_IN_SLOT, "")
         self.table.decide(out.slot, out.job.id, out.kind, delay=out.delay, permanent=out.permanent,
-                          code=out.code or "", message=out.message)
+                          code=code, message=message)
         return out
 
     # -- async handlers -----------------------------------------------------------------
@@ -221,6 +227,11 @@ class Executor:
                         "(put the work that may fail inside ctx.transaction())", job.id,
                         f"raised {type(after).__name__}" if error is not None else f"returned {type(after).__name__}",
                         extra={"action": "error_after_commit", "job_id": job.id, "queue": job.queue})
+        elif result is not None:  # the success committed before the handler returned
+            log.warning("job %s: the handler returned a value after its transaction committed the job's "
+                        "success; it is not stored as the job's result (a job completed in ctx.transaction() "
+                        "has none: docs/results.md)", job.id,
+                        extra={"action": "result_after_commit", "job_id": job.id, "queue": job.queue})
         return Outcome(job, slot, COMMITTED, "succeeded", elapsed)
 
     def decide(self, job: ClaimedJob, task: Task, slot: int, result: Any, error: BaseException | None,
@@ -230,7 +241,15 @@ class Executor:
         if result is not None and isinstance(result, (Retry, Snooze)):
             error, result = result, None
         if error is None:
-            return Outcome(job, slot, COMPLETE, "succeeded", elapsed)
+            try:
+                encoded = encode_result(result, self.app.settings.result_max_bytes)
+            except ResultRefused as exc:  # the work may be done: dead and visible, not run again blindly
+                log.warning("job %s (%s) attempt %s/%s returned a value that cannot be stored: %s: %s",
+                            job.id, job.task, job.attempt, job.max_attempts, exc.code, exc,
+                            extra={"action": "job_failed", "job_id": job.id, "queue": job.queue})
+                return Outcome(job, slot, FAIL, "dead", elapsed, code=exc.code, permanent=True,
+                               message=bounded_message(str(exc), self.max_chars))
+            return Outcome(job, slot, COMPLETE, "succeeded", elapsed, result=encoded)
         if self.table.flags(slot, job.id)[1] or isinstance(error, JobCancelled):
             return Outcome(job, slot, CANCEL, "cancelled", elapsed, code="CANCELLED")
         policy_delay = task.retry.delay(job.attempt)

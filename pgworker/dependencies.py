@@ -1,0 +1,156 @@
+"""Enqueueing jobs that depend on other jobs: validation, parent locks, the insert with its edges.
+
+The model (docs/graphs.md): a job with parents goes in pending and blocked, with
+``waiting_parents`` = its parents that have not succeeded; the trigger
+``job_dependencies_settle`` (migration 0008_graphs) counts each parent's success down in the
+statement that records it, and unblocks the job when the count reaches 0. This module
+only builds graphs; it never decides when a job runs.
+
+What is refused, before anything is written (:class:`InvalidJob`, a ``ValueError``):
+a parent that does not exist in this schema (a job of another schema is not one), a
+cancelled parent, a dead one under the 'cancel' policy, more than ``max_parents``
+parents, a ``ref`` that names no earlier job of the same call (so that no cycle can be
+written), and ``depends_on`` with a dedupe or ordering key (a duplicate would leave its
+children waiting for a job that was never inserted; the ordering key owns ``blocked``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Sequence
+
+import psycopg
+
+from . import tracing
+from .errors import InvalidJob
+from .producer import JobSpec, PreparedJob
+from .store import Store, atomic
+
+if TYPE_CHECKING:
+    from .metrics import WorkerMetrics
+
+POLICIES = {"hold": False, "cancel": True}
+
+
+def has_dependencies(spec: JobSpec) -> bool:
+    return bool(spec.depends_on) or spec.ref is not None or spec.graph_id is not None
+
+
+def _policy(value: str | None) -> bool:
+    if value is None:
+        return False
+    if value not in POLICIES:
+        raise InvalidJob(f"on_parent_failure must be 'hold' or 'cancel', got {value!r}")
+    return POLICIES[value]
+
+
+def _parents(spec: JobSpec, max_parents: int) -> list["int | str"]:
+    deps = spec.depends_on or ()
+    if isinstance(deps, (str, int)):
+        raise InvalidJob("depends_on must be a list of job ids (or refs), not a single value: depends_on=[...]")
+    out: list[int | str] = []
+    seen: set[Any] = set()
+    for d in deps:
+        if isinstance(d, bool) or not isinstance(d, (int, str)):
+            raise InvalidJob(f"depends_on holds job ids (int) or refs (str) of the same call, got {d!r}")
+        if d not in seen:
+            seen.add(d)
+            out.append(d)
+    if len(out) > max_parents:
+        raise InvalidJob(f"a job may depend on at most max_parents ({max_parents}) jobs, got {len(out)}; "
+                         "join them through an intermediate job, or raise PGWORKER_MAX_PARENTS")
+    if spec.dedupe_key is not None or spec.ordering_key is not None:
+        raise InvalidJob("depends_on cannot be combined with dedupe_key or ordering_key (nothing was enqueued)")
+    return out
+
+
+def enqueue_graph(store: Store, conn: psycopg.Connection, specs: Sequence[JobSpec], jobs: Sequence[PreparedJob], *,
+                  max_parents: int, single: bool = False, metrics: "WorkerMetrics | None" = None) -> list[int]:
+    """Insert ``jobs`` (prepared from ``specs``, same order) with their dependencies, in one
+    transaction (a savepoint-free group in the caller's, if any). Returns ids in input order.
+
+    ``single``: an ``enqueue`` of one job (its graph is its parents', or none) rather than
+    a call of ``enqueue_many`` (its jobs form a graph, the first job's id by default).
+    """
+    refs: dict[str, int] = {}
+    parents_of: list[list[int | str]] = []
+    for pos, (spec, job) in enumerate(zip(specs, jobs)):
+        if spec.dedupe_key is not None or spec.ordering_key is not None:
+            raise InvalidJob("depends_on cannot be combined with dedupe_key or ordering_key (nothing was enqueued)"
+                             if single else
+                             f"job {pos} of the call: a call with dependencies cannot carry a dedupe_key or "
+                             "ordering_key; enqueue those jobs in a call of their own (nothing was enqueued)")
+        deps = _parents(spec, max_parents)
+        for d in deps:
+            if isinstance(d, str) and d not in refs:
+                raise InvalidJob(f"job {pos} of the call depends on ref {d!r}, which names no earlier job of the "
+                                 "same call; list parents before their children (nothing was enqueued)")
+        parents_of.append(deps)
+        _policy(spec.on_parent_failure)
+        if spec.ref is not None:
+            if not isinstance(spec.ref, str) or not spec.ref:
+                raise InvalidJob(f"ref must be a non-empty string, got {spec.ref!r}")
+            if spec.ref in refs:
+                raise InvalidJob(f"ref {spec.ref!r} names two jobs of the same call")
+            refs[spec.ref] = pos
+        if spec.graph_id is not None and (isinstance(spec.graph_id, bool) or not isinstance(spec.graph_id, int)):
+            raise InvalidJob(f"graph_id must be a job id (int), got {spec.graph_id!r}")
+    external = sorted({d for deps in parents_of for d in deps if isinstance(d, int)})
+    with tracing.send_span(jobs[0].queue, batch=len(jobs)) as span, atomic(conn):
+        ctx = tracing.carrier(span)
+        ctx_json = json.dumps(ctx) if ctx else None
+        found = store.lock_parents(conn, external)
+        missing = [i for i in external if i not in found]
+        if missing:
+            raise InvalidJob(f"depends_on names jobs that do not exist in schema {store.schema!r}: "
+                             f"{', '.join(map(str, missing[:10]))}{' ...' if len(missing) > 10 else ''}; "
+                             "a parent must be enqueued (in this schema) before its children; nothing was enqueued")
+        ids, db_now = store.allocate_ids(conn, len(jobs))
+        parents_graph = min((p["graph_id"] for p in found.values() if p["graph_id"] is not None), default=None)
+        default_graph = parents_graph if single else (parents_graph or ids[0])
+        waiting, has_children, edges_p, edges_c, graphs, policies = [], [False] * len(jobs), [], [], [], []
+        for pos, (spec, deps) in enumerate(zip(specs, parents_of)):
+            cancel = _policy(spec.on_parent_failure)
+            n = 0
+            for d in deps:
+                if isinstance(d, str):
+                    parent_id = ids[refs[d]]
+                    has_children[refs[d]] = True
+                    n += 1
+                else:
+                    parent_id = d
+                    state = found[d]["state"]
+                    if state == "cancelled" or (state == "dead" and cancel):
+                        raise InvalidJob(f"parent job {d} is {state}: a child enqueued now could never run "
+                                         f"({'cancelled parents cancel their children' if state == 'cancelled' else 'policy cancel'}); "
+                                         "replay the parent first, or enqueue without it; nothing was enqueued")
+                    n += state != "succeeded"
+                edges_p.append(parent_id)
+                edges_c.append(ids[pos])
+            waiting.append(n)
+            policies.append(cancel)
+            graphs.append(spec.graph_id if spec.graph_id is not None else default_graph)
+        run_ats = [j.run_at or (db_now + timedelta(seconds=j.delay_seconds) if j.delay_seconds else db_now)
+                   for j in jobs]
+        due = store.insert_graph_jobs(conn, {
+            "ids": ids, "queues": [j.queue for j in jobs], "tasks": [j.task for j in jobs],
+            "payloads": [j.payload_json for j in jobs], "priorities": [j.priority for j in jobs],
+            "run_ats": run_ats, "max_attempts": [j.max_attempts for j in jobs],
+            "trace_contexts": [ctx_json] * len(jobs), "waiting": waiting, "has_children": has_children,
+            "cancel_on_parent_failure": policies, "graph_ids": graphs})
+        store.insert_dependencies(conn, edges_p, edges_c)
+        store.notify_queues(conn, {j.queue for i, j in zip(ids, jobs) if due.get(i)})
+    if metrics:
+        for q, n in Counter(j.queue for j in jobs).items():
+            metrics.enqueued(q, n)
+    return ids
+
+
+def check_specs(specs: Sequence[JobSpec], max_parents: int) -> None:
+    """The checks of :func:`enqueue_graph` that need no database, for callers that
+    prepare first (so bad input is refused before any statement)."""
+    for spec in specs:
+        _parents(spec, max_parents)
+        _policy(spec.on_parent_failure)

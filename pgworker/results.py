@@ -1,0 +1,148 @@
+"""Job results: what a handler returned, encoded and bounded where the success is decided,
+stored by the fenced success itself, and read back (``App.result``, ``App.wait_result``).
+
+The model (docs/results.md):
+
+- A handler's return value is JSON-encoded when it returns (:func:`encode_result`).
+  ``None`` stores nothing. A value that is not JSON (a set, an object, NaN, a string
+  holding U+0000, which PostgreSQL's jsonb refuses) fails the attempt with
+  ``RESULT_INVALID``; one whose encoding is longer than ``result_max_bytes`` (UTF-8)
+  fails it with ``RESULT_TOO_LARGE``. Both are permanent (the same code returns the same
+  value again; the job ends dead, visible, and can be replayed after the fix): the
+  handler's work may have been done, which is why it is not silently retried.
+- The result is written by ``job_complete``, the one statement every success goes
+  through, and only for the rows that statement accepted: a stale worker (its lease
+  token superseded) has its success refused by the fence, and its result with it.
+- It lives in ``job_results`` and is deleted with its job (retention cascades).
+- Waiting: ``job_complete`` sends one NOTIFY per statement that completed anything; a
+  waiter LISTENs, and re-reads its job on each notification and at least every
+  ``poll_seconds`` (a NOTIFY is a hint: failures and cancellations, which send none,
+  are seen by the poll).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql
+
+from . import db
+from .errors import JobDidNotSucceed, JobNotFound, ResultLost, ResultNotReady, ResultTimeout
+
+if TYPE_CHECKING:
+    from .app import App
+
+RESULT_INVALID = "RESULT_INVALID"
+RESULT_TOO_LARGE = "RESULT_TOO_LARGE"
+WAIT_POLL_SECONDS = 1.0
+
+# A JSON \u0000 escape: its backslash not itself escaped (an odd run of backslashes).
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+class ResultRefused(ValueError):
+    """A handler's return value cannot be stored; ``code`` is the attempt's error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def encode_result(value: Any, max_bytes: int) -> str | None:
+    """``value`` as the JSON text job_results stores, or None for ``None`` (nothing stored).
+
+    Raises :class:`ResultRefused` with ``RESULT_INVALID`` (not JSON-serialisable: the
+    reason names the type) or ``RESULT_TOO_LARGE`` (more than ``max_bytes`` bytes of
+    UTF-8; the message gives both sizes and the setting).
+    """
+    if value is None:
+        return None
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise ResultRefused(RESULT_INVALID, f"the handler's return value is not JSON ({exc}); return "
+                                            "JSON-serialisable data (dict, list, str, number, bool, None)") from None
+    except RecursionError:
+        raise ResultRefused(RESULT_INVALID, "the handler's return value is nested too deeply to encode") from None
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
+        raise ResultRefused(RESULT_INVALID, "the handler's return value holds a NUL character (U+0000), "
+                                            "which PostgreSQL's jsonb cannot store; remove or escape it")
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise ResultRefused(RESULT_TOO_LARGE, f"the handler's return value is {size} bytes of JSON, more than "
+                                              f"result_max_bytes ({max_bytes}); store large data elsewhere and "
+                                              "return a reference, or raise PGWORKER_RESULT_MAX_BYTES")
+    return text
+
+
+def _settled(job_id: int, row: dict[str, Any] | None) -> tuple[bool, Any]:
+    """(finished, result) of a job_result_get row; raises for a job that has none."""
+    if row is None:
+        raise JobNotFound(f"no job {job_id} (never enqueued in this schema, or pruned with its result)")
+    state = row["state"]
+    if state == "succeeded":
+        if row["has_result"] and row["result"] is None:
+            raise ResultLost(f"job {job_id} succeeded but its result was lost (its claimer died before "
+                             "writing it, and it was too large for shared memory)")
+        return True, row["result"] if row["has_result"] else None
+    if state in ("dead", "cancelled"):
+        raise JobDidNotSucceed(f"job {job_id} ended {state} ({row['last_error_code'] or 'no error code'}); "
+                               f"`pgworker jobs show {job_id}` has its history",
+                               job_id=job_id, state=state, code=row["last_error_code"])
+    return False, None
+
+
+def result(app: App, job_id: int, conn: psycopg.Connection | None = None) -> Any:
+    """See :meth:`pgworker.App.result`."""
+    with app.connection(conn) as c:
+        row = app.store.job_result(c, job_id)
+    finished, value = _settled(job_id, row)
+    if not finished:
+        raise ResultNotReady(f"job {job_id} is {row['state']}: it has no result yet "  # type: ignore[index]
+                             "(App.wait_result waits for it)")
+    return value
+
+
+def wait_result(app: App, job_id: int, *, timeout: float, poll_seconds: float = WAIT_POLL_SECONDS) -> Any:
+    """See :meth:`pgworker.App.wait_result`."""
+    if not timeout >= 0:
+        raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
+    if not poll_seconds > 0:
+        raise ValueError(f"poll_seconds must be > 0, got {poll_seconds!r}")
+    deadline = time.monotonic() + timeout
+    # A connection of its own (LISTEN is a session's: PGWORKER_LISTEN_DSN when set, the
+    # direct connection a pooler deployment gives the listener), autocommit so each re-read
+    # sees the latest commit; the LISTEN is sent before the first read, so a completion
+    # that commits in between is either read or notified, never missed.
+    s = app.settings
+    with db.connect(s.effective_listen_dsn, application_name="pgworker-wait-result",
+                    prepare=s.prepared_statements) as conn:
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(app.store.results_channel)))
+        while True:
+            finished, value = _settled(job_id, app.store.job_result(conn, job_id))
+            if finished:
+                return value
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ResultTimeout(f"job {job_id} had not finished after {timeout} s")
+            _wait_notify(conn, min(left, poll_seconds))
+
+
+def _wait_notify(conn: psycopg.Connection, seconds: float) -> None:
+    """Block until a notification arrives on ``conn`` or ``seconds`` pass; drain them."""
+    for _ in conn.notifies(timeout=seconds, stop_after=1):
+        pass
+    for _ in conn.notifies(timeout=0.0):  # the rest already received: one re-read covers them
+        pass
+
+
+async def wait_result_async(app: App, job_id: int, *, timeout: float,
+                            poll_seconds: float = WAIT_POLL_SECONDS) -> Any:
+    """See :meth:`pgworker.App.wait_result_async`: :func:`wait_result` in a worker thread
+    (its own connection), so the event loop is never blocked."""
+    return await asyncio.to_thread(wait_result, app, job_id, timeout=timeout, poll_seconds=poll_seconds)

@@ -1,0 +1,146 @@
+-- Dependencies and graphs: the enqueue of jobs that wait for parents, and the reads of
+-- the edges. The rule that unblocks or cancels children lives in one place, the trigger
+-- job_dependencies_settle (migration 0008_graphs), fired by whatever statement finishes a parent.
+-- {schema} is the quoted schema name; values are always %(name)s parameters.
+-- Each block starts with `-- name: NAME` and a comment saying what it is for; the name
+-- is reused as the span suffix, the metric `operation` label and the log `action`.
+
+-- name: job_parents_lock
+-- The parents a new job will wait for, locked (FOR NO KEY UPDATE, in id order: two
+-- enqueues of children of the same parents queue behind each other instead of
+-- deadlocking) until the enqueue's transaction ends, so that none finishes between this
+-- read and the child's insert: a parent that completes meanwhile is read after its commit
+-- (READ COMMITTED re-reads a row it waited for), and a parent that completes later finds
+-- the edge. Each is marked has_children (its triggers fire from now on). Returns the
+-- parents found; the caller refuses the enqueue if one is missing.
+WITH locked AS (
+    SELECT id, state::text AS state, graph_id, has_children, last_error_code
+    FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[])
+    ORDER BY id
+    FOR NO KEY UPDATE
+), flagged AS (
+    UPDATE {schema}.jobs AS j SET has_children = true
+    FROM locked AS l
+    WHERE j.id = l.id AND NOT l.has_children
+)
+SELECT id, state, graph_id, last_error_code FROM locked;
+
+-- name: jobs_insert_graph
+-- Insert jobs with their dependency columns (ids reserved by job_ids_allocate, run_at
+-- from the database clock): a job with waiting parents goes in blocked (out of the
+-- claim's indexes); a parent of jobs in the same call goes in with has_children. No
+-- dedupe or ordering keys here (the caller refuses them with depends_on). Returns each
+-- id and whether it is due now (for the NOTIFY per queue).
+INSERT INTO {schema}.jobs (id, queue, task, payload, priority, run_at, max_attempts, trace_context,
+                           blocked, waiting_parents, has_children, cancel_on_parent_failure, graph_id)
+SELECT b.id, b.queue, b.task, b.payload, b.priority, b.run_at, b.max_attempts, b.trace_context,
+       b.waiting > 0, b.waiting, b.has_children, b.cancel_on_parent_failure, b.graph_id
+FROM unnest(%(ids)s::bigint[], %(queues)s::text[], %(tasks)s::text[], %(payloads)s::jsonb[],
+            %(priorities)s::smallint[], %(run_ats)s::timestamptz[], %(max_attempts)s::int[],
+            %(trace_contexts)s::jsonb[], %(waiting)s::int[], %(has_children)s::boolean[],
+            %(cancel_on_parent_failure)s::boolean[], %(graph_ids)s::bigint[])
+     AS b(id, queue, task, payload, priority, run_at, max_attempts, trace_context, waiting, has_children,
+          cancel_on_parent_failure, graph_id)
+ORDER BY b.id
+RETURNING id, run_at <= now() AND NOT blocked AS due;
+
+-- name: job_dependencies_insert
+-- The edges of the jobs just inserted (each parent locked or inserted by this transaction).
+INSERT INTO {schema}.job_dependencies (parent_id, child_id)
+SELECT p, c FROM unnest(%(parents)s::bigint[], %(children)s::bigint[]) AS e(p, c)
+ON CONFLICT DO NOTHING;
+
+-- name: job_parents_list
+-- A job's parents with their states (and whether each stored a result), for `pgworker jobs show`.
+SELECT p.id, p.task, p.state::text AS state, p.last_error_code
+FROM {schema}.job_dependencies AS d JOIN {schema}.jobs AS p ON p.id = d.parent_id
+WHERE d.child_id = %(id)s
+ORDER BY p.id
+LIMIT %(limit)s;
+
+-- name: job_children_list
+-- A job's children with their states, for `pgworker jobs show`.
+SELECT c.id, c.task, c.state::text AS state, c.waiting_parents, c.last_error_code
+FROM {schema}.job_dependencies AS d JOIN {schema}.jobs AS c ON c.id = d.child_id
+WHERE d.parent_id = %(id)s
+ORDER BY c.id
+LIMIT %(limit)s;
+
+-- name: job_parent_results
+-- What a job's parents returned, for its handler (ctx.parent_results()): every parent
+-- has succeeded when the child runs; a parent that returned nothing has no result row.
+SELECT d.parent_id, r.job_id IS NOT NULL AS has_result, r.result
+FROM {schema}.job_dependencies AS d LEFT JOIN {schema}.job_results AS r ON r.job_id = d.parent_id
+WHERE d.child_id = %(id)s
+ORDER BY d.parent_id;
+
+-- name: graph_jobs
+-- The jobs of a graph, oldest first (listing, cancel and replay of a graph).
+SELECT id, queue, task, state::text AS state, waiting_parents, last_error_code
+FROM {schema}.jobs WHERE graph_id = %(graph_id)s AND graph_id IS NOT NULL
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: graph_children_requeue
+-- Replay of a graph, after its dead jobs were replayed: jobs that were cancelled by the
+-- dependency policy (PARENT_DEAD) wait again, blocked, for those of their parents that
+-- have not succeeded, when none of those is cancelled (the caller runs it again until it
+-- requeues nothing: each run frees the next layer of a chain). Their counters are recomputed
+-- from the edges (the parents are locked first, as an enqueue locks them). Audited in
+-- job_events. Returns the jobs requeued.
+WITH candidates AS (
+    SELECT c.id FROM {schema}.jobs AS c
+    WHERE c.graph_id = %(graph_id)s AND c.graph_id IS NOT NULL AND c.state = 'cancelled'
+      AND c.last_error_code = 'PARENT_DEAD'
+), parents AS (
+    SELECT p.id, p.state FROM {schema}.jobs AS p
+    WHERE p.id IN (SELECT d.parent_id FROM {schema}.job_dependencies AS d WHERE d.child_id IN (SELECT id FROM candidates))
+    ORDER BY p.id
+    FOR NO KEY UPDATE
+), counted AS (
+    SELECT d.child_id AS id, count(*) FILTER (WHERE p.state <> 'succeeded') AS waiting,
+           bool_or(p.state = 'cancelled') AS hopeless
+    FROM {schema}.job_dependencies AS d JOIN parents AS p ON p.id = d.parent_id
+    WHERE d.child_id IN (SELECT id FROM candidates)
+    GROUP BY d.child_id
+), requeued AS (
+    UPDATE {schema}.jobs AS j
+    SET state = 'pending', finished_at = NULL, run_at = now(), waiting_parents = k.waiting,
+        blocked = k.waiting > 0, last_error_code = NULL
+    FROM counted AS k
+    WHERE j.id = k.id AND NOT k.hopeless AND j.state = 'cancelled'
+    RETURNING j.id, j.queue, j.blocked
+), audit AS (
+    INSERT INTO {schema}.job_events (job_id, kind, actor, detail)
+    SELECT r.id, 'replayed', %(actor)s, jsonb_build_object('graph_id', %(graph_id)s::bigint)
+    FROM requeued AS r
+)
+SELECT r.id, (CASE WHEN NOT r.blocked THEN pg_notify(%(channel)s, r.queue) END) IS NULL AS notified
+FROM requeued AS r;
+
+-- name: dependency_stats
+-- Jobs waiting for parents, per queue, and how many of them wait behind a dead parent
+-- (with the oldest such wait, since the parent died), for /metrics: read from
+-- jobs_waiting_idx and the edges of the waiting jobs only.
+SELECT w.queue, count(*) AS waiting,
+       count(*) FILTER (WHERE w.dead_since IS NOT NULL) AS behind_dead,
+       coalesce(extract(epoch FROM now() - min(w.dead_since)), 0)::float8 AS behind_dead_age_seconds
+FROM (
+    SELECT c.id, c.queue,
+           (SELECT min(p.finished_at) FROM {schema}.job_dependencies AS d
+            JOIN {schema}.jobs AS p ON p.id = d.parent_id
+            WHERE d.child_id = c.id AND p.state = 'dead') AS dead_since
+    FROM {schema}.jobs AS c
+    WHERE c.state = 'pending' AND c.waiting_parents > 0
+) AS w
+GROUP BY w.queue;
+
+-- name: jobs_list_graph
+-- The jobs listing (jobs_list) for one graph, newest first, on jobs_graph_idx.
+SELECT id, queue, task, state::text AS state, priority, run_at, attempts, max_attempts,
+       lease_token, last_error_code, created_at, finished_at, waiting_parents
+FROM {schema}.jobs
+WHERE graph_id = %(graph_id)s AND graph_id IS NOT NULL
+  AND (%(state)s::text IS NULL OR state = %(state)s::text::{schema}.job_state)
+ORDER BY graph_id DESC, id DESC
+LIMIT %(limit)s;

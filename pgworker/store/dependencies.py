@@ -1,0 +1,65 @@
+"""Dependencies and graphs: jobs that wait for parents, their edges (sql/queries/dependencies.sql).
+
+The rule that unblocks or cancels children is not here: it is the trigger
+``job_dependencies_settle`` (migration 0008_graphs), fired by every statement that finishes a
+parent, so no completion path can forget it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import psycopg
+
+from .base import StoreBase
+
+
+class DependencyStatements(StoreBase):
+    """Enqueue with parents, and the reads of edges and graphs."""
+
+    def lock_parents(self, conn: psycopg.Connection, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """Lock the parents ``ids`` until the transaction ends and mark them as parents;
+        returns {id: {state, graph_id, last_error_code}} of those that exist."""
+        if not ids:
+            return {}
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        rows = cur.execute(self.queries["job_parents_lock"], {"ids": sorted(set(ids))}).fetchall()
+        return {r["id"]: r for r in rows}
+
+    def insert_graph_jobs(self, conn: psycopg.Connection, rows: dict[str, list[Any]]) -> dict[int, bool]:
+        """Insert jobs with their dependency columns (see ``jobs_insert_graph``); returns
+        {id: due now}."""
+        return {r[0]: r[1] for r in self._exec(conn, "jobs_insert_graph", rows).fetchall()}
+
+    def insert_dependencies(self, conn: psycopg.Connection, parents: Sequence[int], children: Sequence[int]) -> None:
+        """Insert the edges parent -> child (pairs, in the same order)."""
+        if parents:
+            self._exec(conn, "job_dependencies_insert", {"parents": list(parents), "children": list(children)})
+
+    def job_parents(self, conn: psycopg.Connection, job_id: int, *, limit: int = 100) -> list[dict[str, Any]]:
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["job_parents_list"], {"id": job_id, "limit": limit}).fetchall()
+
+    def job_children(self, conn: psycopg.Connection, job_id: int, *, limit: int = 100) -> list[dict[str, Any]]:
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["job_children_list"], {"id": job_id, "limit": limit}).fetchall()
+
+    def parent_results(self, conn: psycopg.Connection, job_id: int) -> dict[int, Any]:
+        """{parent id: its result (None: it returned nothing)} of job ``job_id``."""
+        rows = self._exec(conn, "job_parent_results", {"id": job_id}).fetchall()
+        return {r[0]: r[2] if r[1] else None for r in rows}
+
+    def graph_jobs(self, conn: psycopg.Connection, graph_id: int, *, limit: int = 100_000) -> list[dict[str, Any]]:
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["graph_jobs"], {"graph_id": graph_id, "limit": limit}).fetchall()
+
+    def requeue_graph_children(self, conn: psycopg.Connection, graph_id: int, *, actor: str | None) -> list[int]:
+        """Jobs of the graph cancelled by a dead parent wait again (see ``graph_children_requeue``)."""
+        rows = self._exec(conn, "graph_children_requeue", {"graph_id": graph_id, "actor": actor,
+                                                            "channel": self.channel}).fetchall()
+        return [r[0] for r in rows]
+
+    def dependency_stats(self, conn: psycopg.Connection) -> list[dict[str, Any]]:
+        """Per queue: jobs waiting for parents, those behind a dead parent, the oldest such wait (s)."""
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(self.queries["dependency_stats"]).fetchall()

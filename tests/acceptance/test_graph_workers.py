@@ -1,0 +1,118 @@
+"""Results and dependencies (issue 21) through real `pgworker run` processes: what handlers return is
+stored by the claimers' batched success and read back by a waiting producer."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import pytest
+
+from pg import wait_until
+from pgworker import JobSpec
+from worker import ACCEPTANCE_APP, Worker, create_ledger, q
+
+pytestmark = pytest.mark.acceptance
+
+
+@pytest.fixture
+def env(app, pg_dsn):
+    from pgworker.loader import load_app
+
+    create_ledger(pg_dsn, app.settings.schema)
+    app.tasks.update(load_app(ACCEPTANCE_APP).tasks)
+    return app
+
+
+def test_a_workers_results_reach_a_waiting_producer(env, pg_dsn, conn):
+    schema = env.settings.schema
+    ids = env.enqueue_many([("returns", {"i": i}) for i in range(50)])
+    nothing = env.enqueue("record", 1)
+    with Worker(pg_dsn, schema, "--concurrency", "2"):
+        t0 = time.monotonic()
+        got = [env.wait_result(job_id, timeout=60) for job_id in ids]
+        assert env.wait_result(nothing, timeout=60) is None
+        elapsed = time.monotonic() - t0
+    assert got == [{"echo": {"i": i}, "attempt": 1} for i in range(50)]
+    assert elapsed < 30
+    assert q(conn, schema, "SELECT count(*) FROM {s}.job_results")[0][0] == 50
+
+
+def _graph_rows(conn, schema, ids):
+    return q(conn, schema, "SELECT id, state::text, waiting_parents, started_at, finished_at, attempts "
+                           "FROM {s}.jobs WHERE id = ANY(%s)", list(ids))
+
+
+def _check_children_ran_after_their_parents(conn, schema, graphs):
+    """Every child succeeded, ran (each run recorded) only after all its parents succeeded,
+    never more often than its attempts, and saw every parent's result."""
+    for parents, child in graphs:
+        rows = {r[0]: r for r in _graph_rows(conn, schema, [*parents, child])}
+        assert {rows[p][1] for p in parents} == {"succeeded"}
+        assert rows[child][1] == "succeeded" and rows[child][2] == 0
+        runs = q(conn, schema, "SELECT at, note FROM {s}.ledger WHERE job_id = %s AND event = 'run'", child)
+        assert 1 <= len(runs) <= rows[child][5]
+        last_parent = max(rows[p][4] for p in parents)
+        assert all(at >= last_parent for at, _ in runs)
+        assert sorted(int(x) for x in runs[-1][1].split(",")) == sorted(parents)
+
+
+def test_two_pods_complete_parents_at_once_and_each_child_runs_once(env, pg_dsn, conn):
+    """Fan-in graphs whose parents finish at the same moment in two pods: each child is
+    unblocked once (its counter never goes below 0: a CHECK constraint) and runs once."""
+    schema = env.settings.schema
+    graphs = []
+    for g in range(40):
+        ids = env.enqueue_many([JobSpec("sturdy", {"seconds": 0.05}, ref="a"),
+                                JobSpec("sturdy", {"seconds": 0.05}, ref="b"),
+                                JobSpec("sturdy", {"seconds": 0.05}, ref="c"),
+                                JobSpec("sink", None, depends_on=["a", "b", "c"])])
+        graphs.append((ids[:3], ids[3]))
+    with Worker(pg_dsn, schema, "--concurrency", "3", "--batch-size", "1", name="pod-a"), \
+            Worker(pg_dsn, schema, "--concurrency", "3", "--batch-size", "1", name="pod-b"):
+        wait_until(lambda: q(conn, schema, "SELECT count(*) FROM {s}.jobs WHERE state = 'succeeded'")[0][0] == 160,
+                   90, message=lambda: str(q(conn, schema, "SELECT state::text, count(*) FROM {s}.jobs GROUP BY 1")))
+    _check_children_ran_after_their_parents(conn, schema, graphs)
+    runs = q(conn, schema, "SELECT count(*) FROM {s}.ledger WHERE event = 'run'")[0][0]
+    assert runs == 40  # nothing was killed: exactly one run per child
+
+
+def test_kill_9_of_the_claimers_completing_parents_loses_no_child_and_doubles_none(env, pg_dsn, conn):
+    """Claimers killed with SIGKILL while they run and complete parents (the settler or the
+    reaper then finishes them): every child is unblocked once, by whichever statement
+    completed its last parent, and runs after it."""
+    schema = env.settings.schema
+    graphs = []
+    for g in range(15):
+        ids = env.enqueue_many([JobSpec("sturdy", {"seconds": 0.1 + 0.02 * k}, ref=f"p{k}") for k in range(4)] +
+                               [JobSpec("sink", None, depends_on=[f"p{k}" for k in range(4)])])
+        graphs.append((ids[:4], ids[4]))
+    rng = random.Random(21)
+    with Worker(pg_dsn, schema, "--concurrency", "3", "--batch-size", "2", "--lease", "3") as w:
+        deadline = time.monotonic() + 6
+        kills = 0
+        while time.monotonic() < deadline:
+            time.sleep(rng.uniform(0.1, 0.4))
+            pids = w.claimer_pids()
+            if pids:
+                try:
+                    os.kill(rng.choice(pids), signal.SIGKILL)
+                    kills += 1
+                except ProcessLookupError:
+                    pass
+        wait_until(lambda: q(conn, schema, "SELECT count(*) FROM {s}.jobs WHERE state = 'succeeded'")[0][0] == 75,
+                   120, message=lambda: str(q(conn, schema, "SELECT state::text, count(*) FROM {s}.jobs GROUP BY 1"))
+                   + w.logs()[-3000:])
+    assert kills >= 5
+    _check_children_ran_after_their_parents(conn, schema, graphs)
+
+
+def test_a_workers_progress_is_on_the_row(env, pg_dsn, conn):
+    schema = env.settings.schema
+    job_id = env.enqueue("progresses")
+    with Worker(pg_dsn, schema, "--concurrency", "1"):
+        assert env.wait_result(job_id, timeout=60) == 0.5
+    job = env.get_job(job_id)
+    assert (job["progress"], job["progress_message"]) == (0.5, "half way") and job["progress_at"] is not None

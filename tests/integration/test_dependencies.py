@@ -1,0 +1,380 @@
+"""Job dependencies (issue 21): children wait, blocked, until every parent succeeded; the
+statement that completes the last parent makes them due; dead and cancelled parents
+follow the child's policy; bad input enqueues nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgworker import App, InvalidJob, JobSpec, Permanent, RetryPolicy
+from pgworker.testing import drain
+
+pytestmark = pytest.mark.integration
+NO_BACKOFF = RetryPolicy(base_seconds=0, max_seconds=0, jitter=0)
+
+
+def q(conn, schema, text, *args):
+    return conn.execute(sql.SQL(text).format(s=sql.Identifier(schema)), args).fetchall()
+
+
+def state(conn, schema, job_id):
+    return q(conn, schema, "SELECT state::text, blocked, waiting_parents, last_error_code FROM {s}.jobs "
+                           "WHERE id = %s", job_id)[0]
+
+
+def count_jobs(conn, schema):
+    return q(conn, schema, "SELECT count(*) FROM {s}.jobs")[0][0]
+
+
+def test_a_child_waits_for_every_parent_and_is_never_claimed_before(app, conn):
+    schema = app.settings.schema
+    a, b = app.enqueue("t", 1), app.enqueue("t", 2)
+    child = app.enqueue("t", 3, depends_on=[a, b, a])  # a duplicate parent counts once
+    assert state(conn, schema, child) == ("pending", True, 2, None)
+    first = app.claim(limit=10)
+    assert sorted(j.id for j in first) == [a, b]  # the child is not claimable
+    app.complete(first[0])
+    assert state(conn, schema, child)[:3] == ("pending", True, 1)
+    assert app.claim(limit=10) == []
+    app.complete(first[1])
+    assert state(conn, schema, child)[:3] == ("pending", False, 0)
+    assert [j.id for j in app.claim(limit=10)] == [child]
+    job = app.get_job(child)
+    assert [p["id"] for p in job["parents"]] == [a, b] and job["on_parent_failure"] == "hold"
+    assert [c["id"] for c in app.get_job(a)["children"]] == [child]
+
+
+def test_the_completing_statement_unblocks_in_its_own_transaction(app, conn, pg_dsn):
+    schema = app.settings.schema
+    parent = app.enqueue("t")
+    child = app.enqueue("t", depends_on=[parent])
+    [job] = app.claim()
+    with psycopg.connect(pg_dsn) as tx:  # the caller's transaction (issue 20: completion in a handler's)
+        app.complete(job, conn=tx)
+        assert state(tx, schema, child)[:2] == ("pending", False)  # inside: due
+        assert state(conn, schema, child)[:2] == ("pending", True)  # outside: not yet committed
+        tx.rollback()
+    assert state(conn, schema, child)[:2] == ("pending", True)  # rolled back with the parent's success
+    assert state(conn, schema, parent)[0] == "running"
+    app.complete(job)
+    assert state(conn, schema, child)[:2] == ("pending", False)
+
+
+def test_a_parent_that_already_succeeded_does_not_count(app, conn):
+    schema = app.settings.schema
+    done = app.enqueue("t")
+    [j] = app.claim()
+    app.complete(j)
+    child = app.enqueue("t", depends_on=[done])
+    assert state(conn, schema, child)[:3] == ("pending", False, 0)
+
+
+def test_fan_out_of_1000(app, conn):
+    schema = app.settings.schema
+    ids = app.enqueue_many([JobSpec("t", "root", ref="root")] +
+                           [JobSpec("t", i, depends_on=["root"]) for i in range(1000)])
+    root, children = ids[0], ids[1:]
+    assert q(conn, schema, "SELECT count(*) FROM {s}.jobs WHERE blocked AND waiting_parents = 1")[0][0] == 1000
+    assert {r[0] for r in q(conn, schema, "SELECT graph_id FROM {s}.jobs")} == {root}
+    [job] = app.claim(limit=50)
+    assert job.id == root
+    app.complete(job, result={"fan": "out"})
+    assert q(conn, schema, "SELECT count(*) FROM {s}.jobs WHERE state = 'pending' AND NOT blocked "
+                           "AND waiting_parents = 0")[0][0] == 1000
+    claimed = app.claim(limit=1000)
+    assert sorted(j.id for j in claimed) == children
+
+
+def test_fan_in_of_1000(app, conn):
+    schema = app.settings.schema
+    parents = app.enqueue_many([("t", i) for i in range(1000)])
+    child = app.enqueue("t", "sink", depends_on=parents)
+    jobs = app.claim(limit=1000)
+    assert len(jobs) == 1000 and child not in {j.id for j in jobs}
+    for k in range(0, 1000, 100):  # batched successes, as the completer writes them
+        app.store.complete(conn, [j.lease for j in jobs[k:k + 100]])
+        waiting = state(conn, schema, child)
+        assert waiting[:3] == (("pending", True, 1000 - k - 100) if k < 900 else ("pending", False, 0))
+    assert [j.id for j in app.claim()] == [child]
+
+
+def test_a_chain_of_100_runs_in_order(app, conn):
+    order = []
+
+    @app.task(name="link")
+    def link(payload, ctx):
+        order.append(payload)
+        results = ctx.parent_results()
+        return (sum(results.values()) if results else 0) + payload
+
+    ids = app.enqueue_many([JobSpec("link", 0, ref="0")] +
+                           [JobSpec("link", i, ref=str(i), depends_on=[str(i - 1)]) for i in range(1, 100)])
+    result = drain(app)
+    assert order == list(range(100)) and result.succeeded == 100
+    assert app.result(ids[-1]) == sum(range(100))  # each link adds its parent's result
+
+
+def test_a_parent_that_fails_then_succeeds_releases_its_child(app, conn):
+    schema = app.settings.schema
+    parent = app.enqueue("t", max_attempts=3)
+    child = app.enqueue("t", depends_on=[parent])
+    [job] = app.claim()
+    assert app.fail(job, RuntimeError("transient"), retry=NO_BACKOFF) == "pending"
+    assert state(conn, schema, child)[:3] == ("pending", True, 1)  # a retry is not a failure of the parent
+    [job] = app.claim()
+    assert job.id == parent
+    app.complete(job)
+    assert [j.id for j in app.claim()] == [child]
+
+
+def test_a_dead_parent_holds_its_child_until_replayed(app, conn):
+    schema = app.settings.schema
+    parent = app.enqueue("t", max_attempts=1)
+    child = app.enqueue("t", depends_on=[parent])  # hold, the default
+    grandchild = app.enqueue("t", depends_on=[child], on_parent_failure="cancel")
+    [job] = app.claim()
+    app.fail(job, Permanent("broken"))
+    assert state(conn, schema, child)[:3] == ("pending", True, 1)
+    assert state(conn, schema, grandchild)[:3] == ("pending", True, 1)
+    assert app.replay([parent]) == [parent]
+    [job] = app.claim()
+    app.complete(job)
+    [job] = app.claim()
+    assert job.id == child
+    app.complete(job)
+    assert [j.id for j in app.claim()] == [grandchild]
+
+
+def test_a_dead_parent_cancels_a_cancel_policy_child_and_what_waits_below(app, conn):
+    schema = app.settings.schema
+    ids = app.enqueue_many([
+        JobSpec("t", ref="p", max_attempts=1),
+        JobSpec("t", ref="c", depends_on=["p"], on_parent_failure="cancel"),
+        JobSpec("t", ref="held", depends_on=["p"]),
+        JobSpec("t", ref="g", depends_on=["c"]),  # hold, but its parent is cancelled: cancelled too
+        JobSpec("t", ref="gg", depends_on=["g"]),
+    ])
+    p, c, held, g, gg = ids
+    [job] = app.claim()
+    app.fail(job, Permanent("no disk"))
+    assert state(conn, schema, c) == ("cancelled", True, 1, "PARENT_DEAD")
+    assert state(conn, schema, g) == ("cancelled", True, 1, "PARENT_DEAD")
+    assert state(conn, schema, gg) == ("cancelled", True, 1, "PARENT_DEAD")
+    assert state(conn, schema, held)[:3] == ("pending", True, 1)
+    message = app.get_job(c)["errors"][-1]["message"]
+    assert f"job {p}" in message and "dead" in message and "PERMANENT" in message
+    # replay of the whole graph: the dead parent, and the jobs its death cancelled
+    replayed = app.replay_graph(p)
+    assert sorted(replayed) == sorted([p, c, g, gg])
+    assert {state(conn, schema, i)[:2] for i in (c, g, gg, held)} == {("pending", True)}
+    app.task(name="t")(lambda payload: None)
+    drain(app)
+    assert {state(conn, schema, i)[0] for i in ids} == {"succeeded"}
+
+
+def test_a_cancelled_parent_cancels_its_children_and_a_graph_cancels_as_one(app, conn):
+    schema = app.settings.schema
+    ids = app.enqueue_many([JobSpec("t", ref="a"), JobSpec("t", ref="b", depends_on=["a"]),
+                            JobSpec("t", depends_on=["b"])])
+    app.cancel(ids[0])
+    assert [state(conn, schema, i)[::3] for i in ids] == [
+        ("cancelled", None), ("cancelled", "PARENT_CANCELLED"), ("cancelled", "PARENT_CANCELLED")]
+    other = app.enqueue_many([JobSpec("t", ref="a"), JobSpec("t", depends_on=["a"]),
+                              JobSpec("t", depends_on=["a"])])
+    [running] = app.claim()
+    out = app.cancel_graph(other[0])
+    assert out["jobs"] == 3
+    assert state(conn, schema, other[0])[0] == "running"  # a cancellation request, carried by the renewal
+    assert {state(conn, schema, i)[0] for i in other[1:]} == {"cancelled"}
+    assert [j["id"] for j in app.list_jobs(graph_id=other[0])] == sorted(other, reverse=True)
+
+
+def test_bad_input_is_refused_and_enqueues_nothing(app, conn, pg_dsn):
+    schema = app.settings.schema
+    parent = app.enqueue("t")
+    before = count_jobs(conn, schema)
+    other = App(settings=dataclasses.replace(app.settings, schema=schema + "_o"))
+    other.migrate()
+    try:
+        foreign = other.enqueue("t")
+        cases = [
+            (lambda: app.enqueue("t", depends_on=[parent, 10**12]), "do not exist"),
+            (lambda: app.enqueue("t", depends_on=[foreign + 10**6]), "do not exist"),
+            (lambda: app.enqueue("t", depends_on=list(range(1, 1002))), "max_parents (1000)"),
+            (lambda: app.enqueue("t", depends_on=[parent], dedupe_key="k"), "dedupe_key"),
+            (lambda: app.enqueue("t", depends_on=[parent], ordering_key="k"), "ordering_key"),
+            (lambda: app.enqueue("t", depends_on=parent), "list"),
+            (lambda: app.enqueue("t", depends_on=[parent], on_parent_failure="ignore"), "'hold' or 'cancel'"),
+            (lambda: app.enqueue_many([JobSpec("t", depends_on=["later"]), JobSpec("t", ref="later")]),
+             "earlier job"),
+            (lambda: app.enqueue_many([JobSpec("t", ref="x"), JobSpec("t", ref="x")]), "two jobs"),
+            (lambda: app.enqueue_many([JobSpec("t", ref="x"), JobSpec("t", depends_on=["x", 10**12])]),
+             "do not exist"),
+        ]
+        for call, text in cases:
+            with pytest.raises(InvalidJob) as info:
+                call()
+            assert text in str(info.value)
+            assert count_jobs(conn, schema) == before
+        assert q(conn, schema, "SELECT count(*) FROM {s}.job_dependencies")[0][0] == 0
+        # a parent that can never succeed
+        app.cancel(parent)
+        with pytest.raises(InvalidJob, match="cancelled"):
+            app.enqueue("t", depends_on=[parent])
+        assert count_jobs(conn, schema) == before
+    finally:
+        other.close()
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            from pgworker.migrate import drop_schema
+            drop_schema(c, schema + "_o")
+
+
+def test_a_pruned_parent_never_leaves_its_child_blocked(app, conn):
+    """The rule: a parent deleted before it succeeded (retention of dead jobs, a delete by
+    hand) cancels the children still waiting for it, PARENT_PRUNED; a parent deleted after
+    it succeeded was counted already and changes nothing."""
+    schema = app.settings.schema
+    dead_parent = app.enqueue("t", max_attempts=1)
+    ok_parent = app.enqueue("t")
+    waiting = app.enqueue("t", depends_on=[dead_parent])
+    below = app.enqueue("t", depends_on=[waiting])
+    released = app.enqueue("t", depends_on=[ok_parent])
+    jobs = {j.id: j for j in app.claim(limit=2)}
+    app.fail(jobs[dead_parent], Permanent("gone"))
+    app.complete(jobs[ok_parent])
+    counts = app.store.prune(conn, succeeded_seconds=0, cancelled_seconds=None, dead_seconds=0, limit=100)
+    assert counts["dead"] == 1 and counts["succeeded"] == 1
+    assert state(conn, schema, waiting) == ("cancelled", True, 1, "PARENT_PRUNED")
+    assert state(conn, schema, below)[::3] == ("cancelled", "PARENT_CANCELLED")
+    assert state(conn, schema, released)[:3] == ("pending", False, 0)
+    assert q(conn, schema, "SELECT count(*) FROM {s}.job_dependencies WHERE parent_id = ANY(%s)",
+             [dead_parent, ok_parent])[0][0] == 0
+
+
+def test_two_parents_completing_at_once_unblock_the_child_once(app, conn, pg_dsn):
+    schema = app.settings.schema
+    for _ in range(20):
+        a, b = app.enqueue("t"), app.enqueue("t")
+        child = app.enqueue("t", depends_on=[a, b])
+        jobs = {j.id: j for j in app.claim(limit=2)}
+        barrier = threading.Barrier(2)
+        errors = []
+
+        def finish(job):
+            try:
+                with psycopg.connect(pg_dsn, autocommit=True) as c:
+                    barrier.wait()
+                    assert app.store.complete(c, [job.lease]).ok
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=finish, args=(jobs[i],)) for i in (a, b)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        assert not errors
+        assert state(conn, schema, child)[:3] == ("pending", False, 0)
+        [job] = app.claim()
+        assert job.id == child
+        app.complete(job)
+
+
+def test_a_worker_role_completes_a_parent_through_the_trigger(app, conn, pg_dsn):
+    from pgworker.grants import grant_statements
+
+    schema = app.settings.schema
+    roles = {k: f"r21d_{k}_{schema[-12:]}" for k in ("producer", "worker")}
+    try:
+        for r in roles.values():
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(r)))
+        for statement in grant_statements(schema, **roles):
+            conn.execute(statement)
+        dsn = {k: psycopg.conninfo.make_conninfo(pg_dsn, user=r) for k, r in roles.items()}
+        producer = App(settings=dataclasses.replace(app.settings, dsn=dsn["producer"]))
+        worker = App(settings=dataclasses.replace(app.settings, dsn=dsn["worker"]))
+        try:
+            ids = producer.enqueue_many([JobSpec("t", ref="p"), JobSpec("t", depends_on=["p"])])
+            late = producer.enqueue("t", depends_on=[ids[0]])
+            [job] = worker.claim()
+            worker.complete(job, result=1)
+            assert {state(conn, schema, i)[:2] for i in (ids[1], late)} == {("pending", False)}
+        finally:
+            producer.close()
+            worker.close()
+    finally:
+        for r in roles.values():
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(r)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(r)))
+
+
+def test_jobs_show_prints_parents_children_and_result_and_the_listing_filters_by_graph(app, pg_dsn, capsys):
+    from pgworker.cli import main
+
+    graph = app.group([("t", 1), ("t", 2)], callback=("t", "sum"))
+    jobs = {j.id: j for j in app.claim(limit=2)}
+    first = jobs[graph.ids[0]]
+    app.complete(first, result={"part": 1})
+    schema = app.settings.schema
+    capsys.readouterr()
+    assert main(["jobs", "show", str(graph.ids[-1]), "--dsn", pg_dsn, "--schema", schema]) == 0
+    out = capsys.readouterr().out
+    assert f"{graph.ids[0]} (t): succeeded" in out and f"{graph.ids[1]} (t): running" in out
+    assert "waiting_parents  1" in out and f"graph_id  {graph.graph_id}" in out.replace("   ", " ").replace("  graph", "graph")
+    assert main(["jobs", "show", str(graph.ids[0]), "--dsn", pg_dsn, "--schema", schema]) == 0
+    out = capsys.readouterr().out
+    assert f"{graph.ids[-1]} (t): pending, waiting for 1" in out and '"part": 1' in out
+    app.enqueue("t")  # not in the graph
+    assert main(["jobs", "list", "--graph", str(graph.graph_id), "--dsn", pg_dsn, "--schema", schema,
+                 "--json"]) == 0
+    listed = __import__("json").loads(capsys.readouterr().out)
+    assert sorted(r["id"] for r in listed) == sorted(graph.ids)
+
+
+def test_a_group_callback_gets_every_result(app):
+    @app.task(name="part")
+    def part(payload):
+        return payload * 10
+
+    @app.task(name="total")
+    def total(payload, ctx):
+        return sum(ctx.parent_results().values())
+
+    graph = app.group([("part", i) for i in range(5)], callback=("total", None))
+    chained = app.chain([("part", 1), ("total", None), ("total", None)])
+    drain(app)
+    assert app.result(graph.ids[-1]) == 100
+    assert app.result(chained.ids[-1]) == 10
+    assert {j["id"] for j in app.list_jobs(graph_id=graph.graph_id)} == set(graph.ids)
+
+
+def test_the_statistics_count_waiting_jobs_and_the_wait_behind_a_dead_parent(app, conn):
+    parent = app.enqueue("t", max_attempts=1, queue="etl")
+    live = app.enqueue("t", queue="etl")
+    for _ in range(3):
+        app.enqueue("t", queue="etl", depends_on=[parent, live])
+    [row] = app.store.queue_stats(conn, ["etl"])
+    assert row["waiting_on_parents"] == 3 and row["blocked_by_dead_parent_age_seconds"] == 0
+    jobs = {j.id: j for j in app.claim("etl", limit=2)}
+    app.fail(jobs[parent], Permanent("x"))
+    conn.execute(sql.SQL("UPDATE {} SET finished_at = now() - interval '2 hours' WHERE id = %s")
+                 .format(sql.Identifier(app.settings.schema, "jobs")), [parent])
+    [row] = app.store.queue_stats(conn, ["etl"])
+    assert row["waiting_on_parents"] == 3 and 7100 < row["blocked_by_dead_parent_age_seconds"] < 7300
+    from pgworker.database_gauges import QueueStatsCollector
+
+    collector = QueueStatsCollector(lambda qs: app.store.queue_stats(conn, qs), lambda: ["etl"], 0)
+    families = {f.name: f for f in collector.collect()}
+    assert families["pgworker_queue_waiting_on_parents"].samples[0].value == 3
+    assert families["pgworker_queue_blocked_by_dead_parent_age_seconds"].samples[0].value > 7100
+
+
+def test_the_async_producer_refuses_dependencies_rather_than_dropping_them(app, conn):
+    import asyncio
+
+    with pytest.raises(InvalidJob, match="App.enqueue_many"):
+        asyncio.run(app.aenqueue_many([JobSpec("t", ref="a"), JobSpec("t", depends_on=["a"])]))
+    assert count_jobs(conn, app.settings.schema) == 0

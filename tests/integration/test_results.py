@@ -1,0 +1,292 @@
+"""Job results (issue 21): stored by the fenced success, bounded, read back, waited for,
+and deleted with their job."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgworker import (App, JobDidNotSucceed, LeaseLost, Permanent, ResultLost, ResultNotReady, ResultTimeout,
+                      RetryPolicy)
+from pgworker.errors import JobNotFound
+from pgworker.jobs import RESULT_LOST
+from pgworker.results import RESULT_INVALID, RESULT_TOO_LARGE, ResultRefused, encode_result
+from pgworker.testing import drain
+from pgworker.worker import settler, slots as s
+from pgworker.worker.claimer.executor import Executor
+from pgworker.worker.outcome import write_outcomes
+
+pytestmark = pytest.mark.integration
+NO_BACKOFF = RetryPolicy(base_seconds=0, max_seconds=0, jitter=0)
+
+
+def result_rows(conn, schema):
+    return conn.execute(sql.SQL("SELECT job_id, result FROM {}.job_results ORDER BY job_id")
+                        .format(sql.Identifier(schema))).fetchall()
+
+
+def expire(conn, schema, job_id):
+    conn.execute(sql.SQL("UPDATE {}.jobs SET lease_expires_at = now() - interval '1 second' WHERE id = %s")
+                 .format(sql.Identifier(schema)), [job_id])
+
+
+def test_a_result_is_stored_with_the_success_and_read_back(app, conn):
+    a, b = app.enqueue("t"), app.enqueue("t")
+    with pytest.raises(ResultNotReady):
+        app.result(a)
+    ja, jb = app.claim(limit=2)
+    with pytest.raises(ResultNotReady):
+        app.result(ja.id)  # running
+    app.complete(ja, result={"rows": [1, 2, 3], "name": "é\u2603", "ok": True})
+    app.complete(jb)  # returned nothing: no row
+    assert app.result(a) == {"rows": [1, 2, 3], "name": "é\u2603", "ok": True}
+    assert app.result(b) is None
+    assert [r[0] for r in result_rows(conn, app.settings.schema)] == [a]
+    with pytest.raises(JobNotFound):
+        app.result(10**12)
+    # `pgworker jobs show` prints the job's row: the result is part of it
+    assert app.get_job(a)["result"] == {"rows": [1, 2, 3], "name": "é\u2603", "ok": True}
+    assert "result" not in app.get_job(b)
+
+
+def test_a_stale_workers_result_is_never_stored(app, conn):
+    schema = app.settings.schema
+    job_id = app.enqueue("t")
+    [old] = app.claim()
+    expire(conn, schema, old.id)
+    assert app.reap(retry=NO_BACKOFF).requeued == (job_id,)
+    [new] = app.claim()
+    with pytest.raises(LeaseLost):
+        app.complete(old, result="from the stale worker")
+    assert result_rows(conn, schema) == []
+    app.complete(new, result="from the owner")
+    assert app.result(job_id) == "from the owner"
+    with pytest.raises(LeaseLost):  # and a late write after the success changes nothing
+        app.complete(old, result="late")
+    assert result_rows(conn, schema) == [(job_id, "from the owner")]
+
+
+def test_a_batched_success_stores_only_the_accepted_rows_results(app, conn):
+    schema = app.settings.schema
+    ids = app.enqueue_many([("t", i) for i in range(3)])
+    jobs = app.claim(limit=3)
+    stale = jobs[1].lease._replace(token=jobs[1].lease_token + 7)
+    report = app.store.complete(conn, [jobs[0].lease, stale, jobs[2].lease], None, ['{"n":0}', '{"n":1}', None])
+    assert set(report.accepted) == {ids[0], ids[2]} and report.refused == (ids[1],)
+    assert result_rows(conn, schema) == [(ids[0], {"n": 0})]
+
+
+@pytest.mark.parametrize("value, code", [
+    ({1, 2}, RESULT_INVALID), (float("nan"), RESULT_INVALID), (object(), RESULT_INVALID),
+    ({"s": "a\x00b"}, RESULT_INVALID), ("x" * 100, RESULT_TOO_LARGE), ("é" * 30, RESULT_TOO_LARGE),
+])
+def test_a_result_that_cannot_be_stored_is_refused_with_its_code(value, code):
+    with pytest.raises(ResultRefused) as info:
+        encode_result(value, 50)
+    assert info.value.code == code and str(info.value)
+    if code == RESULT_TOO_LARGE:
+        assert "result_max_bytes (50)" in str(info.value) and "PGWORKER_RESULT_MAX_BYTES" in str(info.value)
+
+
+def test_encoding_keeps_what_jsonb_can_hold(app, conn):
+    # a literal backslash-u0000 (escaped in JSON) is text jsonb stores; only a real NUL is refused
+    job_id = app.enqueue("t")
+    [job] = app.claim()
+    app.complete(job, result={"literal": "\\u0000", "n": 1.5, "big": 10**30})
+    assert app.result(job_id) == {"literal": "\\u0000", "n": 1.5, "big": 10**30}
+    assert encode_result(None, 2) is None
+    with pytest.raises(ValueError):  # App.complete refuses before writing anything
+        app.complete(job, result={1, 2})
+
+
+def test_handlers_results_through_the_executor_and_their_refusals(app, conn, monkeypatch):
+    app.configure(_with(app.settings, result_max_bytes=1000))
+
+    @app.task(name="ok")
+    def ok(payload):
+        return {"double": payload * 2}
+
+    @app.task(name="unserialisable", max_attempts=3)
+    def unserialisable(payload):
+        return {"when": time}  # a module object
+
+    @app.task(name="huge", max_attempts=3)
+    def huge(payload):
+        return "x" * 5000
+
+    @app.task(name="async_ok")
+    async def async_ok(payload):
+        return [payload]
+
+    good, bad, big, aok = (app.enqueue("ok", 21), app.enqueue("unserialisable"), app.enqueue("huge"),
+                           app.enqueue("async_ok", "a"))
+    drain(app)
+    assert app.result(good) == {"double": 42}
+    assert app.result(aok) == ["a"]
+    for job_id, code in ((bad, RESULT_INVALID), (big, RESULT_TOO_LARGE)):
+        with pytest.raises(JobDidNotSucceed) as info:
+            app.result(job_id)
+        assert (info.value.state, info.value.code) == ("dead", code)  # permanent: the work may be done
+        job = app.get_job(job_id)
+        assert job["attempts"] == 1 and code in job["errors"][-1]["code"] and "result" not in job
+
+
+def _with(settings, **changes):
+    import dataclasses
+
+    return dataclasses.replace(settings, **changes)
+
+
+def test_results_follow_their_jobs_retention(app, conn):
+    schema = app.settings.schema
+    job_id = app.enqueue("t")
+    [job] = app.claim()
+    app.complete(job, result=[1])
+    assert result_rows(conn, schema) == [(job_id, [1])]
+    assert app.prune(0) == 1
+    assert result_rows(conn, schema) == []
+    with pytest.raises(JobNotFound):
+        app.result(job_id)
+
+
+def test_wait_result_is_woken_by_the_completion_not_by_the_poll(app):
+    job_id = app.enqueue("t")
+    [job] = app.claim()
+
+    def finish():
+        time.sleep(0.5)
+        app.complete(job, result={"done": True})
+
+    threading.Thread(target=finish).start()
+    t0 = time.monotonic()
+    assert app.wait_result(job_id, timeout=20, poll_seconds=15) == {"done": True}
+    assert time.monotonic() - t0 < 5  # the poll alone would take 15 s
+
+
+def test_wait_result_times_out_and_sees_failures_by_its_poll(app):
+    job_id = app.enqueue("t", max_attempts=1)
+    t0 = time.monotonic()
+    with pytest.raises(ResultTimeout):
+        app.wait_result(job_id, timeout=0.3, poll_seconds=0.1)
+    assert time.monotonic() - t0 < 3
+    with pytest.raises(TimeoutError):  # ResultTimeout is a TimeoutError
+        app.wait_result(job_id, timeout=0)
+    [job] = app.claim()
+    threading.Timer(0.3, lambda: app.fail(job, Permanent("no"))).start()
+    with pytest.raises(JobDidNotSucceed) as info:
+        app.wait_result(job_id, timeout=20, poll_seconds=0.1)
+    assert info.value.state == "dead"
+
+
+def test_wait_result_async(app):
+    job_id = app.enqueue("t")
+    [job] = app.claim()
+    threading.Timer(0.3, lambda: app.complete(job, result=7)).start()
+    assert asyncio.run(app.wait_result_async(job_id, timeout=20, poll_seconds=15)) == 7
+
+
+def test_a_gone_claimers_decided_success_is_settled_with_its_result(app, conn):
+    """The claimer decided the success and died before writing it: the settler writes it
+    from the slot table, with the result when it fitted in the slot, as lost otherwise."""
+    app.configure(_with(app.settings, result_max_bytes=100_000))
+
+    @app.task(name="small")
+    def small(payload):
+        return {"n": payload}
+
+    @app.task(name="large")
+    def large(payload):
+        return "y" * 2000  # more than the slot's message holds
+
+    small_id, large_id = app.enqueue("small", 1), app.enqueue("large")
+    jobs = sorted(app.claim(limit=2), key=lambda j: j.id)
+    table = s.SlotTable(4)
+    executor = Executor(app, table, worker_id="w", error_message_max_chars=200)
+    for job in jobs:
+        [slot] = table.put_many([s.SlotEntry(job.id, job.lease_token, 0, job.attempt, 0.0, s.RENEW_ALIVE)],
+                                claimed_at=time.monotonic())
+        table.start(slot, job.id)
+        executor.run(job, slot, traced=False)  # decided, recorded in the slot; never written
+    items = settler.settlements(table.held(), [], app=app, queue_name=lambda v: "default", kill_reasons={},
+                                clear=lambda v: None)
+    results = {i.write.lease.job_id: i.write.result for i in items}
+    assert results == {small_id: '{"n":1}', large_id: RESULT_LOST}
+    reports = write_outcomes(app.store, conn, [i.write for i in items], keys_known=False)
+    assert sorted(next(iter(reports.values())).accepted) == [small_id, large_id]
+    assert app.result(small_id) == {"n": 1}
+    with pytest.raises(ResultLost):
+        app.result(large_id)
+    assert app.get_job(large_id)["state"] == "succeeded"
+
+
+def test_the_producer_and_viewer_roles_read_results_and_the_worker_stores_them(app, pg_dsn, conn):
+    """The least-privilege roles of `pgworker sql grants`: a worker completes with a
+    result, a producer reads it."""
+    from pgworker.grants import grant_statements
+
+    schema = app.settings.schema
+    suffix = schema[-12:]
+    roles = {k: f"r21_{k}_{suffix}" for k in ("producer", "worker", "viewer")}
+    try:
+        for r in roles.values():
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(r)))
+        for statement in grant_statements(schema, **roles):
+            conn.execute(statement)
+        job_id = app.enqueue("t")
+        dsn = {k: psycopg.conninfo.make_conninfo(pg_dsn, user=r) for k, r in roles.items()}
+        as_worker = App(settings=_with(app.settings, dsn=dsn["worker"]))
+        as_producer = App(settings=_with(app.settings, dsn=dsn["producer"]))
+        try:
+            [job] = as_worker.claim()
+            as_worker.complete(job, result={"by": "worker"})
+            assert as_producer.result(job_id) == {"by": "worker"}
+            with psycopg.connect(dsn["viewer"]) as viewer:
+                assert result_rows(viewer, schema) == [(job_id, {"by": "worker"})]
+        finally:
+            as_worker.close()
+            as_producer.close()
+    finally:
+        for r in roles.values():
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(r)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(r)))
+
+
+def test_progress_is_durable_fenced_rate_limited_and_shown(app, conn):
+    from pgworker import JobContext, LeaseLost
+    from pgworker.worker import slots as s
+
+    schema = app.settings.schema
+    job_id = app.enqueue("t")
+    [job] = app.claim()
+    table = s.SlotTable(2)
+    [slot] = table.put_many([s.SlotEntry(job.id, job.lease_token, 0, job.attempt, 0.0, s.RENEW_PROGRESS)],
+                            claimed_at=time.monotonic())
+    table.start(slot, job.id)
+    ctx = JobContext(job, table, slot, app)
+    before = table.held()[0].progress_at
+    assert ctx.progress(0.25, "a quarter\x00of the rows") is True
+    assert table.held()[0].progress_at > before  # evidence of progress for the lease
+    assert ctx.progress(0.5) is False  # within the interval: shared memory only
+    row = app.get_job(job_id)
+    assert (row["progress"], row["progress_message"]) == (0.25, "a quarter\ufffdof the rows")
+    assert ctx.progress(0.5, "half", force=True) is True
+    assert app.get_job(job_id)["progress"] == 0.5
+    for bad in (1.5, -0.1, float("nan"), "half", True):
+        with pytest.raises(ValueError):
+            ctx.progress(bad)
+    assert len(app.get_job(job_id)["progress_message"]) == 4
+    ctx.progress(0.6, "x" * 1000, force=True)
+    assert len(app.get_job(job_id)["progress_message"]) == 200
+    # fenced: once the lease moved to another attempt, the old context's write is refused
+    expire(conn, schema, job.id)
+    app.reap(retry=NO_BACKOFF)
+    [again] = app.claim()
+    with pytest.raises(LeaseLost):
+        ctx.progress(0.9, "stale", force=True)
+    assert app.get_job(job_id)["progress"] == pytest.approx(0.6)
+    assert "progress" not in app.get_job(app.enqueue("t"))  # never reported: not shown
