@@ -50,6 +50,49 @@ class SyncOverAsync:
 
         return asyncio.run_coroutine_threadsafe(run(), self.loop).result()
 
+    def cursor(self, row_factory: Any = None) -> "_Cursor":
+        """A cursor for the statement plans (:mod:`pgworker.store.plan`), which read rows
+        through ``conn.cursor()``; ``row_factory`` as psycopg's."""
+        return _Cursor(self, row_factory)
+
+
+class _Cursor:
+    """The part of a psycopg cursor the store uses: execute, then fetch; a context manager."""
+
+    def __init__(self, bridge: SyncOverAsync, row_factory: Any) -> None:
+        self.bridge = bridge
+        self.row_factory = row_factory
+        self.result: _Rows = _Rows([], None)
+
+    def __enter__(self) -> "_Cursor":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    @property
+    def description(self) -> Any:
+        return self.result.description
+
+    def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None) -> "_Cursor":
+        aconn, factory = self.bridge.aconn, self.row_factory
+
+        async def run() -> _Rows:
+            cur = aconn.cursor(row_factory=factory) if factory is not None else aconn.cursor()
+            async with cur:
+                await cur.execute(query, params, prepare=prepare)
+                rows = await cur.fetchall() if cur.description is not None else []
+                return _Rows(rows, cur.description)
+
+        self.result = asyncio.run_coroutine_threadsafe(run(), self.bridge.loop).result()
+        return self
+
+    def fetchall(self) -> list[Any]:
+        return self.result.fetchall()
+
+    def fetchone(self) -> Any:
+        return self.result.fetchone()
+
 
 async def run_sync(aconn: psycopg.AsyncConnection, call: Callable[[Any], Any]) -> Any:
     """``call(conn)`` in a worker thread, its statements on ``aconn`` in this loop."""
