@@ -20,6 +20,7 @@ from .errors import (  # noqa: E402
     InvalidPayload,
     JobCancelled,
     JobDidNotSucceed,
+    JobNotFound,
     LeaseLost,
     PayloadError,
     Permanent,
@@ -49,6 +50,6 @@ __all__ = [
     "DatabaseUnavailable", "SchemaVersionError", "SchemaNotMigrated", "SchemaTooNew",
     "LeaseLost", "Permanent", "Retry", "Snooze", "JobCancelled", "UnknownTask",
     "QueuePaused", "AlreadyEnqueued", "StepError", "EffectUncertain", "NOT_DONE",
-    "ResultNotReady", "JobDidNotSucceed", "ResultLost", "ResultTimeout",
+    "ResultNotReady", "JobDidNotSucceed", "JobNotFound", "ResultLost", "ResultTimeout",
     "__version__",
 ]

@@ -376,14 +376,22 @@ class App(AsyncProducer):
         ``clean``: then they are forgotten in the same transaction and run again."""
         return operations.replay(self, job_ids, queue=queue, limit=limit, actor=actor, clean=clean)
 
-    def resolve_effect(self, job_id: int, name: str, *, result: Any = None, retry: bool = False,
+    def resolve_effect(self, job_id: int, name: str, *, result: Any = UNSET, retry: bool = False,
                        actor: str | None = None) -> str:
         """Resolve an external effect left uncertain (``EFFECT_UNCERTAIN``: started by an
         attempt that never recorded its end): ``result`` (JSON) marks it done, as if the
         call had returned it (the destination says it happened); ``retry=True`` forgets the
         record, so that the next attempt calls again with the same idempotency key. Only
         while the job is not running; replay a dead job afterwards. Returns the job's
-        state; raises :class:`ConfigError` when there is no such started effect."""
+        state; raises :class:`ConfigError` when there is no such started effect, or when
+        neither (or both) of ``result`` and ``retry=True`` is given (``result=None`` marks
+        it done with a null result)."""
+        if (result is UNSET) == (not retry):
+            raise ConfigError(f"resolve_effect({job_id}, {name!r}): give result= (the effect happened: its JSON "
+                              "result, None allowed) or retry=True (call it again with the same idempotency "
+                              "key), exactly one of them")
+        if result is UNSET:
+            result = None
         return operations.resolve_effect(self, job_id, name, result=result, retry=retry, actor=actor)
 
     def prune(self, older_than: "float | timedelta", *, batch: int = PRUNE_BATCH) -> int:

@@ -50,7 +50,7 @@ class JobContext:
     PROGRESS_MESSAGE_MAX_CHARS = 200
 
     def __init__(self, job: "ClaimedJob", table: "SlotTable | None" = None, slot: int = -1,
-                 effects: "EffectResources | None" = None, app: Any = None) -> None:
+                 effects: "EffectResources | None" = None, *, app: Any = None) -> None:
         self.job = job
         self._table = table
         self._slot = slot

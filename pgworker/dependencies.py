@@ -55,6 +55,8 @@ def _parents(spec: JobSpec, max_parents: int) -> list["int | str"]:
     for d in deps:
         if isinstance(d, bool) or not isinstance(d, (int, str)):
             raise InvalidJob(f"depends_on holds job ids (int) or refs (str) of the same call, got {d!r}")
+        if isinstance(d, int) and not 0 < d < 2**63:  # a bigint id; PostgreSQL's error otherwise
+            raise InvalidJob(f"depends_on names job id {d}, which no job can have (ids are 1 to 2**63-1)")
         if d not in seen:
             seen.add(d)
             out.append(d)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
+from .errors import InvalidJob
 from .producer import specs_from
 
 if TYPE_CHECKING:
@@ -31,6 +32,8 @@ def chain(app: App, jobs: Sequence[Any], *, on_parent_failure: str | None = None
     the previous one succeeded: job k depends on job k-1. ``on_parent_failure``: the
     policy of every job but the first ('hold' by default). Returns the :class:`Graph`."""
     specs = specs_from(jobs)
+    if not specs:
+        raise InvalidJob("chain() needs at least one job")
     out = []
     for k, spec in enumerate(specs):
         deps = [f"chain:{k - 1}"] if k else None
@@ -47,6 +50,8 @@ def group(app: App, jobs: Sequence[Any], *, callback: Any = None, on_parent_fail
     ``parent_results()`` gives their results. ``on_parent_failure``: the callback's
     policy. Returns the :class:`Graph`; the callback's id is last."""
     specs = [s._replace(ref=f"group:{k}") for k, s in enumerate(specs_from(jobs))]
+    if not specs:
+        raise InvalidJob("group() needs at least one job")
     if callback is not None:
         [cb] = specs_from([callback])
         specs.append(cb._replace(depends_on=[s.ref for s in specs], on_parent_failure=on_parent_failure))

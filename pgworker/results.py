@@ -72,7 +72,12 @@ def encode_result(value: Any, max_bytes: int) -> str | None:
     if "\\u0000" in text and _NUL_ESCAPE.search(text):
         raise ResultRefused(RESULT_INVALID, "the handler's return value holds a NUL character (U+0000), "
                                             "which PostgreSQL's jsonb cannot store; remove or escape it")
-    size = len(text.encode("utf-8"))
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate ("\ud800"): not text PostgreSQL can store
+        raise ResultRefused(RESULT_INVALID, "the handler's return value holds a lone surrogate character "
+                                            "(not valid Unicode text), which PostgreSQL cannot store; "
+                                            "return valid text") from None
     if size > max_bytes:
         raise ResultRefused(RESULT_TOO_LARGE, f"the handler's return value is {size} bytes of JSON, more than "
                                               f"result_max_bytes ({max_bytes}); store large data elsewhere and "

@@ -72,6 +72,10 @@ class StatusReport:
                                  "oldest_due_age_seconds": f["oldest_due_age_seconds"] if state == "due" else None,
                                  "expired_leases": f["expired_leases"] if state == "running" else None,
                                  "paused": f["queue"] in paused, "estimated": False})
+            if f.get("waiting_on_parents"):  # pending and blocked until their parents succeed
+                rows.append({"queue": f["queue"], "state": "waiting_on_parents", "jobs": f["waiting_on_parents"],
+                             "oldest_due_age_seconds": None, "expired_leases": None,
+                             "paused": f["queue"] in paused, "estimated": False})
         for f in self.finished:
             if f["jobs"]:
                 rows.append({"queue": None, "state": f["state"], "jobs": f["jobs"], "oldest_due_age_seconds": None,

@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "elsewhere it means seconds, here it would delete at once)")
     p.add_argument("--batch", type=_positive_int, default=10_000, metavar="N", help="rows deleted per statement")
 
-    p = sub.add_parser("status", help="live jobs by queue and state (due, scheduled, blocked, running, dead), "
+    p = sub.add_parser("status", help="live jobs by queue and state (due, scheduled, blocked, waiting_on_parents, running, dead), "
                                       "oldest due job's age, expired leases; finished jobs of all queues "
                                       "(counted up to 10,000 a state, then estimated); paused queues, "
                                       "ordering keys held by a dead job")

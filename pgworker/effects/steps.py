@@ -164,7 +164,11 @@ def _result_json(ctx: "JobContext", name: str, value: Any, max_bytes: int) -> st
     if "\\u0000" in text and _NUL_ESCAPE.search(text):  # jsonb refuses \u0000
         raise StepError(f"job {ctx.job_id}: the result of {name!r} holds a NUL character, which PostgreSQL's "
                         "jsonb cannot store", code="STEP_RESULT_INVALID")
-    size = len(text.encode())
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError:  # a lone surrogate: permanent, as every other refused result
+        raise StepError(f"job {ctx.job_id}: the result of {name!r} holds a lone surrogate character (not valid "
+                        "Unicode text), which PostgreSQL cannot store", code="STEP_RESULT_INVALID") from None
     if size > max_bytes:
         raise StepError(f"job {ctx.job_id}: the result of {name!r} is {size} bytes of JSON, over the "
                         f"{max_bytes} of step_result_max_bytes; store large data elsewhere and return its "

@@ -14,6 +14,10 @@ import psycopg
 from .base import StoreBase
 
 
+#: Rows per keyset page when a graph's jobs are read (cancel_graph, replay_graph).
+GRAPH_PAGE = 10_000
+
+
 class DependencyStatements(StoreBase):
     """Enqueue with parents, and the reads of edges and graphs."""
 
@@ -49,9 +53,20 @@ class DependencyStatements(StoreBase):
         rows = self._exec(conn, "job_parent_results", {"id": job_id}).fetchall()
         return {r[0]: r[2] if r[1] else None for r in rows}
 
-    def graph_jobs(self, conn: psycopg.Connection, graph_id: int, *, limit: int = 100_000) -> list[dict[str, Any]]:
+    def graph_jobs(self, conn: psycopg.Connection, graph_id: int, *, page: int | None = None) -> list[dict[str, Any]]:
+        """Every job of the graph, oldest first, read in keyset pages of ``page`` rows
+        (default :data:`GRAPH_PAGE`): a cancel or replay of a graph must see all of them."""
+        page = page or GRAPH_PAGE
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-        return cur.execute(self.queries["graph_jobs"], {"graph_id": graph_id, "limit": limit}).fetchall()
+        out: list[dict[str, Any]] = []
+        after = 0
+        while True:
+            rows = cur.execute(self.queries["graph_jobs"], {"graph_id": graph_id, "after": after,
+                                                            "limit": page}).fetchall()
+            out += rows
+            if len(rows) < page:
+                return out
+            after = rows[-1]["id"]
 
     def requeue_graph_children(self, conn: psycopg.Connection, graph_id: int, *, actor: str | None) -> list[int]:
         """Jobs of the graph cancelled by a dead parent wait again (see ``graph_children_requeue``)."""

@@ -194,6 +194,19 @@ def test_a_cancelled_parent_cancels_its_children_and_a_graph_cancels_as_one(app,
     assert [j["id"] for j in app.list_jobs(graph_id=other[0])] == sorted(other, reverse=True)
 
 
+def test_a_graph_cancel_reads_every_page_of_its_jobs(app, conn, monkeypatch):
+    """cancel_graph and replay_graph read the graph in keyset pages: a graph larger than a
+    page is cancelled whole (it stopped, silently, at the one read's limit)."""
+    schema = app.settings.schema
+    ids = app.enqueue_many([JobSpec("t", ref="a")] + [JobSpec("t", depends_on=["a"]) for _ in range(24)])
+    with app.connection() as c:
+        assert [j["id"] for j in app.store.graph_jobs(c, ids[0], page=10)] == ids
+    monkeypatch.setattr("pgworker.store.dependencies.GRAPH_PAGE", 10)  # pages of 10 through the public call
+    out = app.cancel_graph(ids[0])
+    assert out["jobs"] == 25
+    assert {state(conn, schema, i)[0] for i in ids} == {"cancelled"}
+
+
 def test_bad_input_is_refused_and_enqueues_nothing(app, conn, pg_dsn):
     schema = app.settings.schema
     parent = app.enqueue("t")
@@ -209,6 +222,9 @@ def test_bad_input_is_refused_and_enqueues_nothing(app, conn, pg_dsn):
             (lambda: app.enqueue("t", depends_on=[parent], dedupe_key="k"), "dedupe_key"),
             (lambda: app.enqueue("t", depends_on=[parent], ordering_key="k"), "ordering_key"),
             (lambda: app.enqueue("t", depends_on=parent), "list"),
+            (lambda: app.enqueue("t", depends_on=[2**70]), "no job can have"),
+            (lambda: app.chain([]), "at least one job"),
+            (lambda: app.group([]), "at least one job"),
             (lambda: app.enqueue("t", depends_on=[parent], on_parent_failure="ignore"), "'hold' or 'cancel'"),
             (lambda: app.enqueue_many([JobSpec("t", depends_on=["later"]), JobSpec("t", ref="later")]),
              "earlier job"),

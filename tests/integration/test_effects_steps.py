@@ -7,6 +7,8 @@ forgets the steps."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from psycopg import sql
 
@@ -92,7 +94,7 @@ def test_a_stale_owners_step_record_is_refused_by_the_fence(app, conn):
 
 @pytest.mark.parametrize("value, code", [
     (object(), "STEP_RESULT_INVALID"), (float("nan"), "STEP_RESULT_INVALID"), ("x" * 100, "STEP_RESULT_TOO_LARGE"),
-    ("\x00", "STEP_RESULT_INVALID")])
+    ("\x00", "STEP_RESULT_INVALID"), ("\udc80", "STEP_RESULT_INVALID")])
 def test_a_result_that_is_not_json_or_too_large_fails_the_attempt_with_a_clear_code(pg_dsn, schema, value, code):
     from pg import make_settings
     app = pgworker.App(settings=make_settings(pg_dsn, schema, step_result_max_bytes=64))
@@ -230,6 +232,10 @@ def test_an_operator_resolves_an_uncertain_effect_and_a_clean_replay_forgets_ste
     assert shown[1]["idempotency_key"].endswith(":charge")
     with pytest.raises(pgworker.ConfigError, match="no effect 'quote' left started"):
         app.resolve_effect(job_id, "quote", result=1)
+    for unclear in ({}, {"result": 1, "retry": True}):  # neither or both: refused, nothing changed
+        with pytest.raises(pgworker.ConfigError, match="exactly one of them"):
+            app.resolve_effect(job_id, "charge", **unclear)
+    assert app.get_job(job_id)["steps"][1]["status"] == "started"
     # the destination says it happened: recorded done, the replayed job does not call again
     assert app.resolve_effect(job_id, "charge", result={"charge": "ch_1"}, actor="ops") == "dead"
     assert list(app.replay([job_id])) == [job_id]
@@ -270,3 +276,34 @@ def test_steps_go_with_their_job_when_it_is_pruned(app, conn):
     assert app.prune(0) == 1
     assert conn.execute(sql.SQL("SELECT count(*) FROM {}.job_steps").format(sql.Identifier(app.settings.schema))) \
         .fetchone() == (0,)
+
+
+def test_a_step_inside_a_stalled_transaction_neither_stops_renewal_nor_keeps_the_reaper_out(app, pg_dsn, conn):
+    """A step recorded inside ctx.transaction() keeps the job's row locked (FOR KEY SHARE,
+    the lock of its foreign key) until the block commits. The renewer and the reaper lock
+    the row FOR NO KEY UPDATE SKIP LOCKED, which that lock does not block: while the
+    worker's block runs, its lease is renewed; once it stalls past the lease (SIGSTOP, a
+    paused VM), the reaper takes the job back, and the block's fenced success then
+    refuses and rolls back the step's record. (With FOR SHARE, and the reaper's FOR
+    UPDATE, the renewal and the reap both skipped the row: a stalled worker kept its job
+    running past its lease for as long as it stalled.)"""
+    import psycopg
+
+    schema = app.settings.schema
+    job_id = app.enqueue("t")
+    [job] = app.claim(lease_seconds=1.5)
+    with psycopg.connect(pg_dsn) as handler:  # the handler's transaction, left open
+        owned, _, recorded = app.store.step_record(handler, job.lease, "s", kind="step", status="done",
+                                                   result_json="1", key=None, max_steps=10)
+        assert owned and recorded
+        with psycopg.connect(pg_dsn, autocommit=True) as renewer:
+            report = app.store.renew_skip_locked(renewer, [job.lease], lease_seconds=1.5)
+        assert report.accepted == (job_id,) and not report.skipped, report
+        time.sleep(1.8)  # the worker stalls past its lease
+        with psycopg.connect(pg_dsn, autocommit=True) as reaper:
+            reaped = app.store.reap(reaper, limit=10)
+        assert reaped.requeued == (job_id,), reaped
+        assert app.store.complete(handler, [job.lease]).refused == (job_id,)
+        handler.rollback()
+    assert steps(conn, schema, job_id) == []
+    assert job_row(conn, schema, job_id)[0] == "pending"

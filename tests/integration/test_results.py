@@ -83,7 +83,8 @@ def test_a_batched_success_stores_only_the_accepted_rows_results(app, conn):
 
 @pytest.mark.parametrize("value, code", [
     ({1, 2}, RESULT_INVALID), (float("nan"), RESULT_INVALID), (object(), RESULT_INVALID),
-    ({"s": "a\x00b"}, RESULT_INVALID), ("x" * 100, RESULT_TOO_LARGE), ("é" * 30, RESULT_TOO_LARGE),
+    ({"s": "a\x00b"}, RESULT_INVALID), ({"x": "\ud800"}, RESULT_INVALID), ("x" * 100, RESULT_TOO_LARGE),
+    ("é" * 30, RESULT_TOO_LARGE),
 ])
 def test_a_result_that_cannot_be_stored_is_refused_with_its_code(value, code):
     with pytest.raises(ResultRefused) as info:
@@ -267,7 +268,7 @@ def test_progress_is_durable_fenced_rate_limited_and_shown(app, conn):
     [slot] = table.put_many([s.SlotEntry(job.id, job.lease_token, 0, job.attempt, 0.0, s.RENEW_PROGRESS)],
                             claimed_at=time.monotonic())
     table.start(slot, job.id)
-    ctx = JobContext(job, table, slot, app)
+    ctx = JobContext(job, table, slot, app=app)
     before = table.held()[0].progress_at
     assert ctx.progress(0.25, "a quarter\x00of the rows") is True
     assert table.held()[0].progress_at > before  # evidence of progress for the lease

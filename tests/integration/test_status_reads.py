@@ -151,3 +151,15 @@ def test_status_names_due_queues_that_no_live_pod_claims(app, conn, pg_dsn):
         assert status_reads(app, c).unclaimed == [{"queue": "emials", "due": 2, "claimed": ["default", "emails"]}]
         store.pod_heartbeat(c, pod_id="live2", queues=["emials"], **pod)
         assert status_reads(app, c).unclaimed == []
+
+
+def test_status_counts_jobs_waiting_for_their_parents(app, conn, pg_dsn):
+    """A job waiting for its parents is pending and blocked, but not behind an ordering
+    key: status counts it as waiting_on_parents, in its own queue (which holds nothing
+    else, and was left out)."""
+    parent = app.enqueue("t", delay=600)
+    app.enqueue("t", depends_on=[parent], queue="children")
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        rows = status_reads(app, c).state_rows()
+    assert {(r["queue"], r["state"], r["jobs"]) for r in rows} == {
+        ("default", "scheduled", 1), ("children", "waiting_on_parents", 1)}

@@ -75,9 +75,10 @@ WHERE d.child_id = %(id)s
 ORDER BY d.parent_id;
 
 -- name: graph_jobs
--- The jobs of a graph, oldest first (listing, cancel and replay of a graph).
+-- The jobs of a graph, oldest first, after the id %(after)s (keyset pages: cancel and
+-- replay of a graph read every page; jobs_graph_idx serves it).
 SELECT id, queue, task, state::text AS state, waiting_parents, last_error_code
-FROM {schema}.jobs WHERE graph_id = %(graph_id)s AND graph_id IS NOT NULL
+FROM {schema}.jobs WHERE graph_id = %(graph_id)s AND graph_id IS NOT NULL AND id > %(after)s
 ORDER BY id
 LIMIT %(limit)s;
 

@@ -20,15 +20,18 @@ WHERE job_id = %(id)s AND name = %(name)s;
 -- name: job_step_record
 -- Record a step ('done' with its result) or an effect ('started', with its idempotency
 -- key), fenced: only while the job is running under %(token)s, and only below
--- %(max_steps)s records per job. FOR SHARE locks the job's row against a concurrent
--- take-over or reap (which update it) until this transaction ends, and re-checks the
--- fence on its latest version. Returns whether the fence held (owned), the job's record
+-- %(max_steps)s records per job. FOR KEY SHARE re-checks the fence on the row's latest
+-- version, and is the lock the record's foreign key takes anyway: inside a handler's
+-- transaction it is held until the block commits, and the reaper and the renewer (FOR
+-- NO KEY UPDATE SKIP LOCKED) do not conflict with it, so a worker stalled inside the
+-- block cannot keep its expired job from being reaped (FOR SHARE did: the job stayed
+-- running past its lease); the block's fenced success then refuses and rolls it back. Returns whether the fence held (owned), the job's record
 -- count before this one (steps), and whether the row was written (recorded: false with
 -- owned and steps below the bound means a record of that name exists already).
 WITH owner AS (
     SELECT j.id, j.attempts, j.lease_token FROM {schema}.jobs AS j
     WHERE j.id = %(id)s AND j.state::text = 'running' AND j.lease_token = %(token)s
-    FOR SHARE OF j
+    FOR KEY SHARE OF j
 ), counted AS (
     SELECT count(*) AS n FROM {schema}.job_steps WHERE job_id = %(id)s
 ), inserted AS (
@@ -45,11 +48,11 @@ SELECT EXISTS (SELECT 1 FROM owner) AS owned, (SELECT n FROM counted) AS steps,
 
 -- name: job_effect_done
 -- An effect's 'done' record with its result, fenced as job_step_record (the job running
--- under %(token)s, its row locked FOR SHARE). Returns the row when it took effect.
+-- under %(token)s, its row locked FOR KEY SHARE). Returns the row when it took effect.
 WITH owner AS (
     SELECT j.id FROM {schema}.jobs AS j
     WHERE j.id = %(id)s AND j.state::text = 'running' AND j.lease_token = %(token)s
-    FOR SHARE OF j
+    FOR KEY SHARE OF j
 )
 UPDATE {schema}.job_steps AS s
 SET status = 'done', result = %(result)s::jsonb, finished_at = now(), resolved_by = %(by)s

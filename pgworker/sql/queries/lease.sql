@@ -55,7 +55,7 @@ WITH f AS (
 ), locked AS (
     SELECT j.id, j.lease_token FROM {schema}.jobs AS j JOIN f ON j.id = f.id
     WHERE j.state::text = 'running' AND j.lease_token = f.token AND j.lease_expires_at > now()
-    FOR UPDATE OF j SKIP LOCKED
+    FOR NO KEY UPDATE OF j SKIP LOCKED
 ), renewed AS (
     UPDATE {schema}.jobs AS j
     SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s::float8),

@@ -15,7 +15,9 @@ SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'o
 -- attempts: the caller computes each job's retry delay from its task's retry policy, the
 -- same policy as a handler's failure) and the expiry, the cursor of a reaper pass.
 --
--- FOR UPDATE SKIP LOCKED: a row another session holds locked (an operator's open
+-- FOR NO KEY UPDATE SKIP LOCKED (the lock its UPDATE takes; a handler's transaction
+-- holding FOR KEY SHARE on the row, as a step record's foreign key does, does not block it):
+-- a row another session holds locked (an operator's open
 -- transaction, App.cancel(conn=...) inside a caller's transaction) is passed over here.
 -- Read without locks, such rows filled the batch, jobs_reap then skipped every one, and
 -- the pass ended with nothing reaped: the expired leases behind them stayed stuck, pass
@@ -43,7 +45,7 @@ WHERE state = 'running' AND lease_expires_at <= now()
   AND (lease_expires_at, id) > (coalesce(%(after_at)s::timestamptz, '-infinity'), coalesce(%(after_id)s::bigint, 0))
 ORDER BY lease_expires_at, id
 LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED;
+FOR NO KEY UPDATE SKIP LOCKED;
 
 -- name: jobs_reap
 -- Recover the given jobs whose lease expired: back to pending after the delay computed
@@ -56,7 +58,7 @@ WITH expired AS (
     SELECT j.id
     FROM {schema}.jobs AS j
     WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'running' AND j.lease_expires_at <= now()
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 )
 UPDATE {schema}.jobs AS j
 SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'::{schema}.job_state

@@ -103,6 +103,8 @@ SELECT queue FROM pending WHERE queue IS NOT NULL
 UNION SELECT queue FROM running WHERE queue IS NOT NULL
 UNION SELECT queue FROM dead WHERE queue IS NOT NULL
 UNION SELECT queue FROM {schema}.jobs WHERE ordering_key IS NOT NULL AND state = 'pending' AND blocked
+-- jobs waiting for their parents (docs/graphs.md), on jobs_waiting_idx (those jobs only)
+UNION SELECT queue FROM {schema}.jobs WHERE state = 'pending' AND waiting_parents > 0
 UNION SELECT name FROM {schema}.queues
 ORDER BY 1;
 

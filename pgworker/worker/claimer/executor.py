@@ -135,7 +135,7 @@ class Executor:
                           message=unknown_task_message(job.task, self.app.tasks))
             tracing.record_outcome(span, "dead", LookupError(job.task), UNKNOWN_TASK)
             return self._record(out, span)
-        ctx = JobContext(job, self.table, slot, self.effects, self.app)
+        ctx = JobContext(job, self.table, slot, self.effects, app=self.app)
         token = tracing.attach(span) if traced else None  # the handler's own spans become children
         self.running = True
         t0 = time.perf_counter()
