@@ -69,8 +69,9 @@ class WebConfig:
     ``read_only``: no action is offered or accepted, whoever asks (and the applier of bulk
     operations does not run). ``trace_url``: a URL template with ``{trace_id}`` (Jaeger
     ``https://jaeger/trace/{trace_id}``, Tempo, Honeycomb...) for the job page's trace link.
-    ``redact``: ``redact(payload, job) -> payload`` called before a payload is shown (the
-    default replaces the values of ``redact_keys``). ``secret``: signs the CSRF tokens;
+    ``redact``: ``redact(value, job) -> value`` called before a payload, a result or a
+    step's result is shown, page and JSON API alike (``value`` is any JSON value, after
+    the values of ``redact_keys`` were replaced). ``secret``: signs the CSRF tokens;
     give every replica the same one (a random one per process otherwise).
     """
 

@@ -1,7 +1,8 @@
 """Tasks for the console's tests: jobs that die until healed (the test creates the file
 $WEB_TEST_DIR/heal-<the payload's group>, then replays them), a job that runs until
 cancelled, quick ones, a schedule, and a task and queue whose names, error message and
-payload carry HTML and script."""
+payload carry HTML and script, and one whose progress message and result do (with a
+secret in the result, which the console redacts)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ app = pgworker.App()
 HOSTILE_QUEUE = "<script>alert('queue')</script>"
 HOSTILE_TASK = "<img src=x onerror=alert('task')>"
 HOSTILE_MESSAGE = "</pre><script>alert('error')</script><b onmouseover=alert(1)>x</b>"
+HOSTILE_PROGRESS = "<img src=x onerror=alert('progress')>"
+HOSTILE_RESULT = "</pre><script>window.__pwned = 1; alert('result')</script>"
 
 
 def _healed(payload) -> bool:
@@ -54,3 +57,9 @@ def yearly_report(payload, ctx):
 @app.task(name=HOSTILE_TASK, queue=HOSTILE_QUEUE, max_attempts=1)
 def hostile(payload, ctx):
     raise pgworker.Permanent(HOSTILE_MESSAGE)
+
+
+@app.task(name="reports_and_returns", max_attempts=1)
+def reports_and_returns(payload, ctx):
+    ctx.progress(0.75, HOSTILE_PROGRESS, force=True)
+    return {"html": HOSTILE_RESULT, "api_key": "sk-result-never-shown", "rows": 1250}

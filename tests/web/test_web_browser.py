@@ -252,6 +252,31 @@ def test_hostile_names_and_messages_stay_inert(browser, site):
     _no_alert(browser)
 
 
+def test_result_progress_and_dependencies_are_shown_inert_and_redacted(browser, site):
+    """A real worker's job reports progress and returns a result, both with HTML and
+    script (and a secret in the result); its child waits for it: the job page shows the
+    three sections as text, the secret redacted, the relatives linked."""
+    import pgworker
+
+    hostile_progress = "<img src=x onerror=alert('progress')>"  # as tests/apps/web_app.py's task reports
+    hostile_result = "</pre><script>window.__pwned = 1; alert('result')</script>"
+    parent, child = site.app.enqueue_many([pgworker.JobSpec("reports_and_returns", {}, ref="p"),
+                                           pgworker.JobSpec("quick", {}, depends_on=["p"])], any_task=True)
+    site.wait_state(child, "succeeded")
+    _open(browser, site, f"/jobs/{parent}")
+    _no_alert(browser)
+    assert browser.execute_script("return window.__pwned === undefined")
+    assert hostile_result in _text(browser, "#result-json") and "[redacted]" in _text(browser, "#result-json")
+    assert "sk-result-never-shown" not in browser.page_source
+    assert "75" in _text(browser, "#progress-value") and _text(browser, "#progress-message") == hostile_progress
+    assert f"{child}" in _text(browser, "#job-children") and "succeeded" in _text(browser, "#job-children")
+    _click(browser, f'#job-children a[href$="/jobs/{child}"]')
+    assert f"Job {child}" in _text(browser, "h1")
+    assert f"{parent}" in _text(browser, "#job-parents") and "hold" in _text(browser, "#on-parent-failure")
+    assert _text(browser, "#graph-id").startswith(str(parent))
+    _no_alert(browser)
+
+
 def test_read_only_console_shows_no_action(browser, site, pg_dsn):
     job = site.app.enqueue("dies", {"group": "ro"}, any_task=True)
     site.wait_state(job, "dead")

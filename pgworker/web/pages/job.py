@@ -18,17 +18,28 @@ from starlette.routing import Route
 
 from ..live import poll_stream
 from ..render import pretty, redact
+from .job_sections import dependencies_section, progress_section, result_section
 
 #: (partial template, loader(ctx, job) -> dict merged into the page) in page order.
 #: A loader may read more through the store; the job page's own come from job_get.
 SECTIONS: list[tuple[str, Callable[[Any, dict[str, Any]], dict[str, Any]]]] = []
 
 
+def shown(cfg: Any, value: Any, job: dict[str, Any]) -> Any:
+    """``value`` (a payload, a result, a step's result: any JSON value) as the console may
+    show it: the values of ``cfg.redact_keys`` replaced at any depth, then the
+    application's ``cfg.redact(value, job)`` hook when it has one."""
+    value = redact(value, cfg.redact_keys)
+    if cfg.redact is not None:
+        value = cfg.redact(value, job)
+    return value
+
+
 def _steps(ctx: Any, job: dict[str, Any]) -> dict[str, Any]:
     """The job's durable steps and effects (issue 20), their results redacted like the
     payload (the API returns the job: never an unredacted result)."""
     cfg = ctx.console.config
-    steps = [dict(s, result=redact(s["result"], cfg.redact_keys)) for s in job.get("steps") or []]
+    steps = [dict(s, result=shown(cfg, s["result"], job)) for s in job.get("steps") or []]
     job["steps"] = [{k: v for k, v in s.items()} for s in steps]
     for s in steps:
         s["result_text"] = "-" if s["result"] is None else pretty(s["result"], 200)
@@ -36,6 +47,9 @@ def _steps(ctx: Any, job: dict[str, Any]) -> dict[str, Any]:
 
 
 SECTIONS.append(("job/_steps.html", _steps))
+SECTIONS.append(("job/_progress.html", progress_section))
+SECTIONS.append(("job/_result.html", result_section))
+SECTIONS.append(("job/_dependencies.html", dependencies_section))
 
 #: What each action does to a job in each state (the store methods fence by state again).
 ACTIONS_BY_STATE = {"pending": ("retry", "cancel"), "running": ("cancel",), "dead": ("replay", "discard")}
@@ -47,10 +61,12 @@ def job_data(ctx: Any, job_id: int) -> dict[str, Any] | None:
     if job is None:
         return None
     cfg = ctx.console.config
-    payload = redact(job["payload"], cfg.redact_keys)
-    if cfg.redact is not None:
-        payload = cfg.redact(payload, job)
-    job["payload"] = payload  # the API returns the job too: never the unredacted payload
+    # the API returns the job too: never the unredacted payload or result (what a handler
+    # returns often carries what its payload did: a token, a signed URL)
+    payload = shown(cfg, job["payload"], job)
+    if "result" in job:
+        job["result"] = shown(cfg, job["result"], job)
+    job["payload"] = payload
     now = datetime.now(timezone.utc)
     actions = [a for a in ACTIONS_BY_STATE.get(job["state"], ()) if ctx.can(a)]
     if "retry" in actions and not (job["run_at"] > now):
@@ -107,7 +123,7 @@ async def job_page(request: Request) -> Response:
 
 
 async def job_events(request: Request) -> Response:
-    """SSE for an open job page: 'refresh' when its state, lease or attempts change."""
+    """SSE for an open job page: 'refresh' when its state, lease, attempts or progress change."""
     console = request.app.state.console
     ctx = await console.enter(request)
     job_id = request.path_params["job_id"]
@@ -117,7 +133,7 @@ async def job_events(request: Request) -> Response:
         if job is None:
             return None
         return (job["state"], job["lease_token"], job["heartbeat_at"], job["attempts"], job["cancel_requested_at"],
-                job["run_at"], len(job["events"]))
+                job["run_at"], len(job["events"]), job.get("progress_at"))
 
     return StreamingResponse(poll_stream(read, request.is_disconnected, until=lambda v: v is None or v[0] in FINISHED),
                              media_type="text/event-stream", headers={"X-Accel-Buffering": "no"})

@@ -1,0 +1,117 @@
+"""The job page's result, progress and dependencies sections (issue 21), through a real
+`pgworker web`: the result redacted like the payload on the page and in the JSON API
+(the API returned it unredacted), progress as a percentage with its message, parents and
+children linked with their states, the policy and the graph id; hostile HTML in a
+result and a progress message shown as text."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from console_server import ConsoleServer
+from psycopg import sql
+
+from pgworker.web.config import WebConfig
+from pgworker.web.pages.job import job_data
+
+pytestmark = pytest.mark.integration
+
+HOSTILE_RESULT = "</pre><script>window.__pwned = 1</script>"
+HOSTILE_MESSAGE = "<img src=x onerror=alert('progress')>"
+
+
+def _succeed_with(conn, schema, job, result):
+    s = sql.Identifier(schema)
+    conn.execute(sql.SQL("UPDATE {}.jobs SET state = 'succeeded', finished_at = now() WHERE id = %s").format(s), [job])
+    conn.execute(sql.SQL("INSERT INTO {}.job_results (job_id, result) VALUES (%s, %s)").format(s),
+                 [job, json.dumps(result)])
+
+
+def _graph(app, conn):
+    """A parent that succeeded with a result holding secrets and HTML, a second parent
+    still pending (so the child waits for one), the child under policy 'cancel'."""
+    schema = app.settings.schema
+    ids = app.enqueue_many([
+        _spec("extract", {"day": "2026-12-01"}, ref="a"),
+        _spec("clean", {}, ref="b"),
+        _spec("report", {}, depends_on=["a", "b"], on_parent_failure="cancel"),
+    ], any_task=True)
+    parent, other, child = ids
+    _succeed_with(conn, schema, parent, {"rows": 1250, "html": HOSTILE_RESULT, "api_key": "sk-result-secret",
+                                         "nested": [{"download_token": "tok-result-secret"}]})
+    conn.execute(sql.SQL("UPDATE {}.jobs SET waiting_parents = 1 WHERE id = %s")
+                 .format(sql.Identifier(schema)), [child])
+    conn.execute(sql.SQL("UPDATE {}.jobs SET progress = 0.425, progress_message = %s, progress_at = now() "
+                         "WHERE id = %s").format(sql.Identifier(schema)), [HOSTILE_MESSAGE, other])
+    return parent, other, child
+
+
+def _spec(task, payload, **kw):
+    import pgworker
+
+    return pgworker.JobSpec(task, payload, **kw)
+
+
+def test_the_result_is_redacted_in_the_api_and_on_the_page(app, pg_dsn, conn):
+    parent, _, _ = _graph(app, conn)
+    with ConsoleServer(pg_dsn, app.settings.schema).wait_ready() as server:
+        page = server.get(f"/jobs/{parent}")
+        api = server.get(f"/api/jobs/{parent}")
+    assert page.status_code == 200 and api.status_code == 200
+    for text in (page.text, api.text):
+        assert "sk-result-secret" not in text and "tok-result-secret" not in text
+    result = api.json()["job"]["result"]
+    assert result["api_key"] == "[redacted]" and result["nested"] == [{"download_token": "[redacted]"}]
+    assert result["rows"] == 1250  # only the sensitive keys go
+    assert "result_text" not in api.json()
+
+
+def test_the_redaction_hook_sees_the_result_too(app, conn):
+    """WebConfig(redact=fn) runs on what the handler returned as on the payload."""
+    parent, _, _ = _graph(app, conn)
+    seen = []
+
+    def hook(value, job):
+        seen.append(value)
+        return {k: ("[hidden by hook]" if k == "rows" else v) for k, v in value.items()} if isinstance(value, dict) \
+            else value
+
+    ctx = SimpleNamespace(app=app, console=SimpleNamespace(config=WebConfig(redact=hook)), can=lambda action: True)
+    data = job_data(ctx, parent)
+    assert data["job"]["result"]["rows"] == "[hidden by hook]"
+    assert data["job"]["result"]["api_key"] == "[redacted]"  # the keys first, then the hook
+    assert "[hidden by hook]" in data["result_text"] and "1250" not in data["result_text"]
+    assert {"day": "2026-12-01"} in seen
+
+
+def test_the_page_shows_result_progress_and_dependencies_escaped(app, pg_dsn, conn):
+    parent, other, child = _graph(app, conn)
+    with ConsoleServer(pg_dsn, app.settings.schema).wait_ready() as server:
+        parent_page = server.get(f"/jobs/{parent}").text
+        other_page = server.get(f"/jobs/{other}").text
+        child_page = server.get(f"/jobs/{child}").text
+        plain = server.get(f"/jobs/{server_job(app)}").text
+    # the result: pretty-printed, redacted, its HTML as text
+    assert 'id="result"' in parent_page and "&#34;rows&#34;: 1250" in parent_page
+    assert "&lt;/pre&gt;&lt;script&gt;window.__pwned = 1&lt;/script&gt;" in parent_page
+    assert "<script>window.__pwned" not in parent_page
+    # progress: a percentage, the message as text
+    assert 'id="progress"' in other_page and "42.5%" in other_page
+    assert "&lt;img src=x onerror=alert(&#39;progress&#39;)&gt;" in other_page and "<img src=x" not in other_page
+    # dependencies: the child's parents linked with their states, the policy, what it waits for, the graph
+    assert 'id="dependencies"' in child_page
+    assert f'href="/jobs/{parent}"' in child_page and f'href="/jobs/{other}"' in child_page
+    assert ">succeeded<" in child_page and ">pending<" in child_page
+    assert 'id="on-parent-failure">cancel' in child_page and "1 parent not succeeded yet" in child_page
+    assert f'id="graph-id">{parent} ' in child_page
+    # and the parent's children
+    assert 'id="job-children"' in parent_page and f'href="/jobs/{child}"' in parent_page
+    # a job with none of them shows none of the sections
+    for section in ('id="result"', 'id="progress"', 'id="dependencies"'):
+        assert section not in plain
+
+
+def server_job(app):
+    return app.enqueue("quick", {"n": 1}, any_task=True)
