@@ -74,8 +74,13 @@ def test_smallest_benchmark_case_runs_end_to_end(pg_dsn, tmp_path):
     assert {t["target"] for t in doc["targets"]} >= {
         "enqueue, one job per transaction / the minimal single-row INSERT loop",
         "enqueue_many, 100 jobs per call / pgbench 100-row INSERT into the minimal table (1 client)"}
+    # A run this small can spend less than one clock tick (10 ms) of backend CPU on the
+    # reference loop: /proc then says 0 and the server-CPU ratio is rightly not computed
+    # (seen in a fresh clone's run; a full run measures thousands of jobs).
+    tickless = results["ref loop"]["cpu_backends_us_per_job"]["median"] == 0
     assert all(t["value"] is not None for t in doc["targets"] if "pgqueuer" not in t["target"]
-               and "procrastinate" not in t["target"]), doc["targets"]
+               and "procrastinate" not in t["target"]
+               and not (tickless and t["target"].startswith("server CPU per job"))), doc["targets"]
     table = md_path.read_text()
     assert "## Issue 23: pgworker beside the minimal lease queue" in table and "## Targets" in table
     for heading in ("## Server cost per job", "## Claims under a held snapshot", "## Start-up of a drain run",
