@@ -255,3 +255,19 @@ def set_session_timeouts(conn: psycopg.Connection, *, statement_timeout: float, 
         return
     conn.execute("SELECT set_config('statement_timeout', %s, false), set_config('lock_timeout', %s, false)",
                  [f"{int(statement_timeout * 1000)}ms", f"{int(lock_timeout * 1000)}ms"])
+
+
+def worker_connection(settings: Any, application_name: str) -> psycopg.Connection:
+    """A worker's autocommit connection (a pod service's, a handler's transaction): the
+    lease-derived network bounds of :func:`worker_params`, the session's statement and
+    lock timeouts (``settings``: a :class:`pgworker.Settings`), prepared statements as set.
+    Raises what :func:`connect` raises; nothing is left open on a failure."""
+    conn = connect(settings.dsn, application_name=application_name, prepare=settings.prepared_statements,
+                   **worker_params(settings.lease_seconds))
+    try:
+        set_session_timeouts(conn, statement_timeout=settings.statement_timeout_seconds,
+                             lock_timeout=settings.lock_timeout_seconds)
+    except BaseException:
+        conn.close()
+        raise
+    return conn

@@ -19,8 +19,7 @@ import psycopg
 from opentelemetry import trace
 
 from .. import tracing
-from ..db import (CONNECT_TIMEOUT_SECONDS, KEEPALIVE_KWARGS, check_dsn, connect, set_session_timeouts,
-                  worker_params)
+from ..db import (CONNECT_TIMEOUT_SECONDS, KEEPALIVE_KWARGS, check_dsn, worker_connection, worker_params)
 from ..errors import DatabaseUnavailable
 from ..names import dsn_password, redact
 
@@ -88,16 +87,7 @@ class HandlerConnections:
         return self._open(f"pgworker:read-back:{self.name}")
 
     def _open(self, application_name: str) -> psycopg.Connection:
-        s = self.settings
-        conn = connect(s.dsn, application_name=application_name, prepare=s.prepared_statements,
-                       **worker_params(s.lease_seconds))
-        try:
-            set_session_timeouts(conn, statement_timeout=s.statement_timeout_seconds,
-                                 lock_timeout=s.lock_timeout_seconds)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        return worker_connection(self.settings, application_name)
 
     def discard(self) -> None:
         if self.conn is not None:

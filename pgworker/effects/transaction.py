@@ -45,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator
 
 import psycopg
 from opentelemetry import trace
@@ -103,10 +103,7 @@ def job_transaction(ctx: "JobContext", resources: "object") -> Iterator[psycopg.
                 if conn.broken or conn.closed:
                     connections.discard()
                 raise
-        state.committed = True
-        _settled(ctx)
-        worker_id = resources.worker_id  # type: ignore[attr-defined]
-        tracing.settle_span(job, OPERATION, True, parent=parent, worker_id=worker_id)
+        _committed_success(ctx, resources, parent)
     finally:
         state.open, state.conn = False, None
 
@@ -143,12 +140,18 @@ async def job_atransaction(ctx: "JobContext", resources: "object") -> AsyncItera
                 if aconn.broken or aconn.closed:
                     connections.discard_async()
                 raise
-        state.committed = True
-        _settled(ctx)
-        worker_id = resources.worker_id  # type: ignore[attr-defined]
-        tracing.settle_span(job, OPERATION, True, parent=parent, worker_id=worker_id)
+        _committed_success(ctx, resources, parent)
     finally:
         state.open, state.is_async = False, False
+
+
+def _committed_success(ctx: "JobContext", resources: "object", parent: Any) -> None:
+    """After the COMMIT of either kind of block: the job's success is the outcome (the
+    slot says so, its settle span is recorded)."""
+    ctx._tx.committed = True
+    _settled(ctx)
+    worker_id = resources.worker_id  # type: ignore[attr-defined]
+    tracing.settle_span(ctx.job, OPERATION, True, parent=parent, worker_id=worker_id)
 
 
 def _settled(ctx: "JobContext") -> None:

@@ -212,17 +212,9 @@ class Service:
 def worker_connect(settings: Any) -> Connect:
     """``connect(application_name)`` for the pod's services: a worker connection (the
     session bounds of the module docstring), autocommit, prepared statements as set."""
-    from ..db import connect, set_session_timeouts, worker_params
+    from ..db import worker_connection
 
     def open_connection(application_name: str) -> psycopg.Connection:
-        conn = connect(settings.dsn, application_name=application_name, prepare=settings.prepared_statements,
-                       **worker_params(settings.lease_seconds))
-        try:
-            set_session_timeouts(conn, statement_timeout=settings.statement_timeout_seconds,
-                                 lock_timeout=settings.lock_timeout_seconds)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        return worker_connection(settings, application_name)
 
     return open_connection
