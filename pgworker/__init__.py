@@ -38,7 +38,7 @@ from .errors import (
 )
 from .effects.steps import NOT_DONE
 from .jobs import ClaimedJob, FenceReport, JobState, Lease, Outcome, ReplayResult
-from .producer import JobSpec
+from .jobspec import JobSpec
 from .retry import FailureClass, RetryPolicy
 from .tasks import Task
 

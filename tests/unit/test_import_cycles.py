@@ -156,3 +156,31 @@ def test_pgworker_has_no_import_cycles() -> None:
     found = cycles(graph)
     assert not found, "import cycles in pgworker/ (a shortest chain of each, then all its modules):\n" + "\n".join(
         f"  {' -> '.join(_chain(graph, c))}\n    {len(c)} modules: {', '.join(c)}" for c in found)
+
+
+#: The modules the App is a façade over: they take what they need (the App's core, a
+#: store, a connection, the task registry) and never the App.
+BELOW_THE_APP = ("core", "producer", "jobspec", "dependencies", "lifecycle", "operations", "admin", "results",
+                 "graphs", "declare", "aio", "context", "tasks", "schedules", "effects.connections",
+                 "effects.steps", "effects.transaction", "effects.async_bridge")
+
+
+def test_the_modules_below_the_app_do_not_import_it() -> None:
+    # stricter than the cycle test: TYPE_CHECKING imports count too, since a module typed
+    # against the App can reach into any of its attributes
+    mods = _modules()
+    offenders = {}
+    for name in BELOW_THE_APP:
+        path = mods[f"pgworker.{name}"]
+        package = "pgworker.effects" if name.startswith("effects.") else "pgworker"
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)] if node.level else []
+                source = ".".join(base + ([node.module] if node.module else [])) if node.level else node.module
+                found |= {source} | {f"{source}.{a.name}" for a in node.names}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+        if {"pgworker.app", "pgworker.App"} & found:
+            offenders[name] = sorted({"pgworker.app", "pgworker.App"} & found)
+    assert not offenders, f"modules below the App import it (pass them the App's core instead): {offenders}"
