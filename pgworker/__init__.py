@@ -5,12 +5,11 @@ statement, run them outside any transaction under an expiring lease, and record 
 outcome with a write fenced by the claim's token. See docs/architecture.md.
 """
 
-__version__ = "0.1.0"
-
-from .app import App  # noqa: E402
-from .config import Settings  # noqa: E402
-from .context import JobContext  # noqa: E402
-from .errors import (  # noqa: E402
+from ._version import __version__
+from .app import App
+from .config import Settings
+from .context import JobContext
+from .errors import (
     AlreadyEnqueued,
     ConfigError,
     DatabaseUnavailable,
@@ -37,11 +36,11 @@ from .errors import (  # noqa: E402
     StepError,
     UnknownTask,
 )
-from .effects.steps import NOT_DONE  # noqa: E402
-from .jobs import ClaimedJob, FenceReport, JobState, Lease, Outcome, ReplayResult  # noqa: E402
-from .producer import JobSpec  # noqa: E402
-from .retry import FailureClass, RetryPolicy  # noqa: E402
-from .tasks import Task  # noqa: E402
+from .effects.steps import NOT_DONE
+from .jobs import ClaimedJob, FenceReport, JobState, Lease, Outcome, ReplayResult
+from .jobspec import JobSpec
+from .retry import FailureClass, RetryPolicy
+from .tasks import Task
 
 __all__ = [
     "App", "Settings", "JobContext", "Task", "JobSpec", "RetryPolicy", "FailureClass",

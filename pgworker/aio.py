@@ -3,11 +3,10 @@
 the caller's ``psycopg.AsyncConnection`` transaction or on the App's own async pool
 (opened at the first call, closed by ``await app.aclose()``).
 
-The same validation (:class:`pgworker.producer.Preparer`), statements, tracing spans,
+The same validation (:class:`pgworker.jobspec.Preparer`), statements, tracing spans,
 metrics and NOTIFY as the sync calls: both run the same plans
-(:mod:`pgworker.store.plan`), only the driver differs. A mixin so that ``app.py`` stays
-the one facade; it uses the App's ``settings``, ``name``, ``store``, ``metrics`` and
-``_prepared``.
+(:mod:`pgworker.store.plan`), only the driver differs. A mixin of the App that holds the
+async pool; everything else it uses is the App's :class:`pgworker.core.Core` (``core``).
 """
 
 from __future__ import annotations
@@ -27,11 +26,13 @@ from .connections import POOL_CHECK_IDLE_SECONDS, POOL_MAX_SIZE, database_errors
 from .errors import DatabaseUnavailable, InvalidJob
 from .jobs import ReplayResult
 from .names import check_queue_name, dsn_password, redact, redact_dsn
-from .producer import JobSpec, Preparer, check_on_conflict, enqueue_batch_plan, enqueue_one_plan, specs_from
+from .operations import _actor
+from .jobspec import JobSpec, specs_from
+from .producer import check_on_conflict, enqueue_batch_plan, enqueue_one_plan
 from .store.plan import arun
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .core import Core
     from .tasks import Task
 
 
@@ -44,11 +45,7 @@ class AsyncProducer:
     raises TypeError naming the sync call; the sync calls refuse an AsyncConnection the
     same way."""
 
-    settings: Settings
-    name: str
-    store: "Store"
-    _prepared: Preparer
-    metrics: Any
+    core: Core
     _apool: Any = None
     _apool_loop: Any = None
     _apool_lock: "asyncio.Lock | None" = None
@@ -67,7 +64,7 @@ class AsyncProducer:
                 self._apool_loop = loop
             async with self._apool_lock:  # two first calls at once open one pool
                 if self._apool is None:
-                    self._apool = await open_async_pool(self.settings, self.name)
+                    self._apool = await open_async_pool(self.core.settings, self.core.name)
         return self._apool
 
     @contextlib.asynccontextmanager
@@ -76,7 +73,7 @@ class AsyncProducer:
         """``conn`` if given (the caller's transaction), else a pooled autocommit async
         connection. Database failures become pgworker's errors (DatabaseUnavailable, ...)."""
         require_async(conn, sync_call)
-        with database_errors(self.settings):
+        with database_errors(self.core.settings):
             if conn is not None:
                 yield conn
                 return
@@ -91,7 +88,7 @@ class AsyncProducer:
         """Open the async pool now rather than at the first call: in a web app's lifespan
         startup, so that a wrong DSN or an unreachable server fails the start with
         :class:`DatabaseUnavailable` instead of the first request. Idempotent."""
-        with database_errors(self.settings):
+        with database_errors(self.core.settings):
             await self._get_apool()
 
     async def aclose(self) -> None:
@@ -119,7 +116,7 @@ class AsyncProducer:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
-        self.close()  # type: ignore[attr-defined]
+        self.core.close()
 
     # -- producing ------------------------------------------------------------------
 
@@ -135,11 +132,11 @@ class AsyncProducer:
         or :class:`AlreadyEnqueued` with ``on_conflict='raise'``). ``conn``: a ``psycopg.AsyncConnection`` whose transaction the
         insert and its NOTIFY join; without it the App's async pool commits at once."""
         require_async(conn, "enqueue")
-        job = self._prepared.one(JobSpec(task, payload, queue, priority, run_at, delay, max_attempts,
+        job = self.core.prepared.one(JobSpec(task, payload, queue, priority, run_at, delay, max_attempts,
                                          dedupe_key, ordering_key, dedupe_window, ordering_on_dead), any_task)
         check_on_conflict(on_conflict)
         async with self.aconnection(conn, "enqueue") as c:
-            return await arun(c, enqueue_one_plan(self.store, job, self.metrics, on_conflict))
+            return await arun(c, enqueue_one_plan(self.core.store, job, self.core.metrics, on_conflict))
 
     async def aenqueue_many(self, jobs: Iterable["JobSpec | dict[str, Any] | tuple[Any, Any]"], *,
                             any_task: bool = False, on_conflict: str = "return",
@@ -154,10 +151,10 @@ class AsyncProducer:
             # the graph enqueue (pgworker.dependencies) has no async form yet: refused, never dropped
             raise InvalidJob("aenqueue_many does not take dependencies (depends_on, ref, graph_id, "
                              "on_parent_failure) yet: use App.enqueue_many; nothing was enqueued")
-        prepared = self._prepared.many(specs, any_task)
+        prepared = self.core.prepared.many(specs, any_task)
         check_on_conflict(on_conflict)
         async with self.aconnection(conn, "enqueue_many") as c:
-            return await arun(c, enqueue_batch_plan(self.store, prepared, self.metrics, on_conflict))
+            return await arun(c, enqueue_batch_plan(self.core.store, prepared, self.core.metrics, on_conflict))
 
     # -- operator calls a web app needs -------------------------------------------------
 
@@ -165,28 +162,24 @@ class AsyncProducer:
                       conn: psycopg.AsyncConnection | None = None) -> str | None:
         """:meth:`App.cancel` as a coroutine: 'cancelled', 'running' (a request its worker
         sees at the next renewal), or None when the job is finished or unknown."""
-        from .operations import _actor
-
         require_async(conn, "cancel")
         async with self.aconnection(conn, "cancel") as c:
-            return await arun(c, self.store.cancel_plan(job_id, actor=actor or _actor()))
+            return await arun(c, self.core.store.cancel_plan(job_id, actor=actor or _actor()))
 
     async def areplay(self, job_ids: Sequence[int] = (), *, queue: str | None = None, limit: int = 1000,
                       actor: str | None = None) -> ReplayResult:
         """:meth:`App.replay` as a coroutine (a :class:`ReplayResult`)."""
-        from .operations import _actor
-
         if queue is not None:
             check_queue_name(queue)
         async with self.aconnection(None, "replay") as c:
-            return await arun(c, self.store.replay_plan(ids=list(job_ids), queue=queue, limit=limit,
+            return await arun(c, self.core.store.replay_plan(ids=list(job_ids), queue=queue, limit=limit,
                                                         actor=actor or _actor()))
 
     async def aget_job(self, job_id: int, *, conn: psycopg.AsyncConnection | None = None) -> dict[str, Any] | None:
         """:meth:`App.get_job` as a coroutine: the job's row (state, payload, attempts,
         error history, ``events``), or None when unknown."""
         async with self.aconnection(conn, "get_job") as c:
-            return await arun(c, self.store.get_job_plan(job_id))
+            return await arun(c, self.core.store.get_job_plan(job_id))
 
 
 async def open_async_pool(s: Settings, name: str) -> Any:

@@ -329,12 +329,9 @@ SPAN_ATTRIBUTES = {
 }
 
 
-def render_markdown() -> str:
-    """docs/observability.md, generated from this catalogue."""
-    from .metrics_docs import render
-
-    return render()
-
-
 if __name__ == "__main__":  # python -m pgworker.catalogue > docs/observability.md
-    print(render_markdown(), end="")
+    # The renderer reads this catalogue, so it is imported only here: run as a script,
+    # this file is the module __main__, and pgworker.catalogue never imports the renderer.
+    from pgworker.metrics_docs import render
+
+    print(render(), end="")

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from .errors import ConfigError
+from .names import DEFAULT_SCHEMA as DEFAULT_SCHEMA  # the setting's default; defined beside the name rules
 from .names import check_queue_name, check_schema_name, redact_dsn
 
-DEFAULT_SCHEMA = "pgworker"
 DEFAULT_QUEUE = "default"
 LEASE_SECONDS = 60.0
 POLL_INTERVAL_SECONDS = 2.0

@@ -6,7 +6,7 @@ import contextlib
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from .effects.steps import run_effect, run_step
 from .effects.transaction import TransactionState, job_atransaction, job_transaction
@@ -18,6 +18,16 @@ if TYPE_CHECKING:
 
     from .effects.connections import EffectResources
     from .jobs import ClaimedJob
+    from .store import Store
+
+    class JobDatabase(Protocol):
+        """What a context writes and reads through (progress, the parents' results): a
+        store and a connection source, the App's or its core's; not the App itself."""
+
+        @property
+        def store(self) -> Store: ...
+
+        def connection(self, conn: Any = None) -> contextlib.AbstractContextManager[Any]: ...
     from .worker.slots import SlotTable
 
 log = logging.getLogger("pgworker.job")
@@ -42,7 +52,7 @@ class JobContext:
     own writes commit together with the job's fenced success (docs/effects.md).
     """
 
-    __slots__ = ("job", "_table", "_slot", "progress_value", "_logger", "_effects", "_tx", "_app",
+    __slots__ = ("job", "_table", "_slot", "progress_value", "_logger", "_effects", "_tx", "_db",
                  "_progress_written_at")
 
     #: At most one progress write per job this often (seconds).
@@ -50,11 +60,11 @@ class JobContext:
     PROGRESS_MESSAGE_MAX_CHARS = 200
 
     def __init__(self, job: "ClaimedJob", table: "SlotTable | None" = None, slot: int = -1,
-                 effects: "EffectResources | None" = None, *, app: Any = None) -> None:
+                 effects: "EffectResources | None" = None, *, app: "JobDatabase | None" = None) -> None:
         self.job = job
         self._table = table
         self._slot = slot
-        self._app = app
+        self._db = app  # keyword `app`: the worker passes its App, which is one
         self._progress_written_at = 0.0
         self.progress_value: Any = None
         self._logger: "logging.LoggerAdapter[logging.Logger] | None" = None
@@ -105,14 +115,14 @@ class JobContext:
             raise ValueError(f"progress must be a fraction from 0.0 to 1.0, got {value!r}")
         text = None if message is None else bounded_text(str(message), self.PROGRESS_MESSAGE_MAX_CHARS)
         self.heartbeat(value)
-        if self._app is None:
+        if self._db is None:
             return False
         now = time.monotonic()
         if not force and now - self._progress_written_at < self.PROGRESS_WRITE_SECONDS:
             return False
         self._progress_written_at = now
-        with self._app.connection() as c:
-            ok = self._app.store.record_progress(c, self.job.lease, float(value), text)
+        with self._db.connection() as c:
+            ok = self._db.store.record_progress(c, self.job.lease, float(value), text)
         if not ok:
             raise LeaseLost(job_id=self.job.id, lease_token=self.job.lease_token, operation="progress")
         return True
@@ -207,10 +217,10 @@ class JobContext:
         decoded JSON, None for a parent that returned nothing; {} for a job without
         parents. Every parent has succeeded when a child runs; a parent pruned since
         (retention) is missing. One query (``conn``, or the App's pool)."""
-        if self._app is None:
+        if self._db is None:
             raise RuntimeError("parent_results() needs the App: this context was built without one")
-        with self._app.connection(conn) as c:
-            results: dict[int, Any] = self._app.store.parent_results(c, self.job.id)
+        with self._db.connection(conn) as c:
+            results: dict[int, Any] = self._db.store.parent_results(c, self.job.id)
         return results
 
     def __repr__(self) -> str:

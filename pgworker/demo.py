@@ -30,7 +30,7 @@ from .app import App
 from .config import Settings
 from .errors import ConfigError
 from .names import quantity, redact_dsn
-from .producer import JobSpec
+from .jobspec import JobSpec
 
 DEMO_SCHEMA = "pgworker_demo"
 DEMO_TIMEOUT_SECONDS = 300.0

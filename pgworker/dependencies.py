@@ -25,7 +25,7 @@ import psycopg
 
 from . import tracing
 from .errors import InvalidJob
-from .producer import JobSpec, PreparedJob
+from .jobspec import JobSpec, PreparedJob
 from .store import Store, atomic
 
 if TYPE_CHECKING:

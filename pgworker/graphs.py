@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
+from . import operations
 from .errors import InvalidJob
-from .producer import specs_from
+from .jobspec import specs_from
+from .producer import enqueue_many
 
 if TYPE_CHECKING:
     import psycopg
 
-    from .app import App
+    from .core import Core
 
 
 class Graph(NamedTuple):
@@ -26,7 +28,7 @@ class Graph(NamedTuple):
     ids: list[int]
 
 
-def chain(app: App, jobs: Sequence[Any], *, on_parent_failure: str | None = None,
+def chain(core: Core, jobs: Sequence[Any], *, on_parent_failure: str | None = None,
           conn: "psycopg.Connection | None" = None) -> Graph:
     """Enqueue ``jobs`` (JobSpec, dicts, or (task, payload) tuples) so that each runs after
     the previous one succeeded: job k depends on job k-1. ``on_parent_failure``: the
@@ -39,11 +41,11 @@ def chain(app: App, jobs: Sequence[Any], *, on_parent_failure: str | None = None
         deps = [f"chain:{k - 1}"] if k else None
         out.append(spec._replace(ref=f"chain:{k}", depends_on=deps,
                                  on_parent_failure=on_parent_failure if k else spec.on_parent_failure))
-    ids = app.enqueue_many(out, conn=conn)
+    ids = enqueue_many(core, out, conn=conn)
     return Graph(ids[0], ids)
 
 
-def group(app: App, jobs: Sequence[Any], *, callback: Any = None, on_parent_failure: str | None = None,
+def group(core: Core, jobs: Sequence[Any], *, callback: Any = None, on_parent_failure: str | None = None,
           conn: "psycopg.Connection | None" = None) -> Graph:
     """Enqueue ``jobs`` to run independently (in parallel), and ``callback`` (one job, as in
     ``jobs``) to run once every one of them succeeded: its context's
@@ -55,37 +57,37 @@ def group(app: App, jobs: Sequence[Any], *, callback: Any = None, on_parent_fail
     if callback is not None:
         [cb] = specs_from([callback])
         specs.append(cb._replace(depends_on=[s.ref for s in specs], on_parent_failure=on_parent_failure))
-    ids = app.enqueue_many(specs, conn=conn)
+    ids = enqueue_many(core, specs, conn=conn)
     return Graph(ids[0], ids)
 
 
-def cancel_graph(app: App, graph_id: int, *, actor: str | None = None) -> dict[str, Any]:
+def cancel_graph(core: Core, graph_id: int, *, actor: str | None = None) -> dict[str, Any]:
     """Cancel every unfinished job of a graph: pending and dead ones at once, running ones
     by a request (their workers see it at the next renewal). Children waiting for a
     cancelled job are cancelled by the dependency rule. Returns {jobs, cancelled,
     requested}: the graph's size and what changed."""
-    with app.connection() as c:
-        jobs = app.store.graph_jobs(c, graph_id)
+    with core.connection() as c:
+        jobs = core.store.graph_jobs(c, graph_id)
     cancelled = requested = 0
     for job in jobs:  # roots first (ids grow): their children follow them through the trigger
         if job["state"] in ("pending", "running", "dead"):
-            outcome = app.cancel(job["id"], actor=actor)
+            outcome = operations.cancel(core, job["id"], actor=actor, conn=None)
             cancelled += outcome == "cancelled"
             requested += outcome == "running"
     return {"jobs": len(jobs), "cancelled": cancelled, "requested": requested}
 
 
-def replay_graph(app: App, graph_id: int, *, actor: str | None = None) -> list[int]:
+def replay_graph(core: Core, graph_id: int, *, actor: str | None = None) -> list[int]:
     """Replay a graph: its dead jobs go back to pending (as ``replay``), and its jobs that
     a dead parent cancelled (``PARENT_DEAD``) wait again for their parents. Jobs whose
     parent was cancelled stay cancelled. Returns the ids replayed or requeued."""
-    with app.connection() as c:
-        dead = [j["id"] for j in app.store.graph_jobs(c, graph_id) if j["state"] == "dead"]
-    replayed = list(app.replay(dead, actor=actor)) if dead else []
+    with core.connection() as c:
+        dead = [j["id"] for j in core.store.graph_jobs(c, graph_id) if j["state"] == "dead"]
+    replayed = list(operations.replay(core, dead, queue=None, limit=1000, actor=actor, clean=False)) if dead else []
     requeued: list[int] = []
-    with app.connection() as c:
+    with core.connection() as c:
         # one layer per statement: a job waits again once none of its parents is cancelled,
         # and a layer requeued makes the next one's parents pending (a graph's depth bounds it)
-        while more := app.store.requeue_graph_children(c, graph_id, actor=actor or "pgworker"):
+        while more := core.store.requeue_graph_children(c, graph_id, actor=actor or "pgworker"):
             requeued += more
     return replayed + requeued

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from . import __version__
+from ._version import __version__
 from . import catalogue as cat
 from .error_classes import ErrorClassBudget
 from .metrics_files import multiproc_dir

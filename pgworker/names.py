@@ -19,6 +19,9 @@ QUEUE_NAME_MAX_CHARS = 128
 TASK_NAME_MAX_CHARS = 255
 KEY_MAX_CHARS = 1024
 SCHEMA_NAME_MAX_BYTES = 63
+# The schema used when none is configured; here, not in config, because schema_flag below
+# needs it and config imports this module (config.DEFAULT_SCHEMA re-exports it).
+DEFAULT_SCHEMA = "pgworker"
 
 
 def _check_text(kind: str, value: object, max_chars: int, fix: str) -> str:
@@ -173,6 +176,4 @@ def quantity(n: int, noun: str, plural: str | None = None) -> str:
 def schema_flag(schema: str) -> str:
     """`` --schema NAME`` for a command printed in a hint, or "" for the default schema
     (a hint followed as printed must reach the worker's schema, not the default one)."""
-    from .config import DEFAULT_SCHEMA
-
     return "" if schema == DEFAULT_SCHEMA else f" --schema {schema}"

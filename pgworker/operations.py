@@ -1,7 +1,9 @@
 """Operator actions, audited with who performed them (the App's :meth:`cancel`,
-:meth:`replay`, :meth:`retry`, :meth:`prune`, :meth:`pause_queue`, :meth:`resume_queue`,
-:meth:`configure_queue` and :meth:`delete_queue`): the validation of their arguments,
-a queue's policies included, and their store calls; and whether a queue name is in use."""
+:meth:`replay`, :meth:`retry`, :meth:`prune`, :meth:`resolve_effect`, :meth:`pause_queue`,
+:meth:`resume_queue`, :meth:`configure_queue` and :meth:`delete_queue`): the validation of
+their arguments, a queue's policies included, and their store calls; whether a queue name
+is in use; and the reads an operator makes (jobs, queues, their events, schedules). Each
+takes the App's :class:`pgworker.core.Core`."""
 
 from __future__ import annotations
 
@@ -15,12 +17,14 @@ from typing import TYPE_CHECKING, Any, Sequence
 import psycopg
 
 from .config import MAX_SETTING_SECONDS
+from .connections import require_sync
 from .errors import ConfigError, QueuePaused
 from .jobs import ReplayResult
 from .names import check_queue_name
+from .schedules import Periodic, describe
 
 if TYPE_CHECKING:
-    from .app import App
+    from .core import Core
 
 #: The default of a queue policy not given to :meth:`App.configure_queue`: left as it is
 #: (None removes it).
@@ -30,37 +34,44 @@ PRUNE_BATCH = 10_000
 QUEUE_LIMIT_MAX = 1_000_000
 
 
-def cancel(app: App, job_id: int, *, actor: str | None, conn: psycopg.Connection | None) -> str | None:
-    with app.connection(conn) as c:
-        return app.store.cancel(c, job_id, actor=actor or _actor())
+def cancel(core: Core, job_id: int, *, actor: str | None, conn: psycopg.Connection | None) -> str | None:
+    require_sync(conn, "acancel")
+    with core.connection(conn) as c:
+        return core.store.cancel(c, job_id, actor=actor or _actor())
 
 
-def replay(app: App, job_ids: Sequence[int], *, queue: str | None, limit: int,
+def replay(core: Core, job_ids: Sequence[int], *, queue: str | None, limit: int,
            actor: str | None, clean: bool = False) -> ReplayResult:
     if queue is not None:
         check_queue_name(queue)
-    with app.connection() as c:
+    with core.connection() as c:
         if not clean:
-            return app.store.replay(c, ids=list(job_ids), queue=queue, limit=limit, actor=actor or _actor())
+            return core.store.replay(c, ids=list(job_ids), queue=queue, limit=limit, actor=actor or _actor())
         # one transaction: no worker can claim a replayed job before its steps are forgotten
         with c.transaction():
-            result = app.store.replay(c, ids=list(job_ids), queue=queue, limit=limit, actor=actor or _actor())
+            result = core.store.replay(c, ids=list(job_ids), queue=queue, limit=limit, actor=actor or _actor())
             if result:
-                app.store.steps_clean(c, list(result))
+                core.store.steps_clean(c, list(result))
         return result
 
 
-def resolve_effect(app: App, job_id: int, name: str, *, result: Any = None, retry: bool = False,
+def resolve_effect(core: Core, job_id: int, name: str, *, result: Any = UNSET, retry: bool = False,
                    actor: str | None = None) -> str:
     """Resolve an effect left uncertain (see App.resolve_effect); returns the job's state."""
+    if (result is UNSET) == (not retry):
+        raise ConfigError(f"resolve_effect({job_id}, {name!r}): give result= (the effect happened: its JSON "
+                          "result, None allowed) or retry=True (call it again with the same idempotency "
+                          "key), exactly one of them")
+    if result is UNSET:
+        result = None
     text = None
     if not retry:
         try:
             text = json.dumps(result, separators=(",", ":"), allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"the effect's result must be JSON ({exc})") from None
-    with app.connection() as c:
-        row = app.store.effect_resolve(c, job_id, name, retry=retry, result_json=text, by=actor or _actor())
+    with core.connection() as c:
+        row = core.store.effect_resolve(c, job_id, name, retry=retry, result_json=text, by=actor or _actor())
     if row is None:
         raise ConfigError(f"job {job_id} has no effect {name!r} left started (uncertain), or the job is running: "
                           f"see `pgworker jobs show {job_id}`; only an effect recorded 'started' on a job that "
@@ -68,7 +79,7 @@ def resolve_effect(app: App, job_id: int, name: str, *, result: Any = None, retr
     return row[0]
 
 
-def prune(app: App, older_than: "float | timedelta", *, batch: int) -> int:
+def prune(core: Core, older_than: "float | timedelta", *, batch: int) -> int:
     seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else float(older_than)
     if not 0 <= seconds <= MAX_SETTING_SECONDS:
         raise ConfigError("older_than must be >= 0 seconds")
@@ -76,28 +87,28 @@ def prune(app: App, older_than: "float | timedelta", *, batch: int) -> int:
         # a batch of 0 deleted nothing, never fell short of the batch, and looped for good
         raise ConfigError(f"batch (CLI: --batch) must be from 1 to 1,000,000 rows per statement, got {batch!r}")
     total = 0
-    with app.connection() as c:
+    with core.connection() as c:
         while True:
-            counts = app.store.prune(c, succeeded_seconds=seconds, cancelled_seconds=seconds,
+            counts = core.store.prune(c, succeeded_seconds=seconds, cancelled_seconds=seconds,
                                      dead_seconds=None, limit=batch)
             total += sum(counts.values())
             if max(counts.values()) < batch:
                 return total
 
 
-def pause_queue(app: App, queue: str, *, actor: str | None) -> dict[str, Any]:
+def pause_queue(core: Core, queue: str, *, actor: str | None) -> dict[str, Any]:
     check_queue_name(queue)
-    with app.connection() as c:
-        return app.store.pause_queue(c, queue, actor=actor or _actor())
+    with core.connection() as c:
+        return core.store.pause_queue(c, queue, actor=actor or _actor())
 
 
-def resume_queue(app: App, queue: str, *, actor: str | None) -> bool:
+def resume_queue(core: Core, queue: str, *, actor: str | None) -> bool:
     check_queue_name(queue)
-    with app.connection() as c:
-        return app.store.resume_queue(c, queue, actor=actor or _actor())
+    with core.connection() as c:
+        return core.store.resume_queue(c, queue, actor=actor or _actor())
 
 
-def configure_queue(app: App, queue: str, *, concurrency_limit: "int | None", rate_limit: "float | None",
+def configure_queue(core: Core, queue: str, *, concurrency_limit: "int | None", rate_limit: "float | None",
                     burst: "float | None", aging: "float | timedelta | None", actor: str | None) -> dict[str, Any]:
     check_queue_name(queue)
     params: dict[str, Any] = {}
@@ -136,14 +147,14 @@ def configure_queue(app: App, queue: str, *, concurrency_limit: "int | None", ra
             raise ConfigError(f"aging (CLI: --aging) must be seconds above 0 and up to {MAX_SETTING_SECONDS:,}, "
                               f"or None ('none') to remove it; got {aging!r}")
         params.update(aging_seconds=None if seconds is None else float(seconds), set_aging=True)
-    with app.connection() as c:
-        return app.store.configure_queue(c, queue, actor=actor or _actor(), **params)
+    with core.connection() as c:
+        return core.store.configure_queue(c, queue, actor=actor or _actor(), **params)
 
 
-def delete_queue(app: App, queue: str, *, actor: str | None) -> dict[str, Any] | None:
+def delete_queue(core: Core, queue: str, *, actor: str | None) -> dict[str, Any] | None:
     check_queue_name(queue)
-    with app.connection() as c:
-        row = app.store.delete_queue(c, queue, actor=actor or _actor())
+    with core.connection() as c:
+        row = core.store.delete_queue(c, queue, actor=actor or _actor())
     if row is not None and not row["deleted"]:
         raise QueuePaused(f"queue {queue!r} is paused (since {row['paused_at'].isoformat(timespec='seconds')}, by "
                           f"{row['paused_by']}): resume it first with `pgworker queue resume {shlex.quote(queue)}` "
@@ -153,17 +164,50 @@ def delete_queue(app: App, queue: str, *, actor: str | None) -> dict[str, Any] |
     return {k: row[k] for k in ("concurrency_limit", "rate_per_second", "rate_burst", "aging_seconds")}
 
 
-def queue_usage(app: App, queue: str) -> dict[str, bool]:
+def queue_usage(core: Core, queue: str) -> dict[str, bool]:
     check_queue_name(queue)
-    with app.connection() as c:
-        usage = dict(app.store.queue_usage(c, queue))
-    usage["in_app"] = queue in app.queues()
+    with core.connection() as c:
+        usage = dict(core.store.queue_usage(c, queue))
+    usage["in_app"] = queue in core.queues()
     return usage
 
 
-def retry(app: App, job_id: int, *, actor: str | None) -> dict[str, Any] | None:
-    with app.connection() as c:
-        return app.store.retry_now(c, job_id, actor=actor or _actor())
+def retry(core: Core, job_id: int, *, actor: str | None) -> dict[str, Any] | None:
+    with core.connection() as c:
+        return core.store.retry_now(c, job_id, actor=actor or _actor())
+
+
+# -- reads ---------------------------------------------------------------------------
+
+
+def get_job(core: Core, job_id: int) -> dict[str, Any] | None:
+    with core.connection() as c:
+        return core.store.get_job(c, job_id)
+
+
+def list_jobs(core: Core, *, queue: str | None, state: str | None, limit: int,
+              graph_id: int | None) -> list[dict[str, Any]]:
+    with core.connection() as c:
+        return core.store.list_jobs(c, queue=queue, state=state, limit=limit, graph_id=graph_id)
+
+
+def queue_settings(core: Core) -> list[dict[str, Any]]:
+    with core.connection() as c:
+        return core.store.list_queues(c)
+
+
+def queue_events(core: Core, queue: str, *, limit: int) -> list[dict[str, Any]]:
+    with core.connection() as c:
+        return core.store.queue_events(c, queue, limit=limit)
+
+
+def list_schedules(core: Core, declared: dict[str, Periodic]) -> list[dict[str, Any]]:
+    """Recorded and ``declared`` schedules with their next run (database clock)."""
+    with core.connection() as c:
+        rows = core.store.list_schedules(c)
+        now = core.store.db_now(c)
+    # an App with tasks is the user's code: its schedules are all there are
+    return describe(declared, rows, now, app_known=bool(core.tasks or declared))
 
 
 def _actor() -> str:

@@ -1,4 +1,7 @@
-"""Enqueueing: validation, serialisation, and the insert with its wake-up.
+"""Enqueueing: the insert with its wake-up, for one job, a batch (COPY from 1000 jobs
+without keys) or a graph (:mod:`pgworker.dependencies`); the checks before any I/O are
+:mod:`pgworker.jobspec`'s. :func:`enqueue` and :func:`enqueue_many` are the App's calls,
+taking the App's :class:`pgworker.core.Core`.
 
 With a caller's connection the insert and its NOTIFY run in the caller's transaction:
 a rollback leaves neither a job nor a wake-up (NOTIFY is delivered only at commit,
@@ -7,261 +10,30 @@ PostgreSQL docs, NOTIFY). Without one, a pooled connection in autocommit mode is
 
 from __future__ import annotations
 
-import difflib
 import json
-import math
-import re
 from collections import Counter, defaultdict
-from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import psycopg
 
 from . import tracing
-from .errors import AlreadyEnqueued, InvalidJob, PayloadError, UnknownTask
-from .jobs import EARLIEST_TIMESTAMP, MAX_DELAY_SECONDS
-from .names import check_key, check_queue_name, check_task_name
-from .payloads import to_json_value
+from .connections import require_sync
+from .dependencies import enqueue_graph, has_dependencies
+from .errors import AlreadyEnqueued, InvalidJob
+# re-exported: these were defined here before pgworker.jobspec, and callers import them from here
+from .jobspec import JobSpec as JobSpec
+from .jobspec import PreparedJob as PreparedJob
+from .jobspec import Preparer as Preparer
+from .jobspec import prepare as prepare
+from .jobspec import serialize_payload as serialize_payload
+from .jobspec import specs_from
 from .store import Store
 from .store.plan import Atomic, Plan, run
-from .tasks import (DEFAULT_MAX_ATTEMPTS, ORDERING_ON_DEAD, Task, check_dedupe_window, check_max_attempts,
-                    check_ordering_on_dead, check_priority)
 
 if TYPE_CHECKING:
+    from .core import Core
     from .metrics import WorkerMetrics
-
-# An escaped NUL (an odd number of backslashes before u0000): PostgreSQL's jsonb
-# rejects it ("unsupported Unicode escape sequence").
-_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-# One encoder for every payload: json.dumps with options builds a new one per call.
-# ``default``: dataclasses, pydantic models, enums, datetimes... as JSON (pgworker.payloads),
-# called only for values JSON has no form for, so plain payloads cost nothing more.
-_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"), default=to_json_value)
-
-
-class JobSpec(NamedTuple):
-    """One job for :meth:`pgworker.App.enqueue_many` (same options as ``enqueue``).
-
-    Immutable; a named tuple, so that building thousands of them costs little."""
-
-    task: "str | Task"
-    payload: Any = None
-    queue: str | None = None
-    priority: int | None = None
-    run_at: datetime | None = None
-    delay: "float | timedelta | None" = None
-    max_attempts: int | None = None
-    dedupe_key: str | None = None
-    ordering_key: str | None = None
-    dedupe_window: "float | timedelta | None" = None
-    ordering_on_dead: str | None = None
-    #: Dependencies (docs/graphs.md): the jobs this one waits for, each an existing job's id
-    #: or, in ``enqueue_many``, the ``ref`` of an earlier job of the same call.
-    depends_on: "Sequence[int | str] | None" = None
-    #: A name other jobs of the same ``enqueue_many`` call use in their ``depends_on``.
-    ref: str | None = None
-    #: What this job does when a parent ends dead: 'hold' (default: wait for the replay) or 'cancel'.
-    on_parent_failure: str | None = None
-    #: The graph it belongs to (default: its parents' graph; in a call with dependencies, the call's first job).
-    graph_id: int | None = None
-
-
-
-class PreparedJob(NamedTuple):
-    """A validated job with its defaults resolved and its payload as JSON text."""
-
-    queue: str
-    task: str
-    payload_json: str
-    priority: int
-    run_at: datetime | None
-    delay_seconds: float
-    max_attempts: int
-    dedupe_key: str | None
-    ordering_key: str | None
-    dedupe_window_seconds: float | None = None
-    dead_blocks_key: bool = True
-
-
-def serialize_payload(payload: Any, max_bytes: int) -> str:
-    """The payload as compact JSON text; raises :class:`PayloadError` naming the fix.
-
-    Dataclass instances, pydantic models, enums, datetimes, UUIDs and Decimals are
-    converted (:func:`pgworker.payloads.to_json_value`). Refused: values JSON cannot carry
-    (sets, bytes, other objects), NaN and infinities (not
-    JSON, RFC 8259 section 6), NUL characters and lone surrogates (PostgreSQL ``jsonb``
-    cannot store them), nesting deeper than Python's recursion limit, and payloads
-    larger than ``max_bytes`` in UTF-8.
-    """
-    try:
-        text = _ENCODER.encode(payload)
-    except TypeError as exc:
-        raise PayloadError(f"payload is not JSON-serialisable: {exc}; pass dicts, lists, str, "
-                           "int, float, bool or None, dataclasses or pydantic models of them (sets as lists, bytes as base64 text)") from None
-    except ValueError as exc:
-        raise PayloadError(f"payload is not valid JSON: {exc}; replace NaN and infinities "
-                           "with null or a string") from None
-    except RecursionError:
-        raise PayloadError("payload is nested too deeply to serialise; flatten it") from None
-    try:
-        # ASCII text is its own UTF-8 (and has no lone surrogate): skip the encoding
-        size = len(text) if text.isascii() else len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise PayloadError("payload contains a lone surrogate character, which is not valid "
-                           "UTF-8; fix the string's encoding") from None
-    if size > max_bytes:
-        raise PayloadError(f"payload is {size} bytes of JSON, over the limit of {max_bytes}; "
-                           "store large data elsewhere and enqueue a reference to it "
-                           "(or raise PGWORKER_MAX_PAYLOAD_BYTES)")
-    if "\\u0000" in text and _JSON_NUL.search(text):
-        raise PayloadError("payload contains a NUL character (\\u0000), which PostgreSQL jsonb "
-                           "cannot store; remove it or encode the data as base64")
-    return text
-
-
-def _delay_seconds(delay: "float | timedelta | None") -> float:
-    if delay is None:
-        return 0.0
-    if isinstance(delay, timedelta):
-        seconds = delay.total_seconds()
-    elif isinstance(delay, (int, float)) and not isinstance(delay, bool):
-        seconds = float(delay)
-    else:
-        raise InvalidJob(f"delay must be seconds (a number) or a timedelta, got {type(delay).__name__}")
-    if not math.isfinite(seconds) or seconds < 0 or seconds > MAX_DELAY_SECONDS:
-        raise InvalidJob(f"delay must be between 0 and 100 years in seconds, got {delay!r}")
-    return seconds
-
-
-def _check_run_at(run_at: Any) -> datetime | None:
-    """``run_at`` as the UTC instant it names (None stays None), or :class:`InvalidJob`.
-
-    Converted to UTC here, once: an aware datetime in the repeated hour of a daylight-saving
-    fall-back names one of two instants by its ``fold``, which equality and hashing ignore
-    (PEP 495), so anything that compares or remembers run_at values (the Preparer's cache)
-    could otherwise confuse the two. A UTC datetime is unambiguous.
-    """
-    if run_at is None:
-        return None
-    if not isinstance(run_at, datetime):
-        raise InvalidJob(f"run_at must be a datetime, got {type(run_at).__name__}")
-    if run_at.tzinfo is None or run_at.utcoffset() is None:
-        raise InvalidJob("run_at has no time zone; pass an aware datetime such as "
-                         "datetime.now(timezone.utc) + timedelta(minutes=5), or use delay=seconds")
-    # The range delay= has too (0 to 100 years from now), with any past time down to 1970
-    # (a past run_at is due now), inside the jobs table's range (jobs_run_at_range, which
-    # refuses what no claim could handle). Checked on the worker's clock: only the bounds
-    # depend on it, and they are decades wide.
-    if run_at < EARLIEST_TIMESTAMP or run_at - datetime.now(timezone.utc) > timedelta(seconds=MAX_DELAY_SECONDS):
-        raise InvalidJob(f"run_at {run_at.isoformat()} is out of range: a job can be scheduled from "
-                         "1970-01-01 UTC to 100 years from now; pass a run_at in that range (any past "
-                         "time means due now), or delay=seconds")
-    return run_at.astimezone(timezone.utc)
-
-
-# How many registered names an UnknownTask message lists when none is close to the typo.
-_KNOWN_TASKS_SHOWN = 10
-
-
-def prepare(spec: JobSpec, tasks: dict[str, Task], max_payload_bytes: int, *,
-            any_task: bool = False) -> PreparedJob:
-    """Validate one job and resolve its defaults from the task, if registered here.
-
-    ``tasks``: the App's registered tasks. When there are any, a task given by name must
-    be one of them (raises :class:`UnknownTask` naming the closest ones): an App that
-    knows its tasks can catch a typo that would otherwise only surface as a dead
-    UNKNOWN_TASK job on some worker. ``any_task=True``, or an App with no tasks (a pure
-    producer), enqueues any name: the job then takes the queue 'default' unless one is
-    given, and 5 attempts.
-    """
-    task = spec.task
-    registered: Task | None = task if isinstance(task, Task) else tasks.get(task)
-    name = check_task_name(task.name if isinstance(task, Task) else task)
-    if registered is None and tasks and not any_task:
-        raise UnknownTask(unknown_task_message(name, tasks))
-    queue = check_queue_name(spec.queue if spec.queue is not None
-                             else (registered.queue if registered else "default"))
-    priority = check_priority(spec.priority if spec.priority is not None
-                              else (registered.priority if registered else 0))
-    max_attempts = check_max_attempts(spec.max_attempts if spec.max_attempts is not None
-                                      else (registered.max_attempts if registered else DEFAULT_MAX_ATTEMPTS))
-    if spec.run_at is not None and spec.delay is not None:
-        raise InvalidJob("give run_at or delay, not both")
-    run_at = _check_run_at(spec.run_at)
-    dedupe_key = check_key("dedupe_key", spec.dedupe_key)
-    window = check_dedupe_window(spec.dedupe_window if spec.dedupe_window is not None
-                                 else (registered.dedupe_window_seconds if registered else None))
-    if spec.dedupe_window is not None and dedupe_key is None:
-        raise InvalidJob("dedupe_window needs a dedupe_key: it is how long after success the key "
-                         "stays held; pass dedupe_key=... too")
-    on_dead = check_ordering_on_dead(spec.ordering_on_dead if spec.ordering_on_dead is not None
-                                     else (registered.ordering_on_dead if registered else "block"))
-    return PreparedJob(
-        queue=queue, task=name, payload_json=serialize_payload(spec.payload, max_payload_bytes),
-        priority=priority, run_at=run_at, delay_seconds=_delay_seconds(spec.delay),
-        max_attempts=max_attempts, dedupe_key=dedupe_key,
-        ordering_key=check_key("ordering_key", spec.ordering_key),
-        dedupe_window_seconds=window if dedupe_key is not None else None,
-        dead_blocks_key=ORDERING_ON_DEAD[on_dead])
-
-
-class Preparer:
-    """:func:`prepare` with memory: the options jobs share (task, queue, priority, timing,
-    keys) are validated once per distinct combination and remembered (up to
-    ``MAX_REMEMBERED`` combinations; forgotten when the App's tasks change), each payload
-    on its own. The same checks and errors as :func:`prepare`, at a fraction of the cost
-    for the enqueues of a busy producer and for a batch."""
-
-    MAX_REMEMBERED = 1024
-
-    def __init__(self, tasks: dict[str, Task], max_payload_bytes: int) -> None:
-        self.tasks = tasks
-        self.max_payload_bytes = max_payload_bytes
-        self._shared: dict[tuple[Any, ...], PreparedJob] = {}
-        self._tasks_seen = -1
-
-    def one(self, spec: JobSpec, any_task: bool = False) -> PreparedJob:
-        if len(self.tasks) != self._tasks_seen or len(self._shared) >= self.MAX_REMEMBERED:
-            self._shared.clear()  # a task registered since (its defaults apply now), or full
-            self._tasks_seen = len(self.tasks)
-        task = spec.task
-        # run_at's fold goes into the key: datetimes that differ only by fold (the two
-        # instants of a fall-back's repeated hour) are equal and hash alike (PEP 495), and
-        # one would be served the other's prepared instant, an hour off
-        key = (task if isinstance(task, str) else id(task), any_task, *spec[2:],
-               getattr(spec.run_at, "fold", None))
-        if spec.depends_on is not None or spec.ref is not None or spec.on_parent_failure is not None \
-                or spec.graph_id is not None:  # pgworker.dependencies reads these; prepare() the rest
-            spec = spec._replace(depends_on=None, ref=None, on_parent_failure=None, graph_id=None)
-            key = (task if isinstance(task, str) else id(task), any_task, *spec[2:],
-                   getattr(spec.run_at, "fold", None))
-        try:
-            base = self._shared.get(key)
-        except TypeError:  # an unhashable option: validated (and refused) on its own
-            return prepare(spec, self.tasks, self.max_payload_bytes, any_task=any_task)
-        if base is None:
-            base = self._shared[key] = prepare(spec._replace(payload=None), self.tasks, self.max_payload_bytes,
-                                               any_task=any_task)
-        return base._replace(payload_json=serialize_payload(spec.payload, self.max_payload_bytes))
-
-    def many(self, specs: Iterable[JobSpec], any_task: bool = False) -> list[PreparedJob]:
-        return [self.one(spec, any_task) for spec in specs]
-
-
-def unknown_task_message(name: str, tasks: dict[str, Task]) -> str:
-    """Why ``name`` is refused, the registered names closest to it (difflib), and how to
-    enqueue it anyway."""
-    close = difflib.get_close_matches(name, list(tasks), n=3, cutoff=0.6)
-    if close:
-        known = "did you mean " + " or ".join(repr(c) for c in close) + "?"
-    else:
-        names = sorted(tasks)
-        more = f" and {len(names) - _KNOWN_TASKS_SHOWN} more" if len(names) > _KNOWN_TASKS_SHOWN else ""
-        known = "its tasks: " + ", ".join(repr(n) for n in names[:_KNOWN_TASKS_SHOWN]) + more
-    return (f"task {name!r} is not registered on this App ({known}); nothing was enqueued. To enqueue "
-            "a task this App does not register (one another service's worker handles), pass "
-            "any_task=True (CLI: --any-task)")
-
 
 #: What an enqueue does when the job's dedupe key is held: "return" the holder's id
 #: (the default), or "raise" :class:`AlreadyEnqueued` (nothing inserted).
@@ -273,6 +45,35 @@ def check_on_conflict(value: object) -> str:
         raise InvalidJob(f"on_conflict must be 'return' (a held dedupe key returns the holder's id) or "
                          f"'raise' (AlreadyEnqueued), got {value!r}")
     return value
+
+
+def enqueue(core: Core, spec: JobSpec, *, any_task: bool, on_conflict: str,
+            conn: psycopg.Connection | None) -> int:
+    """:meth:`pgworker.App.enqueue`: check ``spec`` (nothing written on an error), then insert
+    it, through the graph enqueue when it has dependencies; returns the job's id."""
+    require_sync(conn, "aenqueue")
+    job = core.prepared.one(spec, any_task)
+    check_on_conflict(on_conflict)
+    with core.connection(conn) as c:
+        if has_dependencies(spec) or spec.on_parent_failure is not None:
+            return enqueue_graph(core.store, c, [spec], [job], max_parents=core.settings.max_parents,
+                                 single=True, metrics=core.metrics)[0]
+        return enqueue_one(core.store, c, job, core.metrics, on_conflict)
+
+
+def enqueue_many(core: Core, jobs: Iterable[Any], *, any_task: bool = False, on_conflict: str = "return",
+                 conn: psycopg.Connection | None = None) -> list[int]:
+    """:meth:`pgworker.App.enqueue_many`: every item checked first, then one transaction;
+    ids in input order."""
+    require_sync(conn, "aenqueue_many")
+    specs = specs_from(jobs)
+    prepared = core.prepared.many(specs, any_task)
+    check_on_conflict(on_conflict)
+    with core.connection(conn) as c:
+        if any(has_dependencies(s) or s.on_parent_failure is not None for s in specs):
+            return enqueue_graph(core.store, c, specs, prepared, max_parents=core.settings.max_parents,
+                                 metrics=core.metrics)
+        return enqueue_batch(core.store, c, prepared, core.metrics, on_conflict)
 
 
 def enqueue_one(store: Store, conn: psycopg.Connection, job: PreparedJob,
@@ -412,18 +213,3 @@ def _batch_plan(store: Store, jobs: Sequence[PreparedJob], keyed: bool, ctx_json
     yield from store.notify_queues_plan({j.queue for i, j in zip(ids, jobs) if inserted.get(i)})
     out = [holders.get(pos, i) for pos, i in enumerate(ids)]
     return ids, inserted, out
-
-
-def specs_from(items: Iterable[Any]) -> list[JobSpec]:
-    """Accept JobSpec objects, dicts of JobSpec fields, or (task, payload) tuples."""
-    out = []
-    for item in items:
-        if isinstance(item, JobSpec):
-            out.append(item)
-        elif isinstance(item, dict):
-            out.append(JobSpec(**item))
-        elif isinstance(item, tuple) and len(item) == 2:
-            out.append(JobSpec(item[0], item[1]))
-        else:
-            raise InvalidJob(f"enqueue_many takes JobSpec, dict or (task, payload) items, got {type(item).__name__}")
-    return out

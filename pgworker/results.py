@@ -35,7 +35,7 @@ from . import db
 from .errors import JobDidNotSucceed, JobNotFound, ResultLost, ResultNotReady, ResultTimeout
 
 if TYPE_CHECKING:
-    from .app import App
+    from .core import Core
 
 RESULT_INVALID = "RESULT_INVALID"
 RESULT_TOO_LARGE = "RESULT_TOO_LARGE"
@@ -102,10 +102,10 @@ def _settled(job_id: int, row: dict[str, Any] | None) -> tuple[bool, Any]:
     return False, None
 
 
-def result(app: App, job_id: int, conn: psycopg.Connection | None = None) -> Any:
+def result(core: Core, job_id: int, conn: psycopg.Connection | None = None) -> Any:
     """See :meth:`pgworker.App.result`."""
-    with app.connection(conn) as c:
-        row = app.store.job_result(c, job_id)
+    with core.connection(conn) as c:
+        row = core.store.job_result(c, job_id)
     finished, value = _settled(job_id, row)
     if not finished:
         raise ResultNotReady(f"job {job_id} is {row['state']}: it has no result yet "  # type: ignore[index]
@@ -113,7 +113,7 @@ def result(app: App, job_id: int, conn: psycopg.Connection | None = None) -> Any
     return value
 
 
-def wait_result(app: App, job_id: int, *, timeout: float, poll_seconds: float = WAIT_POLL_SECONDS) -> Any:
+def wait_result(core: Core, job_id: int, *, timeout: float, poll_seconds: float = WAIT_POLL_SECONDS) -> Any:
     """See :meth:`pgworker.App.wait_result`."""
     if not timeout >= 0:
         raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
@@ -124,12 +124,12 @@ def wait_result(app: App, job_id: int, *, timeout: float, poll_seconds: float = 
     # direct connection a pooler deployment gives the listener), autocommit so each re-read
     # sees the latest commit; the LISTEN is sent before the first read, so a completion
     # that commits in between is either read or notified, never missed.
-    s = app.settings
+    s = core.settings
     with db.connect(s.effective_listen_dsn, application_name="pgworker-wait-result",
                     prepare=s.prepared_statements) as conn:
-        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(app.store.results_channel)))
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(core.store.results_channel)))
         while True:
-            finished, value = _settled(job_id, app.store.job_result(conn, job_id))
+            finished, value = _settled(job_id, core.store.job_result(conn, job_id))
             if finished:
                 return value
             left = deadline - time.monotonic()
@@ -146,8 +146,8 @@ def _wait_notify(conn: psycopg.Connection, seconds: float) -> None:
         pass
 
 
-async def wait_result_async(app: App, job_id: int, *, timeout: float,
+async def wait_result_async(core: Core, job_id: int, *, timeout: float,
                             poll_seconds: float = WAIT_POLL_SECONDS) -> Any:
     """See :meth:`pgworker.App.wait_result_async`: :func:`wait_result` in a worker thread
     (its own connection), so the event loop is never blocked."""
-    return await asyncio.to_thread(wait_result, app, job_id, timeout=timeout, poll_seconds=poll_seconds)
+    return await asyncio.to_thread(wait_result, core, job_id, timeout=timeout, poll_seconds=poll_seconds)

@@ -38,7 +38,7 @@ from psycopg import sql
 from .config import MAX_PAYLOAD_BYTES
 from .errors import ConfigError, InvalidJob, PayloadError
 from .names import bounded_text, check_queue_name, check_task_name
-from .producer import serialize_payload
+from .jobspec import serialize_payload
 from .tasks import check_max_attempts, check_priority
 
 if TYPE_CHECKING:

@@ -18,7 +18,16 @@ from .payloads import PayloadValidationError, decoder_for, is_pydantic_model, is
 from .retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from .app import App
+    from typing import Protocol
+
+    class Enqueuer(Protocol):
+        """What a task bound to an App calls for ``task.enqueue()``: the App's enqueue calls
+        (a protocol, so that this module, below the App, does not import it)."""
+
+        # (*args: Any, **kwargs: Any): mypy reads it as "any signature", the App's keyword options included
+        def enqueue(self, *args: Any, **kwargs: Any) -> int: ...
+
+        async def aenqueue(self, *args: Any, **kwargs: Any) -> int: ...
 
 # Dead-head policy of per-key ordering: does a dead job keep its ordering key blocked?
 ORDERING_ON_DEAD = {"block": True, "skip": False}
@@ -61,7 +70,7 @@ class Task:
     payload_type: Callable[..., Any] | None = None
     ordering_on_dead: str = "block"
     dedupe_window_seconds: float | None = None
-    app: "App | None" = field(default=None, repr=False, compare=False)
+    app: "Enqueuer | None" = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_task_name(self.name)

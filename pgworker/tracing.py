@@ -23,7 +23,7 @@ from opentelemetry import trace
 from opentelemetry.propagate import extract, inject
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from . import __version__
+from ._version import __version__
 from .catalogue import MESSAGING_SYSTEM
 
 log = logging.getLogger("pgworker.tracing")

@@ -389,7 +389,7 @@ def _duration_or_none(text: str) -> float | None:
 
 
 def _version() -> str:
-    from .. import __version__
+    from .._version import __version__
 
     return __version__
 

@@ -65,7 +65,9 @@ def _app_of(args: argparse.Namespace, *, need_app: bool) -> Any:
 
     if args.app:
         app = load_app(args.app)
-        app.configure(app.settings.replace(**_settings_overrides(args)))
+        overrides = _settings_overrides(args)
+        if overrides:  # no flag: the settings the App built are the ones (not built, checked, and its pool dropped again)
+            app.configure(app.settings.replace(**overrides))
         return app
     if need_app:
         raise ConfigError("pgworker run needs your App: --app package.module:app (or PGWORKER_APP); "

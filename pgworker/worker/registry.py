@@ -80,7 +80,7 @@ class PodRegistry(Service):
 def registry_of(supervisor: Any, common: dict[str, Any]) -> PodRegistry:
     """The registry service of a :class:`pgworker.worker.supervisor.Supervisor` (``common``:
     the services' connect, stop, health, dsn and pass_timeout)."""
-    from .. import __version__
+    from .._version import __version__
     from .holdings import claimer_holdings
 
     return PodRegistry(

@@ -411,6 +411,6 @@ class Supervisor:
 
 
 def _version() -> str:
-    from .. import __version__
+    from .._version import __version__
 
     return __version__

@@ -394,7 +394,7 @@ def test_bind_points_a_module_level_app_and_its_tasks_at_the_test_schema(pg_dsn)
             welcome.enqueue({"user": 1})  # Task.enqueue goes through the App it was registered on
             assert drain(user_app).succeeded == 2
             assert_enqueued(user_app, "followup", {"after": 1}, state="succeeded")
-        assert user_app.settings.schema == "pgworker_users_real_schema" and user_app._pool is None
+        assert user_app.settings.schema == "pgworker_users_real_schema" and user_app.core._pool is None
     with psycopg.connect(pg_dsn) as c:
         assert c.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", [schema]).fetchone()[0] == 0
 

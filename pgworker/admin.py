@@ -1,0 +1,147 @@
+"""The operator's calls of :class:`pgworker.App` (a mixin, as :mod:`pgworker.aio` is for the
+coroutines): cancel, replay, retry, prune and resolve an effect; pause, resume, configure
+and delete a queue; read jobs, queues, their events and schedules; cancel or replay a
+graph. Each delegates to :mod:`pgworker.operations` or :mod:`pgworker.graphs` with the
+App's :class:`pgworker.core.Core`; the mixin sees nothing else of the App."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Sequence
+
+import psycopg
+
+from . import graphs, operations
+from .jobs import ReplayResult
+from .operations import PRUNE_BATCH, UNSET
+
+if TYPE_CHECKING:
+    from .core import Core
+    from .schedules import Periodic
+
+
+class Admin:
+    """Operator actions (audited with ``actor``, default $PGWORKER_ACTOR or user@host), queue
+    policies and reads; see each method."""
+
+    core: Core
+    schedules: dict[str, Periodic]
+
+    # -- jobs -----------------------------------------------------------------------
+
+    def cancel(self, job_id: int, *, actor: str | None = None,
+               conn: psycopg.Connection | None = None) -> str | None:
+        """Cancel a job: pending or dead jobs become cancelled at once ('cancelled' is
+        returned); a running job gets a cancellation request its worker sees at the next
+        lease renewal ('running' is returned). None when the job is finished or unknown."""
+        return operations.cancel(self.core, job_id, actor=actor, conn=conn)
+
+    def replay(self, job_ids: Sequence[int] = (), *, queue: str | None = None, limit: int = 1000,
+               actor: str | None = None, clean: bool = False) -> ReplayResult:
+        """Put dead jobs back to pending (same ids, history kept, audited); by id, or up to
+        ``limit`` dead jobs of ``queue``. Returns a :class:`ReplayResult`, the list of replayed ids with
+        ``held_by`` ({id: id of the job holding its dedupe key}) and ``not_dead`` (not dead, or unknown).
+        The jobs keep their recorded steps and effects (``ctx.step``, ``ctx.effect``) unless
+        ``clean``: then they are forgotten in the same transaction and run again."""
+        return operations.replay(self.core, job_ids, queue=queue, limit=limit, actor=actor, clean=clean)
+
+    def resolve_effect(self, job_id: int, name: str, *, result: Any = UNSET, retry: bool = False,
+                       actor: str | None = None) -> str:
+        """Resolve an external effect left uncertain (``EFFECT_UNCERTAIN``: started by an
+        attempt that never recorded its end): ``result`` (JSON) marks it done, as if the
+        call had returned it (the destination says it happened); ``retry=True`` forgets the
+        record, so that the next attempt calls again with the same idempotency key. Only
+        while the job is not running; replay a dead job afterwards. Returns the job's
+        state; raises :class:`ConfigError` when there is no such started effect, or when
+        neither (or both) of ``result`` and ``retry=True`` is given (``result=None`` marks
+        it done with a null result)."""
+        return operations.resolve_effect(self.core, job_id, name, result=result, retry=retry, actor=actor)
+
+    def prune(self, older_than: "float | timedelta", *, batch: int = PRUNE_BATCH) -> int:
+        """Delete succeeded and cancelled jobs finished more than ``older_than`` (seconds
+        or timedelta) ago, in batches of ``batch``; returns how many were deleted. (The
+        worker's pruner does this by itself, per state: see the ``retention_*`` settings.)"""
+        return operations.prune(self.core, older_than, batch=batch)
+
+    def retry(self, job_id: int, *, actor: str | None = None) -> dict[str, Any] | None:
+        """Retry now: a pending job scheduled later (a retry's backoff, a delay) becomes due
+        at once, audited ('retried_now', with the run_at it had). Returns {id, queue,
+        previous_run_at}, or None when it is not pending with a run_at still ahead."""
+        return operations.retry(self.core, job_id, actor=actor)
+
+    def get_job(self, job_id: int) -> dict[str, Any] | None:
+        """The job's row (payload, error history, audit events), or None."""
+        return operations.get_job(self.core, job_id)
+
+    def list_jobs(self, *, queue: str | None = None, state: str | None = None,
+                  limit: int = 50, graph_id: int | None = None) -> list[dict[str, Any]]:
+        """Jobs, newest first, by queue and state, or the jobs of one graph (``graph_id``)."""
+        return operations.list_jobs(self.core, queue=queue, state=state, limit=limit, graph_id=graph_id)
+
+    # -- queues ---------------------------------------------------------------------
+
+    def pause_queue(self, queue: str, *, actor: str | None = None) -> dict[str, Any]:
+        """Pause ``queue``: no claim of any pod takes its jobs from the commit on; running
+        jobs finish; enqueues go on. Audited with ``actor`` (default $PGWORKER_ACTOR or
+        user@host). Returns the queue's row (paused_at, paused_by)."""
+        return operations.pause_queue(self.core, queue, actor=actor)
+
+    def resume_queue(self, queue: str, *, actor: str | None = None) -> bool:
+        """Resume a paused queue (and wake idle claimers); False if it was not paused."""
+        return operations.resume_queue(self.core, queue, actor=actor)
+
+    def configure_queue(self, queue: str, *, concurrency_limit: "int | None" = UNSET,
+                        rate_limit: "float | None" = UNSET, burst: "float | None" = None,
+                        aging: "float | timedelta | None" = UNSET, actor: str | None = None) -> dict[str, Any]:
+        """Set a queue's policies, enforced by every pod's claims (docs/scheduling.md).
+
+        ``concurrency_limit``: most jobs of the queue running at once across all pods.
+        ``rate_limit``: jobs per second (a token bucket holding up to ``burst`` tokens,
+        default max(1, rate_limit)). ``aging``: seconds after which a due job is claimed
+        before higher-priority work. None removes a setting; omitted ones stay as they
+        are. Audited with ``actor``. Raises :class:`ConfigError` for invalid values.
+        """
+        return operations.configure_queue(self.core, queue, concurrency_limit=concurrency_limit, rate_limit=rate_limit,
+                                          burst=burst, aging=aging, actor=actor)
+
+    def delete_queue(self, queue: str, *, actor: str | None = None) -> dict[str, Any] | None:
+        """Delete ``queue``'s settings row: its limits, token bucket and aging bound (a
+        row is made by :meth:`pause_queue` or :meth:`configure_queue`, for a typo too).
+        Jobs are not touched; those of the queue then run without its policies. Audited
+        with ``actor``, the removed settings in the event's detail. Returns the removed
+        settings (concurrency_limit, rate_per_second, rate_burst, aging_seconds), or None
+        when the queue had no row.
+
+        Raises :class:`QueuePaused` for a paused queue: deleting its row would resume it
+        with no 'resumed' event and no wake-up; :meth:`resume_queue` first.
+        """
+        return operations.delete_queue(self.core, queue, actor=actor)
+
+    def queue_usage(self, queue: str) -> dict[str, bool]:
+        """Whether anything uses the queue name: ``has_jobs`` (claimable, running or dead
+        jobs), ``recently_finished`` (among the last 1000 succeeded or cancelled), ``scheduled``
+        (a recorded schedule enqueues into it), ``configured`` (a settings row), ``has_events``
+        (an audit event), ``in_app`` (one of :meth:`queues`: a registered task's, or a configured one)."""
+        return operations.queue_usage(self.core, queue)
+
+    def queue_settings(self) -> list[dict[str, Any]]:
+        """Every configured queue: pause, limits, aging, and its running jobs."""
+        return operations.queue_settings(self.core)
+
+    def queue_events(self, queue: str, *, limit: int = 50) -> list[dict[str, Any]]:
+        """The audit trail of a queue (pause, resume, configuration), newest first."""
+        return operations.queue_events(self.core, queue, limit=limit)
+
+    def list_schedules(self) -> list[dict[str, Any]]:
+        """Recorded and declared schedules with their next run (database clock)."""
+        return operations.list_schedules(self.core, self.schedules)
+
+    # -- graphs (docs/graphs.md) ----------------------------------------------------
+
+    def cancel_graph(self, graph_id: int, *, actor: str | None = None) -> dict[str, Any]:
+        """Cancel every unfinished job of a graph; see :func:`pgworker.graphs.cancel_graph`."""
+        return graphs.cancel_graph(self.core, graph_id, actor=actor)
+
+    def replay_graph(self, graph_id: int, *, actor: str | None = None) -> list[int]:
+        """Replay a graph's dead jobs and what their death cancelled; see :func:`pgworker.graphs.replay_graph`."""
+        return graphs.replay_graph(self.core, graph_id, actor=actor)

@@ -1,0 +1,64 @@
+"""The App's declarations, checked when they are made: a handler registered as a
+:class:`pgworker.Task` (:meth:`pgworker.App.task`) and a periodic schedule
+(:meth:`pgworker.App.periodic`). Each takes the registries it adds to, not the App."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from .errors import ConfigError
+from .retry import RetryPolicy
+from .schedules import Periodic
+from .tasks import DEFAULT_MAX_ATTEMPTS, Task, check_dedupe_window
+
+if TYPE_CHECKING:
+    from .tasks import Enqueuer
+
+
+def new_task(fn: Callable[..., Any], tasks: dict[str, Task], *, name: str | None, queue: str | None,
+             max_attempts: int | None, retry: RetryPolicy | None, timeout: float | None,
+             max_runtime: float | None, renew: str | None, priority: int,
+             permanent_errors: Sequence[type[BaseException]], payload_type: Callable[..., Any] | None,
+             ordering_on_dead: str, dedupe_window: "float | timedelta | None",
+             app: "Enqueuer") -> Task:
+    """The :class:`Task` of handler ``fn`` (named ``name``, else module.qualname), not yet
+    added to ``tasks``. Raises :class:`ConfigError` for a name ``tasks`` has or a bad option."""
+    task_name = name or f"{fn.__module__}.{fn.__qualname__}".removeprefix("__main__.")
+    if task_name in tasks:
+        raise ConfigError(f"task {task_name!r} is registered twice; give one of them another name=")
+    kwargs: dict[str, Any] = {}
+    if max_attempts is not None:
+        kwargs["max_attempts"] = max_attempts
+    if retry is not None:
+        kwargs["retry"] = retry
+    if renew is not None:
+        kwargs["renew"] = renew
+    return Task(name=task_name, func=fn, queue="default" if queue is None else queue, timeout_seconds=timeout,
+                max_runtime_seconds=max_runtime, priority=priority,
+                permanent_errors=tuple(permanent_errors), payload_type=payload_type,
+                ordering_on_dead=ordering_on_dead,
+                dedupe_window_seconds=check_dedupe_window(dedupe_window), app=app, **kwargs)
+
+
+def new_schedule(task: "str | Task", cron: str, schedules: dict[str, Periodic], tasks: dict[str, Task], *,
+                 name: str | None, tz: str, missed: str, payload: Any, queue: str | None,
+                 priority: int | None, max_attempts: int | None, misfire_grace: float,
+                 max_payload_bytes: int) -> Periodic:
+    """The checked :class:`Periodic` (see :meth:`pgworker.App.periodic`), added to ``schedules``;
+    job options not given are the task's (when ``tasks`` has it). Raises :class:`ConfigError`."""
+    registered = task if isinstance(task, Task) else tasks.get(task)
+    task_name = task.name if isinstance(task, Task) else task
+    schedule_name = name or task_name
+    if schedule_name in schedules:
+        raise ConfigError(f"schedule {schedule_name!r} is declared twice; give one of them name=...")
+    # `is not None`, not `or`: an explicit 0 or '' is checked (and refused), not replaced
+    p = Periodic(
+        name=schedule_name, task=task_name, cron=cron, timezone=tz, missed=missed, payload=payload,
+        queue=queue if queue is not None else (registered.queue if registered else "default"),
+        priority=priority if priority is not None else (registered.priority if registered else 0),
+        max_attempts=max_attempts if max_attempts is not None else (
+            registered.max_attempts if registered else DEFAULT_MAX_ATTEMPTS),
+        misfire_grace_seconds=misfire_grace, max_payload_bytes=max_payload_bytes)
+    schedules[schedule_name] = p
+    return p
