@@ -4,6 +4,11 @@
 ordering, maintenance, operations, queues, reads, schedules, testing, health), each statement a block that starts
 with ``-- name: NAME`` followed by comment lines describing it. ``{schema}`` in the text is replaced by the
 quoted schema identifier (``psycopg.sql.Identifier``); values are always parameters.
+
+A block that starts with ``-- fragment: NAME`` is not a statement: it is a piece of SQL that several
+statements must share word for word (a rule written once, such as the head probe of an ordering key in
+ordering.sql), pasted where a statement says ``{NAME}`` before the schema is rendered. A fragment's
+comment says which names of the statement around it it reads.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from importlib import resources
 
 from psycopg import sql
 
-_NAME = re.compile(r"^-- name: (?P<name>[a-z_]+)\s*$", re.MULTILINE)
+_NAME = re.compile(r"^-- (?P<kind>name|fragment): (?P<name>[a-z_]+)\s*$", re.MULTILINE)
 _MIGRATION_FILE = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
 
 
@@ -45,32 +50,51 @@ def query_files() -> list[str]:
 def query_templates() -> dict[str, str]:
     """Every named block of ``queries/*.sql``, unrendered (``{schema}`` still in place).
 
-    Raises RuntimeError when two blocks share a name.
+    Fragments (``-- fragment: NAME`` blocks) are pasted in place of ``{NAME}``. Raises
+    RuntimeError when two blocks share a name.
     """
     out: dict[str, str] = {}
+    fragments = query_fragments()
     for path in query_files():
-        for name, statement in _blocks(_read(path)):
+        for kind, name, statement in _blocks(_read(path)):
+            if kind == "fragment":
+                continue
             if name in out:
                 raise RuntimeError(f"statement {name!r} is defined twice (again in {path})")
-            out[name] = statement
+            for fragment, text in fragments.items():
+                statement = statement.replace("{" + fragment + "}", text)
+            out[name] = f"/* pgworker:{name} */ " + statement
     return out
 
 
-def _blocks(text: str) -> list[tuple[str, str]]:
-    """The (name, statement to send) pairs of one file."""
-    out: list[tuple[str, str]] = []
+@lru_cache(maxsize=None)
+def query_fragments() -> dict[str, str]:
+    """Every ``-- fragment: NAME`` block of ``queries/*.sql``: {name: its SQL, unrendered}."""
+    out: dict[str, str] = {}
+    for path in query_files():
+        for kind, name, text in _blocks(_read(path)):
+            if kind == "fragment":
+                if name in out:
+                    raise RuntimeError(f"fragment {name!r} is defined twice (again in {path})")
+                out[name] = text
+    return out
+
+
+def _blocks(text: str) -> list[tuple[str, str, str]]:
+    """The (kind: 'name' or 'fragment', name, SQL) triples of one file."""
+    out: list[tuple[str, str, str]] = []
     matches = list(_NAME.finditer(text))
     for i, m in enumerate(matches):
         end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
         body = text[m.end():end].strip()
         # The purpose comment stays in the file. What is sent starts with the statement's
-        # name in a block comment: pg_stat_activity and the server log show which
-        # statement runs, and SQL spans (--trace-sql) are named after the first SQL word
-        # (the instrumentation skips a leading /* */ comment, not -- lines).
+        # name in a block comment (added by query_templates): pg_stat_activity and the
+        # server log show which statement runs, and SQL spans (--trace-sql) are named after
+        # the first SQL word (the instrumentation skips a leading /* */ comment, not -- lines).
         lines = body.rstrip(";").strip().splitlines()
         while lines and lines[0].lstrip().startswith("--"):
             lines.pop(0)
-        out.append((m.group("name"), f"/* pgworker:{m.group('name')} */ " + "\n".join(lines).strip()))
+        out.append((m.group("kind"), m.group("name"), "\n".join(lines).strip()))
     return out
 
 

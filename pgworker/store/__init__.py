@@ -6,6 +6,8 @@ statement to stay correct (the ordering-key locks, the transition and the promot
 the next job of a key; a limited queue's lock and its claim; a cancel and its audit
 entry): those run in :func:`atomic`, a transaction of their own on an autocommit
 connection, or simply inside the caller's transaction otherwise (never committing it).
+Every write that can change which job heads an ordering key goes through
+:mod:`pgworker.store.keyed` (lock the keys, run the statement, promote the next head).
 """
 
 from __future__ import annotations

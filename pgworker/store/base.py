@@ -1,21 +1,21 @@
 """The store's base: the rendered statements of one schema, how they run, the schema
-version check, the ordering-key locks every keyed transition takes, and transactions
-that never touch the caller's."""
+version check, and transactions that never touch the caller's. (The ordering-key locks
+and promotions of keyed transitions are :mod:`pgworker.store.keyed`'s.)"""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from .. import sql as sqlfiles
 from ..errors import SchemaNotMigrated, SchemaTooNew
-from ..jobs import MAX_DELAY_SECONDS, Lease
+from ..jobs import MAX_DELAY_SECONDS
 from ..names import check_schema_name
-from .plan import Exec, Plan, run
+from .plan import Exec
 
 
 def atomic(conn: psycopg.Connection) -> contextlib.AbstractContextManager[Any]:
@@ -98,72 +98,9 @@ class StoreBase:
                 f"pgworker knows ({known}): upgrade pgworker before running it against this database")
         return version
 
-    # -- ordering keys --------------------------------------------------------------
-    #
-    # Lock order: every transition that may change which job of an ordering key runs
-    # next takes the keys' advisory locks (hash order) BEFORE it locks any job row, then
-    # changes the rows, then promotes the next job of each key in a new statement. Claims
-    # take no key lock (only the head of a key is claimable) and never wait (SKIP LOCKED).
-
     def _step(self, name: str, params: dict[str, Any] | None = None, prepare: bool | None = None) -> Exec:
         """The named statement as a plan's step (see :mod:`pgworker.store.plan`)."""
         return Exec(self.queries[name], params, prepare)
-
-    def lock_ordering_keys(self, conn: psycopg.Connection, keys: Sequence[str]) -> None:
-        run(conn, self.lock_ordering_keys_plan(keys))
-
-    def lock_ordering_keys_plan(self, keys: Sequence[str]) -> Plan[None]:
-        yield self._step("ordering_keys_lock", {"namespace": self._ordering_namespace, "keys": list(keys)})
-
-    def _promote(self, conn: psycopg.Connection, keys: Iterable[str]) -> list[int]:
-        """Unblock the head of each key (the caller holds the keys' locks)."""
-        return run(conn, self._promote_plan(keys))
-
-    def _promote_plan(self, keys: Iterable[str]) -> Plan[list[int]]:
-        keys = sorted(set(keys))
-        if not keys:
-            return []
-        rows = yield self._step("ordering_keys_promote", {"keys": keys, "channel": self.channel})
-        return [r[0] for r in rows]
-
-    def promote_ordering_keys(self, conn: psycopg.Connection, keys: Sequence[str]) -> list[int]:
-        """Lock the keys, then unblock each key's head (a new statement, fresh snapshot)."""
-        keys = sorted(set(keys))
-        if not keys:
-            return []
-        with atomic(conn):
-            self.lock_ordering_keys(conn, keys)
-            return self._promote(conn, keys)
-
-    def ordering_keys_of(self, conn: psycopg.Connection, ids: Sequence[int]) -> dict[int, str]:
-        """{job id: ordering key} for those of ``ids`` that have one."""
-        return run(conn, self.ordering_keys_of_plan(ids))
-
-    def ordering_keys_of_plan(self, ids: Sequence[int]) -> Plan[dict[int, str]]:
-        if not ids:
-            return {}
-        rows = yield self._step("jobs_ordering_keys", {"ids": list(ids)})
-        return {r[0]: r[1] for r in rows}
-
-    def _keyed(self, conn: psycopg.Connection, name: str, params: dict[str, Any],
-               keys: Iterable[str | None], promote_if: Any) -> list[tuple[Any, ...]]:
-        """Run a transition statement under the ordering-key locks of ``keys`` and promote
-        the keys of the rows for which ``promote_if(row)`` holds (its last column, or the
-        one named by the caller, is the row's ordering key)."""
-        keys = sorted({k for k in keys if k is not None})
-        if not keys:
-            return self._exec(conn, name, params).fetchall()
-        with atomic(conn):
-            self.lock_ordering_keys(conn, keys)
-            rows = self._exec(conn, name, params).fetchall()
-            self._promote(conn, [k for r in rows if (k := promote_if(r)) is not None])
-            return rows
-
-    def _keys_for(self, conn: psycopg.Connection, leases: Sequence[Lease],
-                  ordering_keys: Iterable[str | None] | None) -> list[str | None]:
-        if ordering_keys is not None:
-            return list(ordering_keys)
-        return list(self.ordering_keys_of(conn, [le.job_id for le in leases]).values())
 
 
 def _delay(seconds: Any) -> float:

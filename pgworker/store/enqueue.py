@@ -12,11 +12,11 @@ import psycopg
 from psycopg import sql
 
 from ..errors import InvalidJob
-from .base import StoreBase
+from .keyed import KeyedScope, KeyedTransitions, no_heads
 from .plan import Atomic, Copy, Plan, run
 
 
-class EnqueueStatements(StoreBase):
+class EnqueueStatements(KeyedTransitions):
     """Enqueue: inserts, bulk inserts, dedupe holders, wake-ups."""
 
     def insert_job(self, conn: psycopg.Connection, *, queue: str, task: str, payload_json: str,
@@ -50,16 +50,11 @@ class EnqueueStatements(StoreBase):
             "ordering_key": ordering_key, "dead_blocks_key": dead_blocks_key,
             "trace_context": trace_context, "channel": self.channel, "notify_payload": queue,
         }
-        if ordering_key is not None:
-            rows = yield Atomic(self._locked_insert_plan([ordering_key], params))
-        else:
-            rows = yield self._step("job_insert", params)
+        # a keyed transition that promotes nothing: the insert decides its own job's
+        # blocked flag with the head probe, and no other job of the key moves
+        insert = self.keyed_plan([ordering_key], lambda scope: scope.rows("job_insert", params), no_heads)
+        rows = (yield Atomic(insert)) if ordering_key is not None else (yield from insert)
         return rows[0][0] if rows else None
-
-    def _locked_insert_plan(self, keys: list[str], params: dict[str, Any]) -> Plan[list[Any]]:
-        yield from self.lock_ordering_keys_plan(keys)
-        rows: list[Any] = yield self._step("job_insert", params)
-        return rows
 
     def allocate_ids(self, conn: psycopg.Connection, count: int) -> tuple[list[int], datetime]:
         """Reserve ``count`` job ids from the jobs sequence; also returns the database's now()."""
@@ -90,8 +85,8 @@ class EnqueueStatements(StoreBase):
         position is in one of the two. Raises :class:`InvalidJob` if a dedupe key keeps
         changing hands (10 times in a row).
 
-        The keyed path of one transaction: lock the keys, insert, then promote the keys
-        whose blocked flags the insert got wrong. jobs_insert_many blocks the later jobs of
+        A keyed transition (:mod:`pgworker.store.keyed`) of one transaction: lock the
+        keys, insert, then promote the keys whose blocked flags the insert got wrong. jobs_insert_many blocks the later jobs of
         a key behind the batch's first one, before ON CONFLICT decides which rows go in;
         when a job of a key is refused by its dedupe key, the jobs behind it were blocked
         for a job that does not exist, and nothing else would ever promote them (issue 18
@@ -103,17 +98,18 @@ class EnqueueStatements(StoreBase):
         return run(conn, self.insert_jobs_many_plan(rows))
 
     def insert_jobs_many_plan(self, rows: dict[str, list[Any]]) -> Plan[tuple[dict[int, bool], dict[int, int]]]:
-        result: tuple[dict[int, bool], dict[int, int]] = yield Atomic(self._insert_jobs_many_plan(rows))
-        return result
+        inserted, holders, _ = yield Atomic(self.keyed_plan(
+            rows["ordering_keys"], lambda scope: self._insert_jobs_many_plan(scope, rows), lambda out: out[2]))
+        return inserted, holders
 
-    def _insert_jobs_many_plan(self, rows: dict[str, list[Any]]) -> Plan[tuple[dict[int, bool], dict[int, int]]]:
+    def _insert_jobs_many_plan(self, scope: KeyedScope, rows: dict[str, list[Any]]
+                               ) -> Plan[tuple[dict[int, bool], dict[int, int], set[str]]]:
+        """The body of insert_jobs_many's keyed transition: (inserted, holders, the keys
+        whose head may be wrong: those of the refused jobs)."""
         ids, dedupe_keys, ordering_keys = rows["ids"], rows["dedupe_keys"], rows["ordering_keys"]
-        keys = sorted({k for k in ordering_keys if k is not None})
-        if keys:
-            yield from self.lock_ordering_keys_plan(keys)
-        inserted = yield from self._insert_many_plan(rows)
+        inserted = yield from self._insert_many_plan(scope, rows)
         todo = [pos for pos, i in enumerate(ids) if i not in inserted]
-        stranded = {ordering_keys[pos] for pos in todo} - {None}
+        stranded = {k for pos in todo if (k := ordering_keys[pos]) is not None}
         holders: dict[int, int] = {}
         for _ in range(10):
             if not todo:
@@ -129,15 +125,14 @@ class EnqueueStatements(StoreBase):
             again = [pos for pos in todo if pos not in holders]
             if again:
                 inserted.update((yield from self._insert_many_plan(
-                    {c: [v[pos] for pos in again] for c, v in rows.items()})))
+                    scope, {c: [v[pos] for pos in again] for c, v in rows.items()})))
             todo = [pos for pos in again if ids[pos] not in inserted]
         if todo:  # pragma: no cover - needs a key changing hands 10 times in a row
             raise InvalidJob(f"dedupe key {dedupe_keys[todo[0]]!r} kept changing hands; try again")
-        yield from self._promote_plan(stranded)
-        return inserted, holders
+        return inserted, holders, stranded  # the path then promotes the stranded keys
 
-    def _insert_many_plan(self, rows: dict[str, list[Any]]) -> Plan[dict[int, bool]]:
-        out = yield self._step("jobs_insert_many", rows)
+    def _insert_many_plan(self, scope: KeyedScope, rows: dict[str, list[Any]]) -> Plan[dict[int, bool]]:
+        out = yield scope.step("jobs_insert_many", rows)
         return {r[0]: r[1] for r in out}
 
     def copy_jobs(self, conn: psycopg.Connection, rows: Iterable[tuple[Any, ...]]) -> None:

@@ -8,10 +8,11 @@ import psycopg
 from psycopg.types.json import set_json_loads
 
 from ..jobs import RESULT_LOST, ClaimedJob, ClaimResult, FailRequest, FenceReport, Lease, safe_json_loads
-from .base import StoreBase, _delay, atomic
+from .base import _delay, atomic
+from .keyed import KeyedTransitions
 
 
-class LifecycleStatements(StoreBase):
+class LifecycleStatements(KeyedTransitions):
     """An attempt's lifecycle: claim, renew, and the fenced outcomes."""
 
     def claim(self, conn: psycopg.Connection, *, queue: str, limit: int, owner: str,
@@ -125,7 +126,7 @@ class LifecycleStatements(StoreBase):
         elif len(results) != len(leases):
             raise ValueError(f"complete: {len(results)} results for {len(leases)} leases")
         keys = self._keys_for(conn, leases, ordering_keys)
-        rows = self._keyed(conn, "job_complete", {
+        rows = self.keyed_rows(conn, "job_complete", {
             "ids": [le.job_id for le in leases], "tokens": [le.token for le in leases],
             "has_result": [r is not None for r in results],
             "results": [None if r is None or r is RESULT_LOST else r for r in results],
@@ -146,7 +147,7 @@ class LifecycleStatements(StoreBase):
             return FenceReport("fail")
         leases = [r.lease for r in requests]
         keys = self._keys_for(conn, leases, ordering_keys)
-        rows = self._keyed(conn, "job_fail", {
+        rows = self.keyed_rows(conn, "job_fail", {
             "ids": [r.lease.job_id for r in requests], "tokens": [r.lease.token for r in requests],
             "delays": [_delay(r.delay_seconds) for r in requests],
             "permanent": [bool(r.permanent) for r in requests],
@@ -163,7 +164,7 @@ class LifecycleStatements(StoreBase):
         if not leases:
             return FenceReport("release")
         keys = self._keys_for(conn, leases, ordering_keys)
-        rows = self._keyed(conn, "job_release", {"ids": [le.job_id for le in leases],
+        rows = self.keyed_rows(conn, "job_release", {"ids": [le.job_id for le in leases],
                                                  "tokens": [le.token for le in leases]},
                            keys, lambda r: r[3] if r[2] == "cancelled" else None)
         return FenceReport.build("release", leases, rows, detail_column=2)
@@ -176,7 +177,7 @@ class LifecycleStatements(StoreBase):
         if not leases:
             return FenceReport("snooze")
         keys = self._keys_for(conn, leases, ordering_keys)
-        rows = self._keyed(conn, "job_snooze", {"ids": [le.job_id for le in leases],
+        rows = self.keyed_rows(conn, "job_snooze", {"ids": [le.job_id for le in leases],
                                                 "tokens": [le.token for le in leases],
                                                 "delays": [_delay(d) for d in delays_seconds]},
                            keys, lambda r: r[3] if r[2] == "cancelled" else None)
@@ -195,7 +196,7 @@ class LifecycleStatements(StoreBase):
         if not leases:
             return FenceReport(operation)
         keys = self._keys_for(conn, leases, ordering_keys)
-        rows = self._keyed(conn, statement, {"ids": [le.job_id for le in leases],
+        rows = self.keyed_rows(conn, statement, {"ids": [le.job_id for le in leases],
                                              "tokens": [le.token for le in leases]},
                            keys, lambda r: r[2])
         return FenceReport.build(operation, leases, rows)
@@ -207,7 +208,8 @@ class LifecycleStatements(StoreBase):
                                                  "message": message}).fetchone() is not None
 
     def lease_states(self, conn: psycopg.Connection, ids: Sequence[int]) -> list[tuple[Any, ...]]:
-        """(id, state, lease_token, last_error_code) of jobs, to settle an unknown write."""
+        """(id, state, lease_token, last_error_code) of jobs, to settle an unknown write
+        (the completer's and the settler's: did an outcome commit before its reply was lost?)."""
         return self._exec(conn, "job_lease_states", {"ids": list(ids)}).fetchall()
 
 

@@ -9,7 +9,9 @@ import psycopg
 
 from ..jobs import ReapCandidate, ReapFailure, ReapResult
 from ..names import bounded_text, redact
-from .base import StoreBase, _delay, atomic
+from .base import _delay
+from .keyed import IN_STATEMENT, TRY, KeyedScope, KeyedTransitions
+from .plan import Plan, atomically, run
 
 # SQLSTATE classes of an error caused by the values of a row, which the reaper isolates
 # to the row: 22 data exception (a value out of range), 23 integrity constraint violation
@@ -18,7 +20,7 @@ from .base import StoreBase, _delay, atomic
 _ROW_ERROR_CLASSES = ("22", "23", "P0")
 
 
-class MaintenanceStatements(StoreBase):
+class MaintenanceStatements(KeyedTransitions):
     """Maintenance: reaping expired leases, retention."""
 
     def reap(self, conn: psycopg.Connection, *, limit: int,
@@ -87,21 +89,23 @@ class MaintenanceStatements(StoreBase):
 
     def _reap_batch(self, conn: psycopg.Connection, candidates: Sequence[ReapCandidate],
                     delay_for: Callable[[str, int], float]) -> tuple[list[tuple[Any, ...]], int]:
-        """One reap transaction's statements (the caller opened it): the keys' try-locks,
-        then jobs_reap (row locks, SKIP LOCKED, each row re-checked), then the promotion of
-        the keys whose head ended, in a new statement under their locks."""
-        keys = sorted({c.ordering_key for c in candidates if c.ordering_key is not None})
-        kept: Sequence[ReapCandidate] = candidates
-        if keys:
-            granted = {r[0] for r in self._exec(conn, "ordering_keys_try_lock", {
-                "namespace": self._ordering_namespace, "keys": keys}).fetchall()}
-            kept = [c for c in candidates if c.ordering_key is None or c.ordering_key in granted]
-        rows = self._exec(conn, "jobs_reap", {
-            "ids": [c.id for c in kept], "delays": [_delay(delay_for(c.task, c.attempts)) for c in kept],
-            "keep": self.error_history_entries}).fetchall() if kept else []
-        self._promote(conn, [r[4] for r in rows if r[4] is not None
-                             and (r[3] == "cancelled" or (r[3] == "dead" and not r[6]))])
-        return rows, len(candidates) - len(kept)
+        """One reap transaction's statements (the caller opened it), a keyed transition
+        that tries its keys' locks: jobs_reap (row locks, SKIP LOCKED, each row re-checked)
+        for the candidates whose key is free, then the promotion of the keys whose head
+        ended (cancelled, or dead under the 'skip' policy)."""
+
+        def body(scope: KeyedScope) -> Plan[tuple[list[tuple[Any, ...]], int]]:
+            kept = [c for c in candidates if c.ordering_key is None or c.ordering_key in scope.granted]
+            if not kept:
+                return [], len(candidates)
+            rows: list[tuple[Any, ...]] = yield scope.step("jobs_reap", {
+                "ids": [c.id for c in kept], "delays": [_delay(delay_for(c.task, c.attempts)) for c in kept],
+                "keep": self.error_history_entries})
+            return rows, len(candidates) - len(kept)
+
+        return run(conn, self.keyed_plan(
+            [c.ordering_key for c in candidates], body,
+            lambda out: [r[4] for r in out[0] if r[3] == "cancelled" or (r[3] == "dead" and not r[6])], lock=TRY))
 
     def _note_reap_failure(self, conn: psycopg.Connection, candidate: ReapCandidate,
                            exc: psycopg.Error) -> ReapFailure:
@@ -124,10 +128,6 @@ class MaintenanceStatements(StoreBase):
         """False on a standby or a server set read-only (no write attempted)."""
         return bool(self._exec(conn, "server_writable").fetchone()[0])
 
-    def lease_states(self, conn: psycopg.Connection, ids: Sequence[int]) -> list[tuple[Any, ...]]:
-        """(id, state, lease_token, last_error_code) of jobs, to settle an unknown write."""
-        return self._exec(conn, "job_lease_states", {"ids": list(ids)}).fetchall()
-
     def prune(self, conn: psycopg.Connection, *, succeeded_seconds: float | None,
               cancelled_seconds: float | None, dead_seconds: float | None, limit: int) -> dict[str, int]:
         """Delete one batch of finished jobs past their state's retention (seconds since
@@ -138,12 +138,11 @@ class MaintenanceStatements(StoreBase):
         lock (tried in jobs_prune, never waited for: a key locked elsewhere is passed over
         this time), and the key's next job is promoted in a new statement under that lock.
         """
-        with atomic(conn):
-            rows = self._exec(conn, "jobs_prune", {"succeeded_seconds": succeeded_seconds,
-                                                   "cancelled_seconds": cancelled_seconds,
-                                                   "dead_seconds": dead_seconds, "limit": limit,
-                                                   "namespace": self._ordering_namespace}).fetchall()
-            self._promote(conn, [key for _, key in rows if key is not None])
+        params = {"succeeded_seconds": succeeded_seconds, "cancelled_seconds": cancelled_seconds,
+                  "dead_seconds": dead_seconds, "limit": limit, "namespace": self._ordering_namespace}
+        rows = run(conn, atomically(self.keyed_plan(
+            (), lambda scope: scope.rows("jobs_prune", params), lambda rows: [key for _, key in rows],
+            lock=IN_STATEMENT)))
         counts = {"succeeded": 0, "cancelled": 0, "dead": 0}
         for state, _ in rows:
             counts[state] += 1

@@ -7,11 +7,11 @@ from typing import Any, Sequence
 import psycopg
 
 from ..jobs import ReplayResult
-from .base import StoreBase
+from .keyed import KeyedScope, KeyedTransitions
 from .plan import Atomic, Plan, run
 
 
-class OperationStatements(StoreBase):
+class OperationStatements(KeyedTransitions):
     """Operator actions: cancel, replay, queue settings and their audit trail."""
 
     def cancel(self, conn: psycopg.Connection, job_id: int, *, actor: str | None) -> str | None:
@@ -24,22 +24,21 @@ class OperationStatements(StoreBase):
     def cancel_plan(self, job_id: int, *, actor: str | None) -> Plan[str | None]:
         """:meth:`cancel` as a plan (:mod:`pgworker.store.plan`)."""
         keys = list((yield from self.ordering_keys_of_plan([job_id])).values())
-        state: str | None = yield Atomic(self._cancel_plan(job_id, keys, actor))
-        return state
+        state, _ = yield Atomic(self.keyed_plan(
+            keys, lambda scope: self._cancel_plan(scope, job_id, actor),
+            lambda out: [out[1]] if out[0] == "cancelled" else []))
+        return state  # type: ignore[no-any-return]
 
-    def _cancel_plan(self, job_id: int, keys: list[str], actor: str | None) -> Plan[str | None]:
-        if keys:
-            yield from self.lock_ordering_keys_plan(keys)
-        rows = yield self._step("job_cancel", {"id": job_id})
+    def _cancel_plan(self, scope: KeyedScope, job_id: int, actor: str | None) -> Plan[tuple[str | None, str | None]]:
+        """The body of a cancel's keyed transition: (the state, the job's ordering key)."""
+        rows = yield scope.step("job_cancel", {"id": job_id})
         if not rows:
-            return None
+            return None, None
         row = rows[0]
         yield self._step("job_event_insert", {
             "ids": [job_id], "kind": "cancel_requested" if row[1] == "running" else "cancelled",
             "actor": actor, "detail": None})
-        if row[1] == "cancelled" and row[2] is not None:
-            yield from self._promote_plan([row[2]])
-        return row[1]  # type: ignore[no-any-return]
+        return row[1], row[2]
 
     def replay(self, conn: psycopg.Connection, *, ids: Sequence[int] = (), queue: str | None = None,
                limit: int = 1000, actor: str | None) -> ReplayResult:
@@ -60,26 +59,26 @@ class OperationStatements(StoreBase):
         if not targets:
             return ReplayResult(not_dead=sorted(set(ids)))
         keys = sorted({r[1] for r in targets if r[1] is not None})
-        replayed, left, holders = yield Atomic(self._replay_plan(targets, keys, actor))
+        replayed, left, holders = yield Atomic(self.keyed_plan(
+            keys, lambda scope: self._replay_plan(scope, targets, actor), lambda _: keys))
         done = set(replayed)
         held_by = {r[0]: holders[r[2]] for r in left if r[2] in holders}
         return ReplayResult(replayed, held_by=held_by,
                             not_dead=sorted(set(ids) - done - set(held_by)))
 
-    def _replay_plan(self, targets: list[Any], keys: list[str],
+    def _replay_plan(self, scope: KeyedScope, targets: list[Any],
                      actor: str | None) -> Plan[tuple[list[int], list[Any], dict[str, int]]]:
+        """The body of a replay's keyed transition (every key of the targets is promoted
+        after it: a replayed job comes back blocked)."""
         dedupe = [r[2] for r in targets if r[2] is not None]
-        if keys:
-            yield from self.lock_ordering_keys_plan(keys)
         if dedupe:
             yield from self.dedupe_holders_plan(dedupe)  # releases expired holds first
-        rows = yield self._step("jobs_replay", {"ids": [r[0] for r in targets], "actor": actor,
+        rows = yield scope.step("jobs_replay", {"ids": [r[0] for r in targets], "actor": actor,
                                                 "channel": self.channel})
         replayed = [r[0] for r in rows]
         done = set(replayed)
         left = [r for r in targets if r[0] not in done and r[2] is not None]
         holders = (yield from self.dedupe_holders_plan([r[2] for r in left])) if left else {}
-        yield from self._promote_plan(keys)
         return replayed, left, holders
 
     # -- queues ---------------------------------------------------------------------

@@ -66,6 +66,12 @@ Step = Union[Exec, Copy, Atomic]
 Plan = Generator[Step, Any, T]
 
 
+def atomically(plan: Plan[T]) -> Plan[T]:
+    """``plan`` as one :class:`Atomic` group: a plan of its own, for :func:`run`."""
+    result: T = yield Atomic(plan)
+    return result
+
+
 def run(conn: psycopg.Connection, plan: Plan[T]) -> T:
     """Drive ``plan`` on a sync connection; returns what the plan returns."""
     try:

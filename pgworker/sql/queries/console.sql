@@ -11,6 +11,13 @@
 -- evaluated over a bounded window of the newest jobs, and the page says how far back it
 -- looked.
 
+-- fragment: console_job_columns
+-- The columns of a job row in the console's lists, which the pages read by name (one
+-- rule for every list: due, running, finished, dead, a dead group, the filtered listing),
+-- unqualified: the jobs table is the only relation of the FROM that has these names.
+id, queue, task, state::text AS state, priority, run_at, attempts, max_attempts, lease_owner,
+lease_expires_at, last_error_code, created_at, finished_at, ordering_key, dedupe_key
+
 -- name: console_queue_names
 -- The queues worth a row on the overview: configured ones, scheduled ones, and every
 -- queue with claimable, running or dead jobs, found by a loose index scan (one descent of
@@ -120,9 +127,7 @@ WITH bound AS (
 SELECT b.floor, b.scanned, m.*
 FROM bound AS b
 LEFT JOIN LATERAL (
-    SELECT j.id, j.queue, j.task, j.state::text AS state, j.priority, j.run_at, j.attempts,
-           j.max_attempts, j.lease_owner, j.lease_expires_at, j.last_error_code, j.created_at,
-           j.finished_at, j.ordering_key, j.dedupe_key
+    SELECT {console_job_columns}  -- of j: bound has no column of these names
     FROM {schema}.jobs AS j
     WHERE j.id < %(before)s AND j.id >= b.floor
       AND {schema}.console_job_filter(%(filter)s::jsonb, j.queue, j.state::text, j.task, j.ordering_key,
@@ -135,8 +140,7 @@ ORDER BY m.id DESC;
 -- name: console_jobs_due
 -- Claimable jobs of one queue in due order (run_at, id), after the keyset position
 -- (%(after_run_at)s, %(after_id)s): a range scan of jobs_due_idx (queue, run_at).
-SELECT id, queue, task, state::text AS state, priority, run_at, attempts, max_attempts, lease_owner,
-       lease_expires_at, last_error_code, created_at, finished_at, ordering_key, dedupe_key
+SELECT {console_job_columns}
 FROM {schema}.jobs
 WHERE queue = %(queue)s AND state = 'pending' AND NOT blocked
   AND (run_at, id) > (%(after_run_at)s::timestamptz, %(after_id)s::bigint)
@@ -146,8 +150,7 @@ LIMIT %(limit)s;
 -- name: console_jobs_running
 -- Running jobs by lease expiry, soonest first, after the keyset position: every queue on
 -- jobs_lease_expiry_idx, or one on jobs_running_idx (queue, lease_expires_at).
-SELECT id, queue, task, state::text AS state, priority, run_at, attempts, max_attempts, lease_owner,
-       lease_expires_at, last_error_code, created_at, finished_at, ordering_key, dedupe_key
+SELECT {console_job_columns}
 FROM {schema}.jobs
 WHERE state = 'running' AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (lease_expires_at, id) > (%(after_at)s::timestamptz, %(after_id)s::bigint)
@@ -159,8 +162,7 @@ LIMIT %(limit)s;
 -- planner prove jobs_finished_idx's predicate), the last finished first, before the
 -- keyset position (%(before_at)s, %(before_id)s): a backward range scan of
 -- jobs_finished_idx (state, finished_at).
-SELECT id, queue, task, state::text AS state, priority, run_at, attempts, max_attempts, lease_owner,
-       lease_expires_at, last_error_code, created_at, finished_at, ordering_key, dedupe_key
+SELECT {console_job_columns}
 FROM {schema}.jobs
 WHERE ((%(state)s = 'succeeded' AND state = 'succeeded') OR (%(state)s = 'cancelled' AND state = 'cancelled')
        OR (%(state)s = 'dead' AND state = 'dead'))
@@ -171,8 +173,7 @@ LIMIT %(limit)s;
 -- name: console_jobs_dead_in_queue
 -- Dead jobs of one queue, the last to die first, before the keyset position: a backward
 -- range scan of jobs_dead_idx (queue, finished_at).
-SELECT id, queue, task, state::text AS state, priority, run_at, attempts, max_attempts, lease_owner,
-       lease_expires_at, last_error_code, created_at, finished_at, ordering_key, dedupe_key
+SELECT {console_job_columns}
 FROM {schema}.jobs
 WHERE queue = %(queue)s AND state = 'dead'
   AND (finished_at, id) < (%(before_at)s::timestamptz, %(before_id)s::bigint)
@@ -203,8 +204,7 @@ LIMIT %(limit)s;
 -- first %(limit)s. The inner LIMIT bounds what a rare group costs; the outer one stops
 -- the walk as soon as a page is found. The dead set only, however long the history.
 SELECT d.* FROM (
-    SELECT id, queue, task, state::text AS state, priority, run_at, attempts, max_attempts, lease_owner,
-           lease_expires_at, last_error_code, created_at, finished_at, ordering_key, dedupe_key
+    SELECT {console_job_columns}
     FROM {schema}.jobs
     WHERE state = 'dead' AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
       AND (finished_at, id) < (%(before_at)s::timestamptz, %(before_id)s::bigint)

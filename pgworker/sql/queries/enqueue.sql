@@ -11,9 +11,9 @@
 -- earlier statement, so the probe below (this statement's snapshot is newer than that
 -- lock) sees every job of the key committed by writers that held the lock before us: the
 -- job is blocked while any earlier job of its key is unfinished (a dead job counts while
--- it blocks its key). The probe is the first entry of jobs_ordering_key_idx from the key
--- on, as in ordering_keys_promote (which says why it is written so). A job that is due now and unblocked wakes listeners: NOTIFY is
--- delivered at commit, never on rollback.
+-- it blocks its key): the head probe ordering_key_head (ordering.sql), the one
+-- ordering_keys_promote uses. A job that is due now and unblocked wakes listeners:
+-- NOTIFY is delivered at commit, never on rollback.
 WITH ins AS (
     INSERT INTO {schema}.jobs (queue, task, payload, priority, run_at, max_attempts,
                                dedupe_key, dedupe_window, ordering_key, dead_blocks_key,
@@ -23,12 +23,9 @@ WITH ins AS (
             %(max_attempts)s, %(dedupe_key)s, make_interval(secs => %(dedupe_window)s::float8),
             %(ordering_key)s::text, %(dead_blocks_key)s::boolean,
             %(ordering_key)s::text IS NOT NULL AND coalesce((
-                SELECT o.ordering_key = %(ordering_key)s::text FROM {schema}.jobs o
-                WHERE o.ordering_key IS NOT NULL
-                  AND (o.state IN ('pending', 'running') OR (o.state = 'dead' AND o.dead_blocks_key))
-                  AND o.ordering_key >= %(ordering_key)s::text
-                ORDER BY o.ordering_key, o.id
-                LIMIT 1), false),
+                SELECT h.ordering_key = k.key
+                FROM (SELECT %(ordering_key)s::text AS key) AS k
+                CROSS JOIN LATERAL ({ordering_key_head}) AS h), false),
             %(trace_context)s::jsonb)
     ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL
       AND (state IN ('pending', 'running') OR (state = 'succeeded' AND dedupe_until IS NOT NULL))
@@ -90,7 +87,7 @@ SELECT i.id, (SELECT n FROM notified) FROM input AS i ORDER BY i.ord;
 -- name: jobs_insert_many
 -- Bulk insert with dedupe and ordering keys (the COPY path takes the rest). Ids were
 -- reserved by job_ids_allocate; the ordering keys were locked by ordering_keys_lock in
--- an earlier statement (see job_insert, and its probe of jobs_ordering_key_idx). Within
+-- an earlier statement (see job_insert; the head probe is ordering_key_head). Within
 -- the batch, later jobs of a key wait behind the first (row_number). ON CONFLICT DO
 -- NOTHING also absorbs duplicates inside the batch: the first row with a dedupe key wins.
 -- row_number counts the rows ON CONFLICT then refuses too, so a key whose job was refused
@@ -104,12 +101,9 @@ SELECT b.id, b.queue, b.task, b.payload, b.priority, b.run_at, b.max_attempts,
        b.dedupe_key, make_interval(secs => b.dedupe_window), b.ordering_key, b.dead_blocks_key,
        b.ordering_key IS NOT NULL AND (
            row_number() OVER (PARTITION BY b.ordering_key ORDER BY b.id) > 1
-           OR coalesce((SELECT o.ordering_key = b.ordering_key FROM {schema}.jobs o
-                        WHERE o.ordering_key IS NOT NULL
-                          AND (o.state IN ('pending', 'running') OR (o.state = 'dead' AND o.dead_blocks_key))
-                          AND o.ordering_key >= b.ordering_key
-                        ORDER BY o.ordering_key, o.id
-                        LIMIT 1), false)),
+           OR coalesce((SELECT h.ordering_key = k.key
+                        FROM (SELECT b.ordering_key AS key) AS k
+                        CROSS JOIN LATERAL ({ordering_key_head}) AS h), false)),
        b.trace_context
 FROM unnest(%(ids)s::bigint[], %(queues)s::text[], %(tasks)s::text[], %(payloads)s::jsonb[],
             %(priorities)s::smallint[], %(run_ats)s::timestamptz[], %(max_attempts)s::int[],

@@ -122,10 +122,8 @@ WITH upsert AS (
     RETURNING q.*
 ), audit AS (
     INSERT INTO {schema}.queue_events (queue, kind, actor, detail)
-    SELECT u.name, 'configured', %(actor)s, jsonb_build_object(
-        'concurrency_limit', u.concurrency_limit, 'rate_per_second', u.rate_per_second,
-        'rate_burst', u.rate_burst, 'aging_seconds', u.aging_seconds)
-    FROM upsert AS u
+    SELECT s.name, 'configured', %(actor)s, {queue_settings_detail}
+    FROM upsert AS s
 )
 SELECT name, paused_at, paused_by, concurrency_limit, rate_per_second, rate_burst, aging_seconds
 FROM upsert;

@@ -24,6 +24,27 @@ SELECT k.key
 FROM (SELECT DISTINCT key FROM unnest(%(keys)s::text[]) AS key) AS k
 WHERE pg_try_advisory_xact_lock(hashtext(%(namespace)s), hashtext(k.key));
 
+-- fragment: ordering_key_head
+-- The head probe, written once: which job heads the ordering key k.key (the statement
+-- around it names its key so: a relation k with a column key). The head is the oldest
+-- unfinished job of the key, a dead job that blocks its key (dead_blocks_key) counting
+-- as unfinished. Pasted into ordering_keys_promote (which unblocks a key's head) and
+-- job_insert / jobs_insert_many (a new job is blocked when its key has a head already),
+-- so the three cannot disagree on what a head is. One row at most: the first entry of
+-- jobs_ordering_key_idx with ordering_key >= k.key in (ordering_key, id) order, which is
+-- the key's head when its ordering_key = k.key (the caller checks that; otherwise the key
+-- has no head). Written as a range in the index's order because only that index can
+-- deliver it in one descent, however many jobs wait behind the head; with "ordering_key =
+-- key ORDER BY id LIMIT 1" the planner may walk the primary key instead, expecting an
+-- early match, and read every finished job of the table (it did, in the benchmark).
+SELECT o.id, o.ordering_key, o.state, o.blocked
+FROM {schema}.jobs o
+WHERE o.ordering_key IS NOT NULL
+  AND (o.state IN ('pending', 'running') OR (o.state = 'dead' AND o.dead_blocks_key))
+  AND o.ordering_key >= k.key
+ORDER BY o.ordering_key, o.id
+LIMIT 1
+
 -- name: ordering_keys_promote
 -- For each key with no active job (claimable or running), unblock its head: the oldest
 -- unfinished job, when it is pending and blocked. A dead job that blocks its key
@@ -32,23 +53,13 @@ WHERE pg_try_advisory_xact_lock(hashtext(%(namespace)s), hashtext(k.key));
 -- so its snapshot includes every job committed by writers that held the lock before us.
 -- The "no active job" test keeps a replayed old job from running beside a newer job of
 -- its key that is already active: it waits its turn, and is promoted when that one ends.
--- The head is found with one descent of jobs_ordering_key_idx per key, however many jobs
--- wait behind it: the first index entry with ordering_key >= key in (ordering_key, id)
--- order, kept if it is of this key. Written as a range in the index's order because only
--- that index can deliver it; with "ordering_key = key ORDER BY id LIMIT 1" the planner
--- may walk the primary key instead, expecting an early match, and read every finished
--- job of the table (it did, in the benchmark). The activity probe reads jobs_ordering_active_idx (one entry per key).
+-- The head is the fragment ordering_key_head (below), the probe job_insert and
+-- jobs_insert_many decide a new job's blocked flag with. The activity probe reads
+-- jobs_ordering_active_idx (one entry per key).
 WITH heads AS (
     SELECT h.id
     FROM unnest(%(keys)s::text[]) AS k(key)
-    CROSS JOIN LATERAL (
-        SELECT o.id, o.ordering_key, o.state, o.blocked
-        FROM {schema}.jobs o
-        WHERE o.ordering_key IS NOT NULL
-          AND (o.state IN ('pending', 'running') OR (o.state = 'dead' AND o.dead_blocks_key))
-          AND o.ordering_key >= k.key
-        ORDER BY o.ordering_key, o.id
-        LIMIT 1) AS h
+    CROSS JOIN LATERAL ({ordering_key_head}) AS h
     WHERE h.ordering_key = k.key AND h.state = 'pending' AND h.blocked
       AND NOT EXISTS (
           SELECT 1 FROM {schema}.jobs a

@@ -1,6 +1,12 @@
 -- Queues as operators name them: is a name in use, and deleting a queue's settings row.
 -- {schema} is the quoted schema name; values are always %(name)s parameters.
 
+-- fragment: queue_settings_detail
+-- What a queue's audit event records of its settings (queue_configure: the settings it
+-- now has; queue_delete: those it had), from a row of the queues table named s.
+jsonb_build_object('concurrency_limit', s.concurrency_limit, 'rate_per_second', s.rate_per_second,
+                   'rate_burst', s.rate_burst, 'aging_seconds', s.aging_seconds)
+
 -- name: queue_usage
 -- Whether anything uses a queue name, for the warning on pausing or configuring one that
 -- looks like a typo: claimable, running or dead jobs (each arm on its partial index:
@@ -38,10 +44,8 @@ WITH target AS (
     RETURNING q.name, q.concurrency_limit, q.rate_per_second, q.rate_burst, q.aging_seconds
 ), audit AS (
     INSERT INTO {schema}.queue_events (queue, kind, actor, detail)
-    SELECT d.name, 'deleted', %(actor)s, jsonb_build_object(
-        'concurrency_limit', d.concurrency_limit, 'rate_per_second', d.rate_per_second,
-        'rate_burst', d.rate_burst, 'aging_seconds', d.aging_seconds)
-    FROM deleted AS d
+    SELECT s.name, 'deleted', %(actor)s, {queue_settings_detail}
+    FROM deleted AS s
 )
 SELECT t.name, t.paused_at, t.paused_by, d.name IS NOT NULL AS deleted, d.concurrency_limit,
        d.rate_per_second, d.rate_burst, d.aging_seconds
