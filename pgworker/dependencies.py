@@ -10,7 +10,8 @@ What is refused, before anything is written (:class:`InvalidJob`, a ``ValueError
 a parent that does not exist in this schema (a job of another schema is not one), a
 cancelled parent, a dead one under the 'cancel' policy, more than ``max_parents``
 parents, a ``ref`` that names no earlier job of the same call (so that no cycle can be
-written), and ``depends_on`` with a dedupe or ordering key (a duplicate would leave its
+written), a ``graph_id`` that no job of the schema carries (a graph exists once its first
+job does), and ``depends_on`` with a dedupe or ordering key (a duplicate would leave its
 children waiting for a job that was never inserted; the ordering key owns ``blocked``).
 """
 
@@ -99,6 +100,8 @@ def enqueue_graph(store: Store, conn: psycopg.Connection, specs: Sequence[JobSpe
             refs[spec.ref] = pos
         if spec.graph_id is not None and (isinstance(spec.graph_id, bool) or not isinstance(spec.graph_id, int)):
             raise InvalidJob(f"graph_id must be a job id (int), got {spec.graph_id!r}")
+        if spec.graph_id is not None and not 0 < spec.graph_id < 2**63:
+            raise InvalidJob(f"graph_id {spec.graph_id} is no job id (ids are 1 to 2**63-1)")
     external = sorted({d for deps in parents_of for d in deps if isinstance(d, int)})
     with tracing.send_span(jobs[0].queue, batch=len(jobs)) as span, atomic(conn):
         ctx = tracing.carrier(span)
@@ -109,6 +112,12 @@ def enqueue_graph(store: Store, conn: psycopg.Connection, specs: Sequence[JobSpe
             raise InvalidJob(f"depends_on names jobs that do not exist in schema {store.schema!r}: "
                              f"{', '.join(map(str, missing[:10]))}{' ...' if len(missing) > 10 else ''}; "
                              "a parent must be enqueued (in this schema) before its children; nothing was enqueued")
+        named = {spec.graph_id for spec in specs if spec.graph_id is not None}
+        unknown = sorted(named - store.existing_graphs(conn, sorted(named)))
+        if unknown:
+            raise InvalidJob(f"graph_id names no graph in schema {store.schema!r}: {', '.join(map(str, unknown[:10]))} "
+                             "(no job carries it; a graph's id is its first job's, as Graph.graph_id returns); "
+                             "omit graph_id to start a graph or join the parents'; nothing was enqueued")
         ids, db_now = store.allocate_ids(conn, len(jobs))
         parents_graph = min((p["graph_id"] for p in found.values() if p["graph_id"] is not None), default=None)
         default_graph = parents_graph if single else (parents_graph or ids[0])

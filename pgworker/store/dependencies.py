@@ -53,6 +53,12 @@ class DependencyStatements(StoreBase):
         rows = self._exec(conn, "job_parent_results", {"id": job_id}).fetchall()
         return {r[0]: r[2] if r[1] else None for r in rows}
 
+    def existing_graphs(self, conn: psycopg.Connection, graph_ids: Sequence[int]) -> set[int]:
+        """The ids of ``graph_ids`` that some job of this schema carries as its graph_id."""
+        if not graph_ids:
+            return set()
+        return {r[0] for r in self._exec(conn, "graphs_existing", {"ids": sorted(set(graph_ids))}).fetchall()}
+
     def graph_jobs(self, conn: psycopg.Connection, graph_id: int, *, page: int | None = None) -> list[dict[str, Any]]:
         """Every job of the graph, oldest first, read in keyset pages of ``page`` rows
         (default :data:`GRAPH_PAGE`): a cancel or replay of a graph must see all of them."""
