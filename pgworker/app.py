@@ -494,7 +494,8 @@ class App(AsyncProducer):
 
     async def wait_result_async(self, job_id: int, *, timeout: float,
                                 poll_seconds: float = results.WAIT_POLL_SECONDS) -> Any:
-        """:meth:`wait_result` for asyncio code: it waits in a worker thread, never blocking the loop."""
+        """:meth:`wait_result` for asyncio code: the same as :meth:`await_result` (an async
+        LISTEN, no thread; kept for the name it was released with)."""
         return await results.wait_result_async(self, job_id, timeout=timeout, poll_seconds=poll_seconds)
 
     def get_job(self, job_id: int) -> dict[str, Any] | None:

@@ -388,18 +388,26 @@ def test_the_statistics_count_waiting_jobs_and_the_wait_behind_a_dead_parent(app
     assert families["pgworker_queue_blocked_by_dead_parent_age_seconds"].samples[0].value > 7100
 
 
-def test_the_async_producer_refuses_dependencies_rather_than_dropping_them(app, conn):
+def test_the_async_producer_builds_the_graph_it_once_refused(app, conn):
+    """aenqueue_many with refs (refused before: the async path had no graph enqueue) now
+    writes the same rows as enqueue_many (tests/integration/test_async_graphs.py has more)."""
     import asyncio
 
-    with pytest.raises(InvalidJob, match="App.enqueue_many"):
-        asyncio.run(app.aenqueue_many([JobSpec("t", ref="a"), JobSpec("t", depends_on=["a"])]))
-    assert count_jobs(conn, app.settings.schema) == 0
+    async def main():
+        try:
+            return await app.aenqueue_many([JobSpec("t", ref="a"), JobSpec("t", depends_on=["a"])])
+        finally:
+            await app.aclose()
+
+    a, b = asyncio.run(main())
+    assert state(conn, app.settings.schema, b) == ("pending", True, 1, None)
+    assert q(conn, app.settings.schema, "SELECT parent_id, child_id FROM {s}.job_dependencies") == [(a, b)]
 
 
 def test_graph_id_must_name_an_existing_graph(app, conn):
-    schema = app.settings.schema
     """graph_id= joins a job to a graph that exists (some job carries the id); a made-up,
     mistyped or pruned graph id is refused and nothing is enqueued."""
+    schema = app.settings.schema
     app.task(name="g")(lambda payload: None)
     graph = app.chain([("g", 1), ("g", 2)])
     joined = app.enqueue("g", 3, graph_id=graph.graph_id)
