@@ -340,3 +340,27 @@ def test_the_trigger_s_link_bound_is_the_tracing_constant():
     root = pathlib.Path(sqlfiles.__file__).parent
     for f in (root / "schema.sql", root / "migrations" / "0009_unblock.sql"):
         assert f"'pgworker.parents'), 0) < {tracing.PARENT_LINKS_MAX}" in f.read_text(), f
+
+
+def test_an_untraced_child_of_traced_parents_starts_a_trace_linked_to_them(traced_app, exporter, conn, schema):
+    """The child was enqueued with no SDK (another service, say): its process span is a
+    root of its own, with a link to each parent's trace."""
+    app = traced_app
+    app.task(name="step")(lambda payload: None)
+    parents = [app.enqueue("step", {"parent": i}) for i in range(2)]
+    provider = tracing._tracer_provider
+    tracing.set_tracer_provider(None)  # the global provider: the API's proxy, nothing recorded
+    try:
+        child = app.enqueue("step", {"child": True}, depends_on=parents)
+    finally:
+        tracing.set_tracer_provider(provider)
+    assert q(conn, schema, "SELECT trace_context FROM {s}.jobs WHERE id = %s", child)[0][0] is None
+    with InProcessClaimer(app):
+        wait_until(lambda: state(conn, schema, child) == "succeeded", 30, message="the child to succeed")
+    spans = exporter.get_finished_spans()
+    process = {s.attributes["messaging.message.id"]: s for s in by_name(spans, "process default")}
+    p_child = process[str(child)]
+    assert p_child.parent is None
+    assert sorted(link.context.trace_id for link in p_child.links) == sorted(
+        process[str(p)].context.trace_id for p in parents)
+    assert {link.attributes["pgworker.link"] for link in p_child.links} == {"parent"}
