@@ -148,3 +148,5 @@ def test_unblock_latency_is_a_histogram_of_the_dependents_first_claims(env, pg_d
                 children + loose + [late])
     assert {i for i, at in stamped if at is not None} == set(children)
     assert {at for i, at in stamped if at is not None} == {finished}  # the completing statement's now()
+    assert env.get_job(children[0])["unblocked_at"] == finished  # `pgworker jobs show` prints it
+    assert env.get_job(late)["unblocked_at"] is None
