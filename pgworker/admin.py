@@ -142,6 +142,6 @@ class Admin:
         """Cancel every unfinished job of a graph; see :func:`pgworker.graphs.cancel_graph`."""
         return graphs.cancel_graph(self.core, graph_id, actor=actor)
 
-    def replay_graph(self, graph_id: int, *, actor: str | None = None) -> list[int]:
+    def replay_graph(self, graph_id: int, *, actor: str | None = None) -> graphs.ReplayedGraph:
         """Replay a graph's dead jobs and what their death cancelled; see :func:`pgworker.graphs.replay_graph`."""
         return graphs.replay_graph(self.core, graph_id, actor=actor)

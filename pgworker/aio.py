@@ -22,12 +22,12 @@ import psycopg
 
 from . import db
 from .config import Settings
-from .connections import POOL_CHECK_IDLE_SECONDS, POOL_MAX_SIZE, database_errors, require_async
-from .errors import DatabaseUnavailable, InvalidJob
+from .connections import POOL_CHECK_IDLE_SECONDS, POOL_MAX_SIZE, database_errors, require_async, unreachable
 from .jobs import ReplayResult
-from .names import check_queue_name, dsn_password, redact, redact_dsn
-from .operations import _actor
+from .names import check_queue_name
+from .dependencies import enqueue_graph_plan, has_dependencies
 from .jobspec import JobSpec, specs_from
+from .operations import _actor
 from .producer import check_on_conflict, enqueue_batch_plan, enqueue_one_plan
 from .store.plan import arun
 
@@ -125,16 +125,26 @@ class AsyncProducer:
                        delay: "float | timedelta | None" = None, max_attempts: int | None = None,
                        dedupe_key: str | None = None, ordering_key: str | None = None,
                        dedupe_window: "float | timedelta | None" = None, ordering_on_dead: str | None = None,
-                       any_task: bool = False, on_conflict: str = "return",
+                       depends_on: "Sequence[int] | None" = None, on_parent_failure: str | None = None,
+                       graph_id: int | None = None, any_task: bool = False, on_conflict: str = "return",
                        conn: psycopg.AsyncConnection | None = None) -> int:
-        """:meth:`App.enqueue` as a coroutine: the same options, checks and errors (raised
-        before any I/O), the same result (the job's id, the holder's on a held dedupe key,
-        or :class:`AlreadyEnqueued` with ``on_conflict='raise'``). ``conn``: a ``psycopg.AsyncConnection`` whose transaction the
+        """:meth:`App.enqueue` as a coroutine: the same options (``depends_on``,
+        ``on_parent_failure`` and ``graph_id`` included), checks and errors (those that
+        need no database raised before any I/O), the same result (the job's id, the
+        holder's on a held dedupe key, or :class:`AlreadyEnqueued` with
+        ``on_conflict='raise'``). ``conn``: a ``psycopg.AsyncConnection`` whose transaction the
         insert and its NOTIFY join; without it the App's async pool commits at once."""
         require_async(conn, "enqueue")
-        job = self.core.prepared.one(JobSpec(task, payload, queue, priority, run_at, delay, max_attempts,
-                                         dedupe_key, ordering_key, dedupe_window, ordering_on_dead), any_task)
+        spec = JobSpec(task, payload, queue, priority, run_at, delay, max_attempts, dedupe_key, ordering_key,
+                       dedupe_window, ordering_on_dead, depends_on=depends_on, on_parent_failure=on_parent_failure,
+                       graph_id=graph_id)
+        job = self.core.prepared.one(spec, any_task)
         check_on_conflict(on_conflict)
+        if has_dependencies(spec) or on_parent_failure is not None:
+            plan = enqueue_graph_plan(self.core.store, [spec], [job], max_parents=self.core.settings.max_parents,
+                                      single=True, metrics=self.core.metrics)
+            async with self.aconnection(conn, "enqueue") as c:
+                return (await arun(c, plan))[0]
         async with self.aconnection(conn, "enqueue") as c:
             return await arun(c, enqueue_one_plan(self.core.store, job, self.core.metrics, on_conflict))
 
@@ -146,13 +156,14 @@ class AsyncProducer:
         NOTIFY per queue; ids in input order; ``on_conflict`` as there."""
         require_async(conn, "enqueue_many")
         specs = specs_from(jobs)
-        if any(s.depends_on or s.ref is not None or s.graph_id is not None or s.on_parent_failure is not None
-               for s in specs):
-            # the graph enqueue (pgworker.dependencies) has no async form yet: refused, never dropped
-            raise InvalidJob("aenqueue_many does not take dependencies (depends_on, ref, graph_id, "
-                             "on_parent_failure) yet: use App.enqueue_many; nothing was enqueued")
         prepared = self.core.prepared.many(specs, any_task)
         check_on_conflict(on_conflict)
+        if any(has_dependencies(s) or s.on_parent_failure is not None for s in specs):
+            # JobSpec refs and depends_on: the graph enqueue's plan, as App.enqueue_many runs it
+            plan = enqueue_graph_plan(self.core.store, specs, prepared, max_parents=self.core.settings.max_parents,
+                                      metrics=self.core.metrics)
+            async with self.aconnection(conn, "enqueue_many") as c:
+                return await arun(c, plan)
         async with self.aconnection(conn, "enqueue_many") as c:
             return await arun(c, enqueue_batch_plan(self.core.store, prepared, self.core.metrics, on_conflict))
 
@@ -174,6 +185,25 @@ class AsyncProducer:
         async with self.aconnection(None, "replay") as c:
             return await arun(c, self.core.store.replay_plan(ids=list(job_ids), queue=queue, limit=limit,
                                                         actor=actor or _actor()))
+
+    async def aresult(self, job_id: int, *, conn: psycopg.AsyncConnection | None = None) -> Any:
+        """:meth:`App.result` as a coroutine: the decoded JSON a succeeded job returned (None
+        when it returned nothing); raises :class:`ResultNotReady` (pending or running),
+        :class:`JobDidNotSucceed` (dead or cancelled), :class:`JobNotFound`, :class:`ResultLost`."""
+        from . import results
+
+        return await results.aresult(self.core, self.aconnection, job_id, conn)
+
+    async def await_result(self, job_id: int, *, timeout: float, poll_seconds: float = 1.0) -> Any:
+        """:meth:`App.wait_result` as a coroutine: wait up to ``timeout`` seconds for the job
+        to finish and return its result, woken by the completion's NOTIFY (a LISTEN on a
+        connection of its own, ``PGWORKER_LISTEN_DSN`` when set), re-reading at least every
+        ``poll_seconds`` (failures and cancellations send no NOTIFY). Raises
+        :class:`ResultTimeout`, and the errors of :meth:`aresult` for a job that ended
+        without one; ValueError for a negative timeout or a poll_seconds not above 0."""
+        from . import results
+
+        return await results.await_result(self.core, job_id, timeout=timeout, poll_seconds=poll_seconds)
 
     async def aget_job(self, job_id: int, *, conn: psycopg.AsyncConnection | None = None) -> dict[str, Any] | None:
         """:meth:`App.get_job` as a coroutine: the job's row (state, payload, attempts,
@@ -213,7 +243,7 @@ async def open_async_pool(s: Settings, name: str) -> Any:
             s.dsn or "", autocommit=True, application_name=f"{name}:client",
             connect_timeout=db.CONNECT_TIMEOUT_SECONDS)
     except psycopg.Error as exc:
-        raise _unreachable(s, exc) from None
+        raise unreachable(s, exc) from None
     await probe.close()
     pool = AsyncConnectionPool(
         conninfo=s.dsn or "", min_size=1, max_size=POOL_MAX_SIZE, open=False,
@@ -224,12 +254,5 @@ async def open_async_pool(s: Settings, name: str) -> Any:
         await pool.open(wait=True, timeout=db.CONNECT_TIMEOUT_SECONDS + 5)
     except Exception as exc:
         await pool.close()
-        raise _unreachable(s, exc) from None
+        raise unreachable(s, exc) from None
     return pool
-
-
-def _unreachable(s: Settings, exc: Exception) -> DatabaseUnavailable:
-    return DatabaseUnavailable(
-        f"cannot connect to PostgreSQL at {redact_dsn(s.dsn)!r}: "
-        f"{redact(str(exc), dsn_password(s.dsn), s.dsn)}; check the DSN (--dsn or PGWORKER_DSN) and that "
-        "the server is running")

@@ -326,7 +326,8 @@ class App(AsyncProducer, Admin):
 
     async def wait_result_async(self, job_id: int, *, timeout: float,
                                 poll_seconds: float = results.WAIT_POLL_SECONDS) -> Any:
-        """:meth:`wait_result` for asyncio code: it waits in a worker thread, never blocking the loop."""
+        """:meth:`wait_result` for asyncio code: the same as :meth:`await_result` (an async
+        LISTEN, no thread; kept for the name it was released with)."""
         return await results.wait_result_async(self.core, job_id, timeout=timeout, poll_seconds=poll_seconds)
 
     def chain(self, jobs: Sequence[Any], *, on_parent_failure: str | None = None,

@@ -116,6 +116,11 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("pgworker_job_wait_duration_seconds", "histogram", ("queue",),
               "From due (enqueue time, run_at or retry time) to claim, database clock.", "worker",
               buckets=WAIT_BUCKETS, recorded_by=_CLAIMERS),
+    MetricDef("pgworker_job_unblock_wait_duration_seconds", "histogram", ("queue",),
+              "Dependents only (depends_on), first attempt: from the later of the moment its last parent "
+              "succeeded (jobs.unblocked_at, set by the trigger) and its run_at, to its claim, database clock. "
+              "The claim latency a dependency adds; compare with pgworker_job_wait_duration_seconds.", "worker",
+              buckets=WAIT_BUCKETS, recorded_by=_CLAIMERS),
     MetricDef("pgworker_job_run_duration_seconds", "histogram", ("queue", "task", "outcome"),
               "Handler run time by outcome.", "worker", buckets=RUN_BUCKETS, recorded_by=_CLAIMERS),
     MetricDef("pgworker_jobs_finished_total", "counter", ("queue", "task", "outcome"),
@@ -326,6 +331,10 @@ SPAN_ATTRIBUTES = {
     "pgworker.fence.result": "accepted, or refused when the lease was lost",
     "pgworker.step.name": "the name of a durable step or external effect (record spans)",
     "pgworker.outcome": "how the attempt ended (succeeded, retried, dead, ...)",
+    "pgworker.link": "on a process span's links: enqueue (the job's own send span) or parent (a parent's "
+                     "send context, for a job with depends_on)",
+    "pgworker.parent_links.dropped": "a process span of a job with more than 127 traced parents: how many "
+                                     "parents got no link (the first 127 to succeed do)",
 }
 
 

@@ -127,3 +127,11 @@ def database_errors(settings: Settings) -> Iterator[None]:
         if db.failure_kind(exc) == "prepared-statements":
             raise PoolerError(db.describe_failure(exc)) from exc
         raise
+
+
+def unreachable(s: Settings, exc: Exception) -> DatabaseUnavailable:
+    """The error for a server that cannot be reached: names the DSN (password redacted) and the fix."""
+    return DatabaseUnavailable(
+        f"cannot connect to PostgreSQL at {redact_dsn(s.dsn)!r}: "
+        f"{redact(str(exc), dsn_password(s.dsn), s.dsn)}; check the DSN (--dsn or PGWORKER_DSN) and that "
+        "the server is running")

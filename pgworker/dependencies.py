@@ -10,7 +10,8 @@ What is refused, before anything is written (:class:`InvalidJob`, a ``ValueError
 a parent that does not exist in this schema (a job of another schema is not one), a
 cancelled parent, a dead one under the 'cancel' policy, more than ``max_parents``
 parents, a ``ref`` that names no earlier job of the same call (so that no cycle can be
-written), and ``depends_on`` with a dedupe or ordering key (a duplicate would leave its
+written), a ``graph_id`` that no job of the schema carries (a graph exists once its first
+job does), and ``depends_on`` with a dedupe or ordering key (a duplicate would leave its
 children waiting for a job that was never inserted; the ordering key owns ``blocked``).
 """
 
@@ -26,7 +27,8 @@ import psycopg
 from . import tracing
 from .errors import InvalidJob
 from .jobspec import JobSpec, PreparedJob
-from .store import Store, atomic
+from .store import Store
+from .store.plan import Atomic, Plan, run
 
 if TYPE_CHECKING:
     from .metrics import WorkerMetrics
@@ -76,9 +78,25 @@ def enqueue_graph(store: Store, conn: psycopg.Connection, specs: Sequence[JobSpe
     ``single``: an ``enqueue`` of one job (its graph is its parents', or none) rather than
     a call of ``enqueue_many`` (its jobs form a graph, the first job's id by default).
     """
+    return run(conn, enqueue_graph_plan(store, specs, jobs, max_parents=max_parents, single=single,
+                                        metrics=metrics))
+
+
+def enqueue_graph_plan(store: Store, specs: Sequence[JobSpec], jobs: Sequence[PreparedJob], *, max_parents: int,
+                       single: bool = False, metrics: "WorkerMetrics | None" = None) -> Plan[list[int]]:
+    """:func:`enqueue_graph` as a statement plan (:mod:`pgworker.store.plan`): the sync and
+    the async enqueue (``App.aenqueue``) run it. The checks that need no database run
+    here, at once, before any statement: :class:`InvalidJob` is raised by this call."""
+    refs, parents_of = _checked(specs, max_parents, single)
+    return _graph_plan(store, specs, jobs, refs, parents_of, single, metrics)
+
+
+def _checked(specs: Sequence[JobSpec], max_parents: int,
+             single: bool) -> tuple[dict[str, int], list[list["int | str"]]]:
+    """Validate a call's dependency options; returns {ref: position} and each job's parents."""
     refs: dict[str, int] = {}
     parents_of: list[list[int | str]] = []
-    for pos, (spec, job) in enumerate(zip(specs, jobs)):
+    for pos, spec in enumerate(specs):
         if spec.dedupe_key is not None or spec.ordering_key is not None:
             raise InvalidJob("depends_on cannot be combined with dedupe_key or ordering_key (nothing was enqueued)"
                              if single else
@@ -99,54 +117,73 @@ def enqueue_graph(store: Store, conn: psycopg.Connection, specs: Sequence[JobSpe
             refs[spec.ref] = pos
         if spec.graph_id is not None and (isinstance(spec.graph_id, bool) or not isinstance(spec.graph_id, int)):
             raise InvalidJob(f"graph_id must be a job id (int), got {spec.graph_id!r}")
-    external = sorted({d for deps in parents_of for d in deps if isinstance(d, int)})
-    with tracing.send_span(jobs[0].queue, batch=len(jobs)) as span, atomic(conn):
-        ctx = tracing.carrier(span)
-        ctx_json = json.dumps(ctx) if ctx else None
-        found = store.lock_parents(conn, external)
-        missing = [i for i in external if i not in found]
-        if missing:
-            raise InvalidJob(f"depends_on names jobs that do not exist in schema {store.schema!r}: "
-                             f"{', '.join(map(str, missing[:10]))}{' ...' if len(missing) > 10 else ''}; "
-                             "a parent must be enqueued (in this schema) before its children; nothing was enqueued")
-        ids, db_now = store.allocate_ids(conn, len(jobs))
-        parents_graph = min((p["graph_id"] for p in found.values() if p["graph_id"] is not None), default=None)
-        default_graph = parents_graph if single else (parents_graph or ids[0])
-        waiting, has_children, edges_p, edges_c, graphs, policies = [], [False] * len(jobs), [], [], [], []
-        for pos, (spec, deps) in enumerate(zip(specs, parents_of)):
-            cancel = _policy(spec.on_parent_failure)
-            n = 0
-            for d in deps:
-                if isinstance(d, str):
-                    parent_id = ids[refs[d]]
-                    has_children[refs[d]] = True
-                    n += 1
-                else:
-                    parent_id = d
-                    state = found[d]["state"]
-                    if state == "cancelled" or (state == "dead" and cancel):
-                        raise InvalidJob(f"parent job {d} is {state}: a child enqueued now could never run "
-                                         f"({'cancelled parents cancel their children' if state == 'cancelled' else 'policy cancel'}); "
-                                         "replay the parent first, or enqueue without it; nothing was enqueued")
-                    n += state != "succeeded"
-                edges_p.append(parent_id)
-                edges_c.append(ids[pos])
-            waiting.append(n)
-            policies.append(cancel)
-            graphs.append(spec.graph_id if spec.graph_id is not None else default_graph)
-        run_ats = [j.run_at or (db_now + timedelta(seconds=j.delay_seconds) if j.delay_seconds else db_now)
-                   for j in jobs]
-        due = store.insert_graph_jobs(conn, {
-            "ids": ids, "queues": [j.queue for j in jobs], "tasks": [j.task for j in jobs],
-            "payloads": [j.payload_json for j in jobs], "priorities": [j.priority for j in jobs],
-            "run_ats": run_ats, "max_attempts": [j.max_attempts for j in jobs],
-            "trace_contexts": [ctx_json] * len(jobs), "waiting": waiting, "has_children": has_children,
-            "cancel_on_parent_failure": policies, "graph_ids": graphs})
-        store.insert_dependencies(conn, edges_p, edges_c)
-        store.notify_queues(conn, {j.queue for i, j in zip(ids, jobs) if due.get(i)})
+        if spec.graph_id is not None and not 0 < spec.graph_id < 2**63:
+            raise InvalidJob(f"graph_id {spec.graph_id} is no job id (ids are 1 to 2**63-1)")
+    return refs, parents_of
+
+
+def _graph_plan(store: Store, specs: Sequence[JobSpec], jobs: Sequence[PreparedJob], refs: dict[str, int],
+                parents_of: list[list["int | str"]], single: bool,
+                metrics: "WorkerMetrics | None") -> Plan[list[int]]:
+    with tracing.send_span(jobs[0].queue, batch=len(jobs)) as span:
+        ids: list[int] = yield Atomic(_insert_plan(store, specs, jobs, refs, parents_of, single, tracing.carrier(span)))
     if metrics:
         for q, n in Counter(j.queue for j in jobs).items():
             metrics.enqueued(q, n)
+    return ids
+
+
+def _insert_plan(store: Store, specs: Sequence[JobSpec], jobs: Sequence[PreparedJob], refs: dict[str, int],
+                 parents_of: list[list["int | str"]], single: bool, ctx: dict[str, str] | None) -> Plan[list[int]]:
+    external = sorted({d for deps in parents_of for d in deps if isinstance(d, int)})
+    ctx_json = json.dumps(ctx) if ctx else None
+    found = yield from store.lock_parents_plan(external)
+    missing = [i for i in external if i not in found]
+    if missing:
+        raise InvalidJob(f"depends_on names jobs that do not exist in schema {store.schema!r}: "
+                         f"{', '.join(map(str, missing[:10]))}{' ...' if len(missing) > 10 else ''}; "
+                         "a parent must be enqueued (in this schema) before its children; nothing was enqueued")
+    named = {spec.graph_id for spec in specs if spec.graph_id is not None}
+    unknown = sorted(named - (yield from store.existing_graphs_plan(sorted(named))))
+    if unknown:
+        raise InvalidJob(f"graph_id names no graph in schema {store.schema!r}: {', '.join(map(str, unknown[:10]))} "
+                         "(no job carries it; a graph's id is its first job's, as Graph.graph_id returns); "
+                         "omit graph_id to start a graph or join the parents'; nothing was enqueued")
+    ids, db_now = yield from store.allocate_ids_plan(len(jobs))
+    parents_graph = min((p["graph_id"] for p in found.values() if p["graph_id"] is not None), default=None)
+    default_graph = parents_graph if single else (parents_graph or ids[0])
+    waiting, has_children, edges_p, edges_c, graphs, policies = [], [False] * len(jobs), [], [], [], []
+    for pos, (spec, deps) in enumerate(zip(specs, parents_of)):
+        cancel = _policy(spec.on_parent_failure)
+        n = 0
+        for d in deps:
+            if isinstance(d, str):
+                parent_id = ids[refs[d]]
+                has_children[refs[d]] = True
+                n += 1
+            else:
+                parent_id = d
+                state = found[d]["state"]
+                if state == "cancelled" or (state == "dead" and cancel):
+                    raise InvalidJob(f"parent job {d} is {state}: a child enqueued now could never run "
+                                     f"({'cancelled parents cancel their children' if state == 'cancelled' else 'policy cancel'}); "
+                                     "replay the parent first, or enqueue without it; nothing was enqueued")
+                n += state != "succeeded"
+            edges_p.append(parent_id)
+            edges_c.append(ids[pos])
+        waiting.append(n)
+        policies.append(cancel)
+        graphs.append(spec.graph_id if spec.graph_id is not None else default_graph)
+    run_ats = [j.run_at or (db_now + timedelta(seconds=j.delay_seconds) if j.delay_seconds else db_now)
+               for j in jobs]
+    due = yield from store.insert_graph_jobs_plan({
+        "ids": ids, "queues": [j.queue for j in jobs], "tasks": [j.task for j in jobs],
+        "payloads": [j.payload_json for j in jobs], "priorities": [j.priority for j in jobs],
+        "run_ats": run_ats, "max_attempts": [j.max_attempts for j in jobs],
+        "trace_contexts": [ctx_json] * len(jobs), "waiting": waiting, "has_children": has_children,
+        "cancel_on_parent_failure": policies, "graph_ids": graphs})
+    yield from store.insert_dependencies_plan(edges_p, edges_c)
+    yield from store.notify_queues_plan({j.queue for i, j in zip(ids, jobs) if due.get(i)})
     return ids
 
 

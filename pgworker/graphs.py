@@ -77,10 +77,31 @@ def cancel_graph(core: Core, graph_id: int, *, actor: str | None = None) -> dict
     return {"jobs": len(jobs), "cancelled": cancelled, "requested": requested}
 
 
-def replay_graph(core: Core, graph_id: int, *, actor: str | None = None) -> list[int]:
+class ReplayedGraph(list):  # type: ignore[type-arg]
+    """The ids :func:`replay_graph` put back (a list, dead ones first), with ``replayed``
+    (dead jobs back to pending) and ``requeued`` (jobs a dead parent had cancelled, waiting
+    again) apart."""
+
+    replayed: list[int]
+    requeued: list[int]
+
+
+def graph_states(core: Core, graph_id: int) -> dict[str, int]:
+    """{state: jobs} of a graph; {} when no job carries ``graph_id`` (no such graph, or
+    all its jobs were pruned)."""
+    with core.connection() as c:
+        jobs = core.store.graph_jobs(c, graph_id)
+    out: dict[str, int] = {}
+    for job in jobs:
+        out[job["state"]] = out.get(job["state"], 0) + 1
+    return out
+
+
+def replay_graph(core: Core, graph_id: int, *, actor: str | None = None) -> ReplayedGraph:
     """Replay a graph: its dead jobs go back to pending (as ``replay``), and its jobs that
     a dead parent cancelled (``PARENT_DEAD``) wait again for their parents. Jobs whose
-    parent was cancelled stay cancelled. Returns the ids replayed or requeued."""
+    parent was cancelled stay cancelled. Returns the ids replayed or requeued
+    (:class:`ReplayedGraph`: a list, with the two kinds apart)."""
     with core.connection() as c:
         dead = [j["id"] for j in core.store.graph_jobs(c, graph_id) if j["state"] == "dead"]
     replayed = list(operations.replay(core, dead, queue=None, limit=1000, actor=actor, clean=False)) if dead else []
@@ -90,4 +111,6 @@ def replay_graph(core: Core, graph_id: int, *, actor: str | None = None) -> list
         # and a layer requeued makes the next one's parents pending (a graph's depth bounds it)
         while more := core.store.requeue_graph_children(c, graph_id, actor=actor or "pgworker"):
             requeued += more
-    return replayed + requeued
+    out = ReplayedGraph(replayed + requeued)
+    out.replayed, out.requeued = replayed, requeued
+    return out

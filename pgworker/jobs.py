@@ -89,10 +89,13 @@ class ClaimedJob(NamedTuple):
     lease_expires_at: datetime
     run_at: datetime
     created_at: datetime
-    trace_context: dict[str, str] | None
+    trace_context: dict[str, Any] | None  # W3C carrier; a dependent's also its parents' (tracing.py)
     ordering_key: str | None
     dedupe_key: str | None
     wait_seconds: float
+    # a dependent's first attempt: seconds from unblocked (its last parent succeeded) and
+    # due to this claim, database clock; None for other jobs and attempts
+    unblock_wait_seconds: float | None = None
 
     @property
     def lease(self) -> Lease:

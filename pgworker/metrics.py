@@ -89,6 +89,7 @@ class WorkerMetrics:
             c("pgworker_claimed_jobs_total", q)
             c("pgworker_claim_duration_seconds", q)
             c("pgworker_job_wait_duration_seconds", q)
+            c("pgworker_job_unblock_wait_duration_seconds", q)
             c("pgworker_lease_overrun_seconds", q)
             c("pgworker_enqueued_jobs_total", q)
             for r in cat.RENEW_RESULTS:
@@ -137,14 +138,19 @@ class WorkerMetrics:
     def enqueued(self, queue: str, count: int) -> None:
         self._child("pgworker_enqueued_jobs_total", queue).inc(count)
 
-    def claimed(self, queue: str, count: int, seconds: float, waits: Iterable[float]) -> None:
-        """One claim statement: its result, latency (seconds) and each job's wait (seconds)."""
+    def claimed(self, queue: str, count: int, seconds: float, waits: Iterable[float],
+                jobs: Iterable[Any] = ()) -> None:
+        """One claim statement: its result, latency (seconds) and each job's wait (seconds);
+        ``jobs`` (ClaimedJob): the dependents among them add their unblock wait."""
         c = self._child
         c("pgworker_claims_total", queue, "claimed" if count else "empty").inc()
         c("pgworker_claim_duration_seconds", queue).observe(seconds)
         if count:
             c("pgworker_claimed_jobs_total", queue).inc(count)
             observe_many(c("pgworker_job_wait_duration_seconds", queue), [max(0.0, w) for w in waits])
+            unblocked = [max(0.0, w) for j in jobs if (w := j.unblock_wait_seconds) is not None]
+            if unblocked:
+                observe_many(c("pgworker_job_unblock_wait_duration_seconds", queue), unblocked)
 
     def claim_error(self, queue: str) -> None:
         self._child("pgworker_claims_total", queue, "error").inc()

@@ -22,20 +22,24 @@ The model (docs/results.md):
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, AsyncContextManager, Callable
 
 import psycopg
 from psycopg import sql
 
 from . import db
+from .connections import unreachable
 from .errors import JobDidNotSucceed, JobNotFound, ResultLost, ResultNotReady, ResultTimeout
+from .store.plan import arun
 
 if TYPE_CHECKING:
     from .core import Core
+
+# The App's ``aconnection(conn, sync_call)``: the caller's async connection or a pooled one.
+AsyncConnectionSource = Callable[[psycopg.AsyncConnection | None, str], AsyncContextManager[psycopg.AsyncConnection]]
 
 RESULT_INVALID = "RESULT_INVALID"
 RESULT_TOO_LARGE = "RESULT_TOO_LARGE"
@@ -106,6 +110,11 @@ def result(core: Core, job_id: int, conn: psycopg.Connection | None = None) -> A
     """See :meth:`pgworker.App.result`."""
     with core.connection(conn) as c:
         row = core.store.job_result(c, job_id)
+    return _ready(job_id, row)
+
+
+def _ready(job_id: int, row: dict[str, Any] | None) -> Any:
+    """The result of a job_result_get row, or the error saying why there is none yet."""
     finished, value = _settled(job_id, row)
     if not finished:
         raise ResultNotReady(f"job {job_id} is {row['state']}: it has no result yet "  # type: ignore[index]
@@ -113,12 +122,16 @@ def result(core: Core, job_id: int, conn: psycopg.Connection | None = None) -> A
     return value
 
 
-def wait_result(core: Core, job_id: int, *, timeout: float, poll_seconds: float = WAIT_POLL_SECONDS) -> Any:
-    """See :meth:`pgworker.App.wait_result`."""
+def _check_wait(timeout: float, poll_seconds: float) -> None:
     if not timeout >= 0:
         raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
     if not poll_seconds > 0:
         raise ValueError(f"poll_seconds must be > 0, got {poll_seconds!r}")
+
+
+def wait_result(core: Core, job_id: int, *, timeout: float, poll_seconds: float = WAIT_POLL_SECONDS) -> Any:
+    """See :meth:`pgworker.App.wait_result`."""
+    _check_wait(timeout, poll_seconds)
     deadline = time.monotonic() + timeout
     # A connection of its own (LISTEN is a session's: PGWORKER_LISTEN_DSN when set, the
     # direct connection a pooler deployment gives the listener), autocommit so each re-read
@@ -146,8 +159,49 @@ def _wait_notify(conn: psycopg.Connection, seconds: float) -> None:
         pass
 
 
+async def aresult(core: Core, aconnection: AsyncConnectionSource, job_id: int,
+                  conn: psycopg.AsyncConnection | None = None) -> Any:
+    """See :meth:`pgworker.App.aresult`: :func:`result` on the App's async pool (or
+    ``conn``, through ``aconnection``: the App's), through the same statement plan."""
+    async with aconnection(conn, "result") as c:
+        row = await arun(c, core.store.job_result_plan(job_id))
+    return _ready(job_id, row)
+
+
+async def await_result(core: Core, job_id: int, *, timeout: float, poll_seconds: float = WAIT_POLL_SECONDS) -> Any:
+    """See :meth:`pgworker.App.await_result`: :func:`wait_result` on an async connection
+    of its own (LISTEN is a session's, so not a pooled one), woken by the completion's
+    NOTIFY and re-reading at least every ``poll_seconds``; never blocks the event loop
+    and holds no thread. Cancelling the awaiting task closes the connection."""
+    _check_wait(timeout, poll_seconds)
+    deadline = time.monotonic() + timeout
+    s = core.settings
+    db.check_dsn(s.effective_listen_dsn)
+    try:
+        conn = await psycopg.AsyncConnection.connect(
+            s.effective_listen_dsn or "", autocommit=True, application_name="pgworker-wait-result",
+            connect_timeout=db.CONNECT_TIMEOUT_SECONDS, **db.KEEPALIVE_KWARGS)
+    except psycopg.OperationalError as exc:
+        raise unreachable(s, exc) from None
+    async with conn:
+        if not s.prepared_statements:
+            conn.prepare_threshold = None
+        # LISTEN before the first read: a completion committed in between is read or notified
+        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(core.store.results_channel)))
+        while True:
+            finished, value = _settled(job_id, await arun(conn, core.store.job_result_plan(job_id)))
+            if finished:
+                return value
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ResultTimeout(f"job {job_id} had not finished after {timeout} s")
+            async for _ in conn.notifies(timeout=min(left, poll_seconds), stop_after=1):
+                pass
+            async for _ in conn.notifies(timeout=0.0):  # the rest already received: one re-read covers them
+                pass
+
+
 async def wait_result_async(core: Core, job_id: int, *, timeout: float,
                             poll_seconds: float = WAIT_POLL_SECONDS) -> Any:
-    """See :meth:`pgworker.App.wait_result_async`: :func:`wait_result` in a worker thread
-    (its own connection), so the event loop is never blocked."""
-    return await asyncio.to_thread(wait_result, core, job_id, timeout=timeout, poll_seconds=poll_seconds)
+    """See :meth:`pgworker.App.wait_result_async`, now :func:`await_result` (no thread)."""
+    return await await_result(core, job_id, timeout=timeout, poll_seconds=poll_seconds)

@@ -134,10 +134,17 @@ def start_process_span(job: Any, worker_id: str) -> trace.Span:
     links: list[Link] = []
     if job.trace_context:
         try:
-            parent_ctx = extract(job.trace_context)
+            stored = job.trace_context
+            if PARENT_LINKS_KEY in stored:  # a job with dependencies: its parents' enqueue contexts
+                stored = {k: v for k, v in stored.items() if k not in (PARENT_LINKS_KEY, PARENT_LINKS_DROPPED_KEY)}
+                links += parent_links(job.trace_context)
+                dropped = job.trace_context.get(PARENT_LINKS_DROPPED_KEY)
+                if isinstance(dropped, int) and dropped > 0:
+                    attrs["pgworker.parent_links.dropped"] = dropped
+            parent_ctx = extract(stored)
             sc = trace.get_current_span(parent_ctx).get_span_context()
             if sc.is_valid:
-                links.append(Link(sc, {"pgworker.link": "enqueue"}))
+                links.insert(0, Link(sc, {"pgworker.link": "enqueue"}))
             else:
                 parent_ctx = None
         except Exception:  # a malformed stored context must not fail the job
@@ -146,6 +153,35 @@ def start_process_span(job: Any, worker_id: str) -> trace.Span:
         parent_ctx = otel_context.Context()  # a new trace, not the claimer's current span
     return t.start_span(name, context=parent_ctx, kind=SpanKind.CONSUMER,
                         attributes=attrs, links=links or None)  # None: the SDK skips building a link list
+
+
+# Links from a dependent's process span to its parents (issue 21). As each parent
+# succeeds, the trigger job_dependencies_settle (migration 0009_unblock) appends the
+# parent's stored enqueue traceparent to the waiting child's trace_context (the array
+# PARENT_LINKS_KEY): the parent's process spans are children of that context, so the
+# link leads to the trace the parent ran in, and the claim reads nothing more. At most
+# PARENT_LINKS_MAX are stored (the SDK's default OTEL_SPAN_LINK_COUNT_LIMIT is 128, and a
+# fan-in of 1,000 parents would otherwise store and send 1,000); the trigger counts the
+# others in PARENT_LINKS_DROPPED_KEY, set on the span as pgworker.parent_links.dropped.
+# The migration's 127 must equal this constant (a test checks).
+PARENT_LINKS_MAX = 127  # plus the link to the job's own enqueue: 128 in all
+PARENT_LINKS_KEY = "pgworker.parents"
+PARENT_LINKS_DROPPED_KEY = "pgworker.parents_dropped"
+
+
+def parent_links(stored: dict[str, Any]) -> list[Link]:
+    """The links to a job's parents from its stored trace context (malformed entries skipped)."""
+    out: list[Link] = []
+    values = stored.get(PARENT_LINKS_KEY)
+    if not isinstance(values, list):
+        return out
+    for tp in values[:PARENT_LINKS_MAX]:
+        if not isinstance(tp, str):
+            continue
+        sc = trace.get_current_span(extract({"traceparent": tp})).get_span_context()
+        if sc.is_valid:
+            out.append(Link(sc, {"pgworker.link": "parent"}))
+    return out
 
 
 def attach(span: trace.Span) -> object | None:

@@ -6,7 +6,7 @@ success, 1 error, 2 bad usage, 75 a drain run hit its deadline with due work lef
 
 The package: :mod:`.parser` (the arguments), :mod:`.settings` (flags -> Settings and the
 App), :mod:`.output` (tables and JSON), and the commands by area: :mod:`.jobs` (jobs and
-dead jobs), :mod:`.queues` (status and queue policies), :mod:`.service` (migrate, run,
+dead jobs), :mod:`.graphs` (graph cancel and replay), :mod:`.queues` (status and queue policies), :mod:`.service` (migrate, run,
 schedules, sql grants, demo).
 """
 
@@ -18,6 +18,7 @@ from typing import Sequence
 
 from ..errors import PgworkerError
 from .effects import cmd_effects
+from .graphs import cmd_graphs
 from .jobs import cmd_cancel, cmd_dead, cmd_enqueue, cmd_jobs, cmd_prune
 # The parser's names, importable from here as they were from the single module (the
 # settings reference, pgworker.settings_docs, reads the private value types too).
@@ -31,7 +32,7 @@ EXIT_USAGE = 2
 
 
 COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "enqueue": cmd_enqueue, "jobs": cmd_jobs,
-            "dead": cmd_dead, "effects": cmd_effects, "cancel": cmd_cancel, "prune": cmd_prune, "status": cmd_status,
+            "dead": cmd_dead, "effects": cmd_effects, "graphs": cmd_graphs, "cancel": cmd_cancel, "prune": cmd_prune, "status": cmd_status,
             "queue": cmd_queue, "schedules": cmd_schedules, "sql": cmd_sql, "web": cmd_web, "demo": cmd_demo}
 
 

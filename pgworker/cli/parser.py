@@ -175,6 +175,16 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--clean", action="store_true",
                     help="forget the jobs' recorded steps and effects: they all run again (default: kept)")
 
+    p = sub.add_parser("graphs", help="graphs of jobs (docs/graphs.md): cancel or replay one as a whole")
+    _common(p)
+    gsub = p.add_subparsers(dest="graphs_command", metavar="cancel|replay", required=True)
+    gc = gsub.add_parser("cancel", help="cancel every unfinished job of a graph (running ones are asked to stop)")
+    _common(gc)
+    gc.add_argument("graph_id", type=_job_id, metavar="GRAPH_ID", help="the graph's id (its first job's)")
+    gr = gsub.add_parser("replay", help="replay a graph's dead jobs; what their death cancelled waits again")
+    _common(gr)
+    gr.add_argument("graph_id", type=_job_id, metavar="GRAPH_ID", help="the graph's id (its first job's)")
+
     p = sub.add_parser("effects", help="resolve an external effect left uncertain (EFFECT_UNCERTAIN)")
     _common(p)
     esub = p.add_subparsers(dest="effects_command", metavar="resolve")
@@ -386,6 +396,17 @@ def _float_or_none(text: str) -> float | None:
 
 def _duration_or_none(text: str) -> float | None:
     return None if text.strip().lower() in _NONE else parse_duration(text)
+
+
+def _job_id(text: str) -> int:
+    """A job (or graph) id: an integer from 1 to 2**63-1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an id: ids are whole numbers, e.g. 42") from None
+    if not 0 < value < 2**63:
+        raise argparse.ArgumentTypeError(f"{text} is no id: ids are 1 to 2**63-1")
+    return value
 
 
 def _version() -> str:

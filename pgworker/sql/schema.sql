@@ -64,6 +64,8 @@ CREATE TABLE {schema}.jobs (
     progress            real,
     progress_message    text,
     progress_at         timestamptz,
+    -- When the last parent succeeded (NULL: never waited for one); docs/graphs.md.
+    unblocked_at        timestamptz,
     CONSTRAINT jobs_attempts_nonnegative CHECK (attempts >= 0),
     CONSTRAINT jobs_waiting_parents_nonnegative CHECK (waiting_parents >= 0),
     CONSTRAINT jobs_progress_range CHECK (progress BETWEEN 0 AND 1),
@@ -389,7 +391,20 @@ BEGIN
         WITH ready AS (
             UPDATE jobs AS c
             SET waiting_parents = c.waiting_parents - 1,
-                blocked = c.waiting_parents > 1
+                blocked = c.waiting_parents > 1,
+                unblocked_at = CASE WHEN c.waiting_parents = 1 THEN now() ELSE c.unblocked_at END,
+                trace_context = CASE
+                    WHEN NOT coalesce(NEW.trace_context ? 'traceparent', false)
+                         OR c.trace_context->>'traceparent' = NEW.trace_context->>'traceparent'
+                         OR coalesce(c.trace_context->'pgworker.parents' ? (NEW.trace_context->>'traceparent'), false)
+                        THEN c.trace_context
+                    WHEN coalesce(jsonb_array_length(c.trace_context->'pgworker.parents'), 0) < 127
+                        THEN jsonb_set(coalesce(c.trace_context, jsonb_build_object()), ARRAY['pgworker.parents'],
+                                       coalesce(c.trace_context->'pgworker.parents', '[]')
+                                       || to_jsonb(NEW.trace_context->>'traceparent'))
+                    ELSE jsonb_set(c.trace_context, ARRAY['pgworker.parents_dropped'],
+                                   to_jsonb(coalesce((c.trace_context->>'pgworker.parents_dropped')::int, 0) + 1))
+                END
             FROM job_dependencies AS d
             WHERE d.parent_id = NEW.id AND c.id = d.child_id
               AND c.state = 'pending' AND c.waiting_parents > 0

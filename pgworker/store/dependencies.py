@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import psycopg
 
 from .base import StoreBase
+from .plan import Exec, Plan, run
 
 
 #: Rows per keyset page when a graph's jobs are read (cancel_graph, replay_graph).
@@ -24,21 +25,25 @@ class DependencyStatements(StoreBase):
     def lock_parents(self, conn: psycopg.Connection, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         """Lock the parents ``ids`` until the transaction ends and mark them as parents;
         returns {id: {state, graph_id, last_error_code}} of those that exist."""
+        return run(conn, self.lock_parents_plan(ids))
+
+    def lock_parents_plan(self, ids: Sequence[int]) -> Plan[dict[int, dict[str, Any]]]:
+        """:meth:`lock_parents` as a plan (:mod:`pgworker.store.plan`), for the async enqueue too."""
         if not ids:
             return {}
-        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-        rows = cur.execute(self.queries["job_parents_lock"], {"ids": sorted(set(ids))}).fetchall()
+        rows = yield Exec(self.queries["job_parents_lock"], {"ids": sorted(set(ids))}, dict_rows=True)
         return {r["id"]: r for r in rows}
 
-    def insert_graph_jobs(self, conn: psycopg.Connection, rows: dict[str, list[Any]]) -> dict[int, bool]:
+    def insert_graph_jobs_plan(self, rows: dict[str, list[Any]]) -> Plan[dict[int, bool]]:
         """Insert jobs with their dependency columns (see ``jobs_insert_graph``); returns
         {id: due now}."""
-        return {r[0]: r[1] for r in self._exec(conn, "jobs_insert_graph", rows).fetchall()}
+        out = yield self._step("jobs_insert_graph", rows)
+        return {r[0]: r[1] for r in out}
 
-    def insert_dependencies(self, conn: psycopg.Connection, parents: Sequence[int], children: Sequence[int]) -> None:
+    def insert_dependencies_plan(self, parents: Sequence[int], children: Sequence[int]) -> Plan[None]:
         """Insert the edges parent -> child (pairs, in the same order)."""
         if parents:
-            self._exec(conn, "job_dependencies_insert", {"parents": list(parents), "children": list(children)})
+            yield self._step("job_dependencies_insert", {"parents": list(parents), "children": list(children)})
 
     def job_parents(self, conn: psycopg.Connection, job_id: int, *, limit: int = 100) -> list[dict[str, Any]]:
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)
@@ -52,6 +57,13 @@ class DependencyStatements(StoreBase):
         """{parent id: its result (None: it returned nothing)} of job ``job_id``."""
         rows = self._exec(conn, "job_parent_results", {"id": job_id}).fetchall()
         return {r[0]: r[2] if r[1] else None for r in rows}
+
+    def existing_graphs_plan(self, graph_ids: Sequence[int]) -> Plan[set[int]]:
+        """The ids of ``graph_ids`` that some job of this schema carries as its graph_id."""
+        if not graph_ids:
+            return set()
+        rows = yield self._step("graphs_existing", {"ids": sorted(set(graph_ids))})
+        return {r[0] for r in rows}
 
     def graph_jobs(self, conn: psycopg.Connection, graph_id: int, *, page: int | None = None) -> list[dict[str, Any]]:
         """Every job of the graph, oldest first, read in keyset pages of ``page`` rows

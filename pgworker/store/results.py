@@ -7,6 +7,7 @@ from typing import Any
 import psycopg
 
 from .base import StoreBase
+from .plan import Exec, Plan, run
 
 
 class ResultStatements(StoreBase):
@@ -16,5 +17,9 @@ class ResultStatements(StoreBase):
         """``{state, last_error_code, has_result, result}`` of job ``job_id`` (``result``
         decoded from JSON; None with ``has_result``: stored without it), or None when
         there is no such job."""
-        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-        return cur.execute(self.queries["job_result_get"], {"id": job_id}).fetchone()
+        return run(conn, self.job_result_plan(job_id))
+
+    def job_result_plan(self, job_id: int) -> Plan[dict[str, Any] | None]:
+        """:meth:`job_result` as a plan (:mod:`pgworker.store.plan`): the async reads run it."""
+        rows = yield Exec(self.queries["job_result_get"], {"id": job_id}, dict_rows=True)
+        return rows[0] if rows else None

@@ -116,3 +116,37 @@ def test_a_workers_progress_is_on_the_row(env, pg_dsn, conn):
         assert env.wait_result(job_id, timeout=60) == 0.5
     job = env.get_job(job_id)
     assert (job["progress"], job["progress_message"]) == (0.5, "half way") and job["progress_at"] is not None
+
+
+def test_unblock_latency_is_a_histogram_of_the_dependents_first_claims(env, pg_dsn, conn):
+    """A fan-out of 10 children behind one parent, 5 jobs without parents and one child
+    enqueued after its parent had succeeded (never blocked): scraped from a real worker's
+    /metrics, pgworker_job_unblock_wait_duration_seconds counts exactly the 10 dependents
+    that waited, each observed once, and the trigger stamped their unblocked_at with the
+    parent's completion."""
+    from obs import free_port, total, wait_for_metrics, wait_ready
+
+    schema = env.settings.schema
+    port = free_port()
+    parent = env.enqueue("sturdy", {"seconds": 0.3})
+    children = env.enqueue_many([JobSpec("returns", {"c": i}, depends_on=[parent]) for i in range(10)])
+    loose = env.enqueue_many([("returns", {"loose": i}) for i in range(5)])
+    with Worker(pg_dsn, schema, "--concurrency", "2", "--metrics-port", str(port), "--metrics-host", "127.0.0.1"):
+        wait_ready(port)
+        for job_id in children + loose:
+            env.wait_result(job_id, timeout=60)
+        late = env.enqueue("returns", {"late": True}, depends_on=[parent])
+        env.wait_result(late, timeout=60)
+        text = wait_for_metrics(port, lambda t: total(t, "pgworker_job_wait_duration_seconds_count") >= 17, 60,
+                                "every claim observed")
+    assert total(text, "pgworker_job_wait_duration_seconds_count") == 17
+    assert total(text, "pgworker_job_unblock_wait_duration_seconds_count") == 10
+    assert 0 <= total(text, "pgworker_job_unblock_wait_duration_seconds_sum") < 10 * 30
+    assert total(text, "pgworker_job_unblock_wait_duration_seconds_bucket", le="+Inf") == 10
+    [(finished,)] = q(conn, schema, "SELECT finished_at FROM {s}.jobs WHERE id = %s", parent)
+    stamped = q(conn, schema, "SELECT id, unblocked_at FROM {s}.jobs WHERE id = ANY(%s)",
+                children + loose + [late])
+    assert {i for i, at in stamped if at is not None} == set(children)
+    assert {at for i, at in stamped if at is not None} == {finished}  # the completing statement's now()
+    assert env.get_job(children[0])["unblocked_at"] == finished  # `pgworker jobs show` prints it
+    assert env.get_job(late)["unblocked_at"] is None

@@ -388,9 +388,41 @@ def test_the_statistics_count_waiting_jobs_and_the_wait_behind_a_dead_parent(app
     assert families["pgworker_queue_blocked_by_dead_parent_age_seconds"].samples[0].value > 7100
 
 
-def test_the_async_producer_refuses_dependencies_rather_than_dropping_them(app, conn):
+def test_the_async_producer_builds_the_graph_it_once_refused(app, conn):
+    """aenqueue_many with refs (refused before: the async path had no graph enqueue) now
+    writes the same rows as enqueue_many (tests/integration/test_async_graphs.py has more)."""
     import asyncio
 
-    with pytest.raises(InvalidJob, match="App.enqueue_many"):
-        asyncio.run(app.aenqueue_many([JobSpec("t", ref="a"), JobSpec("t", depends_on=["a"])]))
-    assert count_jobs(conn, app.settings.schema) == 0
+    async def main():
+        try:
+            return await app.aenqueue_many([JobSpec("t", ref="a"), JobSpec("t", depends_on=["a"])])
+        finally:
+            await app.aclose()
+
+    a, b = asyncio.run(main())
+    assert state(conn, app.settings.schema, b) == ("pending", True, 1, None)
+    assert q(conn, app.settings.schema, "SELECT parent_id, child_id FROM {s}.job_dependencies") == [(a, b)]
+
+
+def test_graph_id_must_name_an_existing_graph(app, conn):
+    """graph_id= joins a job to a graph that exists (some job carries the id); a made-up,
+    mistyped or pruned graph id is refused and nothing is enqueued."""
+    schema = app.settings.schema
+    app.task(name="g")(lambda payload: None)
+    graph = app.chain([("g", 1), ("g", 2)])
+    joined = app.enqueue("g", 3, graph_id=graph.graph_id)
+    assert {j["id"] for j in app.list_jobs(graph_id=graph.graph_id)} == {*graph.ids, joined}
+    before = q(conn, schema, "SELECT count(*) FROM {s}.jobs")[0][0]
+    for bad in (987654321, joined):  # no such id; a job that is not a graph's first (no job carries it)
+        with pytest.raises(InvalidJob, match=f"graph_id names no graph in schema {schema!r}: {bad}"):
+            app.enqueue("g", 4, graph_id=bad)
+        with pytest.raises(InvalidJob, match="nothing was enqueued"):
+            app.enqueue_many([JobSpec("g", 5, ref="a"),
+                              JobSpec("g", 6, depends_on=["a"], graph_id=bad)])
+    for bad in (0, -1, 2**63):
+        with pytest.raises(InvalidJob, match="is no job id"):
+            app.enqueue("g", 7, graph_id=bad)
+    assert q(conn, schema, "SELECT count(*) FROM {s}.jobs")[0][0] == before
+    conn.execute(sql.SQL("DELETE FROM {}.jobs WHERE graph_id = %s").format(sql.Identifier(schema)), (graph.graph_id,))
+    with pytest.raises(InvalidJob, match="graph_id names no graph"):  # pruned: gone with its jobs
+        app.enqueue("g", 8, graph_id=graph.graph_id)

@@ -272,3 +272,95 @@ def test_the_reaper_records_a_reap_span_with_its_counts(traced_app, exporter, co
     assert reap.attributes["messaging.operation.name"] == "reap"
     assert reap.attributes["messaging.batch.message_count"] == 3
     assert (reap.attributes["pgworker.requeued"], reap.attributes["pgworker.dead"]) == (2, 1)
+
+
+def test_a_dependent_s_process_span_links_to_each_parent_s_trace(traced_app, exporter, conn, schema):
+    """Two parents enqueued by two requests (two traces), their child by a third: the
+    child's process span is parented to its own enqueue and links to it and to each
+    parent's enqueue context, whose trace holds the parent's process span."""
+    app = traced_app
+    app.task(name="step")(lambda payload: None)
+    request_tracer = trace.get_tracer("the application", tracer_provider=tracing._tracer_provider)
+    parents = []
+    for i in range(2):
+        with request_tracer.start_as_current_span(f"POST /parent/{i}"):
+            parents.append(app.enqueue("step", {"parent": i}))
+    with request_tracer.start_as_current_span("POST /child") as request:
+        child = app.enqueue("step", {"child": True}, depends_on=parents)
+    with InProcessClaimer(app):
+        wait_until(lambda: state(conn, schema, child) == "succeeded", 30, message="the child to succeed")
+    spans = exporter.get_finished_spans()
+    process = {s.attributes["messaging.message.id"]: s for s in by_name(spans, "process default")}
+    by_span_id = {s.context.span_id: s for s in by_name(spans, "send default")}
+    sends = {job_id: by_span_id[p.parent.span_id] for job_id, p in process.items()}  # each job's enqueue
+    p_child = process[str(child)]
+    assert p_child.context.trace_id == request.get_span_context().trace_id
+    assert p_child.parent.span_id == sends[str(child)].context.span_id
+    links = [(link.context.trace_id, link.context.span_id, link.attributes["pgworker.link"]) for link in p_child.links]
+    assert links[0] == (sends[str(child)].context.trace_id, sends[str(child)].context.span_id, "enqueue")
+    assert sorted(links[1:]) == sorted((sends[str(p)].context.trace_id, sends[str(p)].context.span_id, "parent")
+                                       for p in parents)
+    for p in parents:  # each link leads to the trace where the parent ran
+        assert process[str(p)].context.trace_id == sends[str(p)].context.trace_id
+    assert "pgworker.parent_links.dropped" not in p_child.attributes
+
+
+def test_a_fan_in_of_1000_parents_links_a_bounded_number(traced_app, exporter, conn, schema):
+    """1,000 parents, each with its own trace context: the child stores and links at most
+    tracing.PARENT_LINKS_MAX of them (128 links with its own enqueue's, the SDK's default
+    limit) and says how many it left out; the migration's bound is the constant."""
+    app = traced_app
+    app.task(name="step")(lambda payload: None)
+    n = 1000
+    parents = app.enqueue_many([("step", {"i": i}) for i in range(n)])
+    # a distinct W3C context per parent, as 1,000 requests would have stored
+    conn.execute(psycopg.sql.SQL(
+        "UPDATE {s}.jobs SET trace_context = jsonb_build_object('traceparent', "
+        "'00-' || lpad(to_hex(id), 32, '0') || '-' || lpad(to_hex(id), 16, '0') || '-01') "
+        "WHERE id = ANY(%s)").format(s=psycopg.sql.Identifier(schema)), (parents,))
+    child = app.enqueue("step", {"child": True}, depends_on=parents)
+    with InProcessClaimer(app):
+        wait_until(lambda: state(conn, schema, child) == "succeeded", 60, message="the child to succeed")
+    stored = q(conn, schema, "SELECT trace_context FROM {s}.jobs WHERE id = %s", child)[0][0]
+    assert len(stored[tracing.PARENT_LINKS_KEY]) == tracing.PARENT_LINKS_MAX
+    assert stored[tracing.PARENT_LINKS_DROPPED_KEY] == n - tracing.PARENT_LINKS_MAX
+    [p_child] = [s for s in by_name(exporter.get_finished_spans(), "process default")
+                 if s.attributes["messaging.message.id"] == str(child)]
+    assert len(p_child.links) == tracing.PARENT_LINKS_MAX + 1 <= 128
+    assert p_child.attributes["pgworker.parent_links.dropped"] == n - tracing.PARENT_LINKS_MAX
+    assert {link.attributes["pgworker.link"] for link in p_child.links[1:]} == {"parent"}
+
+
+def test_the_trigger_s_link_bound_is_the_tracing_constant():
+    """The trigger (SQL) and tracing.py bound the parent links alike."""
+    import pathlib
+
+    from pgworker import sql as sqlfiles
+
+    root = pathlib.Path(sqlfiles.__file__).parent
+    for f in (root / "schema.sql", root / "migrations" / "0009_unblock.sql"):
+        assert f"'pgworker.parents'), 0) < {tracing.PARENT_LINKS_MAX}" in f.read_text(), f
+
+
+def test_an_untraced_child_of_traced_parents_starts_a_trace_linked_to_them(traced_app, exporter, conn, schema):
+    """The child was enqueued with no SDK (another service, say): its process span is a
+    root of its own, with a link to each parent's trace."""
+    app = traced_app
+    app.task(name="step")(lambda payload: None)
+    parents = [app.enqueue("step", {"parent": i}) for i in range(2)]
+    provider = tracing._tracer_provider
+    tracing.set_tracer_provider(None)  # the global provider: the API's proxy, nothing recorded
+    try:
+        child = app.enqueue("step", {"child": True}, depends_on=parents)
+    finally:
+        tracing.set_tracer_provider(provider)
+    assert q(conn, schema, "SELECT trace_context FROM {s}.jobs WHERE id = %s", child)[0][0] is None
+    with InProcessClaimer(app):
+        wait_until(lambda: state(conn, schema, child) == "succeeded", 30, message="the child to succeed")
+    spans = exporter.get_finished_spans()
+    process = {s.attributes["messaging.message.id"]: s for s in by_name(spans, "process default")}
+    p_child = process[str(child)]
+    assert p_child.parent is None
+    assert sorted(link.context.trace_id for link in p_child.links) == sorted(
+        process[str(p)].context.trace_id for p in parents)
+    assert {link.attributes["pgworker.link"] for link in p_child.links} == {"parent"}

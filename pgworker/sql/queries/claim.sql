@@ -173,7 +173,10 @@ WITH RECURSIVE gate AS (
               j.lease_token, j.lease_expires_at, j.run_at, j.created_at, j.trace_context,
               j.ordering_key, j.dedupe_key,
               extract(epoch FROM statement_timestamp() - j.run_at)::float8 AS wait_seconds,
-              j.id = ANY (ARRAY(SELECT id FROM aged)) AS aged
+              j.id = ANY (ARRAY(SELECT id FROM aged)) AS aged,
+              -- a dependent's first attempt: from unblocked (and due) to this claim
+              CASE WHEN j.unblocked_at IS NOT NULL AND j.attempts = 1 THEN extract(epoch FROM
+                  statement_timestamp() - greatest(j.unblocked_at, j.run_at))::float8 END AS unblock_wait_seconds
 ), bucket AS (
     UPDATE {schema}.queues AS q
     SET tokens = a.tokens - (SELECT count(*) FROM claimed),
@@ -195,7 +198,7 @@ SELECT a.paused, a.limited, a.n AS allowance,
        END AS retry_after_seconds,
        c.id, c.queue, c.task, c.payload, c.priority, c.attempts, c.max_attempts, c.lease_token,
        c.lease_expires_at, c.run_at, c.created_at, c.trace_context, c.ordering_key, c.dedupe_key,
-       c.wait_seconds
+       c.wait_seconds, c.unblock_wait_seconds
 FROM allowance AS a
 LEFT JOIN claimed AS c ON true
 ORDER BY c.aged DESC, CASE WHEN c.aged THEN c.run_at END, c.priority DESC, c.run_at, c.id;

@@ -74,6 +74,13 @@ FROM {schema}.job_dependencies AS d LEFT JOIN {schema}.job_results AS r ON r.job
 WHERE d.child_id = %(id)s
 ORDER BY d.parent_id;
 
+-- name: graphs_existing
+-- Which of the graph ids an enqueue names (graph_id=) exist: some job carries the id
+-- (jobs_graph_idx answers each with one index probe). A graph id names no graph until a
+-- job of it is enqueued (its first job's id), so a made-up or mistyped id is refused.
+SELECT g FROM unnest(%(ids)s::bigint[]) AS g
+WHERE EXISTS (SELECT 1 FROM {schema}.jobs WHERE graph_id = g);
+
 -- name: graph_jobs
 -- The jobs of a graph, oldest first, after the id %(after)s (keyset pages: cancel and
 -- replay of a graph read every page; jobs_graph_idx serves it).

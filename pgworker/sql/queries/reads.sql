@@ -13,7 +13,7 @@ SELECT id, queue, task, payload, state::text AS state, priority, run_at, attempt
        ordering_key, blocked, dead_blocks_key, schedule_name, schedule_slot,
        cancel_requested_at, trace_context, created_at, graph_id, waiting_parents,
        CASE WHEN cancel_on_parent_failure THEN 'cancel' ELSE 'hold' END AS on_parent_failure, has_children,
-       progress, progress_message, progress_at
+       progress, progress_message, progress_at, unblocked_at
 FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: job_events_list

@@ -333,7 +333,7 @@ class Claimer:
             self.retry_at[queue] = time.monotonic() + result.retry_after_seconds * (1.0 + 0.2 * random.random())
         else:
             self.retry_at.pop(queue, None)
-        self.metrics.claimed(queue, len(jobs), claim_seconds, (j.wait_seconds for j in jobs))
+        self.metrics.claimed(queue, len(jobs), claim_seconds, (j.wait_seconds for j in jobs), jobs)
         if jobs:
             self._hold(jobs, claimed_at=sent)
         return jobs

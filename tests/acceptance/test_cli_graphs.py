@@ -1,0 +1,78 @@
+"""`pgworker graphs cancel|replay GRAPH_ID` (issue 21), run as a user would, against a graph
+whose parent really died in a real worker."""
+
+from __future__ import annotations
+
+import pytest
+
+from pg import wait_until
+from pgworker import JobSpec
+from test_cli import cli, js
+from worker import ACCEPTANCE_APP, Worker, create_ledger, q
+
+pytestmark = pytest.mark.acceptance
+
+
+@pytest.fixture
+def env(app, pg_dsn):
+    from pgworker.loader import load_app
+
+    create_ledger(pg_dsn, app.settings.schema)
+    app.tasks.update(load_app(ACCEPTANCE_APP).tasks)
+    return app
+
+
+def states(conn, schema, ids):
+    return dict(q(conn, schema, "SELECT id, state::text FROM {s}.jobs WHERE id = ANY(%s)", list(ids)))
+
+
+def test_replay_then_cancel_a_graph_from_the_command_line(env, pg_dsn, conn):
+    """A parent that dies (a task no worker knows: dead at once, UNKNOWN_TASK) with a child
+    under the cancel policy and one under hold: `graphs replay` puts the dead parent back
+    and the cancelled child waits again; `graphs cancel` then cancels all that is
+    unfinished. Counts in text and in JSON."""
+    schema = env.settings.schema
+    ids = env.enqueue_many([JobSpec("no.such.task", None, ref="p"),
+                            JobSpec("returns", {"c": 1}, depends_on=["p"], on_parent_failure="cancel"),
+                            JobSpec("returns", {"c": 2}, depends_on=["p"])], any_task=True)
+    parent, cancelled_child, held_child = ids
+    with Worker(pg_dsn, schema, "--concurrency", "1"):
+        wait_until(lambda: states(conn, schema, [parent])[parent] == "dead", 60, message="the parent to die")
+    assert states(conn, schema, ids) == {parent: "dead", cancelled_child: "cancelled", held_child: "pending"}
+
+    out = cli(pg_dsn, schema, "graphs", "replay", str(parent)).stdout
+    assert out.startswith(f"graph {parent}: replayed 1 dead job, 1 job cancelled by a dead parent wait again\n")
+    assert "now: 3 pending" in out
+    assert states(conn, schema, ids) == {parent: "pending", cancelled_child: "pending", held_child: "pending"}
+    again = js(cli(pg_dsn, schema, "graphs", "replay", str(parent), "--json"))
+    assert again == {"graph_id": parent, "jobs": 3, "replayed": [], "requeued": [], "states": {"pending": 3}}
+
+    done = js(cli(pg_dsn, schema, "graphs", "cancel", str(parent), "--json"))
+    assert done == {"graph_id": parent, "jobs": 3, "cancelled": 1, "requested": 0, "states": {"cancelled": 3}}
+    # the children went with their parent, by the dependency rule
+    assert states(conn, schema, ids) == dict.fromkeys(ids, "cancelled")
+    text = cli(pg_dsn, schema, "graphs", "cancel", str(parent)).stdout
+    assert text.startswith(f"graph {parent}: 3 jobs; cancelled 0,")
+
+
+@pytest.mark.parametrize("args, code, fragment", [
+    (("graphs", "cancel", "987654"), 1, "there is no graph 987654 in schema"),
+    (("graphs", "replay", "987654"), 1, "there is no graph 987654 in schema"),
+    (("graphs", "cancel", "abc"), 2, "'abc' is not an id: ids are whole numbers"),
+    (("graphs", "replay", "0"), 2, "0 is no id: ids are 1 to 2**63-1"),
+    (("graphs", "replay", str(2**63)), 2, "is no id"),
+    (("graphs",), 2, "required: cancel|replay"),
+])
+def test_a_missing_or_malformed_graph_id_is_a_clear_error(app, pg_dsn, args, code, fragment):
+    proc = cli(pg_dsn, app.settings.schema, *args, check=False)
+    assert proc.returncode == code, proc.stderr
+    assert fragment in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_a_job_that_is_no_graph_s_is_no_graph(app, pg_dsn):
+    """A job enqueued without dependencies has no graph: its id names none."""
+    job = app.enqueue("t", None, any_task=True)
+    proc = cli(pg_dsn, app.settings.schema, "graphs", "cancel", str(job), check=False)
+    assert proc.returncode == 1 and f"there is no graph {job}" in proc.stderr
+    assert app.get_job(job)["state"] == "pending"
