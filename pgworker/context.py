@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from .effects.connections import EffectResources
     from .jobs import ClaimedJob
-    from .worker.slots import SlotTable
+    from .worker.shm.slots import SlotTable
 
 log = logging.getLogger("pgworker.job")
 

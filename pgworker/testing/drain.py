@@ -40,7 +40,8 @@ from ..names import check_queue_name, dsn_password
 from ..worker.claimer.connection import ClaimerConnection
 from ..worker.claimer.executor import Executor
 from ..worker.outcome import RELEASE, Outcome, Write, write_outcomes, written_outcome
-from ..worker.slots import RENEW_ALIVE, SlotEntry, SlotTable
+from ..worker.shm.layout import RENEW_ALIVE, SlotEntry
+from ..worker.shm.slots import SlotTable
 from .rows import JobRow, fetch_jobs
 
 # Enough for any test that means to stop; small enough that a job enqueueing itself
@@ -297,7 +298,7 @@ def _run_one(app: Any, conn: psycopg.Connection, executor: Executor, table: Slot
                                                         out.message, out.delay, out.permanent,
                                                         out.result)])[out.kind]
     finally:
-        table.clear(slot, job.id)
+        table.empty_job(slot, job.id)
     accepted = job.id in report.accepted
     state = report.details.get(job.id) if accepted else None
     outcome = written_outcome(out.kind, state) if accepted else "lost"

@@ -38,7 +38,8 @@ from ... import tracing
 from ...db import READ_ONLY_SQLSTATE, OutageLog, connection_lost, describe_failure, sqlstate_class
 from ...jobs import ClaimedJob, FenceReport
 from ...names import bounded_text, schema_flag
-from .. import slots as s
+from ..shm import layout as s
+from ..shm.slots import SlotTable
 from ..outcome import COMMITTED, FAIL, OUTCOME_INVALID, Outcome, Write, write_outcomes, written_outcome
 from ..service import Backoff
 from .connection import ClaimerConnection
@@ -52,7 +53,7 @@ INVALID_VALUE_CLASSES = ("22", "23")  # data exception, integrity constraint vio
 class Completer:
     """The outcome writes of one claimer process (see the module)."""
 
-    def __init__(self, *, app: Any, db: ClaimerConnection, table: s.SlotTable, metrics: Any, worker_id: str,
+    def __init__(self, *, app: Any, db: ClaimerConnection, table: SlotTable, metrics: Any, worker_id: str,
                  flush_seconds: float, error_message_max_chars: int, index: int = 0,
                  on_settled: Callable[[], None] = lambda: None) -> None:
         self.app = app
@@ -282,7 +283,7 @@ class Completer:
             finished.setdefault((o.job.queue, o.job.task, outcome, o.code), []).append(o.run_seconds)
         for (queue, op), attempts in settled.items():
             tracing.settle_spans(queue, op, attempts, worker_id=self.worker_id, start_time=started_ns)
-        self.table.clear_many([(o.slot, o.job.id) for o in written])
+        self.table.empty_jobs([(o.slot, o.job.id) for o in written])
         for outcome, n in outcomes.items():
             self.table.count(outcome, n)
         for queue, n in in_flight.items():

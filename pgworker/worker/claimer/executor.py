@@ -43,7 +43,8 @@ from ...retry import classify, error_code
 from ...tasks import Task
 from ...effects.connections import EffectResources, HandlerConnections
 from ...results import ResultRefused, encode_result
-from ..slots import MESSAGE_BYTES, SlotTable
+from ..shm.layout import MESSAGE_BYTES
+from ..shm.slots import SlotTable
 from ..outcome import (CANCEL, COMMITTED, COMPLETE, FAIL, RESULT_IN_SLOT, RESULT_NOT_IN_SLOT, SNOOZE, Outcome,
                       bounded_code, bounded_delay, bounded_message)
 

@@ -30,11 +30,13 @@ from ...config import Settings
 from ...jobs import ClaimedJob
 from ...names import dsn_password
 from ...tasks import RENEW_ON_PROGRESS
-from .. import slots as s
+from ..shm import layout as s
+from ..shm.slots import SlotTable
 from ..lease import hard_limit
 from ..outcome import CANCEL, RELEASE, Outcome
+from ..metrics_setup import pod_metrics
 from ..podlimits import PodQueueLimits
-from ..wakeups import PodSignals, fence
+from ..shm.wakeups import PodSignals, fence
 from .completer import Completer
 from .connection import ClaimerConnection
 from .executor import Executor
@@ -60,8 +62,8 @@ class Claimer:
     order (this one included at ``index``); ``signals`` the pod's wake-up state.
     """
 
-    def __init__(self, app: Any, settings: Settings, index: int, table: s.SlotTable, queues: Sequence[str], *,
-                 drain: bool, peers: Sequence[s.SlotTable] | None = None, signals: PodSignals | None = None,
+    def __init__(self, app: Any, settings: Settings, index: int, table: SlotTable, queues: Sequence[str], *,
+                 drain: bool, peers: Sequence[SlotTable] | None = None, signals: PodSignals | None = None,
                  pod_limits: PodQueueLimits | None = None, supervisor_pid: int | None = None) -> None:
         self.app = app
         self.settings = settings
@@ -102,22 +104,14 @@ class Claimer:
         if threading.current_thread() is threading.main_thread():  # a claimer run in a thread (tests) has none
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the supervisor decides
             signal.signal(signal.SIGTERM, self._on_sigterm)
-        from ...metrics import process_metrics
-
-        self.metrics = process_metrics(task_label=self.settings.metrics_task_label)
+        self.metrics = pod_metrics(self.app, self.queues, self.settings.metrics_task_label)
         self.executor.effects.metrics = self.metrics
-        tasks_by_queue: dict[str, list[str]] = {}
-        for t in self.app.tasks.values():
-            tasks_by_queue.setdefault(t.queue, []).append(t.name)
-        self.metrics.init_queues(self.queues, tasks_by_queue)
-        self.metrics.known_tasks(self.app.tasks)
         for q in self.queues:
             self.metrics.set_in_flight(q, 0)
         self.completer = Completer(app=self.app, db=self.db, table=self.table, metrics=self.metrics,
                                    worker_id=self.worker_id, flush_seconds=self.settings.completion_flush_seconds,
                                    error_message_max_chars=self.settings.error_message_max_chars,
                                    index=self.index, on_settled=self._refresh_pod_limits)
-        self.table.header.pid = os.getpid()
         self.table.beat(idle=False)
         self.completer.start(lambda: self.executor.running)
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from ... import tracing
 from ...config import Settings
 from ..podlimits import PodQueueLimits
-from ..slots import SlotTable
-from ..wakeups import PodSignals
+from ..shm.slots import SlotTable
+from ..shm.wakeups import PodSignals
 
 log = logging.getLogger("pgworker.claimer")
 
