@@ -7,7 +7,7 @@ Every step is the worker's own code, not a copy of its rules:
   (:class:`pgworker.worker.claimer.connection.ClaimerConnection`);
 - the handler runs, and its outcome is decided, in the claimer's
   :class:`~pgworker.worker.claimer.executor.Executor` with a one-slot
-  :class:`~pgworker.worker.slots.SlotTable`;
+  :class:`~pgworker.worker.shm.slots.SlotTable`;
 - the outcome is written with the fenced writes
   (:func:`pgworker.worker.outcome.write_outcomes`), and counted as the claimer counts
   it (:func:`~pgworker.worker.outcome.written_outcome`).

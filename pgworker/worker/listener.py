@@ -1,7 +1,7 @@
 """The listener: one direct connection per pod LISTENing on the schema's channel.
 
 A notification names a queue: it announces work on that queue to the pod (one idle
-claimer wakes: :mod:`pgworker.worker.wakeups`). On a lost connection it reconnects with
+claimer wakes: :mod:`pgworker.worker.shm.wakeups`). On a lost connection it reconnects with
 the runtime's backoff, LISTENs again and sweeps (announces work on every queue), since
 notifications sent meanwhile were lost; the fallback poll keeps claiming in between.
 NOTIFY is a hint, the table is the truth.

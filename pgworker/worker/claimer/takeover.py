@@ -6,7 +6,7 @@ came back empty takes over the next job waiting in a peer's batch instead of sle
 no job claimed by the pod waits behind another while one of its claimers is idle. The job
 keeps its lease and fencing token: only the slot moves, from the peer's table to the
 taker's (CLAIMED -> MOVING there, then empty once the job is in the taker's table; see
-:mod:`pgworker.worker.slots`), and the row's ``lease_owner`` becomes the taker. The taker
+:mod:`pgworker.worker.shm.slots`), and the row's ``lease_owner`` becomes the taker. The taker
 reads the job's row by id and token (``job_take_over``, refused once the lease has
 expired), since the payload lives in the peer's process, not in shared memory. The old
 slot's ``lost`` and ``cancel`` flags, set by the renewer and the lease clock while the
