@@ -21,7 +21,9 @@ once rather than when their leases expire:
   for good: a slot lost, the pod's per-queue count off, a drain that never ended).
 
 Every write is fenced; a refused write whose outcome turns out to be already recorded
-(the claimer's own write committed just before it died) is counted as that outcome.
+(the claimer's own write committed just before it died, or an earlier settlement whose
+reply was lost) is counted as that outcome, by the completer's rule
+(:func:`pgworker.worker.outcome.already_written`).
 """
 
 from __future__ import annotations
@@ -37,13 +39,13 @@ from ..names import schema_flag
 from ..tasks import retry_delays
 from .shm import layout as s
 from .shm.slots import SlotTable, SlotTableBusy
-from .outcome import COMMITTED, COMPLETE, FAIL, PROVISIONAL, RELEASE, Write, slot_result, write_outcomes, written_outcome
+from .outcome import (COMMITTED, COMPLETE, FAIL, PROVISIONAL, RELEASE, TIMEOUT, Write, already_written, slot_result,
+                      write_outcomes, written_outcome)
 from .service import Service
 
 log = logging.getLogger("pgworker.worker")
 
 WORKER_DIED = "WORKER_DIED"
-TIMEOUT = "TIMEOUT"
 SHUTDOWN = "SHUTDOWN"
 
 
@@ -141,7 +143,7 @@ def settle(store: Any, conn: psycopg.Connection, items: list[Settlement], metric
     summary), and empty their slots. Raises psycopg errors (the caller retries)."""
     reports = write_outcomes(store, conn, [i.write for i in items], keys_known=False)
     refused = [i for i in items if i.write.lease.job_id not in reports[i.write.kind].accepted]
-    recorded = _already_recorded(store, conn, refused) if refused else set()
+    recorded = already_written(store, conn, [i.write for i in refused]) if refused else set()
     for i in items:
         job_id = i.write.lease.job_id
         report = reports[i.write.kind]
@@ -163,18 +165,6 @@ def settle(store: Any, conn: psycopg.Connection, items: list[Settlement], metric
     abandoned = sum(1 for i in items if not i.handed_back)  # hand-backs are logged by the supervisor
     if abandoned:
         log.warning("settled %s job(s) of a stopped claimer", abandoned, extra={"action": "settle_abandoned"})
-
-
-def _already_recorded(store: Any, conn: psycopg.Connection, refused: list[Settlement]) -> set[int]:
-    """Refused writes whose job already went, under the same token, where the write would
-    have put it: the claimer's own write committed before it died."""
-    rows = {r[0]: r for r in store.lease_states(conn, [i.write.lease.job_id for i in refused])}
-    done = set()
-    for i in refused:
-        r = rows.get(i.write.lease.job_id)
-        if r is not None and r[2] == i.write.lease.token and r[1] != "running" and r[3] != "LEASE_EXPIRED":
-            done.add(r[0])
-    return done
 
 
 class Settler(Service):

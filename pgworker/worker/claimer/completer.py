@@ -40,7 +40,8 @@ from ...jobs import ClaimedJob, FenceReport
 from ...names import bounded_text, schema_flag
 from ..shm import layout as s
 from ..shm.slots import SlotTable
-from ..outcome import COMMITTED, FAIL, OUTCOME_INVALID, Outcome, Write, write_outcomes, written_outcome
+from ..outcome import (COMMITTED, FAIL, OUTCOME_INVALID, Outcome, Write, already_written, write_outcomes,
+                       written_outcome)
 from ..service import Backoff
 from .connection import ClaimerConnection
 
@@ -223,22 +224,9 @@ class Completer:
             return None
 
     def _confirm(self, conn: psycopg.Connection, unsure: list[Outcome]) -> set[int]:
-        """After a connection failed mid-write, a refused row may be our own earlier write
-        that committed before the reply was lost: the same token with the state (and error
-        code) this outcome writes proves it. The reaper never writes these codes."""
-        rows = {r[0]: r for r in self.store.lease_states(conn, [o.job.id for o in unsure])}
-        ok = set()
-        for o in unsure:
-            r = rows.get(o.job.id)
-            if r is None or r[2] != o.job.lease_token:
-                continue
-            state, code, kind = r[1], r[3], o.kind_name
-            if (kind == "complete" and state == "succeeded") or \
-                    (kind == "fail" and state in ("pending", "dead") and code == o.code) or \
-                    (kind != "complete" and state == "cancelled" and code == "CANCELLED") or \
-                    (kind in ("release", "snooze") and state == "pending" and code != "LEASE_EXPIRED"):
-                ok.add(o.job.id)
-        return ok
+        """After a connection failed mid-write, the refused rows that are our own earlier
+        write, committed before the reply was lost (the shared rule: already_written)."""
+        return already_written(self.store, conn, [_write(o) for o in unsure])
 
     def _db_now(self, conn: psycopg.Connection) -> float | None:
         """The database clock (Unix seconds), read when a write of the batch was refused,

@@ -20,7 +20,7 @@ from ..shm import layout as s
 from ..shm.slots import SlotTable, SlotTableBusy
 from ..lease import past_hard_limit
 from ..service import Backoff
-from ..settler import TIMEOUT
+from ..outcome import TIMEOUT
 from ...retry import RetryPolicy
 
 log = logging.getLogger("pgworker.worker")
