@@ -15,7 +15,8 @@ The claim itself and the run of a batch are :mod:`.runner`'s.
 from __future__ import annotations
 
 import time
-from typing import Any
+
+from .state import ClaimerState
 
 
 # Auto batch sizing: claim about this much work at a time (seconds of handler time),
@@ -28,33 +29,8 @@ WAIT_CHECK_SECONDS = 1.0
 EMPTY_QUEUE_RECHECK_SECONDS = 0.25
 
 
-class Planner:
+class Planner(ClaimerState):
     """The planning half of :class:`~.loop.Claimer` (its state lives there)."""
-
-    app: Any
-    settings: Any
-    index: int
-    table: Any
-    peers: list[Any]
-    signals: Any
-    queues: list[str]
-    queue_index: dict[str, int]
-    task_index: dict[str, int]
-    store: Any
-    db: Any
-    executor: Any
-    completer: Any
-    metrics: Any
-    pod_limits: Any
-    worker_id: str
-    rotation: int
-    jobs_done: int
-    batch: dict[int, tuple[Any, int]]
-    empty_until: dict[str, float]
-    retry_at: dict[str, float]
-    limited_queues: set[str]
-    peer_jobs: Any
-    _slot_policies: dict[str, tuple[float, int, int]]
 
     def batch_size(self) -> int:
         st = self.settings

@@ -16,35 +16,12 @@ from ...tasks import RENEW_ON_PROGRESS
 from ..lease import hard_limit
 from ..outcome import CANCEL, RELEASE, Outcome
 from ..shm import layout as s
+from .state import ClaimerState
 
 
-class Runner:
+class Runner(ClaimerState):
     """The running half of :class:`~.loop.Claimer` (its state lives there)."""
 
-    app: Any
-    settings: Any
-    index: int
-    table: Any
-    peers: list[Any]
-    signals: Any
-    queues: list[str]
-    queue_index: dict[str, int]
-    task_index: dict[str, int]
-    store: Any
-    db: Any
-    executor: Any
-    completer: Any
-    metrics: Any
-    pod_limits: Any
-    worker_id: str
-    rotation: int
-    jobs_done: int
-    batch: dict[int, tuple[Any, int]]
-    empty_until: dict[str, float]
-    retry_at: dict[str, float]
-    limited_queues: set[str]
-    peer_jobs: Any
-    _slot_policies: dict[str, tuple[float, int, int]]
 
     def claim(self, queue: str, limit: int) -> list[ClaimedJob] | None:
         """One claim statement: up to ``limit`` jobs of ``queue``, recorded in the slot
