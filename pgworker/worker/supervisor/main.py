@@ -14,7 +14,7 @@ from typing import Any
 from ... import tracing
 from ...config import Settings
 from ...errors import PoolerError, SchemaVersionError
-from .. import drain as drain_mode
+from ..drain import RunSummary, before_claiming, report as report_drain
 from ..claimer import ClaimerSpec, claimer_main
 from ..health import HealthState, serve_http
 from ..lease import LeaseTerms
@@ -54,7 +54,7 @@ class Supervisor(Tick, Settlement, Shutdown):
         self.queues = app.queues()
         self.mp = multiprocessing.get_context("spawn")
         self.stop_services = threading.Event()
-        self.summary = drain_mode.RunSummary()
+        self.summary = RunSummary()
         self.phase = "starting"
         self.run_started = time.monotonic()  # the drain deadline counts from here
         self.received: list[int] = []
@@ -131,18 +131,18 @@ class Supervisor(Tick, Settlement, Shutdown):
                                      max_duration=self.max_duration):
                 if self.drain:  # a signal while waiting is a stop, not a failure
                     self.summary.result = "interrupted" if self.received else "failed"
-                    drain_mode.report(self.summary, self.pushgateway_url, self.settings.schema)
+                    report_drain(self.summary, self.pushgateway_url, self.settings.schema)
                     return EXIT_OK if self.received else EXIT_ERROR
                 return EXIT_OK
         except (SchemaVersionError, PoolerError) as exc:
             log.error("%s", exc)
             if self.drain:
                 self.summary.result = "failed"
-                drain_mode.report(self.summary, self.pushgateway_url, self.settings.schema)
+                report_drain(self.summary, self.pushgateway_url, self.settings.schema)
             return EXIT_ERROR
         if self.drain:
-            drain_mode.before_claiming(self.app, self.connect, self.metrics, schedules=self.schedules_on(),
-                                       prune=self.settings.prune)
+            before_claiming(self.app, self.connect, self.metrics, schedules=self.schedules_on(),
+                            prune=self.settings.prune)
         limits = {q: c for q, c in self.settings.queue_concurrency if q in self.queues}
         if limits:
             self.pod_limits = PodQueueLimits(limits, n, self.mp)

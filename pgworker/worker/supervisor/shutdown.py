@@ -8,7 +8,7 @@ import logging
 import time
 from typing import Any
 
-from .. import drain as drain_mode
+from ..drain import report as report_drain
 from ..settler import SHUTDOWN, settlements
 from ..shm.slots import SlotTableBusy
 
@@ -98,7 +98,7 @@ class Shutdown:
             self.summary.result = "deadline" if self.summary.left else "succeeded"
         if self.received:
             self.summary.result = "interrupted"
-        drain_mode.report(self.summary, self.pushgateway_url, self.settings.schema)
+        report_drain(self.summary, self.pushgateway_url, self.settings.schema)
         if self.deadline_hit and self.summary.left:
             return EXIT_DRAIN_DEADLINE
         return EXIT_OK
