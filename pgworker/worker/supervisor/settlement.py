@@ -16,6 +16,7 @@ from ..settler import hand_backs, settle, settlements
 from ..shm.layout import SlotView
 from ..shm.slots import SlotTableBusy
 from .pool import ClaimerHandle
+from .state import SupervisorState
 
 log = logging.getLogger("pgworker.supervisor")
 
@@ -25,20 +26,8 @@ log = logging.getLogger("pgworker.supervisor")
 WAITING_HAND_BACK_SECONDS = 10.0
 
 
-class Settlement:
+class Settlement(SupervisorState):
     """The settlement half of :class:`~.main.Supervisor` (its state lives there)."""
-
-    app: Any
-    store: Any
-    connect: Any
-    metrics: Any
-    phase: str
-    pool: Any
-    pod_limits: Any
-    settler: Any
-    summary: Any
-    queues: list[str]
-    _task_names: list[str]
 
     def _claimer_gone(self, h: ClaimerHandle) -> None:
         exitcode, pid = h.process.exitcode, h.process.pid

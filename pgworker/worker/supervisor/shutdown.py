@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from ..drain import report as report_drain
 from ..settler import SHUTDOWN, settlements
 from ..shm.slots import SlotTableBusy
+from .state import SupervisorState
 
 log = logging.getLogger("pgworker.supervisor")
 
@@ -19,25 +19,8 @@ EXIT_ERROR = 1
 EXIT_DRAIN_DEADLINE = 75  # EX_TEMPFAIL: the deadline passed with due work left; run again
 
 
-class Shutdown:
+class Shutdown(SupervisorState):
     """The shutdown half of :class:`~.main.Supervisor` (its state lives there)."""
-
-    app: Any
-    settings: Any
-    store: Any
-    connect: Any
-    health: Any
-    phase: str
-    pool: Any
-    settler: Any
-    summary: Any
-    queues: list[str]
-    drain: bool
-    received: list[int]
-    deadline_hit: bool
-    stop_deadline: float
-    stop_services: Any
-    pushgateway_url: str | None
 
     def _begin_stop(self, reason: str) -> None:
         log.info("stopping (%s): no new claims; running jobs have %.0f s to finish", reason,

@@ -8,29 +8,16 @@ from __future__ import annotations
 import multiprocessing.connection
 import signal
 import time
-from typing import Any
 
 from ..lease import LeaseClock
 from .settlement import WAITING_HAND_BACK_SECONDS
+from .state import SupervisorState
 
 SUPERVISE_TICK_SECONDS = 0.2
 
 
-class Tick:
+class Tick(SupervisorState):
     """The tick half of :class:`~.main.Supervisor` (its state lives there)."""
-
-    phase: str
-    pool: Any
-    settings: Any
-    metrics: Any
-    health: Any
-    signals: Any
-    drain: bool
-    received: list[int]
-    max_duration: float | None
-    run_started: float
-    deadline_hit: bool
-    stop_deadline: float
 
     def _stop_reason(self, now: float) -> str | None:
         """Why a running pod stops now (a signal, the drain deadline, drained), or None."""
