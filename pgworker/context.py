@@ -28,7 +28,7 @@ if TYPE_CHECKING:
         def store(self) -> Store: ...
 
         def connection(self, conn: Any = None) -> contextlib.AbstractContextManager[Any]: ...
-    from .worker.slots import SlotTable
+    from .worker.shm.slots import SlotTable
 
 log = logging.getLogger("pgworker.job")
 

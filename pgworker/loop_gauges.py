@@ -29,13 +29,14 @@ from typing import Any, Callable, Iterable, Sequence
 from prometheus_client.core import GaugeMetricFamily
 
 from . import catalogue as cat
-from .worker import slots as s
+from .worker.shm import layout as s
+from .worker.shm.slots import SlotTable, SlotTableBusy
 
 
 class LoopGauges:
     """A prometheus_client collector. ``services()`` gives the pod's services (objects
     with ``name``, ``last_success`` and ``interval_seconds()``); ``pool()`` the claimer
-    pool (pgworker.worker.claimers.ClaimerPool), or None before it exists."""
+    pool (pgworker.worker.supervisor.pool.ClaimerPool), or None before it exists."""
 
     def __init__(self, services: Callable[[], Sequence[Any]], pool: Callable[[], Any]) -> None:
         self._services = services
@@ -69,8 +70,8 @@ class LoopGauges:
         return [last, interval, loop, running]
 
 
-def _handler_running(table: s.SlotTable) -> bool:
+def _handler_running(table: SlotTable) -> bool:
     try:
         return any(v.state == s.RUNNING for v in table.live())
-    except s.SlotTableBusy:
+    except SlotTableBusy:
         return False

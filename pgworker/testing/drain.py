@@ -7,7 +7,7 @@ Every step is the worker's own code, not a copy of its rules:
   (:class:`pgworker.worker.claimer.connection.ClaimerConnection`);
 - the handler runs, and its outcome is decided, in the claimer's
   :class:`~pgworker.worker.claimer.executor.Executor` with a one-slot
-  :class:`~pgworker.worker.slots.SlotTable`;
+  :class:`~pgworker.worker.shm.slots.SlotTable`;
 - the outcome is written with the fenced writes
   (:func:`pgworker.worker.outcome.write_outcomes`), and counted as the claimer counts
   it (:func:`~pgworker.worker.outcome.written_outcome`).
@@ -40,7 +40,8 @@ from ..names import check_queue_name, dsn_password
 from ..worker.claimer.connection import ClaimerConnection
 from ..worker.claimer.executor import Executor
 from ..worker.outcome import RELEASE, Outcome, Write, write_outcomes, written_outcome
-from ..worker.slots import RENEW_ALIVE, SlotEntry, SlotTable
+from ..worker.shm.layout import RENEW_ALIVE, SlotEntry
+from ..worker.shm.slots import SlotTable
 from .rows import JobRow, fetch_jobs
 
 # Enough for any test that means to stop; small enough that a job enqueueing itself
@@ -297,7 +298,7 @@ def _run_one(app: Any, conn: psycopg.Connection, executor: Executor, table: Slot
                                                         out.message, out.delay, out.permanent,
                                                         out.result)])[out.kind]
     finally:
-        table.clear(slot, job.id)
+        table.empty_job(slot, job.id)
     accepted = job.id in report.accepted
     state = report.details.get(job.id) if accepted else None
     outcome = written_outcome(out.kind, state) if accepted else "lost"

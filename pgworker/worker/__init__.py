@@ -2,16 +2,20 @@
 
 One module per duty (docs/architecture.md draws them):
 
-- :mod:`.supervisor` starts, watches and stops the pod; :mod:`.claimers` its processes;
-  :mod:`.drain` what a ``--drain`` run does before and after;
+- :mod:`.supervisor` starts, watches and stops the pod (main, tick, pool of claimer
+  processes, services wiring, settlement, shutdown); :mod:`.drain` what a ``--drain``
+  run does before and after; :mod:`.startup` the wait for the database;
+- :mod:`.shm` the pod's shared memory: slot layout, the slot state machine, a claimer's
+  header, the wake-ups, the lock; :mod:`.podlimits` the per-pod queue shares;
 - :mod:`.lease` the lease contract (renew, stop renewing, presume lost, late outcomes);
-  :mod:`.slots` the shared-memory slot tables it reads;
-- services of the supervisor, on one base (:mod:`.service`): :mod:`.renewer`,
-  :mod:`.settler`, :mod:`.listener`, :mod:`.reaper`, :mod:`.pruner`, :mod:`.scheduler`;
-  :mod:`.wakeups` how work announced wakes one idle claimer; :mod:`.health` /readyz;
-  :mod:`.stats` the queue statistics of /metrics;
-- the claimer side, :mod:`.claimer`: the claim loop, the executor, the completer;
-  :mod:`.outcome` what an attempt's outcome is and how it is written.
+- services of the supervisor, on one base (:mod:`.service`: thread, backoff, the one
+  connection-drop rule): :mod:`.renewer`, :mod:`.settler`, :mod:`.registry`,
+  :mod:`.listener`, :mod:`.reaper`, :mod:`.pruner`, :mod:`.scheduler`; :mod:`.health`
+  /readyz; :mod:`.stats` the queue statistics of /metrics; :mod:`.metrics_setup` the
+  metrics of a pod process;
+- the claimer side, :mod:`.claimer`: loop, planner, runner, executor, completer;
+  :mod:`.outcome` what an attempt's outcome is, how it is written, and whether a refused
+  write had already committed.
 """
 
 from .supervisor import EXIT_DRAIN_DEADLINE, EXIT_ERROR, EXIT_OK, Supervisor

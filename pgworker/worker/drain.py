@@ -25,7 +25,7 @@ import psycopg
 from ..schedules import Scheduler
 from .pruner import Retention, prune_pass, refused_hint
 from .reaper import ReaperConfig, reap_pass
-from .slots import OUTCOME_FIELDS
+from .shm.layout import OUTCOME_FIELDS
 
 log = logging.getLogger("pgworker.worker")
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
-from . import slots as s
+from .shm import layout as s
+from .shm.slots import SlotTableBusy
 
 #: Jobs listed per claimer (the registry row stays small; ``holding`` still counts them all).
 HOLDS_LISTED = 20
@@ -16,7 +17,7 @@ HOLDS_LISTED = 20
 def claimer_holdings(handles: Sequence[Any], *, queue_name: Callable[[s.SlotView], str],
                      task_names: Sequence[str], now: float | None = None) -> list[dict[str, Any]]:
     """One dict per claimer handle (``index``, ``table``, ``process``, as
-    :class:`pgworker.worker.claimers.ClaimerHandle` has them): its pid, whether it is
+    :class:`pgworker.worker.supervisor.pool.ClaimerHandle` has them): its pid, whether it is
     alive, idle or stopping, how many jobs it finished, and the jobs it holds (id, lease
     token, slot state, queue, task, seconds since the claim and since the handler
     started). A table whose lock is held too long reads ``busy`` with no jobs."""
@@ -27,7 +28,7 @@ def claimer_holdings(handles: Sequence[Any], *, queue_name: Callable[[s.SlotView
         process = h.process
         try:
             views, busy = h.table.held(), False
-        except s.SlotTableBusy:
+        except SlotTableBusy:
             views, busy = [], True
         out.append({
             "index": h.index, "pid": process.pid if process is not None else None,

@@ -74,7 +74,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from . import slots as s
+from .shm import layout as s
+from .shm.slots import SlotTable, SlotTableBusy
 from .outcome import COMMITTED
 
 log = logging.getLogger("pgworker.lease")
@@ -143,7 +144,7 @@ class LeaseClock:
     for logs and metrics; ``metrics`` has ``renewals(queue, result, count)``.
     """
 
-    def __init__(self, terms: LeaseTerms, tables: Callable[[], Sequence[s.SlotTable]],
+    def __init__(self, terms: LeaseTerms, tables: Callable[[], Sequence[SlotTable]],
                  queue_name: Callable[[s.SlotView], str], metrics: Any) -> None:
         self.terms = terms
         self.tables = tables
@@ -157,10 +158,10 @@ class LeaseClock:
         for table in self.tables():
             try:
                 views = table.live()
-            except s.SlotTableBusy:
+            except SlotTableBusy:
                 continue  # its claimer is stopped holding the lock: its leases lapse anyway
             for v in views:
-                if presumed_lost(self.terms, v, now) and _mark_lost(table, v):
+                if presumed_lost(self.terms, v, now) and table.try_mark_lost(v):
                     marked += 1
                     q = self.queue_name(v)
                     self.metrics.renewals(q, "lost", 1)
@@ -170,10 +171,3 @@ class LeaseClock:
                                 extra={"action": "lease_lost", "job_id": v.job_id, "queue": q,
                                        "lease_token": v.token})
         return marked
-
-
-def _mark_lost(table: s.SlotTable, v: s.SlotView) -> bool:
-    try:
-        return table.mark(v.index, v.job_id, v.token, lost=True)
-    except s.SlotTableBusy:
-        return False

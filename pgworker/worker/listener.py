@@ -1,10 +1,17 @@
 """The listener: one direct connection per pod LISTENing on the schema's channel.
 
 A notification names a queue: it announces work on that queue to the pod (one idle
-claimer wakes: :mod:`pgworker.worker.wakeups`). On a lost connection it reconnects with
+claimer wakes: :mod:`pgworker.worker.shm.wakeups`). On a lost connection it reconnects with
 the runtime's backoff, LISTENs again and sweeps (announces work on every queue), since
 notifications sent meanwhile were lost; the fallback poll keeps claiming in between.
 NOTIFY is a hint, the table is the truth.
+
+It runs on the services' thread base (:class:`~pgworker.worker.service.ServiceThread`)
+with the runtime's backoff, but keeps its own loop rather than :class:`Service`'s passes:
+it waits on one connection's notifications for as long as that connection lives. Any
+failure ends its connection: a LISTEN session's failures are the session's (gone, or a
+standby that refuses LISTEN, read-only), which :func:`~pgworker.worker.service.drop_connection`
+drops too.
 
 LISTEN needs a session of its own: never through a transaction-mode pooler
 (``PGWORKER_LISTEN_DSN`` names a direct connection when ``PGWORKER_DSN`` is a pooler).
@@ -20,14 +27,14 @@ from typing import Any, Callable
 from psycopg import sql
 
 from ..db import OutageLog, connect, worker_params
-from .service import Backoff
+from .service import Backoff, ServiceThread
 
 log = logging.getLogger("pgworker.listener")
 
 NOTIFIES_WAIT_SECONDS = 1.0  # how often the loop looks at its stop flag while idle
 
 
-class Listener:
+class Listener(ServiceThread):
     """``announce(queue_index, reason)`` tells the pod; -1 means every queue.
 
     ``last_success``: Unix time of the last wait for notifications that ended on a live
@@ -46,21 +53,9 @@ class Listener:
         self.health = health
         self.metrics = metrics
         self.stop = stop
-        self.thread: threading.Thread | None = None
-        self.last_success = 0.0
 
     def interval_seconds(self) -> float:
         return NOTIFIES_WAIT_SECONDS
-
-    def start(self) -> "Listener":
-        self.last_success = time.time()
-        self.thread = threading.Thread(target=self.run, name="pgworker-listener", daemon=True)
-        self.thread.start()
-        return self
-
-    def join(self, timeout: float) -> None:
-        if self.thread is not None:
-            self.thread.join(timeout)
 
     def run(self) -> None:
         backoff = Backoff()

@@ -39,6 +39,9 @@ PROVISIONAL = {COMPLETE: "succeeded", COMMITTED: "succeeded", FAIL: "retried", S
 
 CODE_MAX_CHARS = 64
 OUTCOME_INVALID = "OUTCOME_INVALID"
+#: The code of an attempt stopped past its timeout or max runtime: by the executor (an
+#: async handler cancelled), or by the supervisor (a sync handler's claimer killed)
+TIMEOUT = "TIMEOUT"
 
 
 @dataclass(slots=True)
@@ -189,3 +192,35 @@ def written_outcome(kind: int, state: Any) -> str:
     if kind == FAIL:
         return "dead" if state == "dead" else "retried"
     return PROVISIONAL[kind]
+
+
+def already_written(store: Store, conn: psycopg.Connection, refused: Sequence[Write]) -> set[int]:
+    """The ids of ``refused`` writes that are already recorded: the one rule, for the
+    completer and the settler, of "did my write already commit?".
+
+    A write the fence refused may be our own earlier write that committed before its
+    reply was lost (a connection dropped mid-write, a claimer killed after its write): the
+    row then holds the same fencing token, in the state (and with the error code) this
+    write puts it in. Only that proves it: a job that merely left 'running' may have been
+    reaped (``LEASE_EXPIRED``), cancelled, or succeeded in the handler's own transaction,
+    and counting the write as done then would count an outcome that was not ours. The
+    reaper never writes the codes checked here.
+    """
+    rows = {r[0]: r for r in store.lease_states(conn, [w.lease.job_id for w in refused])}
+    done = set()
+    for w in refused:
+        r = rows.get(w.lease.job_id)
+        if r is not None and r[2] == w.lease.token and _shows(w, r[1], r[3]):
+            done.add(w.lease.job_id)
+    return done
+
+
+def _shows(w: Write, state: str, code: str | None) -> bool:
+    """Whether a row in ``state`` with error ``code`` is what write ``w`` would have made."""
+    if w.kind in (COMPLETE, COMMITTED):
+        return state == "succeeded"
+    if state == "cancelled" and code == "CANCELLED":  # any other kind, when a cancellation was requested
+        return True
+    if w.kind == FAIL:
+        return state in ("pending", "dead") and code == (w.code or "ERROR")
+    return w.kind in (RELEASE, SNOOZE) and state == "pending" and code != "LEASE_EXPIRED"

@@ -113,16 +113,11 @@ class PodQueueLimits:
         i = claimer * len(self.queues) + self.queues.index(queue)
         self.held[i] = max(0, self.held[i] - n)
 
-    def clear(self, claimer: int) -> None:
+    def drop_claimer(self, claimer: int) -> None:
         """Supervisor: drop a dead (or replaced) claimer's share."""
         base = claimer * len(self.queues)
         for qi in range(len(self.queues)):
             self.held[base + qi] = 0
-
-    def total(self, queue: str) -> int:
-        qi = self.queues.index(queue)
-        n_q = len(self.queues)
-        return sum(self.held[c * n_q + qi] for c in range(self.claimers))
 
     def close(self) -> None:
         """Supervisor: remove the lock file."""

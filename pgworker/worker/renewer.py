@@ -26,7 +26,8 @@ import psycopg
 
 from .. import tracing
 from ..jobs import Lease
-from . import slots as s
+from .shm import layout as s
+from .shm.slots import SlotTable, SlotTableBusy
 from .lease import LeaseTerms, renewable
 from .service import Service
 
@@ -47,8 +48,8 @@ class Renewer(Service):
     name = "renewer"
     action = "renewing leases"
 
-    def __init__(self, *, terms: LeaseTerms, tables: Callable[[], Sequence[s.SlotTable]],
-                 holder_alive: Callable[[s.SlotTable, s.SlotView], bool],
+    def __init__(self, *, terms: LeaseTerms, tables: Callable[[], Sequence[SlotTable]],
+                 holder_alive: Callable[[SlotTable, s.SlotView], bool],
                  queue_name: Callable[[s.SlotView], str], store: Any, metrics: Any, **kw: Any) -> None:
         super().__init__(pass_timeout=terms.renew_interval_seconds, **kw)
         self.terms = terms
@@ -65,12 +66,12 @@ class Renewer(Service):
     def next_delay(self) -> float:
         return self.terms.renew_interval_seconds
 
-    def candidates(self, now: float) -> list[tuple[s.SlotTable, s.SlotView]]:
+    def candidates(self, now: float) -> list[tuple[SlotTable, s.SlotView]]:
         out = []
         for table in self.tables():
             try:
                 views = table.live()
-            except s.SlotTableBusy:
+            except SlotTableBusy:
                 continue  # a table whose lock stays taken (its claimer is stopped): its leases lapse
             for v in views:
                 if renewable(self.terms, v, now) and self.holder_alive(table, v):
@@ -112,8 +113,8 @@ class Renewer(Service):
                 self.metrics.renewals(q, result, n)
             tracing.batch_span("renew", q, counts["renewed"] + counts["lost"], lost=counts["lost"])
 
-    def _renew(self, conn: psycopg.Connection, candidates: list[tuple[s.SlotTable, s.SlotView]],
-               per_queue: dict[str, dict[str, int]]) -> list[tuple[s.SlotTable, s.SlotView]]:
+    def _renew(self, conn: psycopg.Connection, candidates: list[tuple[SlotTable, s.SlotView]],
+               per_queue: dict[str, dict[str, int]]) -> list[tuple[SlotTable, s.SlotView]]:
         """One statement for these leases: records the renewed ones in their slots, marks
         the refused ones lost; returns the candidates whose rows were locked (skipped)."""
         leases = list({(v.job_id, v.token): Lease(v.job_id, v.token) for _, v in candidates}.values())
@@ -136,7 +137,7 @@ class Renewer(Service):
                                                            "queue": q, "lease_token": v.token})
             elif v.job_id in skipped:
                 left.append((table, v))
-            elif _mark_lost(table, v):
+            elif table.try_mark_lost(v):
                 counts["lost"] += 1
                 self.metrics.fenced(q, "renew")
                 log.warning("lease lost on job %s (token %s): the renewal was refused", v.job_id, v.token,
@@ -145,7 +146,7 @@ class Renewer(Service):
         for key, items in renewed.items():
             try:
                 by_id[key].renewed(items, sent)
-            except s.SlotTableBusy:
+            except SlotTableBusy:
                 pass
         return left
 
@@ -155,14 +156,7 @@ class Renewer(Service):
         for table in self.tables():
             try:
                 views = table.live()
-            except s.SlotTableBusy:
+            except SlotTableBusy:
                 continue
             for v in views:
                 self.metrics.renewals(self.queue_name(v), "error", 1)
-
-
-def _mark_lost(table: s.SlotTable, v: s.SlotView) -> bool:
-    try:
-        return table.mark(v.index, v.job_id, v.token, lost=True)
-    except s.SlotTableBusy:
-        return False

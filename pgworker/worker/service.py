@@ -5,9 +5,9 @@ with one backoff (exponential, with jitter, capped), and reports an outage once.
 A service implements :meth:`Service.run_once` (one pass on an open connection) and says
 when to run next (:meth:`Service.next_delay`, seconds). A pass that fails is logged once
 per outage (:class:`pgworker.db.OutageLog`), retried after the backoff, and its
-connection is replaced only when the error says the connection is gone
-(:func:`pgworker.db.connection_lost`): a statement that fails on a live connection (a
-timeout, a refused lock) keeps it. Every worker connection bounds its statements and
+connection is replaced by the runtime's one rule (:func:`drop_connection`, which the
+claimers' connection follows too): when it is gone, or is a session only a new one
+fixes; a statement that fails on a live connection (a timeout, a refused lock) keeps it. Every worker connection bounds its statements and
 lock waits (``statement_timeout``, ``lock_timeout``) and notices a dead peer within a
 bound derived from the lease (:func:`pgworker.db.worker_params`), so no service waits
 forever on the database.
@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import psycopg
 
-from ..db import OutageLog, connection_lost
+from ..db import OutageLog, connection_lost, failure_kind
 from ..errors import DatabaseUnavailable
 from ..retry import RetryPolicy
 
@@ -36,6 +36,58 @@ RECONNECT_MAX_SECONDS = 10.0
 RECONNECT_POLICY = RetryPolicy(base_seconds=0.5, factor=2.0, max_seconds=RECONNECT_MAX_SECONDS, jitter=0.5)
 
 Connect = Callable[[str], psycopg.Connection]
+
+
+def drop_connection(exc: BaseException, conn: psycopg.Connection | None) -> bool:
+    """The runtime's one rule for when a failure ends a connection (services and claimers).
+
+    Drop it when it is gone (:func:`pgworker.db.connection_lost`), when the session sits
+    in a failed transaction, or when the failure belongs to the session rather than the
+    statement: a read-only server (a demoted primary, or a pooler that routed us to a
+    standby: a new connection may reach the new primary) or a transaction pooler's lost
+    prepared statement (psycopg's cache lives with the connection). Keep it otherwise: a
+    statement that fails on a live connection (a timeout, a lock not granted, a refused
+    value, a missing privilege) fails the same way on a new one, and dropping the
+    connection for it (as the claim path once did on any error) only adds a handshake to
+    every failure and makes a pod's claimers reconnect in step when many fail at once."""
+    if connection_lost(exc, conn):
+        return True
+    if conn is not None and conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+        return True
+    return failure_kind(exc) in ("read-only", "prepared-statements")
+
+
+def close_quietly(conn: psycopg.Connection | None) -> None:
+    """Close a connection that may be broken already (its errors say nothing new)."""
+    if conn is not None:
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001 - closing a broken connection
+            pass
+
+
+class ServiceThread:
+    """The thread of a pod service (:class:`Service`, and the listener, which keeps its
+    own loop: it waits on one connection's notifications rather than running passes).
+    ``last_success``: Unix time of the last pass that went through (its start until then),
+    read by the loop gauges (pgworker.loop_gauges)."""
+
+    name = "service"
+    thread: threading.Thread | None = None
+    last_success = 0.0
+
+    def run(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> "ServiceThread":
+        self.last_success = time.time()
+        self.thread = threading.Thread(target=self.run, name=f"pgworker-{self.name}", daemon=True)
+        self.thread.start()
+        return self
+
+    def join(self, timeout: float) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout)
 
 
 class PassStalled(DatabaseUnavailable):
@@ -67,7 +119,7 @@ class Health:
     def db_failed(self, kind: str, reason: str = "") -> None: ...
 
 
-class Service:
+class Service(ServiceThread):
     """One background duty of the supervisor, in a thread of its own.
 
     ``connect(application_name)`` opens a worker connection; ``stop`` ends every service
@@ -120,16 +172,6 @@ class Service:
 
     # -- the loop ---------------------------------------------------------------------
 
-    def start(self) -> "Service":
-        self.last_success = time.time()
-        self.thread = threading.Thread(target=self.run, name=f"pgworker-{self.name}", daemon=True)
-        self.thread.start()
-        return self
-
-    def join(self, timeout: float) -> None:
-        if self.thread is not None:
-            self.thread.join(timeout)
-
     def run(self) -> None:
         delay = self.first_delay()
         try:
@@ -148,7 +190,7 @@ class Service:
             self.bounded(self._connect_and_run, self.pass_timeout)
         except Exception as exc:  # noqa: BLE001 - a service must outlive any failure
             self.health.db_failed(self.outage.failed(exc, self.action))
-            if connection_lost(exc, self.conn):
+            if drop_connection(exc, self.conn):
                 self.close()
             self.on_failure(exc)
             return self.backoff.next()
@@ -201,12 +243,8 @@ class Service:
         return outcome.get("value")
 
     def close(self) -> None:
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            except Exception:  # noqa: BLE001 - closing a broken connection
-                pass
-            self.conn = None
+        conn, self.conn = self.conn, None
+        close_quietly(conn)
 
 
 def worker_connect(settings: Any) -> Connect:

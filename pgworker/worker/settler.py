@@ -14,14 +14,16 @@ once rather than when their leases expire:
   attempts);
 - a job whose outcome was decided, but not yet written, gets that outcome written as
   decided (the handler's success is not turned into a failure);
-- a job a peer was taking over (STOLEN) is the peer's to settle, unless the peer is the
+- a job a peer was taking over (MOVING) is the peer's to settle, unless the peer is the
   one that died before the job reached its table: then it is released. A taker that
   died after the job reached its table, but before it emptied the old slot, has the job
-  settled from its own table, and the old slot emptied with it (it once stayed STOLEN
+  settled from its own table, and the old slot emptied with it (it once stayed MOVING
   for good: a slot lost, the pod's per-queue count off, a drain that never ended).
 
 Every write is fenced; a refused write whose outcome turns out to be already recorded
-(the claimer's own write committed just before it died) is counted as that outcome.
+(the claimer's own write committed just before it died, or an earlier settlement whose
+reply was lost) is counted as that outcome, by the completer's rule
+(:func:`pgworker.worker.outcome.already_written`).
 """
 
 from __future__ import annotations
@@ -35,14 +37,15 @@ import psycopg
 
 from ..names import schema_flag
 from ..tasks import retry_delays
-from . import slots as s
-from .outcome import COMMITTED, COMPLETE, FAIL, PROVISIONAL, RELEASE, Write, slot_result, write_outcomes, written_outcome
+from .shm import layout as s
+from .shm.slots import SlotTable, SlotTableBusy
+from .outcome import (COMMITTED, COMPLETE, FAIL, PROVISIONAL, RELEASE, TIMEOUT, Write, already_written, slot_result,
+                      write_outcomes, written_outcome)
 from .service import Service
 
 log = logging.getLogger("pgworker.worker")
 
 WORKER_DIED = "WORKER_DIED"
-TIMEOUT = "TIMEOUT"
 SHUTDOWN = "SHUTDOWN"
 
 
@@ -57,7 +60,7 @@ class Settlement:
     handed_back: bool = False  # taken back from a live claimer's batch (not a gone claimer's job)
 
 
-def settlements(held: list[s.SlotView], in_transit: list[tuple[s.SlotTable, s.SlotView]], *, app: Any,
+def settlements(held: list[s.SlotView], in_transit: list[tuple[SlotTable, s.SlotView]], *, app: Any,
                 queue_name: Callable[[s.SlotView], str], kill_reasons: dict[int, str],
                 clear: Callable[[s.SlotView], None]) -> list[Settlement]:
     """What to write for a gone claimer: its own ``held`` slots, and ``in_transit``, the
@@ -66,15 +69,15 @@ def settlements(held: list[s.SlotView], in_transit: list[tuple[s.SlotTable, s.Sl
     delay = retry_delays(app.tasks)
     out = []
     own = {v.job_id for v in held}
-    old_slots: dict[int, list[tuple[s.SlotTable, s.SlotView]]] = {}
+    old_slots: dict[int, list[tuple[SlotTable, s.SlotView]]] = {}
     for table, v in in_transit:
         if v.job_id in own:  # moved into the gone claimer's table, the old slot not yet emptied
             old_slots.setdefault(v.job_id, []).append((table, v))
     for v in held:
         task = task_names[v.task_index] if 0 <= v.task_index < len(task_names) else "unknown"
         lease = _lease(v)
-        if v.state == s.STOLEN:
-            continue  # a live peer takes it over and settles it
+        if v.state in (s.MOVING, s.HANDED_BACK):
+            continue  # a live peer takes it over and settles it; the supervisor releases a handed-back one
         moved_from = tuple(old_slots.get(v.job_id, ()))
         if v.outcome == COMMITTED:  # its transaction committed the success (the handler may still have run)
             w = Write(lease, COMMITTED)
@@ -98,13 +101,13 @@ def settlements(held: list[s.SlotView], in_transit: list[tuple[s.SlotTable, s.Sl
     return out
 
 
-def hand_backs(taken: list[tuple[s.SlotTable, s.SlotView]], *, queue_name: Callable[[s.SlotView], str],
-               task_names: list[str], cleared: Callable[[s.SlotTable, s.SlotView], None]) -> list[Settlement]:
+def hand_backs(taken: list[tuple[SlotTable, s.SlotView]], *, queue_name: Callable[[s.SlotView], str],
+               task_names: list[str], cleared: Callable[[SlotTable, s.SlotView], None]) -> list[Settlement]:
     """Releases (no attempt spent) for the jobs the supervisor took back from live
-    claimers' batches (``SlotTable.take_waiting``): each slot is emptied once written,
+    claimers' batches (``SlotTable.hand_back_waiting``): each slot is emptied once written,
     then ``cleared(table, view)`` is called (the pod's per-queue counts)."""
-    def clear(t: s.SlotTable, v: s.SlotView) -> None:
-        t.finish_move(v.index, v.job_id, v.token)
+    def clear(t: SlotTable, v: s.SlotView) -> None:
+        t.empty_handed_back(v.index, v.job_id, v.token)
         cleared(t, v)
 
     return [Settlement(Write(_lease(v), RELEASE), queue_name(v),
@@ -118,10 +121,10 @@ def _lease(v: s.SlotView) -> Any:
     return Lease(v.job_id, v.token)
 
 
-def _clear(table: s.SlotTable, v: s.SlotView) -> None:
+def _clear(table: SlotTable, v: s.SlotView) -> None:
     try:
-        table.clear_slots([v])
-    except s.SlotTableBusy:
+        table.empty_settled([v])
+    except SlotTableBusy:
         pass
 
 
@@ -140,7 +143,7 @@ def settle(store: Any, conn: psycopg.Connection, items: list[Settlement], metric
     summary), and empty their slots. Raises psycopg errors (the caller retries)."""
     reports = write_outcomes(store, conn, [i.write for i in items], keys_known=False)
     refused = [i for i in items if i.write.lease.job_id not in reports[i.write.kind].accepted]
-    recorded = _already_recorded(store, conn, refused) if refused else set()
+    recorded = already_written(store, conn, [i.write for i in refused]) if refused else set()
     for i in items:
         job_id = i.write.lease.job_id
         report = reports[i.write.kind]
@@ -162,18 +165,6 @@ def settle(store: Any, conn: psycopg.Connection, items: list[Settlement], metric
     abandoned = sum(1 for i in items if not i.handed_back)  # hand-backs are logged by the supervisor
     if abandoned:
         log.warning("settled %s job(s) of a stopped claimer", abandoned, extra={"action": "settle_abandoned"})
-
-
-def _already_recorded(store: Any, conn: psycopg.Connection, refused: list[Settlement]) -> set[int]:
-    """Refused writes whose job already went, under the same token, where the write would
-    have put it: the claimer's own write committed before it died."""
-    rows = {r[0]: r for r in store.lease_states(conn, [i.write.lease.job_id for i in refused])}
-    done = set()
-    for i in refused:
-        r = rows.get(i.write.lease.job_id)
-        if r is not None and r[2] == i.write.lease.token and r[1] != "running" and r[3] != "LEASE_EXPIRED":
-            done.add(r[0])
-    return done
 
 
 class Settler(Service):

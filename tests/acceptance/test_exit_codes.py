@@ -23,7 +23,7 @@ DEPLOY_DOC = Path(__file__).resolve().parents[2] / "docs" / "deploy.md"
 TABLE = re.compile(r"<!-- exit-codes -->\n(?P<table>.*?)<!-- /exit-codes -->", re.S)
 ROW = re.compile(r"^\|\s*(?P<code>\d+)\s*\|(?P<meaning>.*)\|\s*$", re.M)
 #: The signals whose second delivery makes the supervisor exit at once, with 128 + the
-#: signal's number (pgworker/worker/supervisor.py, Supervisor._on_signal).
+#: signal's number (pgworker/worker/supervisor/main.py, Supervisor._on_signal).
 SECOND_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 

@@ -109,7 +109,7 @@ def test_an_idle_pod_asks_once_per_poll_whatever_its_claimers(env, pg_dsn, conn)
     print(f"{polls:.0f} polls, {claims:.0f} claims, {queues} queues, 4 claimers")
     # Four claimers would make it 4 * queues * polls. Allowed above one round per poll: a
     # claimer still in its round when the next poll announces sees the generation moved on
-    # its way to sleep and claims again (the lost-wake-up guard, see worker/wakeups.py),
+    # its way to sleep and claims again (the lost-wake-up guard, see worker/shm/wakeups.py),
     # which a loaded machine makes happen now and then.
     assert claims <= queues * (1.25 * polls + 2), (claims, polls)
 

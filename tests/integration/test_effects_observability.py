@@ -16,7 +16,7 @@ from psycopg import sql
 import pgworker
 from pg import wait_until
 from pgworker import tracing
-from pgworker.worker import slots as lease
+from pgworker.worker.shm.slots import SlotTable
 from pgworker.worker.claimer import Claimer
 from worker import q
 
@@ -36,7 +36,7 @@ def exporter():
 
 
 def run_claimer(app, until):
-    table = lease.SlotTable(app.settings.max_batch_size)
+    table = SlotTable(app.settings.max_batch_size)
     claimer = Claimer(app, app.settings, 0, table, app.queues(), drain=True)
     thread = threading.Thread(target=claimer.run, daemon=True)
     thread.start()

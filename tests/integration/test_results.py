@@ -17,7 +17,9 @@ from pgworker.errors import JobNotFound
 from pgworker.jobs import RESULT_LOST
 from pgworker.results import RESULT_INVALID, RESULT_TOO_LARGE, ResultRefused, encode_result
 from pgworker.testing import drain
-from pgworker.worker import settler, slots as s
+from pgworker.worker import settler
+from pgworker.worker.shm import layout as s
+from pgworker.worker.shm.slots import SlotTable
 from pgworker.worker.claimer.executor import Executor
 from pgworker.worker.outcome import write_outcomes
 
@@ -206,7 +208,7 @@ def test_a_gone_claimers_decided_success_is_settled_with_its_result(app, conn):
 
     small_id, large_id = app.enqueue("small", 1), app.enqueue("large")
     jobs = sorted(app.claim(limit=2), key=lambda j: j.id)
-    table = s.SlotTable(4)
+    table = SlotTable(4)
     executor = Executor(app, table, worker_id="w", error_message_max_chars=200)
     for job in jobs:
         [slot] = table.put_many([s.SlotEntry(job.id, job.lease_token, 0, job.attempt, 0.0, s.RENEW_ALIVE)],
@@ -259,12 +261,12 @@ def test_the_producer_and_viewer_roles_read_results_and_the_worker_stores_them(a
 
 def test_progress_is_durable_fenced_rate_limited_and_shown(app, conn):
     from pgworker import JobContext, LeaseLost
-    from pgworker.worker import slots as s
+    from pgworker.worker.shm import layout as s
 
     schema = app.settings.schema
     job_id = app.enqueue("t")
     [job] = app.claim()
-    table = s.SlotTable(2)
+    table = SlotTable(2)
     [slot] = table.put_many([s.SlotEntry(job.id, job.lease_token, 0, job.attempt, 0.0, s.RENEW_PROGRESS)],
                             claimed_at=time.monotonic())
     table.start(slot, job.id)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pgworker import App, Settings
 from pgworker.worker.claimer import Claimer
-from pgworker.worker.slots import SlotTable
+from pgworker.worker.shm.slots import SlotTable
 
 
 def _claimer(pg_dsn, schema, **overrides):

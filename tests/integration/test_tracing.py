@@ -20,7 +20,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 import pgworker
 from pg import wait_until
 from pgworker import tracing
-from pgworker.worker import slots as lease
+from pgworker.worker.shm.slots import SlotTable
 from pgworker.worker.claimer import Claimer
 from worker import q
 
@@ -52,7 +52,7 @@ class InProcessClaimer:
     """A claimer run in a thread of this process, in drain mode; stop() ends it."""
 
     def __init__(self, app: pgworker.App) -> None:
-        self.table = lease.SlotTable(app.settings.max_batch_size)
+        self.table = SlotTable(app.settings.max_batch_size)
         self.claimer = Claimer(app, app.settings, 0, self.table, app.queues(), drain=True)
         self.thread = threading.Thread(target=self.claimer.run, name="in-process-claimer", daemon=True)
 

@@ -10,10 +10,17 @@ import time
 
 import pytest
 
-from pgworker.worker import slots as lease
+from pgworker.worker.shm import layout as lease
+from pgworker.worker.shm.slots import SlotTable, SlotTableBusy
 
 pytestmark = pytest.mark.unit
 CTX = multiprocessing.get_context("spawn")
+
+
+def _claim(table, job_id, token):
+    """Record one claimed job the way the claimer does (put_many); returns its slot."""
+    entry = lease.SlotEntry(job_id, token, 0, 1, 60.0, lease.RENEW_ALIVE)
+    return table.put_many([entry], claimed_at=time.monotonic())[0]
 
 
 def _wait_forever(table):
@@ -50,29 +57,29 @@ def _returns_within(fn, seconds):
 
 
 def test_waking_a_claimer_killed_while_waiting_never_hangs():
-    table = lease.SlotTable(4, CTX)
+    table = SlotTable(4, CTX)
     _spawn_and_kill(_wait_forever, table)
     assert _returns_within(table.wake.set, 3)
     assert _returns_within(lambda: [table.wake.set() for _ in range(100_000)], 10)  # one pending wake-up is enough
 
 
 def test_a_lock_held_by_a_dead_claimer_is_released_with_it():
-    table = lease.SlotTable(4, CTX)
+    table = SlotTable(4, CTX)
     _spawn_and_kill(_hold_lock_forever, table)
     outcome = []
 
     def read():
         try:
             outcome.append(table.held())
-        except lease.SlotTableBusy:
+        except SlotTableBusy:
             outcome.append("busy")
 
     assert _returns_within(read, 10) and outcome == [[]]  # no lock to replace: the kernel released it
-    assert table.reset() is not None
+    assert table.reset_for_replacement() is not None
 
 
 def test_a_lock_held_by_a_stopped_process_gives_a_bounded_busy_answer():
-    table = lease.SlotTable(4, CTX)
+    table = SlotTable(4, CTX)
     p = CTX.Process(target=_hold_lock_forever, args=(table,))
     p.start()
     try:
@@ -85,7 +92,7 @@ def test_a_lock_held_by_a_stopped_process_gives_a_bounded_busy_answer():
         def read():
             try:
                 table.held()
-            except lease.SlotTableBusy:
+            except SlotTableBusy:
                 outcome.append("busy")
 
         assert _returns_within(read, 10) and outcome == ["busy"]  # a bounded wait, then a clear answer
@@ -108,16 +115,16 @@ def _peer(tables, index, commands, answers):
             os.kill(os.getpid(), signal.SIGKILL)
         elif command == "take-from-0":
             try:
-                v = tables[0].take_unstarted(index)
+                v = tables[0].take_over_next(index)
                 answers.put(None if v is None else v.job_id)
-            except lease.SlotTableBusy:
+            except SlotTableBusy:
                 answers.put("busy")
         else:
             return
 
 
 def _pod(count, commands, answers):
-    from pgworker.worker.claimers import ClaimerPool
+    from pgworker.worker.supervisor.pool import ClaimerPool
 
     def start(h):
         p = CTX.Process(target=_peer, args=(pool.tables, h.index, commands[h.index], answers))
@@ -145,7 +152,7 @@ def test_a_peer_killed_inside_a_claimers_table_does_not_wedge_that_claimer():
         commands[1].put("hold-peer-lock-and-die")
         _died(pool, pool.handles[1])
         t0 = pool.tables[0]
-        assert _returns_within(lambda: t0.put(7, 1, 0, 1, 60.0, lease.RENEW_ALIVE), 10), \
+        assert _returns_within(lambda: _claim(t0, 7, 1), 10), \
             "claimer 0 waits forever on its own lock"
         assert [v.job_id for v in t0.live()] == [7]
     finally:
@@ -162,8 +169,8 @@ def test_peers_keep_using_the_table_of_a_claimer_that_died_holding_its_lock():
     try:
         commands[0].put("hold-own-lock-and-die")
         _died(pool, pool.handles[0])
-        pool.tables[0].reset()
-        pool.tables[0].put(9, 1, 0, 1, 60.0, lease.RENEW_ALIVE)  # claimed by the replacement claimer
+        pool.tables[0].reset_for_replacement()
+        _claim(pool.tables[0], 9, 1)  # claimed by the replacement claimer
         commands[1].put("take-from-0")
         assert answers.get(timeout=30) == 9
     finally:
@@ -172,9 +179,9 @@ def test_peers_keep_using_the_table_of_a_claimer_that_died_holding_its_lock():
 
 
 def test_a_replacement_claimer_gets_a_working_wake_up():
-    table = lease.SlotTable(4, CTX)
+    table = SlotTable(4, CTX)
     _spawn_and_kill(_wait_forever, table)
-    table.reset()
+    table.reset_for_replacement()
     table.header.idle = 0
     p = CTX.Process(target=_wait_then_exit, args=(table,))
     p.start()
@@ -187,15 +194,15 @@ def test_a_replacement_claimer_gets_a_working_wake_up():
 
 
 def test_slot_protocol():
-    table = lease.SlotTable(2, CTX)
-    i = table.put(7, 3, 0, 1, 60.0, lease.RENEW_ALIVE)
+    table = SlotTable(2, CTX)
+    i = _claim(table, 7, 3)
     assert table.free_count() == 1
     assert table.mark(i, 7, 3, cancel=True) and table.flags(i, 7) == (False, True)
     assert not table.mark(i, 7, 4, lost=True)  # another token: not this lease
     assert table.start(i, 7)
-    table.set_state(i, 7, lease.WRITING)
+    table.set_state_many([(i, 7)], lease.WRITING)
     assert not table.mark(i, 7, 3, lost=True)  # an outcome write in flight is never marked lost
-    table.clear(i, 7)
+    table.empty_job(i, 7)
     assert table.free_count() == 2 and table.flags(i, 7) == (True, False)  # a gone job reads as lost
 
 
@@ -219,7 +226,7 @@ def test_the_wake_up_generation_counts_every_bump_of_every_process():
     """Four processes announce work at once, as the supervisor's threads and the claimers
     do: the generation each sees never goes back (a claimer that saw it move must not see
     it return to a value it had), and no bump is lost."""
-    from pgworker.worker.wakeups import PodSignals
+    from pgworker.worker.shm.wakeups import PodSignals
 
     signals = PodSignals(CTX)
     go = CTX.Event()
@@ -240,7 +247,7 @@ def test_outcome_counts_of_two_threads_are_exact():
     their flushes in the table's counters (the drain summary's): none may be lost."""
     import sys
 
-    table = lease.SlotTable(2, CTX)
+    table = SlotTable(2, CTX)
     n = 100_000
 
     def account():
@@ -263,19 +270,19 @@ def test_outcome_counts_of_two_threads_are_exact():
 def test_a_taker_that_dies_mid_move_leaves_no_stolen_slot_behind():
     """Issue 18, item 16 (b). Claimer 1 takes over claimer 0's waiting job, records it in
     its own table, and dies before it empties the old slot. Settling claimer 1's jobs must
-    empty that old slot too: it once stayed STOLEN for good (a slot lost to claimer 0, the
+    empty that old slot too: it once stayed MOVING (then called STOLEN) for good (a slot lost to claimer 0, the
     pod's per-queue count off, and a drain that never ended, since the pod held a job)."""
     from types import SimpleNamespace
 
-    from pgworker.worker.claimers import ClaimerPool
+    from pgworker.worker.supervisor.pool import ClaimerPool
     from pgworker.worker.settler import settlements
 
     pool = ClaimerPool(mp=CTX, count=2, capacity=2, start_process=lambda h: None)
     owner, taker = pool.tables
-    slot = owner.put(7, 3, 0, 1, 60.0, lease.RENEW_ALIVE)
-    view = owner.take_unstarted(1)
+    slot = _claim(owner, 7, 3)
+    view = owner.take_over_next(1)
     assert view is not None and view.job_id == 7
-    taker.put(7, 3, 0, 1, 60.0, lease.RENEW_ALIVE)  # the taker's _hold; then it is killed
+    _claim(taker, 7, 3)  # the taker's _hold; then it is killed
     held, in_transit = pool.held_by(pool.handles[1])
     items = settlements(held, in_transit, app=SimpleNamespace(tasks={}), queue_name=lambda v: "default",
                         kill_reasons={}, clear=lambda v: None)

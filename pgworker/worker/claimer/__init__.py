@@ -1,5 +1,7 @@
-"""The claimer side of a pod: the claim loop, the executor (runs a handler, decides its
-outcome), the completer (batched fenced writes) and the process entry point."""
+"""The claimer side of a pod: the run loop (:mod:`.loop`), the planner (queue rotation,
+batch size, per-pod reservation), the runner (claims, batches, take-over of a peer's
+waiting job), the executor (runs a handler, decides its outcome), the completer (batched
+fenced writes), its connection, and the process entry point (:mod:`.process`)."""
 
 from .executor import TIMEOUT, UNKNOWN_TASK
 from .loop import Claimer

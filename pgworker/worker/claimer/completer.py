@@ -38,8 +38,10 @@ from ... import tracing
 from ...db import READ_ONLY_SQLSTATE, OutageLog, connection_lost, describe_failure, sqlstate_class
 from ...jobs import ClaimedJob, FenceReport
 from ...names import bounded_text, schema_flag
-from .. import slots as s
-from ..outcome import COMMITTED, FAIL, OUTCOME_INVALID, Outcome, Write, write_outcomes, written_outcome
+from ..shm import layout as s
+from ..shm.slots import SlotTable
+from ..outcome import (COMMITTED, FAIL, OUTCOME_INVALID, Outcome, Write, already_written, write_outcomes,
+                       written_outcome)
 from ..service import Backoff
 from .connection import ClaimerConnection
 
@@ -52,7 +54,7 @@ INVALID_VALUE_CLASSES = ("22", "23")  # data exception, integrity constraint vio
 class Completer:
     """The outcome writes of one claimer process (see the module)."""
 
-    def __init__(self, *, app: Any, db: ClaimerConnection, table: s.SlotTable, metrics: Any, worker_id: str,
+    def __init__(self, *, app: Any, db: ClaimerConnection, table: SlotTable, metrics: Any, worker_id: str,
                  flush_seconds: float, error_message_max_chars: int, index: int = 0,
                  on_settled: Callable[[], None] = lambda: None) -> None:
         self.app = app
@@ -222,22 +224,9 @@ class Completer:
             return None
 
     def _confirm(self, conn: psycopg.Connection, unsure: list[Outcome]) -> set[int]:
-        """After a connection failed mid-write, a refused row may be our own earlier write
-        that committed before the reply was lost: the same token with the state (and error
-        code) this outcome writes proves it. The reaper never writes these codes."""
-        rows = {r[0]: r for r in self.store.lease_states(conn, [o.job.id for o in unsure])}
-        ok = set()
-        for o in unsure:
-            r = rows.get(o.job.id)
-            if r is None or r[2] != o.job.lease_token:
-                continue
-            state, code, kind = r[1], r[3], o.kind_name
-            if (kind == "complete" and state == "succeeded") or \
-                    (kind == "fail" and state in ("pending", "dead") and code == o.code) or \
-                    (kind != "complete" and state == "cancelled" and code == "CANCELLED") or \
-                    (kind in ("release", "snooze") and state == "pending" and code != "LEASE_EXPIRED"):
-                ok.add(o.job.id)
-        return ok
+        """After a connection failed mid-write, the refused rows that are our own earlier
+        write, committed before the reply was lost (the shared rule: already_written)."""
+        return already_written(self.store, conn, [_write(o) for o in unsure])
 
     def _db_now(self, conn: psycopg.Connection) -> float | None:
         """The database clock (Unix seconds), read when a write of the batch was refused,
@@ -282,7 +271,7 @@ class Completer:
             finished.setdefault((o.job.queue, o.job.task, outcome, o.code), []).append(o.run_seconds)
         for (queue, op), attempts in settled.items():
             tracing.settle_spans(queue, op, attempts, worker_id=self.worker_id, start_time=started_ns)
-        self.table.clear_many([(o.slot, o.job.id) for o in written])
+        self.table.empty_jobs([(o.slot, o.job.id) for o in written])
         for outcome, n in outcomes.items():
             self.table.count(outcome, n)
         for queue, n in in_flight.items():

@@ -22,14 +22,15 @@ from ...config import Settings
 from ...db import POOLED, OutageLog, connect, set_session_timeouts, worker_params
 from ...errors import DatabaseUnavailable
 from ...jobs import safe_json_loads
-from ..service import Backoff
+from ..service import Backoff, close_quietly, drop_connection
 
 log = logging.getLogger("pgworker.claimer")
 
 
 class ClaimerConnection:
-    """``ensure()`` before use; ``failed(exc, action)`` after a lost connection (logs once
-    per outage, closes, waits the backoff); ``ok()`` after a statement went through."""
+    """``ensure()`` before use; ``failed(exc, action)`` after a failed statement or a lost
+    connection (logs once per outage, drops the connection by the runtime's rule, waits
+    the backoff); ``ok()`` after a statement went through."""
 
     def __init__(self, settings: Settings, index: int, should_stop: Callable[[], bool]) -> None:
         self.settings = settings
@@ -83,19 +84,18 @@ class ClaimerConnection:
         self.backoff.reset()
 
     def failed(self, exc: BaseException, action: str) -> None:
-        """The connection is gone: log (once per outage), close, wait the backoff."""
+        """A statement or the connection failed: log (once per outage), drop the
+        connection when the runtime's rule says so (:func:`~pgworker.worker.service.drop_connection`),
+        wait the backoff."""
         self.outage.failed(exc, action)
         with self.lock:
-            self.close()
+            if drop_connection(exc, self.conn):
+                self.close()
         self.sleep(self.backoff.next())
 
     def close(self) -> None:
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            except Exception:  # noqa: BLE001 - closing a broken connection
-                pass
-            self.conn = None
+        conn, self.conn = self.conn, None
+        close_quietly(conn)
 
     def sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds

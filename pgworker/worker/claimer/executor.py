@@ -43,14 +43,14 @@ from ...retry import classify, error_code
 from ...tasks import Task
 from ...effects.connections import EffectResources, HandlerConnections
 from ...results import ResultRefused, encode_result
-from ..slots import MESSAGE_BYTES, SlotTable
-from ..outcome import (CANCEL, COMMITTED, COMPLETE, FAIL, RESULT_IN_SLOT, RESULT_NOT_IN_SLOT, SNOOZE, Outcome,
+from ..shm.layout import MESSAGE_BYTES
+from ..shm.slots import SlotTable
+from ..outcome import (CANCEL, COMMITTED, COMPLETE, FAIL, RESULT_IN_SLOT, RESULT_NOT_IN_SLOT, SNOOZE, TIMEOUT, Outcome,
                       bounded_code, bounded_delay, bounded_message)
 
 log = logging.getLogger("pgworker.claimer")
 
 UNKNOWN_TASK = "UNKNOWN_TASK"
-TIMEOUT = "TIMEOUT"
 LEASE_LOST = "LEASE_LOST"
 # An async handler's task is cancelled within this long of a cancellation request
 # reaching its slot (the request itself arrives with the next lease renewal).

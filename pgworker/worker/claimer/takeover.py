@@ -5,12 +5,12 @@ large) and its claimer runs them one at a time. A claimer of the same pod whose 
 came back empty takes over the next job waiting in a peer's batch instead of sleeping, so
 no job claimed by the pod waits behind another while one of its claimers is idle. The job
 keeps its lease and fencing token: only the slot moves, from the peer's table to the
-taker's (CLAIMED -> STOLEN there, then empty once the job is in the taker's table; see
-:mod:`pgworker.worker.slots`), and the row's ``lease_owner`` becomes the taker. The taker
+taker's (CLAIMED -> MOVING there, then empty once the job is in the taker's table; see
+:mod:`pgworker.worker.shm.slots`), and the row's ``lease_owner`` becomes the taker. The taker
 reads the job's row by id and token (``job_take_over``, refused once the lease has
 expired), since the payload lives in the peer's process, not in shared memory. The old
 slot's ``lost`` and ``cancel`` flags, set by the renewer and the lease clock while the
-job waited there, move with it (see ``SlotTable.finish_move``).
+job waited there, move with it (see ``SlotTable.empty_moved``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from typing import Any, Sequence
 import psycopg
 
 from ...jobs import ClaimedJob, Lease
-from .. import slots as s
+from ..shm import layout as s
+from ..shm.slots import SlotTable, SlotTableBusy
 from .connection import ClaimerConnection
 
 log = logging.getLogger("pgworker.claimer")
@@ -31,7 +32,7 @@ class PeerJobs:
     """The jobs waiting in the batches of the pod's other claimers (``peers[index]`` is
     this claimer's own table)."""
 
-    def __init__(self, peers: Sequence[s.SlotTable], index: int, db: ClaimerConnection, store: Any, *,
+    def __init__(self, peers: Sequence[SlotTable], index: int, db: ClaimerConnection, store: Any, *,
                  owner: str) -> None:
         self.peers = peers
         self.index = index
@@ -39,7 +40,7 @@ class PeerJobs:
         self.store = store
         self.owner = owner  # this claimer's lease_owner
 
-    def take(self) -> tuple[ClaimedJob, s.SlotView, s.SlotTable] | None:
+    def take(self) -> tuple[ClaimedJob, s.SlotView, SlotTable] | None:
         """The next waiting job of a peer, now this claimer's to run: (the job, its slot as
         it was in the peer's table, that table). Call :meth:`moved` once it is recorded
         in this claimer's table. None when nothing waits, or the database is away (the
@@ -48,15 +49,15 @@ class PeerJobs:
             if i == self.index:
                 continue
             try:
-                v = peer.take_unstarted(self.index)
-            except s.SlotTableBusy:
+                v = peer.take_over_next(self.index)
+            except SlotTableBusy:
                 continue
             if v is None:
                 continue
             try:
                 job = self._fetch(v)
             except psycopg.Error:
-                _quietly(peer.give_back, v)  # the database is away: its owner runs it
+                _quietly(peer.undo_take_over, v)  # the database is away: its owner runs it
                 return None
             if job is None:  # its lease was lost meanwhile: nothing to run
                 self.moved(peer, v)
@@ -65,12 +66,12 @@ class PeerJobs:
             return job, v, peer
         return None
 
-    def moved(self, peer: s.SlotTable, v: s.SlotView) -> tuple[bool, bool]:
+    def moved(self, peer: SlotTable, v: s.SlotView) -> tuple[bool, bool]:
         """Empty the job's old slot in the peer's table; returns the (lost, cancel) flags
-        it had gained (see SlotTable.finish_move)."""
+        it had gained (see SlotTable.empty_moved)."""
         try:
-            return peer.finish_move(v.index, v.job_id, v.token)
-        except s.SlotTableBusy:
+            return peer.empty_moved(v.index, v.job_id, v.token)
+        except SlotTableBusy:
             return False, False  # its owner is stopped holding the lock: the supervisor settles it
 
     def _fetch(self, v: s.SlotView) -> ClaimedJob | None:
@@ -85,5 +86,5 @@ class PeerJobs:
 def _quietly(method: Any, v: s.SlotView) -> None:
     try:
         method(v.index, v.job_id, v.token)
-    except s.SlotTableBusy:
+    except SlotTableBusy:
         pass  # its owner died holding the lock: the supervisor resets that table

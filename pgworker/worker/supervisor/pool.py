@@ -16,11 +16,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import slots as s
-from .lease import past_hard_limit
-from .service import Backoff
-from .settler import TIMEOUT
-from ..retry import RetryPolicy
+from ..shm import layout as s
+from ..shm.slots import SlotTable, SlotTableBusy
+from ..lease import past_hard_limit
+from ..service import Backoff
+from ..outcome import TIMEOUT
+from ...retry import RetryPolicy
 
 log = logging.getLogger("pgworker.worker")
 
@@ -33,7 +34,7 @@ RESTART_POLICY = RetryPolicy(base_seconds=0.5, factor=2.0, max_seconds=30.0, jit
 @dataclass
 class ClaimerHandle:
     index: int
-    table: s.SlotTable
+    table: SlotTable
     process: Any = None
     started_at: float = 0.0
     restart_at: float = 0.0
@@ -60,7 +61,7 @@ class ClaimerPool:
 
     def __init__(self, *, mp: Any, count: int, capacity: int, start_process: Callable[[ClaimerHandle], Any]) -> None:
         self.mp = mp
-        self.handles = [ClaimerHandle(i, s.SlotTable(capacity, mp)) for i in range(count)]
+        self.handles = [ClaimerHandle(i, SlotTable(capacity, mp)) for i in range(count)]
         self.tables = [h.table for h in self.handles]
         self.start_process = start_process
 
@@ -88,17 +89,17 @@ class ClaimerPool:
     def all_stopped(self) -> bool:
         return all(h.process is None for h in self.handles)
 
-    def holder_alive(self, table: s.SlotTable, v: s.SlotView) -> bool:
+    def holder_alive(self, table: SlotTable, v: s.SlotView) -> bool:
         """Whether the process holding a slot is alive and not stopped (a slot being taken
         over is held by the claimer taking it)."""
-        index = v.moved_to if v.state == s.STOLEN and 0 <= v.moved_to < len(self.handles) else self.tables.index(table)
+        index = v.moved_to if v.state == s.MOVING and 0 <= v.moved_to < len(self.handles) else self.tables.index(table)
         p = self.handles[index].process
         return p is not None and p.is_alive() and not process_stopped(p.pid)
 
-    def held_by(self, h: ClaimerHandle) -> tuple[list[s.SlotView], list[tuple[s.SlotTable, s.SlotView]]]:
+    def held_by(self, h: ClaimerHandle) -> tuple[list[s.SlotView], list[tuple[SlotTable, s.SlotView]]]:
         """What a gone claimer held: its own slots, and the slots of other tables it was
         taking over. (A lock it held, its own table's or a peer's, was released as it
-        died: see :mod:`pgworker.worker.podlock`.)"""
+        died: see :mod:`pgworker.worker.shm.lock`.)"""
         held = h.table.held()
         in_transit = []
         for other in self.handles:
@@ -106,8 +107,8 @@ class ClaimerPool:
                 continue
             try:
                 in_transit += [(other.table, v) for v in other.table.held()
-                               if v.state == s.STOLEN and v.moved_to == h.index]
-            except s.SlotTableBusy:
+                               if v.state == s.MOVING and v.moved_to == h.index]
+            except SlotTableBusy:
                 continue
         return held, in_transit
 
@@ -139,7 +140,7 @@ class ClaimerPool:
                 continue
             try:
                 views = h.table.live()
-            except s.SlotTableBusy:
+            except SlotTableBusy:
                 continue
             for v in views:
                 if past_hard_limit(v, now) and v.job_id not in h.kill_reasons:  # said and done once
@@ -162,7 +163,7 @@ class ClaimerPool:
             try:
                 if h.table.live():
                     return True
-            except s.SlotTableBusy:
+            except SlotTableBusy:
                 return True
         return False
 
@@ -173,16 +174,16 @@ class ClaimerPool:
             if h.process is not None and h.process.is_alive():
                 _kill(h.process.pid, signal.SIGTERM)
 
-    def take_waiting(self, claimed_before: float) -> list[tuple[s.SlotTable, s.SlotView]]:
+    def hand_back_waiting(self, claimed_before: float) -> list[tuple[SlotTable, s.SlotView]]:
         """Every job waiting unstarted in a live claimer's batch since before
-        ``claimed_before`` (monotonic), taken back from it (see SlotTable.take_waiting)."""
+        ``claimed_before`` (monotonic), taken back from it (see SlotTable.hand_back_waiting)."""
         out = []
         for h in self.handles:
             if h.process is None or not h.process.is_alive():
                 continue  # a gone claimer's slots are settled by _claimer_gone
             try:
-                out += [(h.table, v) for v in h.table.take_waiting(claimed_before)]
-            except s.SlotTableBusy:
+                out += [(h.table, v) for v in h.table.hand_back_waiting(claimed_before)]
+            except SlotTableBusy:
                 continue
         return out
 
@@ -190,7 +191,7 @@ class ClaimerPool:
         """Ids of the jobs whose handlers run in claimer ``h`` (empty if its table is busy)."""
         try:
             return [v.job_id for v in h.table.live() if v.state == s.RUNNING]
-        except s.SlotTableBusy:
+        except SlotTableBusy:
             return []
 
     def close(self) -> None:
@@ -207,10 +208,9 @@ class ClaimerPool:
         """A claimer whose outcome writes have failed for longer than ``stall_seconds``."""
         now = time.monotonic()
         for h in self.handles:
-            hdr = h.table.header
-            since = hdr.write_failing_since
-            if h.process is not None and since and now - since > stall_seconds:
-                reason = bytes(hdr.write_failure).decode("utf-8", "replace")
+            failing = h.table.write_failing()
+            if h.process is not None and failing is not None and now - failing[0] > stall_seconds:
+                since, reason = failing
                 return f"claimer {h.index} cannot write job outcomes for {now - since:.0f} s ({reason})"
         return None
 

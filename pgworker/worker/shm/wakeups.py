@@ -17,7 +17,7 @@ again instead of sleeping. The announcer bumps the generation before it looks fo
 claimers. A fence between each side's store and load (a lock's acquire and release,
 which are atomic read-modify-writes) keeps either side from reading a stale value, so
 one of the two always sees the other. The generation only grows: it is bumped under a
-pod-wide lock (:class:`~pgworker.worker.podlock.PodLock`, which a holder killed with it
+pod-wide lock (:class:`~pgworker.worker.shm.lock.PodLock`, which a holder killed with it
 cannot keep), since an unlocked ``+= 1`` from several processes could store back a value
 a claimer had already seen, and that claimer then slept through the announcement.
 
@@ -29,12 +29,9 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Protocol, Sequence
 
-from .podlock import PodLock
-
-if TYPE_CHECKING:
-    from .slots import SlotTable
+from .lock import PodLock
 
 _fence_lock = threading.Lock()
 
@@ -69,9 +66,16 @@ class WakeUp:
         """Wait up to ``timeout`` seconds; True (and the flag consumed) if it was set."""
         return self._sem.acquire(timeout=timeout)
 
-    def clear(self) -> None:
-        while self._sem.acquire(False):
-            pass
+
+class Wakeable(Protocol):
+    """What :meth:`PodSignals.announce` needs of a claimer's slot table: its header (the
+    ``idle``, ``stopping`` and ``hint_queue`` fields) and its wake-up."""
+
+    @property
+    def header(self) -> Any: ...
+
+    @property
+    def wake(self) -> WakeUp: ...
 
 
 class PodSignals:
@@ -90,7 +94,7 @@ class PodSignals:
     def generation(self) -> int:
         return self._generation.value
 
-    def announce(self, tables: Sequence["SlotTable"], queue_index: int = -1, *, exclude: int = -1,
+    def announce(self, tables: Sequence[Wakeable], queue_index: int = -1, *, exclude: int = -1,
                  count: int = 1) -> int:
         """Work is due (on ``queue_index``, or unknown: -1): wake up to ``count`` idle
         claimers, never ``exclude`` (the announcing claimer itself). Returns how many were
@@ -113,12 +117,6 @@ class PodSignals:
                 tables[i].wake.set()
                 woken += 1
         return woken
-
-    def wake_all(self, tables: Sequence["SlotTable"]) -> None:
-        """Wake every claimer (shutdown, or a test)."""
-        self._bump()
-        for t in tables:
-            t.wake.set()
 
     def _bump(self) -> None:
         with self._lock:  # a read-modify-write from several processes: never lose one

@@ -1,0 +1,53 @@
+"""A claimer's header in its slot table: its loop beat, idle flag, outcome counts and
+write health. The claimer writes them; the supervisor reads them (the loop-stall gauge,
+the drain summary, /readyz). The wake-up fields (``idle``, ``hint_queue``) are also
+written by whoever wakes it (:mod:`.wakeups`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .layout import OUTCOME_FIELDS, WRITE_FAILURE_BYTES, fit
+from .lock import PodLock
+
+
+class HeaderAccess:
+    """The header half of :class:`~.slots.SlotTable` (``header`` is the shared
+    :class:`~.layout.Header`, ``lock`` the table's lock)."""
+
+    header: Any
+    lock: PodLock
+
+    def beat(self, *, idle: bool | None = None) -> None:
+        """The claimer's loop ran (monotonic clock); ``idle``: it goes to sleep / wakes."""
+        self.header.loop_at = time.monotonic()
+        if idle is not None:
+            self.header.idle = 1 if idle else 0
+
+    def count(self, outcome: str, n: int = 1) -> None:
+        """Add ``n`` to one of OUTCOME_FIELDS."""
+        with self.lock:  # the claimer's main and flusher threads both account their flushes
+            setattr(self.header, outcome, getattr(self.header, outcome) + n)
+
+    def outcome_counts(self) -> dict[str, int]:
+        return {f: getattr(self.header, f) for f in OUTCOME_FIELDS}
+
+    def write_health(self, failure: str | None) -> None:
+        """Record whether outcome writes succeed (None) or fail, and why: the supervisor's
+        /readyz names a claimer that cannot write outcomes."""
+        h = self.header
+        if failure is None:
+            h.write_failing_since = 0.0
+        else:
+            if not h.write_failing_since:
+                h.write_failing_since = time.monotonic()
+            h.write_failure = fit(failure, WRITE_FAILURE_BYTES)
+
+    def write_failing(self) -> tuple[float, str] | None:
+        """(monotonic start, reason) of the current run of failed outcome writes, or None."""
+        h = self.header
+        since = h.write_failing_since
+        if not since:
+            return None
+        return since, bytes(h.write_failure).decode("utf-8", "replace")

@@ -1,0 +1,87 @@
+"""Shutdown: stop claiming, hand back what waits, give running jobs the grace, then stop
+the claimers, settle what they held, and (drain mode) report the run and choose the exit
+code."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ..drain import report as report_drain
+from ..settler import SHUTDOWN, settlements
+from ..shm.slots import SlotTableBusy
+from .state import SupervisorState
+
+log = logging.getLogger("pgworker.supervisor")
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_DRAIN_DEADLINE = 75  # EX_TEMPFAIL: the deadline passed with due work left; run again
+
+
+class Shutdown(SupervisorState):
+    """The shutdown half of :class:`~.main.Supervisor` (its state lives there)."""
+
+    def _begin_stop(self, reason: str) -> None:
+        log.info("stopping (%s): no new claims; running jobs have %.0f s to finish", reason,
+                 self.settings.shutdown_grace_seconds)
+        self.phase = "stopping"
+        self.health.reason = "shutting down"  # not ready; still alive until the exit
+        self.health.schema_ok = False
+        self.stop_deadline = time.monotonic() + self.settings.shutdown_grace_seconds
+        self.pool.ask_to_stop()
+        self._hand_back(float("inf"))  # jobs not started are not held through the grace
+
+    def _force_stop(self) -> None:
+        alive = [h for h in self.pool.handles if h.process is not None]
+        log.warning("shutdown grace over: stopping %s claimer(s); their running jobs fail SHUTDOWN (the attempt "
+                    "counts) and are due again at once", len(alive))
+        for h in alive:
+            for job_id in self.pool.running_jobs(h):
+                h.kill_reasons.setdefault(job_id, SHUTDOWN)
+        self.pool.kill_all()
+        for h in alive:
+            h.process.join(timeout=5)
+            self._claimer_gone(h)
+
+    def _finish(self) -> int:
+        self.stop_services.set()
+        if self.settler is not None:  # what the settler had not written yet
+            self.settler.join(5)
+            while not self.settler.queue.empty():
+                self._settle_now(self.settler.queue.get_nowait())
+        for h in self.pool.handles:
+            try:
+                held, in_transit = self.pool.held_by(h)
+            except SlotTableBusy:
+                continue  # a killed claimer still in uninterruptible sleep holds its lock: its leases expire
+            items = settlements(held, in_transit, app=self.app, queue_name=self._queue_name,
+                                kill_reasons=h.kill_reasons, clear=lambda v: None)
+            if items:
+                self._settle_now(items)
+            self.summary.add(h.table.reset_for_replacement())
+        if not self.drain:
+            log.info("stopped")
+            return EXIT_OK
+        return self._report_drain()
+
+    def _report_drain(self) -> int:
+        """Drain mode's end: count what is left, report the run, and the exit code."""
+        # Due jobs left at exit, whatever ended the run: after "drained" it is normally 0
+        # (a job that became due in the last moments, or one a global limit kept from
+        # this run, shows here rather than being hidden).
+        try:
+            with self.connect("pgworker:supervisor") as conn:
+                self.summary.left = self.store.due_count(conn, self.queues)
+                self.summary.next_due_seconds = self.store.next_due_seconds(conn, self.queues)
+        except Exception as exc:  # noqa: BLE001
+            log.error("could not count the jobs left: %s", type(exc).__name__)
+            self.summary.left = -1
+        if self.deadline_hit:
+            self.summary.result = "deadline" if self.summary.left else "succeeded"
+        if self.received:
+            self.summary.result = "interrupted"
+        report_drain(self.summary, self.pushgateway_url, self.settings.schema)
+        if self.deadline_hit and self.summary.left:
+            return EXIT_DRAIN_DEADLINE
+        return EXIT_OK

@@ -1,0 +1,33 @@
+"""What the supervisor's halves share: the state :class:`~.main.Supervisor` builds and
+the tick, settlement and shutdown read (declared once)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SupervisorState:
+    """The attributes of :class:`~.main.Supervisor` its halves use (see its ``__init__``)."""
+
+    phase: str
+    pool: Any
+    settings: Any
+    metrics: Any
+    health: Any
+    signals: Any
+    drain: bool
+    received: list[int]
+    max_duration: float | None
+    run_started: float
+    deadline_hit: bool
+    stop_deadline: float
+    app: Any
+    store: Any
+    connect: Any
+    pod_limits: Any
+    settler: Any
+    summary: Any
+    queues: list[str]
+    _task_names: list[str]
+    stop_services: Any
+    pushgateway_url: str | None
