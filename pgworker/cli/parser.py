@@ -10,31 +10,8 @@ import re
 import shlex
 from typing import Any
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1, None: 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_duration(text: str) -> float:
-    """'90', '90s', '15m', '12h', '7d', '2w', '250ms' -> seconds."""
-    m = _DURATION.match(text)
-    if not m and _DURATION.match(text.strip().removeprefix("-")):
-        raise argparse.ArgumentTypeError(f"{text!r} is negative: a duration is 0 or more, e.g. 30s, 15m, 12h, 7d")
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration; use forms like 30s, 15m, 12h, 7d")
-    return float(m.group(1)) * _UNITS[m.group(2)]
-
-
-def retention_duration(text: str) -> float:
-    """A duration that deletes data: like :func:`parse_duration`, but its unit must be
-    written ('7' would be 7 seconds, and `prune --older-than 7` deleted what a user meant
-    to keep for 7 days)."""
-    number = text.strip()
-    if not number or number[-1].isdigit():
-        example = number if re.fullmatch(r"\d+(\.\d+)?", number) else "7"
-        raise argparse.ArgumentTypeError(f"{text!r} has no unit: write it, e.g. {example}d for days "
-                                         f"or {example}s for seconds")
-    return parse_duration(text)
-
+from .values import (_duration_or_none, _float_or_none, _int_or_none, _job_id, _job_state,  # noqa: F401
+                     _positive_int, parse_duration, retention_duration)
 
 #: Flags whose default is an environment variable other than a Settings field's: dest ->
 #: (variable, default when it is unset). Resolved after parsing, so that the parser (and
@@ -349,64 +326,7 @@ def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         current = chosen[0]
 
 
-_NONE = ("none", "off", "null", "-")
 _ABSENT: Any = object()
-
-
-# `pgworker status` splits pending jobs by what they wait for; a job's state is pending.
-_STATUS_ONLY = {"due": "due now", "scheduled": "scheduled later", "blocked": "waiting for an earlier job of its "
-                "ordering key (`pgworker dead keys` lists the keys a dead job holds)"}
-
-
-def _job_state(text: str) -> str:
-    if text in _STATUS_ONLY:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is how `pgworker status` counts pending jobs {_STATUS_ONLY[text]}: a job's state is "
-            "pending; use --state pending")
-    return text
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _int_or_none(text: str) -> int | None:
-    if text.strip().lower() in _NONE:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer (or 'none')") from None
-
-
-def _float_or_none(text: str) -> float | None:
-    if text.strip().lower() in _NONE:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number (or 'none')") from None
-
-
-def _duration_or_none(text: str) -> float | None:
-    return None if text.strip().lower() in _NONE else parse_duration(text)
-
-
-def _job_id(text: str) -> int:
-    """A job (or graph) id: an integer from 1 to 2**63-1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an id: ids are whole numbers, e.g. 42") from None
-    if not 0 < value < 2**63:
-        raise argparse.ArgumentTypeError(f"{text} is no id: ids are 1 to 2**63-1")
-    return value
 
 
 def _version() -> str:
