@@ -144,8 +144,10 @@ ORDER BY run_at, id
 LIMIT %(limit)s;
 
 -- name: console_jobs_running
--- Running jobs by lease expiry, soonest first, after the keyset position: every queue on
--- jobs_lease_expiry_idx, or one on jobs_running_idx (queue, lease_expires_at).
+-- Running jobs by lease expiry, soonest first, after the keyset position: the running
+-- jobs (of every queue, or of one) on jobs_running_idx (queue), sorted by the lease read
+-- from the rows. No index holds the lease (renewals stay HOT, migration 0009); the
+-- running set is bounded by the claimers times their batch.
 SELECT id, queue, task, state::text AS state, priority, run_at, attempts, max_attempts, lease_owner,
        lease_expires_at, last_error_code, created_at, finished_at, ordering_key, dedupe_key
 FROM {schema}.jobs
