@@ -339,8 +339,11 @@ def test_migration_0009_sets_the_fill_factor_only_where_none_is_set(pg_dsn, sche
                              .format(ident), [mig.version, mig.name, mig.checksum])
         assert "fillfactor" not in reloptions(conn, schema)
         conn.execute(sql.SQL("ALTER TABLE {}.jobs SET (fillfactor = 100)").format(ident))
+        conn.execute("SET search_path = pg_catalog, public")
         migrate(conn, schema)
         assert reloptions(conn, schema) == {**AUTOVACUUM, "fillfactor": "100"}
+        # 0009 sets search_path to the schema for its block, then puts the session's back
+        assert conn.execute("SHOW search_path").fetchone()[0] == "pg_catalog, public"
 
 
 # The one deliberate exception (issue 23): migration 0009 sets the jobs table's fill factor,

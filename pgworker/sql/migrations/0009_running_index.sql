@@ -39,15 +39,23 @@ CREATE INDEX jobs_running_idx ON {schema}.jobs (queue) WHERE state = 'running';
 -- renewals and 96-99 % of later ones (the page's earlier versions are pruned and their
 -- room reused). The claim and the completion gain too: a new version on the same page
 -- needs no second tuple lock record and its WAL is prefix/suffix-compressed (claim +
--- completion 790 -> 706 WAL bytes per job). The price: pages are filled to 70 % by
+-- completion 790 -> 701 WAL bytes per job). The price: pages are filled to 70 % by
 -- inserts, so the pending backlog and the kept history take up to 1/0.7 the pages.
 -- Only when no fill factor is set: an operator's own value stays (later migrations
 -- never override an operator's storage parameters, migration 0003). It applies to pages
 -- filled from now on; existing pages keep their rows until they are reused.
+--
+-- The schema's name may hold any character (a quote, a dollar sign): it appears here only
+-- as the quoted identifier of search_path, never inside the block's string or its $$
+-- quoting; search_path is put back as it was at the end (pg_temp last, so a temporary
+-- table named jobs cannot stand in).
+SELECT set_config('pgworker.migration_search_path', current_setting('search_path'), true);
+SET LOCAL search_path = {schema}, pg_temp;
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_class AS c, unnest(c.reloptions) AS o
-                   WHERE c.oid = '{schema}.jobs'::regclass AND o LIKE 'fillfactor=%') THEN
-        ALTER TABLE {schema}.jobs SET (fillfactor = 70);
+                   WHERE c.oid = 'jobs'::regclass AND o LIKE 'fillfactor=%') THEN
+        ALTER TABLE jobs SET (fillfactor = 70);
     END IF;
 END $$;
+SELECT set_config('search_path', current_setting('pgworker.migration_search_path'), true);
