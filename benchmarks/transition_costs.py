@@ -2,7 +2,7 @@
 per index, HOT or not, backend CPU; pgworker's schema beside the minimal lease queue's.
 
     python -m benchmarks.transition_costs [--dsn DSN] [--jobs 20000] [--batch 100]
-        [--variant today,ref,...] [--json FILE]
+        [--renewals 1] [--variant today,ref,...] [--repeat 1] [--json FILE]
 
 Each transition runs on ``--jobs`` jobs in batches of ``--batch``, each batch its own
 transaction on one connection (as a claimer runs them), on a fresh scratch schema. The
@@ -43,15 +43,20 @@ AGED_LIMIT = ("    ORDER BY run_at\n    LIMIT (SELECT n FROM allowance)\n",
               "ELSE (SELECT n FROM allowance) END\n")
 # variants whose claim statement changes: name -> (old, new) text replacements in job_claim
 CLAIM_CHANGES: dict[str, list[tuple[str, str]]] = {
-    name: [AGED_LIMIT] for name in ("lean", "lean-ff50", "lean-ff70", "lean-ff85", "today-aged-skip")}
+    name: [AGED_LIMIT] for name in ("lean", "lean-ff50", "lean-ff85", "today-aged-skip")}
 
-# P1 + P3 + P4 of the design: one running index without lease_expires_at, no jobs_due_idx,
-# retention on a BRIN index
-LEAN = ("DROP INDEX {s}.jobs_lease_expiry_idx; DROP INDEX {s}.jobs_running_idx; DROP INDEX {s}.jobs_due_idx; "
-        "DROP INDEX {s}.jobs_finished_idx; "
-        "CREATE INDEX jobs_running_idx ON {s}.jobs (queue) WHERE state = 'running'; "
+# P3 + P4 of the design (P1, one running index without lease_expires_at, is the schema
+# since migration 0010): no jobs_due_idx, retention on a BRIN index
+LEAN = ("DROP INDEX {s}.jobs_due_idx; DROP INDEX {s}.jobs_finished_idx; "
         "CREATE INDEX jobs_finished_brin ON {s}.jobs USING brin (finished_at) "
         "WHERE state IN ('succeeded', 'cancelled', 'dead'); ")
+
+# The running indexes before migration 0010: two, both holding lease_expires_at (the
+# claim inserts into both, a renewal is never HOT). For a before/after in one run.
+TWO_RUNNING_INDEXES = ("DROP INDEX {s}.jobs_running_idx; "
+                       "CREATE INDEX jobs_lease_expiry_idx ON {s}.jobs (lease_expires_at) WHERE state = 'running'; "
+                       "CREATE INDEX jobs_running_idx ON {s}.jobs (queue, lease_expires_at) "
+                       "WHERE state = 'running'; ")
 
 # The seeds' one-statement claim on pgworker's table, with pgworker's SET list and RETURNING
 # (no gate, no aging arm, no priority walk, no final sort): what the claim statement's own
@@ -79,33 +84,24 @@ CLAIM_STATEMENTS = {"today-simple-claim": SIMPLE_CLAIM, "lean-ff50-simple-claim"
 VARIANTS: dict[str, tuple[str, str]] = {
     "today-simple-claim": ("today's schema, the seeds' simple claim statement (SIMPLE_CLAIM)", ""),
     "today-aged-skip": ("today's schema; the claim's aging arm skipped without a bound", ""),
-    "today": ("pgworker's schema as migrated", ""),
-    "one-running-index": (
-        "the two running indexes merged into one without lease_expires_at (reaper and concurrency count "
-        "read the lease from the heap), fillfactor 90 so renewals can be HOT",
-        "DROP INDEX {s}.jobs_lease_expiry_idx; DROP INDEX {s}.jobs_running_idx; "
-        "CREATE INDEX jobs_running_idx ON {s}.jobs (queue) WHERE state = 'running'; "
-        "ALTER TABLE {s}.jobs SET (fillfactor = 90);"),
-    "lean": (
-        "one-running-index, and no jobs_due_idx (the claim's aging arm and the due counts on jobs_claim_idx) "
-        "and no jobs_finished_idx (retention by a BRIN index on finished_at)",
-        "DROP INDEX {s}.jobs_lease_expiry_idx; DROP INDEX {s}.jobs_running_idx; DROP INDEX {s}.jobs_due_idx; "
-        "DROP INDEX {s}.jobs_finished_idx; "
-        "CREATE INDEX jobs_running_idx ON {s}.jobs (queue) WHERE state = 'running'; "
-        "CREATE INDEX jobs_finished_brin ON {s}.jobs USING brin (finished_at) "
-        "WHERE state IN ('succeeded', 'cancelled', 'dead'); "
-        "ALTER TABLE {s}.jobs SET (fillfactor = 90);"),
+    "today": ("pgworker's schema as migrated (one running index, fillfactor 70)", ""),
+    "before-0010": ("the schema before migration 0010: two running indexes holding lease_expires_at, "
+                    "no fillfactor", TWO_RUNNING_INDEXES + "ALTER TABLE {s}.jobs RESET (fillfactor);"),
+    "two-running-indexes": ("the running indexes before migration 0010, today's fillfactor (70)",
+                            TWO_RUNNING_INDEXES),
+    "today-ff100": ("today's indexes, no fillfactor (the default, 100)", "ALTER TABLE {s}.jobs RESET (fillfactor);"),
+    "today-ff95": ("today's schema, fillfactor 95", "ALTER TABLE {s}.jobs SET (fillfactor = 95);"),
+    "today-ff90": ("today's schema, fillfactor 90 (room for a few renewals per page)",
+                   "ALTER TABLE {s}.jobs SET (fillfactor = 90);"),
+    "today-ff80": ("today's schema, fillfactor 80", "ALTER TABLE {s}.jobs SET (fillfactor = 80);"),
+    "today-ff50": ("today's schema, fillfactor 50 (room for a new version of every row of a page)",
+                   "ALTER TABLE {s}.jobs SET (fillfactor = 50);"),
+    "lean": ("today's schema (fillfactor 70) without jobs_due_idx (the claim's aging arm and the due counts "
+             "on jobs_claim_idx) and jobs_finished_idx (retention by a BRIN index on finished_at)", LEAN),
     "lean-ff50": (
         "lean, with fillfactor 50: room on each page for a job's next versions (same-page updates: no "
         "cross-page lock record, prefix/suffix-compressed WAL, renewals HOT)",
-        "DROP INDEX {s}.jobs_lease_expiry_idx; DROP INDEX {s}.jobs_running_idx; DROP INDEX {s}.jobs_due_idx; "
-        "DROP INDEX {s}.jobs_finished_idx; "
-        "CREATE INDEX jobs_running_idx ON {s}.jobs (queue) WHERE state = 'running'; "
-        "CREATE INDEX jobs_finished_brin ON {s}.jobs USING brin (finished_at) "
-        "WHERE state IN ('succeeded', 'cancelled', 'dead'); "
-        "ALTER TABLE {s}.jobs SET (fillfactor = 50);"),
-    "today-ff50": ("today's indexes, fillfactor 50", "ALTER TABLE {s}.jobs SET (fillfactor = 50);"),
-    "lean-ff70": ("lean, fillfactor 70", LEAN + "ALTER TABLE {s}.jobs SET (fillfactor = 70);"),
+        LEAN + "ALTER TABLE {s}.jobs SET (fillfactor = 50);"),
     "lean-ff50-simple-claim": ("lean-ff50 with SIMPLE_CLAIM", LEAN + "ALTER TABLE {s}.jobs SET (fillfactor = 50);"),
     "lean-ff85": ("lean, fillfactor 85", LEAN + "ALTER TABLE {s}.jobs SET (fillfactor = 85);"),
 }
@@ -159,13 +155,16 @@ class Run:
         cpu = cpu_seconds(conn.info.backend_pid) - cpu0
         w = _wal(conn, start, _lsn(conn), [x % 2**32 for x in xids], self.names)
         per = lambda v: round(v / done, 2) if done else 0.0  # noqa: E731
-        return {"jobs": done, "wal_bytes_per_job": per(w["bytes"] - w["fpi_bytes"]),
+        # the table's size after the transition: what free space kept for HOT costs
+        heap = conn.execute("SELECT pg_relation_size(%s::regclass)",
+                            [sql.Identifier(self.schema, "jobs").as_string(conn)]).fetchone()[0]
+        return {"jobs": done, "heap_bytes_after": heap, "wal_bytes_per_job": per(w["bytes"] - w["fpi_bytes"]),
                 "wal_bytes_per_job_with_fpi": per(w["bytes"]), "cpu_us_per_job": per(1e6 * cpu),
                 "records_per_job": {k: per(v) for k, v in sorted(w["records"].items())},
                 "index_entries_per_job": {k: per(v) for k, v in sorted(w["leaf_inserts"].items())}}
 
 
-def pgworker_transitions(dsn: str, variant: str, jobs: int, batch: int) -> dict[str, Any]:
+def pgworker_transitions(dsn: str, variant: str, jobs: int, batch: int, renewals: int = 1) -> dict[str, Any]:
     schema = f"pgworker_bench_tc_{variant.replace('-', '_')}"
     out: dict[str, Any] = {}
     with connect(dsn) as conn:
@@ -220,7 +219,10 @@ def pgworker_transitions(dsn: str, variant: str, jobs: int, batch: int) -> dict[
                                                         "results": [None] * len(part),
                                                         "results_channel": results_channel(schema)}).fetchall())
 
-        out["renew"] = run.measure(jobs, batches(renew))
+        # a long job's later renewals show the steady state: a first renewal finds its page
+        # as the claim left it, a later one the page its previous version was put on
+        for i in range(renewals):
+            out["renew" if i == 0 else f"renew {i + 1}"] = run.measure(jobs, batches(renew))
         out["complete"] = run.measure(jobs, batches(complete))
         drop_schema(conn, schema)
     return out
@@ -278,13 +280,13 @@ def _median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def table(results: dict[str, dict[str, Any]]) -> str:
     lines = ["| variant | transition | WAL B/job (no FPI) | with FPI | backend CPU µs/job | index entries per job | "
-             "heap records per job |", "|---|---|---:|---:|---:|---|---|"]
+             "heap records per job | table kB after |", "|---|---|---:|---:|---:|---|---|---:|"]
     for variant, transitions in results.items():
         for name, r in transitions.items():
             entries = ", ".join(f"{k} {v:g}" for k, v in r["index_entries_per_job"].items()) or "none"
             heap = ", ".join(f"{k} {v:g}" for k, v in r["records_per_job"].items() if k.startswith("Heap"))
             lines.append(f"| {variant} | {name} | {r['wal_bytes_per_job']:,.0f} | {r['wal_bytes_per_job_with_fpi']:,.0f} | "
-                         f"{r['cpu_us_per_job']:,.1f} | {entries} | {heap} |")
+                         f"{r['cpu_us_per_job']:,.1f} | {entries} | {heap} | {r.get('heap_bytes_after', 0) / 1024:,.0f} |")
     return "\n".join(lines)
 
 
@@ -294,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=20_000)
     p.add_argument("--batch", type=int, default=100)
     p.add_argument("--variant", default="ref,today", help=f"comma-separated: ref, {', '.join(VARIANTS)}")
+    p.add_argument("--renewals", type=int, default=1,
+                   help="renewals of every lease between the claim and the completion (0: none, as a no-op job)")
     p.add_argument("--repeat", type=int, default=1,
                    help="rounds over every variant (interleaved, so a neighbour's load hurts all alike); "
                         "the median of each figure is shown")
@@ -304,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(a.repeat):
         for v in names:
             rounds[v].append(reference_transitions(a.dsn, a.jobs, a.batch) if v == "ref"
-                             else pgworker_transitions(a.dsn, v, a.jobs, a.batch))
+                             else pgworker_transitions(a.dsn, v, a.jobs, a.batch, a.renewals))
     results = {v: _median_of(rs) for v, rs in rounds.items()}
     print(table(results))
     if a.json:

@@ -1,4 +1,4 @@
--- The whole pgworker schema as it stands (version 7), in one file, for reading and
+-- The whole pgworker schema as it stands (version 10), in one file, for reading and
 -- review. Installing and upgrading go through the numbered migrations
 -- (pgworker/sql/migrations, `pgworker migrate`); a test applies both to two schemas and
 -- checks that they produce the same catalog, so this file cannot drift from them.
@@ -85,8 +85,10 @@ CREATE TABLE {schema}.jobs (
     CONSTRAINT jobs_lease_expires_at_range
         CHECK (lease_expires_at BETWEEN '1970-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00')
 ) WITH (
-    -- Autovacuum for a high-churn table; no fillfactor, since no frequent update can be
-    -- HOT (migration 0003 and docs/deploy.md, "Vacuum and the jobs table", say why).
+    -- Autovacuum for a high-churn table (migration 0003 and docs/deploy.md, "Vacuum and
+    -- the jobs table", say why); fillfactor 70, room on each page for a renewal's HOT
+    -- version (migration 0010 says why).
+    fillfactor = 70,
     autovacuum_vacuum_scale_factor = 0.01,
     autovacuum_vacuum_threshold = 1000,
     autovacuum_vacuum_insert_scale_factor = 0.01,
@@ -100,10 +102,6 @@ CREATE INDEX jobs_claim_idx ON {schema}.jobs (queue, priority DESC, run_at, id)
 -- Claimable jobs by due time: the claim's aging arm, and the oldest due job per queue.
 CREATE INDEX jobs_due_idx ON {schema}.jobs (queue, run_at)
     WHERE state = 'pending' AND NOT blocked;
-
--- Running leases by expiry: the reaper.
-CREATE INDEX jobs_lease_expiry_idx ON {schema}.jobs (lease_expires_at)
-    WHERE state = 'running';
 
 -- Dead jobs per queue by age: gauges, listing, bulk replay.
 CREATE INDEX jobs_dead_idx ON {schema}.jobs (queue, finished_at)
@@ -124,9 +122,11 @@ CREATE INDEX jobs_ordering_key_idx ON {schema}.jobs (ordering_key, id)
 CREATE UNIQUE INDEX jobs_ordering_active_idx ON {schema}.jobs (ordering_key)
     WHERE ordering_key IS NOT NULL AND (state = 'running' OR (state = 'pending' AND NOT blocked));
 
--- Running jobs per queue with their lease: the claim's count under a global concurrency
--- limit (unexpired leases only).
-CREATE INDEX jobs_running_idx ON {schema}.jobs (queue, lease_expires_at) WHERE state = 'running';
+-- Running jobs per queue: the reaper (every queue) and the claim's count under a global
+-- concurrency limit, both reading lease_expires_at from the row (the running set is
+-- bounded by claimers x batch), and the running counts. No index holds lease_expires_at
+-- or heartbeat_at, so a lease renewal can be HOT (migration 0010 says why).
+CREATE INDEX jobs_running_idx ON {schema}.jobs (queue) WHERE state = 'running';
 
 -- Finished jobs by state and age: retention (the pruner, `pgworker prune`).
 CREATE INDEX jobs_finished_idx ON {schema}.jobs (state, finished_at)

@@ -27,7 +27,7 @@ from worker import q
 pytestmark = [pytest.mark.deploy, pytest.mark.integration]
 
 KINDS = {"ScaledObject": "keda-scaledobject", "ScaledJob": "keda-scaledjob"}
-PARTIAL_INDEXES = {"jobs_claim_idx", "jobs_due_idx", "jobs_running_idx", "jobs_lease_expiry_idx"}
+PARTIAL_INDEXES = {"jobs_claim_idx", "jobs_due_idx", "jobs_running_idx"}
 
 
 @pytest.fixture(scope="module")

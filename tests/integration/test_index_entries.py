@@ -37,7 +37,7 @@ from pgworker import App, Permanent
 pytestmark = pytest.mark.integration
 
 # Every index of the jobs table. A new one must be added here with the entries it costs.
-INDEXES = ("jobs_pkey", "jobs_claim_idx", "jobs_due_idx", "jobs_lease_expiry_idx", "jobs_dead_idx",
+INDEXES = ("jobs_pkey", "jobs_claim_idx", "jobs_due_idx", "jobs_dead_idx",
            "jobs_dedupe_key_idx", "jobs_ordering_key_idx", "jobs_ordering_active_idx", "jobs_running_idx",
            "jobs_finished_idx", "jobs_schedule_slot_idx",
            # dependencies (issue 21): partial, so a job outside a graph with no parents has no entries
@@ -46,7 +46,7 @@ INDEXES = ("jobs_pkey", "jobs_claim_idx", "jobs_due_idx", "jobs_lease_expiry_idx
 # transition -> {index: entries inserted for one job}; indexes not named get none.
 # "pkey" = a new row version that is not HOT (an insert, or an update that changed an
 # indexed column or a column a partial index's predicate names: state, blocked,
-# lease_expires_at, finished_at, run_at, ...).
+# finished_at, run_at, ...). An empty entry: a HOT update (no index holds what it wrote).
 PINNED: dict[str, dict[str, int]] = {
     # a new row: the primary key and the two claim indexes (pending, not blocked)
     "enqueue plain": {"jobs_pkey": 1, "jobs_claim_idx": 1, "jobs_due_idx": 1},
@@ -56,13 +56,17 @@ PINNED: dict[str, dict[str, int]] = {
     # behind the head: blocked, so only the key's queue of unfinished jobs
     "enqueue keyed behind": {"jobs_pkey": 1, "jobs_ordering_key_idx": 1},
     "enqueue dedupe": {"jobs_pkey": 1, "jobs_claim_idx": 1, "jobs_due_idx": 1, "jobs_dedupe_key_idx": 1},
-    # pending -> running: not HOT (state is in every partial predicate); the two running
-    # indexes, both keyed on lease_expires_at
-    "claim": {"jobs_pkey": 1, "jobs_lease_expiry_idx": 1, "jobs_running_idx": 1},
-    "claim keyed": {"jobs_pkey": 1, "jobs_lease_expiry_idx": 1, "jobs_running_idx": 1,
-                    "jobs_ordering_key_idx": 1, "jobs_ordering_active_idx": 1},
-    # a renewal moves lease_expires_at, which two indexes hold: not HOT
-    "renew": {"jobs_pkey": 1, "jobs_lease_expiry_idx": 1, "jobs_running_idx": 1},
+    # pending -> running: not HOT (state is in every partial predicate); the one running
+    # index (queue), which does not hold the lease (until migration 0010 two running
+    # indexes held lease_expires_at: three entries per claim)
+    "claim": {"jobs_pkey": 1, "jobs_running_idx": 1},
+    "claim keyed": {"jobs_pkey": 1, "jobs_running_idx": 1, "jobs_ordering_key_idx": 1,
+                    "jobs_ordering_active_idx": 1},
+    # a renewal writes lease_expires_at and heartbeat_at, which no index holds or names:
+    # HOT, no entry at all (until migration 0010: three, one per index holding the lease)
+    "renew": {},
+    # a progress report (progress, progress_message, progress_at, heartbeat_at): HOT too
+    "progress": {},
     # running -> succeeded: not HOT; the retention index
     "complete": {"jobs_pkey": 1, "jobs_finished_idx": 1},
     # the keyed head succeeds, and its successor (blocked -> claimable) is a second
@@ -155,6 +159,7 @@ def test_each_transition_inserts_the_pinned_index_entries(app: App, conn: psycop
 
     job = measure("claim", lambda: claim("plain"))
     measure("renew", lambda: app.renew(job))
+    assert measure("progress", lambda: app.store.record_progress(conn, job.lease, 0.5, "half"))
     measure("complete", lambda: app.complete(job))
 
     head = measure("claim keyed", lambda: claim("keyed"))

@@ -27,9 +27,11 @@ SELECT name FROM {schema}.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 -- a concurrency or rate limit is only claimed with %(locked)s, i.e. after queue_lock in
 -- the same transaction (see there); unlocked, the allowance is 0 and the caller retries
 -- locked. The allowance is the batch size, cut to the free concurrency (limit minus the
--- jobs running now under a lease that has not expired, counted on jobs_running_idx
--- (queue, lease_expires_at): a job whose worker died holds no slot while it waits for
--- the reaper) and to the whole tokens of the bucket,
+-- jobs running now under a lease that has not expired: the queue's running jobs on
+-- jobs_running_idx (queue), each lease read from its row (no index holds the lease, so
+-- that renewals can be HOT; the running jobs of a limited queue are about its limit); a
+-- job whose worker died holds no slot while it waits for the reaper) and to the whole
+-- tokens of the bucket,
 -- refilled from tokens_at to this statement's start at rate_per_second and capped at the
 -- burst. CASE evaluates lazily: an unlimited queue never runs the count.
 --

@@ -148,8 +148,10 @@ ORDER BY run_at, id
 LIMIT %(limit)s;
 
 -- name: console_jobs_running
--- Running jobs by lease expiry, soonest first, after the keyset position: every queue on
--- jobs_lease_expiry_idx, or one on jobs_running_idx (queue, lease_expires_at).
+-- Running jobs by lease expiry, soonest first, after the keyset position: the running
+-- jobs (of every queue, or of one) on jobs_running_idx (queue), sorted by the lease read
+-- from the rows. No index holds the lease (renewals stay HOT, migration 0010); the
+-- running set is bounded by the claimers times their batch.
 SELECT {console_job_columns}
 FROM {schema}.jobs
 WHERE state = 'running' AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)

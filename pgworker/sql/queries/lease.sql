@@ -17,7 +17,7 @@
 -- waited for its lock), not a snapshot taken earlier in the statement.
 --
 -- The batched fenced writes compare `j.state::text = 'running'` on purpose. Written
--- `j.state = 'running'`, the condition matches the predicate of jobs_lease_expiry_idx,
+-- `j.state = 'running'`, the condition matches the predicate of jobs_running_idx,
 -- and the planner (which estimates the running set of the whole table at about one row,
 -- and an unnest() of a parameter at ten) scans every running lease of every worker and
 -- re-runs the unnest for each: the cost grows with running leases x batch size (5 ms

@@ -27,8 +27,15 @@ SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'o
 -- batch after the last candidate of the one before (%(after_at)s, %(after_id)s; NULL for
 -- the first), so the candidates a batch had to leave (key locked elsewhere, a row that
 -- cannot be written) never hide the ones after them either; the next pass starts over.
--- The range on lease_expires_at is the index condition of jobs_lease_expiry_idx; the row
--- comparison settles ties on id.
+-- The row comparison settles ties on id.
+--
+-- The running set comes from jobs_running_idx (queue) WHERE state = 'running', and the
+-- expiry is read from the rows: no index holds lease_expires_at, so that a renewal can be
+-- a HOT update (migration 0010). The running set is bounded by the claimers times their
+-- batch (a few thousand rows however long the history), and a pass runs once per reaper
+-- interval: reading each running row's lease is cheaper than an index entry written by
+-- every claim and every renewal (tests/integration/test_concurrency_and_plans.py checks
+-- the plan on a large table).
 --
 -- Lock order: this statement runs on its own (a transaction of its own on the reaper's
 -- autocommit connection), so its row locks end with it, before the reap's transaction
@@ -41,7 +48,6 @@ SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'o
 SELECT id, queue, ordering_key, task, attempts, lease_expires_at
 FROM {schema}.jobs
 WHERE state = 'running' AND lease_expires_at <= now()
-  AND lease_expires_at >= coalesce(%(after_at)s::timestamptz, '-infinity')
   AND (lease_expires_at, id) > (coalesce(%(after_at)s::timestamptz, '-infinity'), coalesce(%(after_id)s::bigint, 0))
 ORDER BY lease_expires_at, id
 LIMIT %(limit)s
