@@ -304,6 +304,39 @@ def test_the_cli_resolves_an_uncertain_effect_with_retry_and_replays_it(app, con
     assert f"pgworker jobs show {job_id} --schema {schema}" in capsys.readouterr().err
 
 
+def test_a_handler_connection_terminated_between_two_jobs_is_replaced_before_the_next_jobs_records(app, conn):
+    """The claimer's handler connection, killed while idle between two jobs (as a server
+    restart does: pg_terminate_backend sends the same AdminShutdown): the next job's
+    step and effect records succeed on attempt 1. (They failed with AdminShutdown, and
+    the job spent an attempt.)"""
+    schema = app.settings.schema
+    terminated = []
+
+    @app.task(name="record", max_attempts=3, retry=NOW)
+    def record(payload, ctx):
+        ctx.step("s", lambda: ctx.job_id)
+        ctx.effect("e", lambda key: key)
+        if terminated:
+            return
+        with ctx.transaction() as c:  # the handler connection itself: its backend's pid
+            pid = c.execute("SELECT pg_backend_pid()").fetchone()[0]
+        with __import__("psycopg").connect(app.settings.dsn, autocommit=True) as killer:
+            name = killer.execute("SELECT application_name FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone()
+            assert name is not None and name[0].startswith("pgworker:handler:"), name
+            assert killer.execute("SELECT pg_terminate_backend(%s)", [pid]).fetchone() == (True,)
+        terminated.append(pid)
+        time.sleep(1.2)  # idle past POOL_CHECK_IDLE_SECONDS: the next get() checks the connection
+
+    first = app.enqueue("record", {})
+    second = app.enqueue("record", {})
+    drain(app, skip_backoff=True)
+    assert terminated
+    for job_id in (first, second):
+        assert job_row(conn, schema, job_id) == ("succeeded", 1, None)
+        assert [(name, status, attempt) for name, _, status, _, attempt in steps(conn, schema, job_id)] == \
+            [("s", "done", 1), ("e", "done", 1)]
+
+
 def test_steps_go_with_their_job_when_it_is_pruned(app, conn):
     @app.task(name="one")
     def one(payload, ctx):
