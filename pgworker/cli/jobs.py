@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
@@ -76,6 +77,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                                  + (f" {r['last_error_code']}" if r.get("last_error_code") else "")
                                  + (f", waiting for {r['waiting_parents']}" if r.get("waiting_parents") else "")
                                  for r in job[side]]
+            if isinstance(job.get("progress"), (int, float)):
+                job["progress"] = percent(job["progress"])
         emit(args, job)
         return 0
     if args.graph is not None and args.queue is not None:
@@ -84,6 +87,14 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     emit(args, rows, ["id", "queue", "task", "state", "priority", "attempts", "max_attempts",
                       "run_at", "last_error_code"])
     return 0
+
+
+def percent(fraction: float) -> str:
+    """A progress fraction (0..1) as a percentage with up to one decimal, rounded down so
+    that only a finished job shows 100 % (0.975 -> "97.5 %", 0.9999 -> "99.9 %", 0.25 ->
+    "25 %"); the general float format's one decimal showed 0.975 as "1.0"."""
+    tenths = math.floor(fraction * 1000 + 1e-6)  # the epsilon: 0.29 * 1000 is 289.99999999999994
+    return f"{tenths // 10} %" if tenths % 10 == 0 else f"{tenths / 10:.1f} %"
 
 
 def _retry(args: argparse.Namespace, app: Any) -> int:

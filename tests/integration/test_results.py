@@ -4,6 +4,7 @@ and deleted with their job."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 
@@ -293,3 +294,23 @@ def test_progress_is_durable_fenced_rate_limited_and_shown(app, conn):
         ctx.progress(0.9, "stale", force=True)
     assert app.get_job(job_id)["progress"] == pytest.approx(0.6)
     assert "progress" not in app.get_job(app.enqueue("t"))  # never reported: not shown
+
+
+def test_jobs_show_prints_progress_as_a_percentage_exact_enough_to_match_its_message(app, conn, pg_dsn, capsys):
+    """0.975 beside "step 39/40" was shown "1.0" (the one-decimal float format): now
+    "97.5 %", never 100 % before the end; --json keeps the fraction."""
+    from pgworker.cli import main
+
+    schema = app.settings.schema
+    job_id = app.enqueue("t")
+    flags = ["--dsn", pg_dsn, "--schema", schema]
+    for fraction, shown in ((0.975, "97.5 %"), (0.9999, "99.9 %"), (0.25, "25 %")):
+        conn.execute(sql.SQL("UPDATE {}.jobs SET progress = %s, progress_message = 'step 39/40', progress_at = now() "
+                             "WHERE id = %s")
+                     .format(sql.Identifier(schema)), [fraction, job_id])
+        capsys.readouterr()
+        assert main(["jobs", "show", str(job_id), *flags]) == 0
+        [line] = [x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("progress ")]
+        assert line.split(None, 1)[1] == shown, line
+    assert main(["jobs", "show", str(job_id), "--json", *flags]) == 0
+    assert json.loads(capsys.readouterr().out)["progress"] == 0.25
