@@ -40,8 +40,8 @@ def expire(conn, schema, job_id):
 
 def test_a_result_is_stored_with_the_success_and_read_back(app, conn):
     a, b = app.enqueue("t"), app.enqueue("t")
-    with pytest.raises(ResultNotReady):
-        app.result(a)
+    with pytest.raises(ResultNotReady, match=f"`pgworker jobs show {a} --schema {app.settings.schema}`"):
+        app.result(a)  # the hint reaches this schema as printed
     ja, jb = app.claim(limit=2)
     with pytest.raises(ResultNotReady):
         app.result(ja.id)  # running
@@ -136,6 +136,7 @@ def test_handlers_results_through_the_executor_and_their_refusals(app, conn, mon
         with pytest.raises(JobDidNotSucceed) as info:
             app.result(job_id)
         assert (info.value.state, info.value.code) == ("dead", code)  # permanent: the work may be done
+        assert f"`pgworker jobs show {job_id} --schema {app.settings.schema}` has its history" in str(info.value)
         job = app.get_job(job_id)
         assert job["attempts"] == 1 and code in job["errors"][-1]["code"] and "result" not in job
 
