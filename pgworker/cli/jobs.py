@@ -11,6 +11,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..names import bounded_text, quantity, schema_flag
 from .output import emit
+from .values import EXIT_USAGE
 from .settings import _make_app
 
 
@@ -122,6 +123,13 @@ def cmd_dead(args: argparse.Namespace) -> int:
                           "waiting"])
         return 0
     if getattr(args, "dead_command", None) == "replay":
+        if args.ids and (args.all or args.queue):
+            # --all (or --queue) beside ids was ignored without a word: which did they mean?
+            ids = " ".join(map(str, args.ids))
+            print(f"error: give job ids or --queue QUEUE --all, not both: `pgworker dead replay {ids}` replays "
+                  f"those jobs, `pgworker dead replay --queue {args.queue or 'QUEUE'} --all` every dead job of the "
+                  "queue", file=sys.stderr)
+            return EXIT_USAGE
         if not args.ids and not (args.queue and args.all):
             raise ConfigError("give job ids, or --queue QUEUE --all")
         result = app.replay(args.ids, queue=args.queue if args.all else None, limit=args.limit,
@@ -137,6 +145,8 @@ def cmd_dead(args: argparse.Namespace) -> int:
         if result.not_dead:
             print(f"not dead (or unknown), left as they were: {', '.join(map(str, result.not_dead))}",
                   file=sys.stderr)
+        if args.all and not result and not result.held_by:
+            _note_unknown_queue(app, args.queue)
         # by id, every job asked for must be replayed; --all replays what it can
         return 1 if (result.not_dead or result.held_by) and args.ids else 0
     rows = app.list_jobs(queue=args.queue, state="dead", limit=args.limit)
@@ -146,6 +156,17 @@ def cmd_dead(args: argparse.Namespace) -> int:
 
 #: The dead jobs left behind a held dedupe key whose holder a replay describes; the rest by id.
 HELD_DESCRIBED = 10
+
+
+def _note_unknown_queue(app: Any, queue: str) -> None:
+    """After `dead replay --queue Q --all` found nothing: say so when Q holds no live job
+    and has no settings (a mistyped name looked like a queue with nothing dead). The
+    check is queues_live's few index descents per queue, on this rare path only."""
+    with app.connection() as conn:
+        known = queue in app.store.live_queues(conn)
+    if not known:
+        print(f"note: queue {queue!r} has no pending, running or dead jobs and no settings: check its name "
+              f"(`pgworker status{schema_flag(app.settings.schema)}` lists the queues)", file=sys.stderr)
 
 
 def _held_keys_notes(app: Any, held_by: dict[int, int]) -> list[str]:
