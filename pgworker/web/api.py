@@ -69,7 +69,8 @@ async def job(request: Request) -> Response:
     data = await ctx.db(job_data, ctx, request.path_params["job_id"])
     if data is None:
         return Json({"error": "no such job"}, status_code=404)
-    for text in ("payload_text", "result_text"):  # the page's renderings of job["payload"], job["result"]
+    # the page's renderings of job["payload"], job["result"], and its template names
+    for text in ("payload_text", "result_text", "sections"):
         data.pop(text, None)
     return Json(data)
 
