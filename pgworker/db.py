@@ -189,6 +189,15 @@ class OutageLog:
             self.failures = 0
 
 
+def close_quietly(conn: psycopg.Connection | None) -> None:
+    """Close a connection that may be broken already (its errors say nothing new)."""
+    if conn is not None:
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001 - closing a broken connection
+            pass
+
+
 def connection_lost(exc: BaseException, conn: "psycopg.Connection | None") -> bool:
     """True when ``exc`` means the connection is gone (reconnect), False when only the
     statement failed and the connection still works (a data error, a timeout, a lock

@@ -191,7 +191,7 @@ def render() -> str:
         "",
         "| label | values |",
         "|---|---|",
-        "| `queue` | the worker's queues (`--queues`, else the queues of the app's tasks) |",
+        "| `queue` | the worker's queues (`--queues`, else `default` and the queues of the app's tasks) |",
         "| `task` | registered task names; `PGWORKER_METRICS_TASK_LABEL=false` sets it to `\"\"` everywhere |",
         f"| `outcome` | {_values(cat.OUTCOMES)} |",
         f"| `result` (claims) | {_values(cat.CLAIM_RESULTS)} |",

@@ -20,7 +20,7 @@ from .config import MAX_SETTING_SECONDS
 from .connections import require_sync
 from .errors import ConfigError, QueuePaused
 from .jobs import ReplayResult
-from .names import check_queue_name
+from .names import check_queue_name, schema_flag
 from .schedules import Periodic, describe
 
 if TYPE_CHECKING:
@@ -61,7 +61,8 @@ def resolve_effect(core: Core, job_id: int, name: str, *, result: Any = UNSET, r
     if (result is UNSET) == (not retry):
         raise ConfigError(f"resolve_effect({job_id}, {name!r}): give result= (the effect happened: its JSON "
                           "result, None allowed) or retry=True (call it again with the same idempotency "
-                          "key), exactly one of them")
+                          "key), exactly one of them (CLI: `pgworker effects resolve ID NAME --result JSON` or "
+                          "`... --retry`)")
     if result is UNSET:
         result = None
     text = None
@@ -74,7 +75,7 @@ def resolve_effect(core: Core, job_id: int, name: str, *, result: Any = UNSET, r
         row = core.store.effect_resolve(c, job_id, name, retry=retry, result_json=text, by=actor or _actor())
     if row is None:
         raise ConfigError(f"job {job_id} has no effect {name!r} left started (uncertain), or the job is running: "
-                          f"see `pgworker jobs show {job_id}`; only an effect recorded 'started' on a job that "
+                          f"see `pgworker jobs show {job_id}{schema_flag(core.settings.schema)}`; only an effect recorded 'started' on a job that "
                           "is not running can be resolved")
     return row[0]
 

@@ -33,6 +33,7 @@ from psycopg import sql
 from . import db
 from .connections import unreachable
 from .errors import JobDidNotSucceed, JobNotFound, ResultLost, ResultNotReady, ResultTimeout
+from .names import schema_flag
 from .store.plan import arun
 
 if TYPE_CHECKING:
@@ -89,8 +90,9 @@ def encode_result(value: Any, max_bytes: int) -> str | None:
     return text
 
 
-def _settled(job_id: int, row: dict[str, Any] | None) -> tuple[bool, Any]:
-    """(finished, result) of a job_result_get row; raises for a job that has none."""
+def _settled(job_id: int, row: dict[str, Any] | None, schema: str) -> tuple[bool, Any]:
+    """(finished, result) of a job_result_get row; raises for a job that has none (the
+    hints name ``schema``'s --schema flag, so they work as printed outside the default)."""
     if row is None:
         raise JobNotFound(f"no job {job_id} (never enqueued in this schema, or pruned with its result)")
     state = row["state"]
@@ -101,7 +103,7 @@ def _settled(job_id: int, row: dict[str, Any] | None) -> tuple[bool, Any]:
         return True, row["result"] if row["has_result"] else None
     if state in ("dead", "cancelled"):
         raise JobDidNotSucceed(f"job {job_id} ended {state} ({row['last_error_code'] or 'no error code'}); "
-                               f"`pgworker jobs show {job_id}` has its history",
+                               f"`pgworker jobs show {job_id}{schema_flag(schema)}` has its history",
                                job_id=job_id, state=state, code=row["last_error_code"])
     return False, None
 
@@ -110,15 +112,16 @@ def result(core: Core, job_id: int, conn: psycopg.Connection | None = None) -> A
     """See :meth:`pgworker.App.result`."""
     with core.connection(conn) as c:
         row = core.store.job_result(c, job_id)
-    return _ready(job_id, row)
+    return _ready(job_id, row, core.settings.schema)
 
 
-def _ready(job_id: int, row: dict[str, Any] | None) -> Any:
+def _ready(job_id: int, row: dict[str, Any] | None, schema: str) -> Any:
     """The result of a job_result_get row, or the error saying why there is none yet."""
-    finished, value = _settled(job_id, row)
+    finished, value = _settled(job_id, row, schema)
     if not finished:
         raise ResultNotReady(f"job {job_id} is {row['state']}: it has no result yet "  # type: ignore[index]
-                             "(App.wait_result waits for it)")
+                             "(App.wait_result waits for it; "
+                             f"`pgworker jobs show {job_id}{schema_flag(schema)}` shows how far it is)")
     return value
 
 
@@ -142,7 +145,7 @@ def wait_result(core: Core, job_id: int, *, timeout: float, poll_seconds: float 
                     prepare=s.prepared_statements) as conn:
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(core.store.results_channel)))
         while True:
-            finished, value = _settled(job_id, core.store.job_result(conn, job_id))
+            finished, value = _settled(job_id, core.store.job_result(conn, job_id), s.schema)
             if finished:
                 return value
             left = deadline - time.monotonic()
@@ -165,7 +168,7 @@ async def aresult(core: Core, aconnection: AsyncConnectionSource, job_id: int,
     ``conn``, through ``aconnection``: the App's), through the same statement plan."""
     async with aconnection(conn, "result") as c:
         row = await arun(c, core.store.job_result_plan(job_id))
-    return _ready(job_id, row)
+    return _ready(job_id, row, core.settings.schema)
 
 
 async def await_result(core: Core, job_id: int, *, timeout: float, poll_seconds: float = WAIT_POLL_SECONDS) -> Any:
@@ -189,7 +192,7 @@ async def await_result(core: Core, job_id: int, *, timeout: float, poll_seconds:
         # LISTEN before the first read: a completion committed in between is read or notified
         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(core.store.results_channel)))
         while True:
-            finished, value = _settled(job_id, await arun(conn, core.store.job_result_plan(job_id)))
+            finished, value = _settled(job_id, await arun(conn, core.store.job_result_plan(job_id)), s.schema)
             if finished:
                 return value
             left = deadline - time.monotonic()

@@ -27,8 +27,8 @@ from .parser import (ENV_FLAGS, SETTING_FLAGS, SETTING_SWITCHES, _ABSENT, _durat
                      unrecognized)
 from .queues import cmd_queue, cmd_status
 from .service import cmd_demo, cmd_migrate, cmd_run, cmd_schedules, cmd_sql, cmd_web
+from .values import EXIT_USAGE
 
-EXIT_USAGE = 2
 
 
 COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "enqueue": cmd_enqueue, "jobs": cmd_jobs,

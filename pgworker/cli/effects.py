@@ -7,18 +7,26 @@ import json
 
 from ..errors import ConfigError
 from ..names import schema_flag
+from ..operations import UNSET
 from .output import emit
 from .settings import _make_app
+
+
+def _refuse_constant(name: str) -> object:
+    # json.loads takes NaN and Infinity, which the stored result (strict JSON) cannot hold
+    raise ValueError(f"{name} is not JSON")
 
 
 def cmd_effects(args: argparse.Namespace) -> int:
     if getattr(args, "effects_command", None) != "resolve":
         raise ConfigError("usage: pgworker effects resolve ID NAME (--result JSON | --retry) [--replay]")
-    result = None
+    # resolve_effect takes result= or retry=True, never both: --retry leaves result unset
+    # (a None would mean "done, with a null result" and was refused beside retry=True)
+    result: object = UNSET
     if not args.retry:
         try:
-            result = json.loads(args.result)
-        except json.JSONDecodeError as exc:
+            result = json.loads(args.result, parse_constant=_refuse_constant)
+        except (json.JSONDecodeError, ValueError) as exc:
             raise ConfigError(f"--result is not valid JSON: {exc}; example: --result '{{\"charge\": \"ch_1\"}}'") \
                 from None
     app = _make_app(args)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
 from ..errors import ConfigError
 from ..names import bounded_text, quantity, schema_flag
 from .output import emit
+from .values import EXIT_USAGE
 from .settings import _make_app
 
 
@@ -76,6 +78,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                                  + (f" {r['last_error_code']}" if r.get("last_error_code") else "")
                                  + (f", waiting for {r['waiting_parents']}" if r.get("waiting_parents") else "")
                                  for r in job[side]]
+            if isinstance(job.get("progress"), (int, float)):
+                job["progress"] = percent(job["progress"])
         emit(args, job)
         return 0
     if args.graph is not None and args.queue is not None:
@@ -84,6 +88,14 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     emit(args, rows, ["id", "queue", "task", "state", "priority", "attempts", "max_attempts",
                       "run_at", "last_error_code"])
     return 0
+
+
+def percent(fraction: float) -> str:
+    """A progress fraction (0..1) as a percentage with up to one decimal, rounded down so
+    that only a finished job shows 100 % (0.975 -> "97.5 %", 0.9999 -> "99.9 %", 0.25 ->
+    "25 %"); the general float format's one decimal showed 0.975 as "1.0"."""
+    tenths = math.floor(fraction * 1000 + 1e-6)  # the epsilon: 0.29 * 1000 is 289.99999999999994
+    return f"{tenths // 10} %" if tenths % 10 == 0 else f"{tenths / 10:.1f} %"
 
 
 def _retry(args: argparse.Namespace, app: Any) -> int:
@@ -111,6 +123,13 @@ def cmd_dead(args: argparse.Namespace) -> int:
                           "waiting"])
         return 0
     if getattr(args, "dead_command", None) == "replay":
+        if args.ids and (args.all or args.queue):
+            # --all (or --queue) beside ids was ignored without a word: which did they mean?
+            ids = " ".join(map(str, args.ids))
+            print(f"error: give job ids or --queue QUEUE --all, not both: `pgworker dead replay {ids}` replays "
+                  f"those jobs, `pgworker dead replay --queue {args.queue or 'QUEUE'} --all` every dead job of the "
+                  "queue", file=sys.stderr)
+            return EXIT_USAGE
         if not args.ids and not (args.queue and args.all):
             raise ConfigError("give job ids, or --queue QUEUE --all")
         result = app.replay(args.ids, queue=args.queue if args.all else None, limit=args.limit,
@@ -126,6 +145,8 @@ def cmd_dead(args: argparse.Namespace) -> int:
         if result.not_dead:
             print(f"not dead (or unknown), left as they were: {', '.join(map(str, result.not_dead))}",
                   file=sys.stderr)
+        if args.all and not result and not result.held_by:
+            _note_unknown_queue(app, args.queue)
         # by id, every job asked for must be replayed; --all replays what it can
         return 1 if (result.not_dead or result.held_by) and args.ids else 0
     rows = app.list_jobs(queue=args.queue, state="dead", limit=args.limit)
@@ -135,6 +156,17 @@ def cmd_dead(args: argparse.Namespace) -> int:
 
 #: The dead jobs left behind a held dedupe key whose holder a replay describes; the rest by id.
 HELD_DESCRIBED = 10
+
+
+def _note_unknown_queue(app: Any, queue: str) -> None:
+    """After `dead replay --queue Q --all` found nothing: say so when Q holds no live job
+    and has no settings (a mistyped name looked like a queue with nothing dead). The
+    check is queues_live's few index descents per queue, on this rare path only."""
+    with app.connection() as conn:
+        known = queue in app.store.live_queues(conn)
+    if not known:
+        print(f"note: queue {queue!r} has no pending, running or dead jobs and no settings: check its name "
+              f"(`pgworker status{schema_flag(app.settings.schema)}` lists the queues)", file=sys.stderr)
 
 
 def _held_keys_notes(app: Any, held_by: dict[int, int]) -> list[str]:

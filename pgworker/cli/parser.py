@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run the worker: a supervisor and a pool of claimer processes")
     _common(p)
-    p.add_argument("--queues", help="comma-separated queues (default: the queues of the app's tasks)")
+    p.add_argument("--queues", help="comma-separated queues (default: \"default\" and the queues of the app's tasks)")
     p.add_argument("--concurrency", type=int, help="claimer processes (default: CPU count)")
     p.add_argument("--drain", action="store_true",
                    help="claim until nothing is due and nothing runs, then exit (no LISTEN; between runs "

@@ -7,6 +7,9 @@ from __future__ import annotations
 import argparse
 import re
 
+#: The exit status of a usage error (argparse's own): the command line itself is wrong.
+EXIT_USAGE = 2
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, None: 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 

@@ -7,19 +7,25 @@ worker's session bounds (keepalives and ``tcp_user_timeout`` from the lease,
 worker's own. Autocommit, so that ``ctx.transaction()`` is an explicit BEGIN ... COMMIT
 whose COMMIT is pgworker's, and a handler cannot commit half of it early
 (``conn.commit()`` inside the block raises). A connection found closed or broken is
-replaced at the next use.
+replaced at the next use; one idle for longer than ``POOL_CHECK_IDLE_SECONDS`` (the
+client pool's rule) is checked first with an empty statement, so that a server restart
+or a terminated backend between two jobs costs a reconnect rather than the next job's
+first step or effect record (which failed with AdminShutdown and spent an attempt).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import psycopg
 from opentelemetry import trace
 
 from .. import tracing
-from ..db import (CONNECT_TIMEOUT_SECONDS, KEEPALIVE_KWARGS, check_dsn, worker_connection, worker_params)
+from ..connections import POOL_CHECK_IDLE_SECONDS
+from ..db import (CONNECT_TIMEOUT_SECONDS, KEEPALIVE_KWARGS, check_dsn, close_quietly, worker_connection,
+                  worker_params)
 from ..errors import DatabaseUnavailable
 from ..names import dsn_password, redact
 
@@ -38,6 +44,9 @@ class HandlerConnections:
         # belongs to the loop it was opened in
         self.aconn: psycopg.AsyncConnection | None = None
         self.aloop: Any = None
+        # time.monotonic() of the last get() / aget(): the idle time that decides a check
+        self.used_at = 0.0
+        self.aused_at = 0.0
 
     async def aget(self) -> psycopg.AsyncConnection:
         """The async handler connection of the running loop (opening it if needed)."""
@@ -45,6 +54,15 @@ class HandlerConnections:
 
         loop = asyncio.get_running_loop()
         a = self.aconn
+        if a is not None and self.aloop is loop and _idle_and_unchecked(a, self.aused_at):
+            try:
+                await a.execute("")
+            except psycopg.Error:
+                log.info("the async handler connection was broken while idle (a server restart, a terminated "
+                         "backend): opening another", extra={"action": "handler_reconnect"})
+                self._drop_async()
+                a = None
+        self.aused_at = time.monotonic()
         if a is None or a.closed or a.broken or self.aloop is not loop:
             self._drop_async()
             s = self.settings
@@ -77,6 +95,15 @@ class HandlerConnections:
                 pass
 
     def get(self) -> psycopg.Connection:
+        conn = self.conn
+        if conn is not None and _idle_and_unchecked(conn, self.used_at):
+            try:
+                conn.execute("")
+            except psycopg.Error:
+                log.info("the handler connection was broken while idle (a server restart, a terminated backend): "
+                         "opening another", extra={"action": "handler_reconnect"})
+                self.discard()
+        self.used_at = time.monotonic()
         if self.conn is None or self.conn.closed or self.conn.broken:
             self.discard()
             self.conn = self._open(f"pgworker:handler:{self.name}")
@@ -90,16 +117,20 @@ class HandlerConnections:
         return worker_connection(self.settings, application_name)
 
     def discard(self) -> None:
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            except Exception:  # noqa: BLE001 - closing a broken connection
-                pass
-            self.conn = None
+        conn, self.conn = self.conn, None
+        close_quietly(conn)
 
     def close(self) -> None:
         self.discard()
         self._drop_async()
+
+
+def _idle_and_unchecked(conn: "psycopg.Connection | psycopg.AsyncConnection", used_at: float) -> bool:
+    """Whether an open connection should be checked before use: idle past the bound, and
+    outside a transaction (never replaced in the middle of one: its work would be lost
+    without a word; a failure there is the transaction's to report)."""
+    return (not conn.closed and not conn.broken and time.monotonic() - used_at > POOL_CHECK_IDLE_SECONDS
+            and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
 
 
 class EffectResources:

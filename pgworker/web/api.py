@@ -21,11 +21,11 @@ from starlette.routing import Route
 
 from .. import bulk
 from ..errors import ConfigError
-from ..jobfilter import KEYS, JobFilter, check_keys
+from ..jobfilter import JobFilter, check_keys
 from .pages import bulk as bulk_page
 from .pages.dead import dead_data
 from .pages.job import apply_action, job_data
-from .pages.jobs import jobs_data
+from .pages.jobs import check_list_keys, jobs_data
 from .pages.overview import overview_data
 from .pages.schedules import schedules_data
 from .pages.workers import workers_data
@@ -60,7 +60,7 @@ async def overview(request: Request) -> Response:
 async def jobs(request: Request) -> Response:
     ctx = await request.app.state.console.enter(request)
     # a misspelt filter (?tsk=) listed every job as if it matched
-    check_keys(request.query_params, (*KEYS, "sort", "cursor"), what="query")
+    check_list_keys(request.query_params)
     return Json(_filter_out(await ctx.db(jobs_data, ctx, request.query_params)))
 
 
@@ -69,7 +69,8 @@ async def job(request: Request) -> Response:
     data = await ctx.db(job_data, ctx, request.path_params["job_id"])
     if data is None:
         return Json({"error": "no such job"}, status_code=404)
-    for text in ("payload_text", "result_text"):  # the page's renderings of job["payload"], job["result"]
+    # the page's renderings of job["payload"], job["result"], and its template names
+    for text in ("payload_text", "result_text", "sections"):
         data.pop(text, None)
     return Json(data)
 

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import psycopg
 
-from ..db import OutageLog, connection_lost, failure_kind
+from ..db import OutageLog, close_quietly, connection_lost, failure_kind
 from ..errors import DatabaseUnavailable
 from ..retry import RetryPolicy
 
@@ -55,15 +55,6 @@ def drop_connection(exc: BaseException, conn: psycopg.Connection | None) -> bool
     if conn is not None and conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
         return True
     return failure_kind(exc) in ("read-only", "prepared-statements")
-
-
-def close_quietly(conn: psycopg.Connection | None) -> None:
-    """Close a connection that may be broken already (its errors say nothing new)."""
-    if conn is not None:
-        try:
-            conn.close()
-        except Exception:  # noqa: BLE001 - closing a broken connection
-            pass
 
 
 class ServiceThread:

@@ -78,6 +78,16 @@ def test_dead_jobs_list_and_replay(pg_dsn, schema, app):
     assert missing.returncode == 1 and "not dead" in missing.stderr
     events = js(cli(pg_dsn, pg_schema, "jobs", "show", str(ids[0]), "--json"))["events"]
     assert events[-1]["kind"] == "replayed" and events[-1]["actor"]
+    # a mistyped queue replayed 0 jobs with rc 0 and no word: now a note (rc stays 0)
+    nosuch = cli(pg_dsn, pg_schema, "dead", "replay", "--queue", "nosuch", "--all")
+    assert "replayed 0 jobs" in nosuch.stdout and "note: queue 'nosuch' has no pending, running or dead jobs" \
+        in nosuch.stderr and f"pgworker status --schema {pg_schema}" in nosuch.stderr
+    known = cli(pg_dsn, pg_schema, "dead", "replay", "--queue", "default", "--all")  # a queue, nothing dead
+    assert "replayed 0 jobs" in known.stdout and "note:" not in known.stderr
+    # ids beside --all: --all was silently ignored; a usage error naming both forms
+    both = cli(pg_dsn, pg_schema, "dead", "replay", "--all", "--queue", "ops", "5", check=False)
+    assert both.returncode == 2 and "not both" in both.stderr and "`pgworker dead replay 5`" in both.stderr \
+        and "`pgworker dead replay --queue ops --all`" in both.stderr, both.stderr
 
 
 def test_replaying_a_dead_job_whose_dedupe_key_is_held_says_by_which_job_and_what_to_do(pg_dsn, app):

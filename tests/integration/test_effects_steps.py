@@ -266,6 +266,77 @@ def test_an_operator_resolves_an_uncertain_effect_and_a_clean_replay_forgets_ste
     assert steps(conn, schema, job_id) == []
 
 
+def test_the_cli_resolves_an_uncertain_effect_with_retry_and_replays_it(app, conn, pg_dsn, capsys):
+    """`pgworker effects resolve ID NAME --retry --replay` on a real EFFECT_UNCERTAIN job:
+    forgotten and replayed, the next attempt calls again and the job succeeds. (The CLI
+    passed result=None beside retry=True, refused every time.) Bad --result says so in
+    the CLI's terms."""
+    from pgworker.cli import main
+
+    schema = app.settings.schema
+    calls = []
+
+    def charge(key):
+        calls.append(key)
+        if len(calls) == 1:  # the reply is lost: started, no end; attempt 2 finds it uncertain
+            raise ConnectionError("the reply was lost")
+        return "ch_3"
+
+    @app.task(name="pay", max_attempts=2, retry=NOW)
+    def pay(payload, ctx):
+        return ctx.effect("charge", charge)
+
+    job_id = app.enqueue("pay", {})
+    drain(app, skip_backoff=True)
+    assert job_row(conn, schema, job_id) == ("dead", 2, "EFFECT_UNCERTAIN")
+    flags = ["--dsn", pg_dsn, "--schema", schema]
+    capsys.readouterr()
+    assert main(["effects", "resolve", str(job_id), "charge", "--result", "NaN", *flags]) != 0
+    err = capsys.readouterr().err
+    assert "--result is not valid JSON" in err and "result=" not in err
+    assert main(["effects", "resolve", str(job_id), "charge", "--retry", "--replay", *flags]) == 0
+    out = capsys.readouterr()
+    assert "marked to be called again" in out.out and "replayed" in out.out, out
+    assert job_row(conn, schema, job_id)[0] == "pending"
+    drain(app, skip_backoff=True)
+    assert job_row(conn, schema, job_id)[0] == "succeeded" and len(calls) == 2 and len(set(calls)) == 1
+    assert main(["effects", "resolve", str(job_id), "charge", "--retry", *flags]) != 0
+    assert f"pgworker jobs show {job_id} --schema {schema}" in capsys.readouterr().err
+
+
+def test_a_handler_connection_terminated_between_two_jobs_is_replaced_before_the_next_jobs_records(app, conn):
+    """The claimer's handler connection, killed while idle between two jobs (as a server
+    restart does: pg_terminate_backend sends the same AdminShutdown): the next job's
+    step and effect records succeed on attempt 1. (They failed with AdminShutdown, and
+    the job spent an attempt.)"""
+    schema = app.settings.schema
+    terminated = []
+
+    @app.task(name="record", max_attempts=3, retry=NOW)
+    def record(payload, ctx):
+        ctx.step("s", lambda: ctx.job_id)
+        ctx.effect("e", lambda key: key)
+        if terminated:
+            return
+        with ctx.transaction() as c:  # the handler connection itself: its backend's pid
+            pid = c.execute("SELECT pg_backend_pid()").fetchone()[0]
+        with __import__("psycopg").connect(app.settings.dsn, autocommit=True) as killer:
+            name = killer.execute("SELECT application_name FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone()
+            assert name is not None and name[0].startswith("pgworker:handler:"), name
+            assert killer.execute("SELECT pg_terminate_backend(%s)", [pid]).fetchone() == (True,)
+        terminated.append(pid)
+        time.sleep(1.2)  # idle past POOL_CHECK_IDLE_SECONDS: the next get() checks the connection
+
+    first = app.enqueue("record", {})
+    second = app.enqueue("record", {})
+    drain(app, skip_backoff=True)
+    assert terminated
+    for job_id in (first, second):
+        assert job_row(conn, schema, job_id) == ("succeeded", 1, None)
+        assert [(name, status, attempt) for name, _, status, _, attempt in steps(conn, schema, job_id)] == \
+            [("s", "done", 1), ("e", "done", 1)]
+
+
 def test_steps_go_with_their_job_when_it_is_pruned(app, conn):
     @app.task(name="one")
     def one(payload, ctx):

@@ -4,6 +4,7 @@ and deleted with their job."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 
@@ -39,8 +40,8 @@ def expire(conn, schema, job_id):
 
 def test_a_result_is_stored_with_the_success_and_read_back(app, conn):
     a, b = app.enqueue("t"), app.enqueue("t")
-    with pytest.raises(ResultNotReady):
-        app.result(a)
+    with pytest.raises(ResultNotReady, match=f"`pgworker jobs show {a} --schema {app.settings.schema}`"):
+        app.result(a)  # the hint reaches this schema as printed
     ja, jb = app.claim(limit=2)
     with pytest.raises(ResultNotReady):
         app.result(ja.id)  # running
@@ -135,6 +136,7 @@ def test_handlers_results_through_the_executor_and_their_refusals(app, conn, mon
         with pytest.raises(JobDidNotSucceed) as info:
             app.result(job_id)
         assert (info.value.state, info.value.code) == ("dead", code)  # permanent: the work may be done
+        assert f"`pgworker jobs show {job_id} --schema {app.settings.schema}` has its history" in str(info.value)
         job = app.get_job(job_id)
         assert job["attempts"] == 1 and code in job["errors"][-1]["code"] and "result" not in job
 
@@ -293,3 +295,23 @@ def test_progress_is_durable_fenced_rate_limited_and_shown(app, conn):
         ctx.progress(0.9, "stale", force=True)
     assert app.get_job(job_id)["progress"] == pytest.approx(0.6)
     assert "progress" not in app.get_job(app.enqueue("t"))  # never reported: not shown
+
+
+def test_jobs_show_prints_progress_as_a_percentage_exact_enough_to_match_its_message(app, conn, pg_dsn, capsys):
+    """0.975 beside "step 39/40" was shown "1.0" (the one-decimal float format): now
+    "97.5 %", never 100 % before the end; --json keeps the fraction."""
+    from pgworker.cli import main
+
+    schema = app.settings.schema
+    job_id = app.enqueue("t")
+    flags = ["--dsn", pg_dsn, "--schema", schema]
+    for fraction, shown in ((0.975, "97.5 %"), (0.9999, "99.9 %"), (0.25, "25 %")):
+        conn.execute(sql.SQL("UPDATE {}.jobs SET progress = %s, progress_message = 'step 39/40', progress_at = now() "
+                             "WHERE id = %s")
+                     .format(sql.Identifier(schema)), [fraction, job_id])
+        capsys.readouterr()
+        assert main(["jobs", "show", str(job_id), *flags]) == 0
+        [line] = [x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("progress ")]
+        assert line.split(None, 1)[1] == shown, line
+    assert main(["jobs", "show", str(job_id), "--json", *flags]) == 0
+    assert json.loads(capsys.readouterr().out)["progress"] == 0.25

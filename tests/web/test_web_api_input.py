@@ -76,3 +76,18 @@ def test_a_misspelt_list_filter_is_refused_instead_of_listing_every_job(console,
     assert r.status_code == 400 and "did you mean 'task'?" in r.json()["error"], r.text
     r = console.get("/api/jobs?task=wanted&sort=newest&cursor=", headers=AUTH)
     assert r.status_code == 200 and [j["task"] for j in r.json()["jobs"]] == ["wanted"], r.text
+
+
+def test_the_html_job_list_refuses_unknown_query_keys_and_says_where_a_graph_is_listed(console, app, conn):
+    """`/jobs?graph=18` (and a misspelt key) listed every job as if it matched: the HTML
+    list now refuses them as the API does, the graph key with the command that lists a
+    graph's jobs; the keys of its own form still work."""
+    _dead(app, conn, "wanted")
+    for path in ("/jobs?graph=18", "/api/jobs?graph=18"):
+        r = console.get(path, headers=AUTH)
+        assert r.status_code == 400 and "pgworker jobs list --graph 18" in r.text, (path, r.text)
+    r = console.get("/jobs?tsk=wanted", headers=AUTH)
+    assert r.status_code == 400 and ("did you mean &#39;task&#39;?" in r.text or "did you mean 'task'?" in r.text), \
+        r.text
+    r = console.get("/jobs?task=wanted&sort=newest&cursor=&id=", headers=AUTH)
+    assert r.status_code == 200 and "wanted" in r.text

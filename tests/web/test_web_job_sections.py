@@ -66,6 +66,20 @@ def test_the_result_is_redacted_in_the_api_and_on_the_page(app, pg_dsn, conn):
     assert result["api_key"] == "[redacted]" and result["nested"] == [{"download_token": "[redacted]"}]
     assert result["rows"] == 1250  # only the sensitive keys go
     assert "result_text" not in api.json()
+    assert "sections" not in api.json()  # the page's template names ("job/_steps.html", ...) are not data
+
+
+def test_the_overview_says_the_table_is_not_yet_estimated_before_analyze(app, pg_dsn, conn):
+    """A fresh schema's jobs table was never analysed (pg_class.reltuples -1): the overview
+    said "About ? jobs in the table"; after ANALYZE it gives the estimate."""
+    schema = app.settings.schema
+    app.enqueue_many([_spec("t", {}) for _ in range(3)], any_task=True)
+    with ConsoleServer(pg_dsn, schema).wait_ready() as server:
+        before = server.get("/").text
+        conn.execute(sql.SQL("ANALYZE {}.jobs").format(sql.Identifier(schema)))
+        after = server.get("/").text
+    assert "About ?" not in before and "not yet estimated (ANALYZE has not run" in before
+    assert "About 3 jobs in the table" in after and "not yet estimated" not in after
 
 
 def test_the_redaction_hook_sees_the_result_too(app, conn):

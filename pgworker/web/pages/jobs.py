@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ...jobfilter import FilterError, JobFilter
+from ...jobfilter import KEYS, FilterError, JobFilter, check_keys
 
 NEWEST = 2**63 - 1
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -114,6 +114,18 @@ def _keyset(text: str, at: datetime, job_id: int) -> tuple[datetime, int]:
         raise FilterError(f"cursor {text!r} is not a position in this list: start from the first page") from None
 
 
+def check_list_keys(params: Any, *extra: str) -> None:
+    """Refuse a query key the job list does not read (raises :class:`FilterError`): the
+    list ignored it and showed every job as if it matched. ``graph`` is named apart: the
+    console's filter (console_job_filter, shared with bulk operations) has no graph, the
+    command line lists a graph's jobs."""
+    if "graph" in params:
+        raise FilterError("the console's job list has no graph filter: `pgworker jobs list --graph "
+                          f"{params.get('graph') or 'GRAPH_ID'}` lists a graph's jobs (each job's page links its "
+                          "parents and children)")
+    check_keys(params, (*KEYS, "sort", "cursor", *extra), what="query")
+
+
 async def jobs(request: Request) -> Response:
     console = request.app.state.console
     ctx = await console.enter(request)
@@ -123,6 +135,7 @@ async def jobs(request: Request) -> Response:
             raise FilterError(f"job id {raw_id!r} is not a number")
         return ctx.redirect(f"/jobs/{int(raw_id)}")
     try:
+        check_list_keys(request.query_params, "id")  # ?graph=18 and misspelt keys were ignored
         data = await ctx.db(jobs_data, ctx, request.query_params)
     except FilterError as exc:  # the form again, with what to fix
         data = {"error": str(exc), "form": dict(request.query_params), "sort": request.query_params.get("sort"),

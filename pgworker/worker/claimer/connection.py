@@ -19,10 +19,10 @@ import psycopg
 from psycopg.types.json import set_json_loads
 
 from ...config import Settings
-from ...db import POOLED, OutageLog, connect, set_session_timeouts, worker_params
+from ...db import POOLED, OutageLog, close_quietly, connect, set_session_timeouts, worker_params
 from ...errors import DatabaseUnavailable
 from ...jobs import safe_json_loads
-from ..service import Backoff, close_quietly, drop_connection
+from ..service import Backoff, drop_connection
 
 log = logging.getLogger("pgworker.claimer")
 
