@@ -116,11 +116,14 @@ def cmd_dead(args: argparse.Namespace) -> int:
         result = app.replay(args.ids, queue=args.queue if args.all else None, limit=args.limit,
                             clean=args.clean)
         if args.json:
-            emit(args, {"replayed": list(result), "not_dead": result.not_dead,
+            emit(args, {"replayed": list(result), "not_dead": result.not_dead, "requeued": result.requeued,
                         "held": [{"id": i, "held_by": h} for i, h in sorted(result.held_by.items())]})
         else:
             print(f"replayed {quantity(len(result), 'job')}"
                   + (f": {', '.join(map(str, result[:50]))}" if result else ""))
+            if result.requeued:  # the jobs their death cancelled (PARENT_DEAD) wait again
+                print(f"{quantity(len(result.requeued), 'child', 'children')} cancelled by their death wait again "
+                      "for their parents")
         for line in _held_keys_notes(app, result.held_by):
             print(line, file=sys.stderr)
         if result.not_dead:
