@@ -122,10 +122,19 @@ class JobContext:
             return False
         self._progress_written_at = now
         with self._db.connection() as c:
-            ok = self._db.store.record_progress(c, self.job.lease, float(value), text)
+            ok, cancel = self._db.store.record_progress(c, self.job.lease, float(value), text)
         if not ok:
             raise LeaseLost(job_id=self.job.id, lease_token=self.job.lease_token, operation="progress")
+        if cancel:
+            self._cancel_seen()
         return True
+
+    def _cancel_seen(self) -> None:
+        """An operator asked the job to stop (read by a progress write): set the cancel flag
+        in shared memory, where the renewer sets it, so ``check()`` and
+        ``cancel_requested`` see it now rather than at the next renewal."""
+        if self._table is not None:
+            self._table.try_mark_cancel(self._slot, self.job.id, self.job.lease_token)
 
     @property
     def lease_lost(self) -> bool:

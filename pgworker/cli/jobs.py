@@ -179,9 +179,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         print(f"error: {why}", file=sys.stderr)
         return 1
     msg = "cancelled" if state == "cancelled" else (
-        "cancellation requested (the job is running): its handler sees it with the next lease "
-        "renewal, within a third of the lease, and stops when it calls ctx.check() (an async "
-        "handler is cancelled for it); see `pgworker jobs show "
+        "cancellation requested (the job is running): its handler sees it at its next ctx.progress "
+        "write or with the next lease renewal, within a third of the lease, and stops when it calls "
+        "ctx.check() (an async handler is cancelled for it); a handler that returns first ends "
+        "succeeded; see `pgworker jobs show "
         f"{args.id}{schema_flag(app.settings.schema)}`")
     emit(args, {"id": args.id, "state": state}) if args.json else print(f"job {args.id}: {msg}")
     return 0

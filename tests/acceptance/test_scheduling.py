@@ -470,3 +470,23 @@ def test_queue_and_dead_keys_commands(env, pg_dsn, conn):
     env.fail(job, RuntimeError("boom"))
     keys = json.loads(cli(pg_dsn, schema, "dead", "keys", "--json").stdout)
     assert [(k["ordering_key"], k["dead_job_id"], k["waiting"]) for k in keys] == [("k", head, 1)]
+
+
+def test_a_handler_reporting_progress_sees_a_cancel_at_its_next_progress_write(env, pg_dsn, conn):
+    """The lease is 60 s (a renewal every 20 s): the cancel reaches the handler through its
+    own progress write (at most one a second), and the job ends cancelled within seconds."""
+    import time
+
+    schema = env.settings.schema
+    job = env.enqueue("progress_cancel")
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--lease", "60", *FAST) as w:
+        wait_until(lambda: q(conn, schema, "SELECT progress IS NOT NULL FROM {s}.jobs WHERE id = %s", job)[0][0],
+                   60, message="the handler reported progress")
+        asked = time.monotonic()
+        out = cli(pg_dsn, schema, "cancel", str(job))
+        assert out.returncode == 0 and "requested" in out.stdout and "ctx.progress" in out.stdout, out.stdout
+        wait_until(lambda: env.get_job(job)["state"] != "running", 15, message="the job ended")
+        took = time.monotonic() - asked
+        assert w.stop() == 0
+    assert env.get_job(job)["state"] == "cancelled"
+    assert took < 8, f"the cancel took {took:.1f} s to reach a handler writing progress every second"

@@ -293,3 +293,27 @@ def test_progress_is_durable_fenced_rate_limited_and_shown(app, conn):
         ctx.progress(0.9, "stale", force=True)
     assert app.get_job(job_id)["progress"] == pytest.approx(0.6)
     assert "progress" not in app.get_job(app.enqueue("t"))  # never reported: not shown
+
+
+def test_a_progress_write_brings_a_cancel_request_to_the_handler(app, conn):
+    """The renewal carries a cancel every lease/3 (20 s at the default lease); a handler
+    that reports progress sees it at its next durable progress write."""
+    from pgworker import JobCancelled, JobContext
+    from pgworker.worker.shm import layout as s
+
+    job_id = app.enqueue("t")
+    [job] = app.claim()
+    table = SlotTable(2)
+    [slot] = table.put_many([s.SlotEntry(job.id, job.lease_token, 0, job.attempt, 0.0, s.RENEW_PROGRESS)],
+                            claimed_at=time.monotonic())
+    table.start(slot, job.id)
+    ctx = JobContext(job, table, slot, app=app)
+    assert ctx.progress(0.1, "first") is True
+    assert not ctx.cancel_requested
+    assert app.cancel(job_id) == "running"
+    assert ctx.progress(0.2) is False  # throttled: no write, nothing read
+    assert not ctx.cancel_requested
+    assert ctx.progress(0.3, "third", force=True) is True
+    assert ctx.cancel_requested
+    with pytest.raises(JobCancelled):
+        ctx.check()
