@@ -490,3 +490,18 @@ def test_a_handler_reporting_progress_sees_a_cancel_at_its_next_progress_write(e
         assert w.stop() == 0
     assert env.get_job(job)["state"] == "cancelled"
     assert took < 8, f"the cancel took {took:.1f} s to reach a handler writing progress every second"
+
+
+def test_a_jobs_last_progress_report_is_kept_when_it_ends(env, pg_dsn, conn):
+    """Six progress calls in well under a second: the throttle writes the first and holds
+    the others back; the last one is written when the handler ends, success or failure."""
+    schema = env.settings.schema
+    ok = env.enqueue("progress_steps", {})
+    failed = env.enqueue("progress_steps", {"fail": True})
+    with Worker(pg_dsn, schema, "--concurrency", "2", *FAST) as w:
+        wait_until(lambda: finished(conn, schema, 2), 60)
+        assert w.stop() == 0
+    for job_id, state in ((ok, "succeeded"), (failed, "dead")):
+        job = env.get_job(job_id)
+        assert job["state"] == state
+        assert (job["progress"], job["progress_message"]) == (1.0, "step 6/6"), job_id

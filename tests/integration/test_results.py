@@ -317,3 +317,23 @@ def test_a_progress_write_brings_a_cancel_request_to_the_handler(app, conn):
     assert ctx.cancel_requested
     with pytest.raises(JobCancelled):
         ctx.check()
+
+
+def test_the_last_throttled_progress_is_written_when_the_handler_ends(app, conn):
+    calls = []
+
+    @app.task(name="steps")
+    def steps(payload, ctx):
+        for k in range(1, 7):
+            calls.append(ctx.progress(k / 6, f"step {k}/6"))
+        if payload:
+            raise Permanent("broke after its last step")
+
+    app.task(name="t")(lambda payload: None)
+    ok, failed, quiet = app.enqueue("steps", None), app.enqueue("steps", True), app.enqueue("t")
+    drain(app)
+    assert calls.count(True) == 2  # the throttle wrote the first call of each job only
+    for job_id, state in ((ok, "succeeded"), (failed, "dead")):
+        job = app.get_job(job_id)
+        assert (job["state"], job["progress"], job["progress_message"]) == (state, 1.0, "step 6/6")
+    assert "progress" not in app.get_job(quiet)  # no report, no write
