@@ -230,6 +230,14 @@ def cooperative_cancel(payload, ctx):
     ledger(ctx, "end")
 
 
+@app.task(name="dies_first", max_attempts=1)
+def dies_first(payload, ctx):
+    """Dies (permanent failure) on its first run, succeeds on any later one (a replay)."""
+    ledger(ctx, "run")
+    if ledger_count(ctx, "run") == 1:
+        raise pgworker.Permanent("dies on its first run")
+
+
 @app.task(name="progress_cancel", max_attempts=1)
 def progress_cancel(payload, ctx):
     """Reports progress every 0.2 s and calls ctx.check() between steps, for a minute: a
