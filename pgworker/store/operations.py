@@ -84,7 +84,8 @@ class OperationStatements(KeyedTransitions, DependencyStatements):
         done = set(replayed)
         left = [r for r in targets if r[0] not in done and r[2] is not None]
         holders = (yield from self.dedupe_holders_plan([r[2] for r in left])) if left else {}
-        requeued = (yield from self.requeue_dependents_plan(replayed, actor=actor)) if replayed else []
+        parents = [r[0] for r in rows if r[3]]  # a job that never had children cancelled none
+        requeued = (yield from self.requeue_dependents_plan(parents, actor=actor)) if parents else []
         return replayed, left, holders, requeued
 
     # -- queues ---------------------------------------------------------------------
