@@ -53,7 +53,7 @@ class JobContext:
     """
 
     __slots__ = ("job", "_table", "_slot", "progress_value", "_logger", "_effects", "_tx", "_db",
-                 "_progress_written_at")
+                 "_progress_written_at", "_progress_pending")
 
     #: At most one progress write per job this often (seconds).
     PROGRESS_WRITE_SECONDS = 1.0
@@ -66,6 +66,8 @@ class JobContext:
         self._slot = slot
         self._db = app  # keyword `app`: the worker passes its App, which is one
         self._progress_written_at = 0.0
+        # the last (value, message) the throttle held back, written when the handler ends
+        self._progress_pending: tuple[float, str | None] | None = None
         self.progress_value: Any = None
         self._logger: "logging.LoggerAdapter[logging.Logger] | None" = None
         self._effects = effects
@@ -106,8 +108,9 @@ class JobContext:
 
         Durable: written on the job's row, fenced by the lease token, at most once every
         ``PROGRESS_WRITE_SECONDS`` per job (a call in between is a heartbeat only, its value
-        kept in ``progress_value``; ``force=True`` writes now). Returns whether this call
-        wrote. Raises ``ValueError`` for a value outside 0-1 (or not a number) and
+        kept in ``progress_value``; ``force=True`` writes now). A value held back is written
+        when the handler ends (success or failure), so the job keeps its last report. Returns
+        whether this call wrote. Raises ``ValueError`` for a value outside 0-1 (or not a number) and
         :class:`LeaseLost` when the fence refuses the write (stop: the job is not yours).
         """
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
@@ -119,13 +122,37 @@ class JobContext:
             return False
         now = time.monotonic()
         if not force and now - self._progress_written_at < self.PROGRESS_WRITE_SECONDS:
+            self._progress_pending = (float(value), text)
             return False
         self._progress_written_at = now
-        with self._db.connection() as c:
-            ok = self._db.store.record_progress(c, self.job.lease, float(value), text)
+        self._progress_pending = None
+        return self._write_progress(self._db, float(value), text)
+
+    def flush_progress(self) -> bool:
+        """Write the last progress the throttle held back, if any (the worker calls it when
+        the handler has ended, before the outcome is written: a job's last report, "step
+        6/6", is otherwise lost). One fenced statement, only for a job that has such a
+        value; returns whether it wrote. Raises :class:`LeaseLost` as :meth:`progress`."""
+        pending, self._progress_pending = self._progress_pending, None
+        if pending is None or self._db is None:
+            return False
+        return self._write_progress(self._db, *pending)
+
+    def _write_progress(self, db: "JobDatabase", value: float, text: str | None) -> bool:
+        with db.connection() as c:
+            ok, cancel = db.store.record_progress(c, self.job.lease, value, text)
         if not ok:
             raise LeaseLost(job_id=self.job.id, lease_token=self.job.lease_token, operation="progress")
+        if cancel:
+            self._cancel_seen()
         return True
+
+    def _cancel_seen(self) -> None:
+        """An operator asked the job to stop (read by a progress write): set the cancel flag
+        in shared memory, where the renewer sets it, so ``check()`` and
+        ``cancel_requested`` see it now rather than at the next renewal."""
+        if self._table is not None:
+            self._table.try_mark_cancel(self._slot, self.job.id, self.job.lease_token)
 
     @property
     def lease_lost(self) -> bool:

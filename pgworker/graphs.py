@@ -104,13 +104,13 @@ def replay_graph(core: Core, graph_id: int, *, actor: str | None = None) -> Repl
     (:class:`ReplayedGraph`: a list, with the two kinds apart)."""
     with core.connection() as c:
         dead = [j["id"] for j in core.store.graph_jobs(c, graph_id) if j["state"] == "dead"]
-    replayed = list(operations.replay(core, dead, queue=None, limit=1000, actor=actor, clean=False)) if dead else []
-    requeued: list[int] = []
+    result = operations.replay(core, dead, queue=None, limit=1000, actor=actor, clean=False) if dead else None
+    replayed = list(result) if result is not None else []
+    # the replay brought back what its jobs' death cancelled; the graph's own pass also
+    # finds jobs a parent replayed earlier left cancelled (the same statement, by graph id)
+    requeued = list(result.requeued) if result is not None else []
     with core.connection() as c:
-        # one layer per statement: a job waits again once none of its parents is cancelled,
-        # and a layer requeued makes the next one's parents pending (a graph's depth bounds it)
-        while more := core.store.requeue_graph_children(c, graph_id, actor=actor or "pgworker"):
-            requeued += more
+        requeued += core.store.requeue_dependents(c, [], graph_id=graph_id, actor=actor or "pgworker")
     out = ReplayedGraph(replayed + requeued)
     out.replayed, out.requeued = replayed, requeued
     return out

@@ -259,13 +259,17 @@ class ReplayResult(list):  # type: ignore[type-arg]  # a list[int], as replay re
     the work the key stands for (pending or running, or succeeded within its dedupe
     window), so the dead one stays dead; discard it (``App.cancel``), or cancel the holder
     and replay again. ``not_dead``: ids asked for that are not dead, or unknown.
+    ``requeued``: jobs the replayed jobs' death had cancelled (``PARENT_DEAD``, and what
+    waited below them), pending again and waiting for their parents (not in the list).
     """
 
     def __init__(self, replayed: Sequence[int] = (), *, held_by: dict[int, int] | None = None,
-                 not_dead: Sequence[int] = ()) -> None:
+                 not_dead: Sequence[int] = (), requeued: Sequence[int] = ()) -> None:
         super().__init__(replayed)
         self.held_by: dict[int, int] = dict(held_by or {})
         self.not_dead: list[int] = list(not_dead)
+        self.requeued: list[int] = list(requeued)
 
     def __repr__(self) -> str:
-        return f"ReplayResult({list(self)!r}, held_by={self.held_by!r}, not_dead={self.not_dead!r})"
+        return (f"ReplayResult({list(self)!r}, held_by={self.held_by!r}, not_dead={self.not_dead!r}, "
+                f"requeued={self.requeued!r})")

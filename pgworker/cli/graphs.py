@@ -28,8 +28,8 @@ def cmd_graphs(args: argparse.Namespace) -> int:
             emit(args, {"graph_id": args.graph_id, **done, "states": after})
         else:
             print(f"graph {args.graph_id}: {quantity(done['jobs'], 'job')}; cancelled {done['cancelled']}, "
-                  f"cancellation requested for {done['requested']} running (their handlers see it at the next "
-                  "lease renewal); their waiting children were cancelled with them"
+                  f"cancellation requested for {done['requested']} running (their handlers see it at their next "
+                  "ctx.progress write or lease renewal; one that returns first ends succeeded); their waiting children were cancelled with them"
                   + _states_line(after))
         return 0
     replayed = app.replay_graph(args.graph_id)

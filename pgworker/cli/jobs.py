@@ -135,11 +135,14 @@ def cmd_dead(args: argparse.Namespace) -> int:
         result = app.replay(args.ids, queue=args.queue if args.all else None, limit=args.limit,
                             clean=args.clean)
         if args.json:
-            emit(args, {"replayed": list(result), "not_dead": result.not_dead,
+            emit(args, {"replayed": list(result), "not_dead": result.not_dead, "requeued": result.requeued,
                         "held": [{"id": i, "held_by": h} for i, h in sorted(result.held_by.items())]})
         else:
             print(f"replayed {quantity(len(result), 'job')}"
                   + (f": {', '.join(map(str, result[:50]))}" if result else ""))
+            if result.requeued:  # the jobs their death cancelled (PARENT_DEAD) wait again
+                print(f"{quantity(len(result.requeued), 'child', 'children')} cancelled by their death wait again "
+                      "for their parents")
         for line in _held_keys_notes(app, result.held_by):
             print(line, file=sys.stderr)
         if result.not_dead:
@@ -208,9 +211,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         print(f"error: {why}", file=sys.stderr)
         return 1
     msg = "cancelled" if state == "cancelled" else (
-        "cancellation requested (the job is running): its handler sees it with the next lease "
-        "renewal, within a third of the lease, and stops when it calls ctx.check() (an async "
-        "handler is cancelled for it); see `pgworker jobs show "
+        "cancellation requested (the job is running): its handler sees it at its next ctx.progress "
+        "write or with the next lease renewal, within a third of the lease, and stops when it calls "
+        "ctx.check() (an async handler is cancelled for it); a handler that returns first ends "
+        "succeeded; see `pgworker jobs show "
         f"{args.id}{schema_flag(app.settings.schema)}`")
     emit(args, {"id": args.id, "state": state}) if args.json else print(f"job {args.id}: {msg}")
     return 0

@@ -15,6 +15,10 @@ from .base import StoreBase
 from .plan import Exec, Plan, run
 
 
+#: Jobs requeued per statement when a replay brings back what a dead parent's death
+#: cancelled (dependents_requeue): the loop runs until a statement requeues nothing.
+REQUEUE_BATCH = 10_000
+
 #: Rows per keyset page when a graph's jobs are read (cancel_graph, replay_graph).
 GRAPH_PAGE = 10_000
 
@@ -80,11 +84,32 @@ class DependencyStatements(StoreBase):
                 return out
             after = rows[-1]["id"]
 
-    def requeue_graph_children(self, conn: psycopg.Connection, graph_id: int, *, actor: str | None) -> list[int]:
-        """Jobs of the graph cancelled by a dead parent wait again (see ``graph_children_requeue``)."""
-        rows = self._exec(conn, "graph_children_requeue", {"graph_id": graph_id, "actor": actor,
-                                                            "channel": self.channel}).fetchall()
-        return [r[0] for r in rows]
+    def requeue_dependents(self, conn: psycopg.Connection, parents: Sequence[int], *, graph_id: int | None = None,
+                           actor: str | None) -> list[int]:
+        """:meth:`requeue_dependents_plan`, run on ``conn``."""
+        return run(conn, self.requeue_dependents_plan(parents, graph_id=graph_id, actor=actor))
+
+    def requeue_dependents_plan(self, parents: Sequence[int], *, graph_id: int | None = None,
+                                actor: str | None) -> Plan[list[int]]:
+        """The jobs the death of ``parents`` cancelled (``PARENT_DEAD``; with ``graph_id``,
+        every such job of that graph too) wait again for their parents, layer by layer down
+        their descendants, when none of their parents is cancelled or still dead (see
+        ``dependents_requeue``). Returns the ids requeued, in the order they were. Call it in
+        the transaction that replayed ``parents``: the children come back with them or not at all."""
+        out: list[int] = []
+        frontier = sorted(set(parents))
+        while frontier or graph_id is not None:
+            rows = yield self._step("dependents_requeue", {
+                "parents": frontier, "graph_id": graph_id, "actor": actor, "channel": self.channel,
+                "limit": REQUEUE_BATCH})
+            more = [r[0] for r in rows]
+            if not more:
+                return out
+            out += more
+            # the next layer is below the jobs just requeued; a full batch may have left
+            # others of this layer behind, so its parents are asked again
+            frontier = sorted(set(more) | (set(frontier) if len(more) >= REQUEUE_BATCH else set()))
+        return out
 
     def dependency_stats(self, conn: psycopg.Connection) -> list[dict[str, Any]]:
         """Per queue: jobs waiting for parents, those behind a dead parent, the oldest such wait (s)."""

@@ -60,7 +60,7 @@ NOT_HEAD_CHANGING: Mapping[str, str] = {
     "dedupe_holders": "releases a succeeded job's dedupe hold (a succeeded job heads nothing)",
     "job_retry_now": "changes a pending job's run_at only",
     "job_parents_lock": "marks parents has_children",
-    "graph_children_requeue": "requeues graph jobs, which carry no ordering key",
+    "dependents_requeue": "requeues jobs with dependencies, which carry no ordering key",
     "testing_run_now": "changes a pending job's run_at only",
 }
 

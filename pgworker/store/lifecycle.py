@@ -202,10 +202,12 @@ class LifecycleStatements(KeyedTransitions):
         return FenceReport.build(operation, leases, rows)
 
     def record_progress(self, conn: psycopg.Connection, lease: Lease, progress: float,
-                        message: str | None) -> bool:
-        """Record a running job's progress (fenced); False when the lease was lost."""
-        return self._exec(conn, "job_progress", {"id": lease.job_id, "token": lease.token, "progress": progress,
-                                                 "message": message}).fetchone() is not None
+                        message: str | None) -> tuple[bool, bool]:
+        """Record a running job's progress (fenced): (written, cancel requested). Not
+        written: the lease was lost (cancel requested is then False)."""
+        row = self._exec(conn, "job_progress", {"id": lease.job_id, "token": lease.token, "progress": progress,
+                                                "message": message}).fetchone()
+        return (False, False) if row is None else (True, bool(row[1]))
 
     def lease_states(self, conn: psycopg.Connection, ids: Sequence[int]) -> list[tuple[Any, ...]]:
         """(id, state, lease_token, last_error_code) of jobs, to settle an unknown write

@@ -7,11 +7,12 @@ from typing import Any, Sequence
 import psycopg
 
 from ..jobs import ReplayResult
+from .dependencies import DependencyStatements
 from .keyed import KeyedScope, KeyedTransitions
 from .plan import Atomic, Plan, run
 
 
-class OperationStatements(KeyedTransitions):
+class OperationStatements(KeyedTransitions, DependencyStatements):
     """Operator actions: cancel, replay, queue settings and their audit trail."""
 
     def cancel(self, conn: psycopg.Connection, job_id: int, *, actor: str | None) -> str | None:
@@ -49,6 +50,9 @@ class OperationStatements(KeyedTransitions):
         stays dead (in ``held_by``, with the holder read after the replay, so a dead job
         left behind the one of its key just replayed names that one). The keys are locked
         first, expired dedupe holds released. Ids that were not dead are in ``not_dead``.
+        The jobs the replayed jobs' death cancelled (``PARENT_DEAD``, and what that
+        cancelled below them) wait again for their parents, in the same transaction
+        (``requeued``; see ``dependents_requeue``).
         """
         return run(conn, self.replay_plan(ids=ids, queue=queue, limit=limit, actor=actor))
 
@@ -59,17 +63,18 @@ class OperationStatements(KeyedTransitions):
         if not targets:
             return ReplayResult(not_dead=sorted(set(ids)))
         keys = sorted({r[1] for r in targets if r[1] is not None})
-        replayed, left, holders = yield Atomic(self.keyed_plan(
+        replayed, left, holders, requeued = yield Atomic(self.keyed_plan(
             keys, lambda scope: self._replay_plan(scope, targets, actor), lambda _: keys))
         done = set(replayed)
         held_by = {r[0]: holders[r[2]] for r in left if r[2] in holders}
         return ReplayResult(replayed, held_by=held_by,
-                            not_dead=sorted(set(ids) - done - set(held_by)))
+                            not_dead=sorted(set(ids) - done - set(held_by)), requeued=requeued)
 
     def _replay_plan(self, scope: KeyedScope, targets: list[Any],
-                     actor: str | None) -> Plan[tuple[list[int], list[Any], dict[str, int]]]:
+                     actor: str | None) -> Plan[tuple[list[int], list[Any], dict[str, int], list[int]]]:
         """The body of a replay's keyed transition (every key of the targets is promoted
-        after it: a replayed job comes back blocked)."""
+        after it: a replayed job comes back blocked), then the jobs their death cancelled
+        wait again (jobs with dependencies carry no ordering key: no head changes)."""
         dedupe = [r[2] for r in targets if r[2] is not None]
         if dedupe:
             yield from self.dedupe_holders_plan(dedupe)  # releases expired holds first
@@ -79,7 +84,9 @@ class OperationStatements(KeyedTransitions):
         done = set(replayed)
         left = [r for r in targets if r[0] not in done and r[2] is not None]
         holders = (yield from self.dedupe_holders_plan([r[2] for r in left])) if left else {}
-        return replayed, left, holders
+        parents = [r[0] for r in rows if r[3]]  # a job that never had children cancelled none
+        requeued = (yield from self.requeue_dependents_plan(parents, actor=actor)) if parents else []
+        return replayed, left, holders, requeued
 
     # -- queues ---------------------------------------------------------------------
 

@@ -150,3 +150,29 @@ def test_unblock_latency_is_a_histogram_of_the_dependents_first_claims(env, pg_d
     assert {at for i, at in stamped if at is not None} == {finished}  # the completing statement's now()
     assert env.get_job(children[0])["unblocked_at"] == finished  # `pgworker jobs show` prints it
     assert env.get_job(late)["unblocked_at"] is None
+
+
+def test_replaying_a_dead_parent_brings_back_the_plain_children_its_death_cancelled(env, pg_dsn, conn):
+    """docs/graphs.md's first shape, linked by depends_on alone (no graph id, so `graphs
+    replay` cannot reach it): a parent that dies cancels its cancel-policy child and what
+    waits below; `pgworker dead replay` of the parent brings them back, and they run."""
+    import subprocess
+    import sys
+
+    schema = env.settings.schema
+    p = env.enqueue("dies_first")
+    c = env.enqueue("record", 1, depends_on=[p], on_parent_failure="cancel")
+    gc = env.enqueue("record", 2, depends_on=[c])
+    with Worker(pg_dsn, schema, "--concurrency", "2", "--poll-interval", "0.3"):
+        wait_until(lambda: env.get_job(gc)["state"] == "cancelled", 60, message="the parent died")
+        assert [env.get_job(i)["last_error_code"] for i in (c, gc)] == ["PARENT_DEAD"] * 2
+        cli_env = dict(os.environ, PGWORKER_DSN=pg_dsn, PGWORKER_SCHEMA=schema)
+        out = subprocess.run([sys.executable, "-m", "pgworker.cli", "dead", "replay", str(p)], env=cli_env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert "replayed 1 job" in out.stdout and "2 children cancelled by their death wait again" in out.stdout
+        wait_until(lambda: {env.get_job(i)["state"] for i in (p, c, gc)} == {"succeeded"}, 60,
+                   message="the parent, its child and grandchild succeeded after the replay")
+    kinds = q(conn, schema, "SELECT job_id, kind FROM {s}.job_events WHERE job_id = ANY(%s) ORDER BY id",
+              [p, c, gc])
+    assert kinds == [(p, "replayed"), (c, "replayed"), (gc, "replayed")]

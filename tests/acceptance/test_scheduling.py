@@ -470,3 +470,38 @@ def test_queue_and_dead_keys_commands(env, pg_dsn, conn):
     env.fail(job, RuntimeError("boom"))
     keys = json.loads(cli(pg_dsn, schema, "dead", "keys", "--json").stdout)
     assert [(k["ordering_key"], k["dead_job_id"], k["waiting"]) for k in keys] == [("k", head, 1)]
+
+
+def test_a_handler_reporting_progress_sees_a_cancel_at_its_next_progress_write(env, pg_dsn, conn):
+    """The lease is 60 s (a renewal every 20 s): the cancel reaches the handler through its
+    own progress write (at most one a second), and the job ends cancelled within seconds."""
+    import time
+
+    schema = env.settings.schema
+    job = env.enqueue("progress_cancel")
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--lease", "60", *FAST) as w:
+        wait_until(lambda: q(conn, schema, "SELECT progress IS NOT NULL FROM {s}.jobs WHERE id = %s", job)[0][0],
+                   60, message="the handler reported progress")
+        asked = time.monotonic()
+        out = cli(pg_dsn, schema, "cancel", str(job))
+        assert out.returncode == 0 and "requested" in out.stdout and "ctx.progress" in out.stdout, out.stdout
+        wait_until(lambda: env.get_job(job)["state"] != "running", 15, message="the job ended")
+        took = time.monotonic() - asked
+        assert w.stop() == 0
+    assert env.get_job(job)["state"] == "cancelled"
+    assert took < 8, f"the cancel took {took:.1f} s to reach a handler writing progress every second"
+
+
+def test_a_jobs_last_progress_report_is_kept_when_it_ends(env, pg_dsn, conn):
+    """Six progress calls in well under a second: the throttle writes the first and holds
+    the others back; the last one is written when the handler ends, success or failure."""
+    schema = env.settings.schema
+    ok = env.enqueue("progress_steps", {})
+    failed = env.enqueue("progress_steps", {"fail": True})
+    with Worker(pg_dsn, schema, "--concurrency", "2", *FAST) as w:
+        wait_until(lambda: finished(conn, schema, 2), 60)
+        assert w.stop() == 0
+    for job_id, state in ((ok, "succeeded"), (failed, "dead")):
+        job = env.get_job(job_id)
+        assert job["state"] == state
+        assert (job["progress"], job["progress_message"]) == (1.0, "step 6/6"), job_id

@@ -230,6 +230,40 @@ def cooperative_cancel(payload, ctx):
     ledger(ctx, "end")
 
 
+@app.task(name="dies_first", max_attempts=1)
+def dies_first(payload, ctx):
+    """Dies (permanent failure) on its first run, succeeds on any later one (a replay)."""
+    ledger(ctx, "run")
+    if ledger_count(ctx, "run") == 1:
+        raise pgworker.Permanent("dies on its first run")
+
+
+@app.task(name="progress_cancel", max_attempts=1)
+def progress_cancel(payload, ctx):
+    """Reports progress every 0.2 s and calls ctx.check() between steps, for a minute: a
+    cancel reaches it through its progress writes (one a second), not only the renewal."""
+    ledger(ctx, "start")
+    end = time.monotonic() + 60
+    step = 0
+    while time.monotonic() < end:
+        step += 1
+        ctx.progress(min(step / 1000, 1.0), f"step {step}")
+        ctx.check()
+        time.sleep(0.2)
+    ledger(ctx, "end")
+
+
+@app.task(name="progress_steps", max_attempts=1)
+def progress_steps(payload, ctx):
+    """Six progress calls in well under a second (the throttle writes the first only), then
+    returns or fails: the last value must still be the one the job keeps."""
+    for k in range(1, 7):
+        ctx.progress(k / 6, f"step {k}/6")
+        time.sleep(0.01)
+    if payload and payload.get("fail"):
+        raise pgworker.Permanent("failed after its last step")
+
+
 @app.task(name="async_cancel", max_attempts=1)
 async def async_cancel(payload, ctx):
     """Awaits for a minute; its task is cancelled when the job is."""

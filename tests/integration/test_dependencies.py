@@ -426,3 +426,86 @@ def test_graph_id_must_name_an_existing_graph(app, conn):
     conn.execute(sql.SQL("DELETE FROM {}.jobs WHERE graph_id = %s").format(sql.Identifier(schema)), (graph.graph_id,))
     with pytest.raises(InvalidJob, match="graph_id names no graph"):  # pruned: gone with its jobs
         app.enqueue("g", 8, graph_id=graph.graph_id)
+
+
+def _plain_dead_shape(app):
+    """The shape of docs/graphs.md's first example, linked by depends_on only (no graph id):
+    a parent that dies, a cancel-policy child, a grandchild (hold) below it."""
+    p = app.enqueue("t", max_attempts=1)
+    c = app.enqueue("t", depends_on=[p], on_parent_failure="cancel")
+    gc = app.enqueue("t", depends_on=[c])
+    [job] = app.claim()
+    app.fail(job, Permanent("no disk"))
+    return p, c, gc
+
+
+@pytest.mark.parametrize("how", ["replay", "areplay", "cli"])
+def test_replaying_a_dead_parent_brings_back_what_its_death_cancelled(app, conn, pg_dsn, capsys, how):
+    """Jobs linked only by depends_on carry no graph id: replay_graph cannot reach them, so
+    every replay of the dead parent requeues what its death cancelled, layer by layer."""
+    import asyncio
+
+    from pgworker.cli import main
+
+    schema = app.settings.schema
+    p, c, gc = _plain_dead_shape(app)
+    assert [state(conn, schema, i)[::3] for i in (c, gc)] == [("cancelled", "PARENT_DEAD")] * 2
+    assert q(conn, schema, "SELECT graph_id FROM {s}.jobs WHERE id = %s", c) == [(None,)]
+    if how == "replay":
+        result = app.replay([p], actor="alice")
+        assert result == [p] and sorted(result.requeued) == [c, gc]
+    elif how == "areplay":
+        result = asyncio.run(app.areplay([p], actor="alice"))
+        assert result == [p] and sorted(result.requeued) == [c, gc]
+    else:
+        capsys.readouterr()
+        assert main(["dead", "replay", str(p), "--dsn", pg_dsn, "--schema", schema]) == 0
+        out = capsys.readouterr().out
+        assert "replayed 1 job" in out and "2 children cancelled by their death wait again" in out
+    assert state(conn, schema, c) == ("pending", True, 1, None)
+    assert state(conn, schema, gc) == ("pending", True, 1, None)
+    events = q(conn, schema, "SELECT job_id, kind, detail->>'cancelled_by' FROM {s}.job_events "
+                             "WHERE job_id = ANY(%s) ORDER BY job_id", [c, gc])
+    assert events == [(c, "replayed", "PARENT_DEAD"), (gc, "replayed", "PARENT_DEAD")]
+    if how != "cli":
+        assert q(conn, schema, "SELECT DISTINCT actor FROM {s}.job_events WHERE job_id = ANY(%s)",
+                 [c, gc]) == [("alice",)]
+    app.task(name="t")(lambda payload: None)
+    drain(app)
+    assert {state(conn, schema, i)[0] for i in (p, c, gc)} == {"succeeded"}
+
+
+def test_a_child_with_another_dead_parent_stays_cancelled_until_that_one_is_replayed(app, conn):
+    schema = app.settings.schema
+    # a job whose other parent was cancelled (not dead) is never brought back by a replay
+    d, e = app.enqueue("t", max_attempts=1), app.enqueue("t")
+    f = app.enqueue("t", depends_on=[d, e], on_parent_failure="cancel")
+    [job] = app.claim()
+    assert job.id == d
+    app.fail(job, Permanent("broken"))
+    assert app.cancel(e) == "cancelled"
+    assert app.replay([d]).requeued == []
+    assert state(conn, schema, f)[0] == "cancelled"
+    app.cancel(d)
+    a, b = app.enqueue("t", max_attempts=1), app.enqueue("t", max_attempts=1)
+    child = app.enqueue("t", depends_on=[a, b], on_parent_failure="cancel")
+    for job in app.claim(limit=2):
+        app.fail(job, Permanent("broken"))
+    assert state(conn, schema, child)[::3] == ("cancelled", "PARENT_DEAD")
+    assert app.replay([a]).requeued == []  # b is still dead: it would wait behind a dead parent
+    assert state(conn, schema, child)[::3] == ("cancelled", "PARENT_DEAD")
+    assert app.replay([b]).requeued == [child]
+    assert state(conn, schema, child) == ("pending", True, 2, None)
+
+
+def test_a_replay_requeues_a_wide_layer_in_batches(app, conn, monkeypatch):
+    schema = app.settings.schema
+    monkeypatch.setattr("pgworker.store.dependencies.REQUEUE_BATCH", 3)
+    p = app.enqueue("t", max_attempts=1)
+    children = [app.enqueue("t", depends_on=[p], on_parent_failure="cancel") for _ in range(7)]
+    below = app.enqueue("t", depends_on=children[-1:])
+    [job] = app.claim()
+    app.fail(job, Permanent("broken"))
+    result = app.replay([p])
+    assert sorted(result.requeued) == sorted(children + [below])
+    assert {state(conn, schema, i)[0] for i in children + [below]} == {"pending"}

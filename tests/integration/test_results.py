@@ -315,3 +315,47 @@ def test_jobs_show_prints_progress_as_a_percentage_exact_enough_to_match_its_mes
         assert line.split(None, 1)[1] == shown, line
     assert main(["jobs", "show", str(job_id), "--json", *flags]) == 0
     assert json.loads(capsys.readouterr().out)["progress"] == 0.25
+
+
+def test_a_progress_write_brings_a_cancel_request_to_the_handler(app, conn):
+    """The renewal carries a cancel every lease/3 (20 s at the default lease); a handler
+    that reports progress sees it at its next durable progress write."""
+    from pgworker import JobCancelled, JobContext
+    from pgworker.worker.shm import layout as s
+
+    job_id = app.enqueue("t")
+    [job] = app.claim()
+    table = SlotTable(2)
+    [slot] = table.put_many([s.SlotEntry(job.id, job.lease_token, 0, job.attempt, 0.0, s.RENEW_PROGRESS)],
+                            claimed_at=time.monotonic())
+    table.start(slot, job.id)
+    ctx = JobContext(job, table, slot, app=app)
+    assert ctx.progress(0.1, "first") is True
+    assert not ctx.cancel_requested
+    assert app.cancel(job_id) == "running"
+    assert ctx.progress(0.2) is False  # throttled: no write, nothing read
+    assert not ctx.cancel_requested
+    assert ctx.progress(0.3, "third", force=True) is True
+    assert ctx.cancel_requested
+    with pytest.raises(JobCancelled):
+        ctx.check()
+
+
+def test_the_last_throttled_progress_is_written_when_the_handler_ends(app, conn):
+    calls = []
+
+    @app.task(name="steps")
+    def steps(payload, ctx):
+        for k in range(1, 7):
+            calls.append(ctx.progress(k / 6, f"step {k}/6"))
+        if payload:
+            raise Permanent("broke after its last step")
+
+    app.task(name="t")(lambda payload: None)
+    ok, failed, quiet = app.enqueue("steps", None), app.enqueue("steps", True), app.enqueue("t")
+    drain(app)
+    assert calls.count(True) == 2  # the throttle wrote the first call of each job only
+    for job_id, state in ((ok, "succeeded"), (failed, "dead")):
+        job = app.get_job(job_id)
+        assert (job["state"], job["progress"], job["progress_message"]) == (state, 1.0, "step 6/6")
+    assert "progress" not in app.get_job(quiet)  # no report, no write

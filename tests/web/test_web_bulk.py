@@ -142,3 +142,24 @@ def test_a_batch_the_database_refuses_for_good_fails_the_operation_with_the_reas
     assert q(conn, schema, "SELECT count(*) FROM {s}.jobs WHERE state = 'dead'") == [(10,)]
     assert q(conn, schema, "SELECT count(*) FROM {s}.bulk_operation_jobs") == [(0,)]
     assert op["id"] == row["id"]
+
+
+def test_a_bulk_replay_brings_back_the_children_the_dead_jobs_death_cancelled(app, conn, pg_dsn):
+    from pgworker import Permanent
+
+    schema = app.settings.schema
+    parents = [app.enqueue("dies", i, max_attempts=1, any_task=True) for i in range(3)]
+    children = [app.enqueue("t", depends_on=[p], on_parent_failure="cancel", any_task=True) for p in parents]
+    for job in app.claim(limit=3):
+        app.fail(job, Permanent("broken"))
+    assert {r[0] for r in q(conn, schema, "SELECT last_error_code FROM {s}.jobs WHERE id = ANY(%s)",
+                            children)} == {"PARENT_DEAD"}
+    op = bulk.create(app, "replay", JobFilter(task="dies"), actor="alice", batch_size=2)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        while bulk.apply_batch(app.store, c) is not None:
+            pass
+    assert _op(conn, schema, op["id"])["applied"] == 3
+    assert q(conn, schema, "SELECT state::text, blocked, count(*) FROM {s}.jobs WHERE id = ANY(%s) GROUP BY 1, 2",
+             children) == [("pending", True, 3)]
+    assert q(conn, schema, "SELECT DISTINCT actor FROM {s}.job_events WHERE job_id = ANY(%s)", children) == \
+        [(bulk.audit_actor(op),)]

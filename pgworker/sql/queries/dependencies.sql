@@ -89,38 +89,58 @@ FROM {schema}.jobs WHERE graph_id = %(graph_id)s AND graph_id IS NOT NULL AND id
 ORDER BY id
 LIMIT %(limit)s;
 
--- name: graph_children_requeue
--- Replay of a graph, after its dead jobs were replayed: jobs that were cancelled by the
--- dependency policy (PARENT_DEAD) wait again, blocked, for those of their parents that
--- have not succeeded, when none of those is cancelled (the caller runs it again until it
--- requeues nothing: each run frees the next layer of a chain). Their counters are recomputed
--- from the edges (the parents are locked first, as an enqueue locks them). Audited in
--- job_events. Returns the jobs requeued.
+-- name: dependents_requeue
+-- The jobs a dead parent's death cancelled wait again, once it is replayed: jobs
+-- cancelled by the dependency policy (PARENT_DEAD) that are children of %(parents)s (the
+-- jobs a replay just put back, or the layer this statement requeued before) or, for the
+-- replay of a graph, jobs of the graph %(graph_id)s (NULL: none). Each waits again, blocked,
+-- for those of its parents that have not succeeded, when none of them is cancelled or still
+-- dead (a job whose other dead parent is replayed later comes back with that replay). The
+-- caller runs it again with the jobs it requeued until it requeues nothing: each run frees
+-- the next layer below (a graph's depth bounds the loop), at most %(limit)s jobs per run.
+-- The one rule for every replay (App.replay, `pgworker dead replay`, the console, bulk
+-- replays, replay_graph). Counters are recomputed from the edges, under the parents' locks
+-- (taken as an enqueue takes them). Audited in job_events (kind replayed, the detail names
+-- PARENT_DEAD). Returns the jobs requeued. Jobs with dependencies carry no ordering key, so
+-- no key's head changes.
 WITH candidates AS (
     SELECT c.id FROM {schema}.jobs AS c
-    WHERE c.graph_id = %(graph_id)s AND c.graph_id IS NOT NULL AND c.state = 'cancelled'
+    WHERE c.graph_id = %(graph_id)s::bigint AND c.graph_id IS NOT NULL AND c.state = 'cancelled'
       AND c.last_error_code = 'PARENT_DEAD'
+    UNION
+    SELECT c.id FROM {schema}.job_dependencies AS d JOIN {schema}.jobs AS c ON c.id = d.child_id
+    WHERE d.parent_id = ANY(%(parents)s::bigint[]) AND c.state = 'cancelled' AND c.last_error_code = 'PARENT_DEAD'
+), hopeful AS (
+    -- a job behind a cancelled or dead parent is not a candidate (it would fill the limit
+    -- and stop the loop); re-checked below under the parents' locks
+    SELECT k.id FROM candidates AS k
+    WHERE NOT EXISTS (
+        SELECT 1 FROM {schema}.job_dependencies AS d JOIN {schema}.jobs AS p ON p.id = d.parent_id
+        WHERE d.child_id = k.id AND p.state IN ('cancelled', 'dead'))
+    ORDER BY k.id
+    LIMIT %(limit)s
 ), parents AS (
     SELECT p.id, p.state FROM {schema}.jobs AS p
-    WHERE p.id IN (SELECT d.parent_id FROM {schema}.job_dependencies AS d WHERE d.child_id IN (SELECT id FROM candidates))
+    WHERE p.id IN (SELECT d.parent_id FROM {schema}.job_dependencies AS d WHERE d.child_id IN (SELECT id FROM hopeful))
     ORDER BY p.id
     FOR NO KEY UPDATE
 ), counted AS (
     SELECT d.child_id AS id, count(*) FILTER (WHERE p.state <> 'succeeded') AS waiting,
-           bool_or(p.state = 'cancelled') AS hopeless
+           bool_or(p.state IN ('cancelled', 'dead')) AS hopeless
     FROM {schema}.job_dependencies AS d JOIN parents AS p ON p.id = d.parent_id
-    WHERE d.child_id IN (SELECT id FROM candidates)
+    WHERE d.child_id IN (SELECT id FROM hopeful)
     GROUP BY d.child_id
 ), requeued AS (
     UPDATE {schema}.jobs AS j
     SET state = 'pending', finished_at = NULL, run_at = now(), waiting_parents = k.waiting,
         blocked = k.waiting > 0, last_error_code = NULL
     FROM counted AS k
-    WHERE j.id = k.id AND NOT k.hopeless AND j.state = 'cancelled'
+    WHERE j.id = k.id AND NOT k.hopeless AND j.state = 'cancelled' AND j.last_error_code = 'PARENT_DEAD'
     RETURNING j.id, j.queue, j.blocked
 ), audit AS (
     INSERT INTO {schema}.job_events (job_id, kind, actor, detail)
-    SELECT r.id, 'replayed', %(actor)s, jsonb_build_object('graph_id', %(graph_id)s::bigint)
+    SELECT r.id, 'replayed', %(actor)s,
+           jsonb_strip_nulls(jsonb_build_object('cancelled_by', 'PARENT_DEAD', 'graph_id', %(graph_id)s::bigint))
     FROM requeued AS r
 )
 SELECT r.id, (CASE WHEN NOT r.blocked THEN pg_notify(%(channel)s, r.queue) END) IS NULL AS notified

@@ -76,11 +76,14 @@ WHERE j.state::text = 'running' AND j.lease_token = f.token AND j.lease_expires_
 -- by the caller and by CHECK constraints. Fenced like an outcome (id + state + token):
 -- no row means the lease was lost, and the worker's handler is told so. Also a
 -- heartbeat (heartbeat_at). Kept by the job after it finishes, for `pgworker jobs show`.
+-- Returns whether an operator asked the job to stop (cancel_requested_at): a handler that
+-- reports progress sees a cancel at its next write, not at the renewer's next tick (a
+-- third of the lease).
 UPDATE {schema}.jobs AS j
 SET progress = %(progress)s::real, progress_message = %(message)s::text, progress_at = now(),
     heartbeat_at = now()
 WHERE j.id = %(id)s AND j.state = 'running' AND j.lease_token = %(token)s
-RETURNING j.id;
+RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel_requested;
 
 -- name: job_complete
 -- Record successes, and what each handler returned. Fenced by id + state + token,

@@ -64,7 +64,8 @@ LIMIT %(limit)s;
 -- job of its key is active. A job whose dedupe key is held by another job stays dead
 -- (returning it to pending would violate the unique index), and of several dead jobs
 -- sharing a dedupe key only the oldest is replayed. Each replay is written to
--- job_events with its actor.
+-- job_events with its actor. has_children says which may have children its death
+-- cancelled (the caller then runs dependents_requeue for those only).
 WITH pick AS (
     SELECT DISTINCT ON (coalesce(t.dedupe_key, t.id::text)) t.id
     FROM {schema}.jobs AS t
@@ -91,14 +92,15 @@ WITH pick AS (
         blocked = j.ordering_key IS NOT NULL
     FROM target
     WHERE j.id = target.id
-    RETURNING j.id, j.queue, j.blocked, target.attempts AS previous_attempts
+    RETURNING j.id, j.queue, j.blocked, j.has_children, target.attempts AS previous_attempts
 ), audit AS (
     INSERT INTO {schema}.job_events (job_id, kind, actor, detail)
     SELECT r.id, 'replayed', %(actor)s, jsonb_build_object('previous_attempts', r.previous_attempts)
     FROM replayed AS r
 )
 SELECT r.id, r.queue,
-       (CASE WHEN NOT r.blocked THEN pg_notify(%(channel)s, r.queue) END) IS NULL AS notified
+       (CASE WHEN NOT r.blocked THEN pg_notify(%(channel)s, r.queue) END) IS NULL AS notified,
+       r.has_children
 FROM replayed AS r;
 
 -- name: queue_configure

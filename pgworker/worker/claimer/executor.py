@@ -152,6 +152,8 @@ class Executor:
         elapsed = time.perf_counter() - t0
         self.running = False
         self.interrupted = isinstance(error, KeyboardInterrupt)
+        if not ctx.committed:
+            _flush_progress(ctx)
         if traced:
             tracing.detach(token)
         avg = self.avg_run_seconds
@@ -345,3 +347,16 @@ async def _cancellable(coro: Any, ctx: JobContext) -> Any:
                 return await task
             except asyncio.CancelledError:
                 raise JobCancelled(f"job {ctx.job_id} was cancelled; its task was cancelled") from None
+
+
+def _flush_progress(ctx: JobContext) -> None:
+    """Write the handler's last progress that the throttle held back (its final "step 6/6").
+    A refused write (the lease moved on) or a database error changes nothing: the outcome's
+    own write decides the job, and a progress report is never a reason to fail it."""
+    try:
+        ctx.flush_progress()
+    except LeaseLost:
+        pass
+    except Exception as exc:  # noqa: BLE001 - a database or pool error: the outcome's write still goes
+        log.warning("job %s: its last progress report was not written: %s", ctx.job.id, exc,
+                    extra={"action": "progress_flush_failed", "job_id": ctx.job.id, "queue": ctx.job.queue})

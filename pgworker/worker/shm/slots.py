@@ -285,6 +285,15 @@ class SlotTable(HeaderAccess):
         except SlotTableBusy:
             return False
 
+    def try_mark_cancel(self, index: int, job_id: int, token: int) -> bool:
+        """Set the cancel flag as a renewal does (see :meth:`mark`), from the handler's own
+        progress write that read the request; False when the slot no longer holds the lease
+        or the lock stays taken (the supervisor stopped): the next renewal carries it then."""
+        try:
+            return self.mark(index, job_id, token, cancel=True)
+        except SlotTableBusy:
+            return False
+
     def renewed(self, renewals: Iterable[tuple[int, int, int, float, bool]], sent_at: float) -> None:
         """Record accepted renewals: (slot index, job id, token, new expiry in Unix seconds,
         cancellation requested), renewed by a statement sent at ``sent_at`` (monotonic)."""
