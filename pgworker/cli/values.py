@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import re
 
+from ..names import parse_id
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, None: 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -82,11 +84,8 @@ def _duration_or_none(text: str) -> float | None:
 
 
 def _job_id(text: str) -> int:
-    """A job (or graph) id: an integer from 1 to 2**63-1."""
+    """A job (or graph) id: ASCII digits, 1 to 2**63-1 (:func:`pgworker.names.parse_id`)."""
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an id: ids are whole numbers, e.g. 42") from None
-    if not 0 < value < 2**63:
-        raise argparse.ArgumentTypeError(f"{text} is no id: ids are 1 to 2**63-1")
-    return value
+        return parse_id(text, "id")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -76,3 +76,14 @@ def test_a_misspelt_list_filter_is_refused_instead_of_listing_every_job(console,
     assert r.status_code == 400 and "did you mean 'task'?" in r.json()["error"], r.text
     r = console.get("/api/jobs?task=wanted&sort=newest&cursor=", headers=AUTH)
     assert r.status_code == 200 and [j["task"] for j in r.json()["jobs"]] == ["wanted"], r.text
+
+
+@pytest.mark.parametrize("typed", ["\u0661\u0663", "\uff11\uff13", "1_3", "0", str(2**63)])
+def test_the_jump_to_a_job_takes_plain_ascii_digits(console, typed):
+    """str.isdigit() passed Arabic-Indic and fullwidth digits, and int() read them: typing
+    "١٣" opened job 13; an out-of-range id reached the database."""
+    r = console.get("/jobs", params={"id": typed}, headers=AUTH, allow_redirects=False)
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    assert "write ids as plain digits 0-9" in r.text or "ids are 1 to 2**63-1" in r.text, r.text[:2000]
+    r = console.get("/jobs", params={"id": "#13"}, headers=AUTH, allow_redirects=False)
+    assert r.status_code in (302, 303) and r.headers["location"].endswith("/jobs/13"), r.status_code
