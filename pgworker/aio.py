@@ -198,9 +198,10 @@ class AsyncProducer:
         """:meth:`App.wait_result` as a coroutine: wait up to ``timeout`` seconds for the job
         to finish and return its result, woken by the completion's NOTIFY (a LISTEN on a
         connection of its own, ``PGWORKER_LISTEN_DSN`` when set), re-reading at least every
-        ``poll_seconds`` (failures and cancellations send no NOTIFY). Raises
-        :class:`ResultTimeout`, and the errors of :meth:`aresult` for a job that ended
-        without one; ValueError for a negative timeout or a poll_seconds not above 0."""
+        ``poll_seconds`` (failures and cancellations send no NOTIFY); a lost connection is
+        opened again until the timeout. Raises :class:`ResultTimeout`,
+        :class:`DatabaseUnavailable` when the server could not be reached again before the
+        timeout, and the errors of :meth:`aresult` for a job that ended without one; ValueError for a negative timeout or a poll_seconds not above 0."""
         from . import results
 
         return await results.await_result(self.core, job_id, timeout=timeout, poll_seconds=poll_seconds)

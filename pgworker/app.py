@@ -319,8 +319,11 @@ class App(AsyncProducer, Admin):
 
         Woken by the NOTIFY of the statement that completes it (its own connection, with
         LISTEN), and re-reading at least every ``poll_seconds`` (a failure or cancellation
-        sends no notification). Raises :class:`ResultTimeout` (a ``TimeoutError``) at the
-        timeout, and what :meth:`result` raises once the job has finished.
+        sends no notification). A connection lost meanwhile (a server restart) is opened
+        again, with a short backoff, and the job read again. Raises :class:`ResultTimeout`
+        (a ``TimeoutError``) at the timeout, :class:`DatabaseUnavailable` when the server
+        could not be reached again before it, and what :meth:`result` raises once the job
+        has finished.
         """
         return results.wait_result(self.core, job_id, timeout=timeout, poll_seconds=poll_seconds)
 

@@ -116,20 +116,41 @@ READ_ONLY_HINT = ("the server is read-only (a standby after a failover, or defau
                   "is on): waiting for a writable primary; point PGWORKER_DSN at the primary")
 
 
+# Statements a live server refused for a reason of their own (psycopg classes these as
+# OperationalError too): the connection still works, so they are not an outage.
+STATEMENT_SQLSTATES = {"55P03": "lock timeout", "57014": "statement timeout or cancel", "40P01": "deadlock",
+                       "40001": "serialization failure"}
+# The server ending the session: admin_shutdown, crash_shutdown, cannot_connect_now.
+SERVER_GONE_SQLSTATES = ("57P01", "57P02", "57P03")
+
+
 def failure_kind(exc: BaseException) -> str:
-    """'read-only', 'prepared-statements' (a pooler), 'unreachable' or 'statement'."""
+    """'read-only', 'prepared-statements' (a pooler), 'unreachable' or 'statement'.
+
+    By SQLSTATE where the server sent one (PostgreSQL docs, Appendix A): class 08
+    (connection exception) and 57P01-57P03 (the server shutting down or starting) are
+    'unreachable'; any other (a lock or statement timeout, a deadlock, a serialization
+    failure, a data error) is 'statement': the server answered. Without one, a
+    connection that failed (OperationalError, InterfaceError, DatabaseUnavailable) is
+    'unreachable'."""
     state = getattr(exc, "sqlstate", None)
     if isinstance(exc, DatabaseReadOnly) or state == READ_ONLY_SQLSTATE:
         return "read-only"
     if state in PREPARED_STATEMENT_SQLSTATES:
         return "prepared-statements"
-    if isinstance(exc, (DatabaseUnavailable, psycopg.OperationalError, psycopg.InterfaceError)):
+    if isinstance(exc, DatabaseUnavailable):
+        return "unreachable"
+    if isinstance(state, str):
+        return "unreachable" if state.startswith("08") or state in SERVER_GONE_SQLSTATES else "statement"
+    if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
         return "unreachable"
     return "statement"
 
 
 def describe_failure(exc: BaseException, dsn: str | None = None) -> str:
-    """One line saying what went wrong with the database and what to do, password-free."""
+    """One line saying what went wrong with the database and what to do, password-free:
+    e.g. "PostgreSQL is unreachable (OperationalError: ...)", "statement failed (lock
+    timeout: canceling statement due to lock timeout)"."""
     kind = failure_kind(exc)
     if kind == "read-only":
         return READ_ONLY_HINT
@@ -141,16 +162,19 @@ def describe_failure(exc: BaseException, dsn: str | None = None) -> str:
         return text
     if kind == "unreachable":
         return f"PostgreSQL is unreachable ({type(exc).__name__}: {text})"
-    return f"statement failed ({type(exc).__name__}: {text})"
+    reason = STATEMENT_SQLSTATES.get(getattr(exc, "sqlstate", None) or "", type(exc).__name__)
+    return f"statement failed ({reason}: {text})"
 
 
 class OutageLog:
     """Reports a database outage once, not once per retry.
 
     ``failed(exc)`` logs the first failure of an outage (and any change of its kind:
-    unreachable, read-only, ...) at ERROR with a reason naming the fix; repeats go to
-    DEBUG. ``ok()`` logs the recovery once, with the outage's length in seconds. One per
-    component (a claimer, the listener, the renewer, the maintenance thread).
+    unreachable, read-only, statement, ...) at ERROR with a reason naming the fix; repeats
+    go to DEBUG. ``ok()`` logs the recovery once, with the outage's length in seconds:
+    "database back" after an outage, "statements succeed again" after statements the
+    server refused (a lock timeout is no outage). One per component (a claimer, the
+    listener, the renewer, the maintenance thread).
     """
 
     def __init__(self, logger: logging.Logger, component: str, dsn: str | None = None) -> None:
@@ -182,7 +206,8 @@ class OutageLog:
 
     def ok(self) -> None:
         if self.since is not None:
-            self.log.warning("%s: database back after %.1f s (%s failed attempts)", self.component,
+            what = "statements succeed again" if self.kind == "statement" else "database back"
+            self.log.warning("%s: %s after %.1f s (%s failed attempts)", self.component, what,
                              time.monotonic() - self.since, self.failures, extra={"action": "db_recovered"})
             self.since = None
             self.kind = None

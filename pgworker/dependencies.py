@@ -52,6 +52,9 @@ def _parents(spec: JobSpec, max_parents: int) -> list["int | str"]:
     deps = spec.depends_on or ()
     if isinstance(deps, (str, int)):
         raise InvalidJob("depends_on must be a list of job ids (or refs), not a single value: depends_on=[...]")
+    if not isinstance(deps, (list, tuple)):  # a dict (its keys), a set (no order), a generator (read once)
+        raise InvalidJob(f"depends_on must be a list or tuple of job ids (or refs), got a {type(deps).__name__}: "
+                         "pass depends_on=[id, ...] (list(...) of it)")
     out: list[int | str] = []
     seen: set[Any] = set()
     for d in deps:
@@ -66,8 +69,22 @@ def _parents(spec: JobSpec, max_parents: int) -> list["int | str"]:
         raise InvalidJob(f"a job may depend on at most max_parents ({max_parents}) jobs, got {len(out)}; "
                          "join them through an intermediate job, or raise PGWORKER_MAX_PARENTS")
     if spec.dedupe_key is not None or spec.ordering_key is not None:
-        raise InvalidJob("depends_on cannot be combined with dedupe_key or ordering_key (nothing was enqueued)")
+        raise InvalidJob(f"{_dependency_options(spec)} cannot be combined with {_key_options(spec)} "
+                         "(nothing was enqueued)")
     return out
+
+
+def _dependency_options(spec: JobSpec) -> str:
+    """The dependency options ``spec`` was given, as the error naming them says them."""
+    given = [name for name, on in (("depends_on", bool(spec.depends_on)), ("ref", spec.ref is not None),
+                                   ("graph_id", spec.graph_id is not None)) if on]
+    return " and ".join(given) or "depends_on"
+
+
+def _key_options(spec: JobSpec) -> str:
+    given = [name for name, value in (("dedupe_key", spec.dedupe_key), ("ordering_key", spec.ordering_key))
+             if value is not None]
+    return " and ".join(given)
 
 
 def enqueue_graph(store: Store, conn: psycopg.Connection, specs: Sequence[JobSpec], jobs: Sequence[PreparedJob], *,
@@ -98,8 +115,8 @@ def _checked(specs: Sequence[JobSpec], max_parents: int,
     parents_of: list[list[int | str]] = []
     for pos, spec in enumerate(specs):
         if spec.dedupe_key is not None or spec.ordering_key is not None:
-            raise InvalidJob("depends_on cannot be combined with dedupe_key or ordering_key (nothing was enqueued)"
-                             if single else
+            raise InvalidJob(f"{_dependency_options(spec)} cannot be combined with {_key_options(spec)} "
+                             "(nothing was enqueued)" if single else
                              f"job {pos} of the call: a call with dependencies cannot carry a dedupe_key or "
                              "ordering_key; enqueue those jobs in a call of their own (nothing was enqueued)")
         deps = _parents(spec, max_parents)

@@ -164,6 +164,26 @@ def bounded_text(text: str, max_chars: int) -> str:
     return text
 
 
+# A job (or graph) id as typed: ASCII digits only. int() also reads "1_3", " 5", "-0",
+# Arabic-Indic and fullwidth digits, which would name a job nobody typed.
+_ID_TEXT = re.compile(r"[0-9]+", re.ASCII)
+ID_MAX = 2**63 - 1  # bigint
+
+
+def parse_id(text: str, what: str = "job id") -> int:
+    """A job or graph id written as text: ASCII digits ``[0-9]+``, 1 to 2**63-1.
+
+    Raises ``ValueError`` naming the form wanted (no sign, space, underscore or other
+    digits)."""
+    if not _ID_TEXT.fullmatch(text):
+        raise ValueError(f"{what} {text!r} is not valid: write ids as plain digits 0-9, e.g. 42 "
+                         "(no sign, spaces, underscores or other scripts' digits)")
+    value = int(text)
+    if not 0 < value <= ID_MAX:
+        raise ValueError(f"{what} {text} is out of range: ids are 1 to 2**63-1")
+    return value
+
+
 def quantity(n: int, noun: str, plural: str | None = None) -> str:
     """``n`` and the noun, in the singular for 1 only: '1 claimer', '0 claimers', '4 claimers'.
 

@@ -22,6 +22,7 @@ The model (docs/results.md):
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -31,9 +32,8 @@ import psycopg
 from psycopg import sql
 
 from . import db
-from .connections import unreachable
-from .errors import JobDidNotSucceed, JobNotFound, ResultLost, ResultNotReady, ResultTimeout
-from .names import schema_flag
+from .errors import DatabaseUnavailable, JobDidNotSucceed, JobNotFound, ResultLost, ResultNotReady, ResultTimeout
+from .names import redact_dsn, schema_flag
 from .store.plan import arun
 
 if TYPE_CHECKING:
@@ -45,6 +45,11 @@ AsyncConnectionSource = Callable[[psycopg.AsyncConnection | None, str], AsyncCon
 RESULT_INVALID = "RESULT_INVALID"
 RESULT_TOO_LARGE = "RESULT_TOO_LARGE"
 WAIT_POLL_SECONDS = 1.0
+WAIT_APPLICATION_NAME = "pgworker-wait-result"
+# A wait whose connection was lost connects again after 0.1 s, doubling up to 2 s: a
+# restarting server is back within seconds, and the timeout bounds the whole wait.
+RECONNECT_FIRST_SECONDS = 0.1
+RECONNECT_MAX_SECONDS = 2.0
 
 # A JSON \u0000 escape: its backslash not itself escaped (an odd run of backslashes).
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
@@ -139,19 +144,38 @@ def wait_result(core: Core, job_id: int, *, timeout: float, poll_seconds: float 
     # A connection of its own (LISTEN is a session's: PGWORKER_LISTEN_DSN when set, the
     # direct connection a pooler deployment gives the listener), autocommit so each re-read
     # sees the latest commit; the LISTEN is sent before the first read, so a completion
-    # that commits in between is either read or notified, never missed.
+    # that commits in between is either read or notified, never missed. A connection lost
+    # meanwhile (a server restart) is opened again, LISTEN and read again, until the deadline.
     s = core.settings
-    with db.connect(s.effective_listen_dsn, application_name="pgworker-wait-result",
-                    prepare=s.prepared_statements) as conn:
-        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(core.store.results_channel)))
+    conn: psycopg.Connection | None = None
+    backoff = RECONNECT_FIRST_SECONDS
+    try:
         while True:
-            finished, value = _settled(job_id, core.store.job_result(conn, job_id), s.schema)
-            if finished:
-                return value
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ResultTimeout(f"job {job_id} had not finished after {timeout} s")
-            _wait_notify(conn, min(left, poll_seconds))
+            try:
+                if conn is None:
+                    conn = db.connect(s.effective_listen_dsn, application_name=WAIT_APPLICATION_NAME,
+                                      prepare=s.prepared_statements,
+                                      connect_timeout=_connect_timeout(deadline))
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(core.store.results_channel)))
+                finished, value = _settled(job_id, core.store.job_result(conn, job_id), s.schema)
+                if finished:
+                    return value
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ResultTimeout(f"job {job_id} had not finished after {timeout} s")
+                _wait_notify(conn, min(left, poll_seconds))
+                backoff = RECONNECT_FIRST_SECONDS
+            except (DatabaseUnavailable, psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                if not _lost(exc, conn):
+                    raise
+                if conn is not None:
+                    conn.close()
+                    conn = None
+                time.sleep(_backoff_or_give_up(core, job_id, exc, deadline, timeout, backoff))
+                backoff = min(backoff * 2, RECONNECT_MAX_SECONDS)
+    finally:
+        if conn is not None:
+            conn.close()
 
 
 def _wait_notify(conn: psycopg.Connection, seconds: float) -> None:
@@ -160,6 +184,31 @@ def _wait_notify(conn: psycopg.Connection, seconds: float) -> None:
         pass
     for _ in conn.notifies(timeout=0.0):  # the rest already received: one re-read covers them
         pass
+
+
+def _lost(exc: BaseException, conn: psycopg.Connection | psycopg.AsyncConnection | None) -> bool:
+    """The wait's connection is gone (open another), rather than its statement refused."""
+    return conn is None or conn.closed or conn.broken or db.failure_kind(exc) == "unreachable"
+
+
+def _connect_timeout(deadline: float) -> float:
+    """A connect attempt may not outlast the wait by much (libpq counts whole seconds, >= 1)."""
+    return min(db.CONNECT_TIMEOUT_SECONDS, max(1.0, deadline - time.monotonic()))
+
+
+def _backoff_or_give_up(core: Core, job_id: int, exc: BaseException, deadline: float, timeout: float,
+                        backoff: float) -> float:
+    """Seconds to sleep before connecting again; raises :class:`DatabaseUnavailable` (the
+    DSN's password redacted, with the fix) when the wait's timeout has run out."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        dsn = core.settings.effective_listen_dsn
+        raise DatabaseUnavailable(
+            f"waiting for job {job_id}'s result: PostgreSQL at {redact_dsn(dsn)!r} could not be reached before "
+            f"the timeout ({timeout} s) ended ({db.describe_failure(exc, dsn)}); check the DSN (PGWORKER_DSN, "
+            "or PGWORKER_LISTEN_DSN when set) and that the server is running, then wait again: the job "
+            "itself is not affected") from None
+    return min(backoff, left)
 
 
 async def aresult(core: Core, aconnection: AsyncConnectionSource, job_id: int,
@@ -175,33 +224,57 @@ async def await_result(core: Core, job_id: int, *, timeout: float, poll_seconds:
     """See :meth:`pgworker.App.await_result`: :func:`wait_result` on an async connection
     of its own (LISTEN is a session's, so not a pooled one), woken by the completion's
     NOTIFY and re-reading at least every ``poll_seconds``; never blocks the event loop
-    and holds no thread. Cancelling the awaiting task closes the connection."""
+    and holds no thread; a lost connection is opened again until the deadline.
+    Cancelling the awaiting task closes the connection."""
     _check_wait(timeout, poll_seconds)
     deadline = time.monotonic() + timeout
-    s = core.settings
-    db.check_dsn(s.effective_listen_dsn)
+    db.check_dsn(core.settings.effective_listen_dsn)
+    conn: psycopg.AsyncConnection | None = None
+    backoff = RECONNECT_FIRST_SECONDS
     try:
-        conn = await psycopg.AsyncConnection.connect(
-            s.effective_listen_dsn or "", autocommit=True, application_name="pgworker-wait-result",
-            connect_timeout=db.CONNECT_TIMEOUT_SECONDS, **db.KEEPALIVE_KWARGS)
-    except psycopg.OperationalError as exc:
-        raise unreachable(s, exc) from None
-    async with conn:
+        while True:
+            try:
+                if conn is None:
+                    conn = await _alisten(core, deadline)
+                finished, value = _settled(job_id, await arun(conn, core.store.job_result_plan(job_id)), core.settings.schema)
+                if finished:
+                    return value
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ResultTimeout(f"job {job_id} had not finished after {timeout} s")
+                async for _ in conn.notifies(timeout=min(left, poll_seconds), stop_after=1):
+                    pass
+                async for _ in conn.notifies(timeout=0.0):  # the rest already received: one re-read covers them
+                    pass
+                backoff = RECONNECT_FIRST_SECONDS
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                if not _lost(exc, conn):
+                    raise
+                if conn is not None:
+                    await conn.close()
+                    conn = None
+                await asyncio.sleep(_backoff_or_give_up(core, job_id, exc, deadline, timeout, backoff))
+                backoff = min(backoff * 2, RECONNECT_MAX_SECONDS)
+    finally:
+        if conn is not None:
+            await conn.close()
+
+
+async def _alisten(core: Core, deadline: float) -> psycopg.AsyncConnection:
+    """The wait's async connection, LISTENing (before the first read: a completion
+    committed in between is read or notified)."""
+    s = core.settings
+    conn = await psycopg.AsyncConnection.connect(
+        s.effective_listen_dsn or "", autocommit=True, application_name=WAIT_APPLICATION_NAME,
+        connect_timeout=max(1, int(_connect_timeout(deadline))), **db.KEEPALIVE_KWARGS)
+    try:
         if not s.prepared_statements:
             conn.prepare_threshold = None
-        # LISTEN before the first read: a completion committed in between is read or notified
         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(core.store.results_channel)))
-        while True:
-            finished, value = _settled(job_id, await arun(conn, core.store.job_result_plan(job_id)), s.schema)
-            if finished:
-                return value
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ResultTimeout(f"job {job_id} had not finished after {timeout} s")
-            async for _ in conn.notifies(timeout=min(left, poll_seconds), stop_after=1):
-                pass
-            async for _ in conn.notifies(timeout=0.0):  # the rest already received: one re-read covers them
-                pass
+    except BaseException:
+        await conn.close()
+        raise
+    return conn
 
 
 async def wait_result_async(core: Core, job_id: int, *, timeout: float,

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..names import bounded_text, quantity, schema_flag
-from .output import emit
+from .output import emit, visible
 from .values import EXIT_USAGE
 from .settings import _make_app
 
@@ -71,6 +71,10 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             # what a dead job does to its ordering key: meaningless without one (JSON keeps
             # every column, for scripts)
             job.pop("dead_blocks_key", None)
+        if not args.json:
+            # free text printed as is could write lines of its own (a progress message of
+            # "...\r\nFAKE LOG LINE"); lists and dicts are printed as JSON, escaped already
+            job = {k: visible(v) if isinstance(v, str) else v for k, v in job.items()}
         if not args.json:  # one line per parent and child: id (task): state
             for side in ("parents", "children"):
                 if side in job:

@@ -124,13 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--state", type=_job_state, choices=("pending", "running", "succeeded", "dead", "cancelled"),
                        help="only jobs in this state")
         q.add_argument("--limit", type=_positive_int, default=50, metavar="N", help="at most N jobs, newest first")
-        q.add_argument("--graph", type=int, metavar="ID", help="only the jobs of this graph (docs/graphs.md)")
+        q.add_argument("--graph", type=_job_id, metavar="ID", help="only the jobs of this graph (docs/graphs.md)")
     js = jsub.add_parser("show", help="one job in full")
     _common(js)
-    js.add_argument("id", type=int, help="the job's id")
+    js.add_argument("id", type=_job_id, help="the job's id")
     jr = jsub.add_parser("retry", help="retry now: a pending job scheduled later becomes due at once (audited)")
     _common(jr)
-    jr.add_argument("id", type=int, help="the job's id")
+    jr.add_argument("id", type=_job_id, help="the job's id")
 
     p = sub.add_parser("dead", help="dead jobs: list or replay")
     _common(p)
@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     dk.add_argument("--limit", type=_positive_int, default=100, metavar="N", help="at most N keys, oldest first")
     dr = dsub.add_parser("replay", help="replay dead jobs by id, or --queue Q --all")
     _common(dr)
-    dr.add_argument("ids", nargs="*", type=int, metavar="ID", help="dead jobs to put back to pending")
+    dr.add_argument("ids", nargs="*", type=_job_id, metavar="ID", help="dead jobs to put back to pending")
     dr.add_argument("--queue", help="with --all: the queue whose dead jobs to replay")
     dr.add_argument("--all", action="store_true", help="every dead job of --queue")
     dr.add_argument("--limit", type=_positive_int, default=10_000, metavar="N", help="with --all: at most N jobs")
@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     esub = p.add_subparsers(dest="effects_command", metavar="resolve")
     er = esub.add_parser("resolve", help="mark an uncertain effect done with its result, or --retry it")
     _common(er)
-    er.add_argument("id", type=int, help="the job's id")
+    er.add_argument("id", type=_job_id, help="the job's id")
     er.add_argument("name", help="the effect's name (see `pgworker jobs show ID`)")
     how = er.add_mutually_exclusive_group(required=True)
     how.add_argument("--result", metavar="JSON", help="the destination says it happened: record this result")
@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("cancel", help="cancel a job (a running one is asked to stop)")
     _common(p)
-    p.add_argument("id", type=int, help="the job's id")
+    p.add_argument("id", type=_job_id, help="the job's id")
 
     p = sub.add_parser("prune", help="delete succeeded and cancelled jobs older than a retention")
     _common(p)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import re
 
+from ..names import parse_id
+
 #: The exit status of a usage error (argparse's own): the command line itself is wrong.
 EXIT_USAGE = 2
 
@@ -85,11 +87,8 @@ def _duration_or_none(text: str) -> float | None:
 
 
 def _job_id(text: str) -> int:
-    """A job (or graph) id: an integer from 1 to 2**63-1."""
+    """A job (or graph) id: ASCII digits, 1 to 2**63-1 (:func:`pgworker.names.parse_id`)."""
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an id: ids are whole numbers, e.g. 42") from None
-    if not 0 < value < 2**63:
-        raise argparse.ArgumentTypeError(f"{text} is no id: ids are 1 to 2**63-1")
-    return value
+        return parse_id(text, "id")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -58,9 +58,10 @@ def test_replay_then_cancel_a_graph_from_the_command_line(env, pg_dsn, conn):
 @pytest.mark.parametrize("args, code, fragment", [
     (("graphs", "cancel", "987654"), 1, "there is no graph 987654 in schema"),
     (("graphs", "replay", "987654"), 1, "there is no graph 987654 in schema"),
-    (("graphs", "cancel", "abc"), 2, "'abc' is not an id: ids are whole numbers"),
-    (("graphs", "replay", "0"), 2, "0 is no id: ids are 1 to 2**63-1"),
-    (("graphs", "replay", str(2**63)), 2, "is no id"),
+    (("graphs", "cancel", "abc"), 2, "id 'abc' is not valid: write ids as plain digits 0-9"),
+    (("graphs", "cancel", "1_0"), 2, "id '1_0' is not valid"),  # int() reads it as 10
+    (("graphs", "replay", "0"), 2, "id 0 is out of range: ids are 1 to 2**63-1"),
+    (("graphs", "replay", str(2**63)), 2, "is out of range"),
     (("graphs",), 2, "required: cancel|replay"),
 ])
 def test_a_missing_or_malformed_graph_id_is_a_clear_error(app, pg_dsn, args, code, fragment):

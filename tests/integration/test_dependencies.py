@@ -222,6 +222,9 @@ def test_bad_input_is_refused_and_enqueues_nothing(app, conn, pg_dsn):
             (lambda: app.enqueue("t", depends_on=[parent], dedupe_key="k"), "dedupe_key"),
             (lambda: app.enqueue("t", depends_on=[parent], ordering_key="k"), "ordering_key"),
             (lambda: app.enqueue("t", depends_on=parent), "list"),
+            (lambda: app.enqueue("t", depends_on={parent: 1}), "list or tuple of job ids (or refs), got a dict"),
+            (lambda: app.enqueue("t", depends_on={parent}), "got a set"),
+            (lambda: app.enqueue_many([JobSpec("t", depends_on={parent: 1})]), "got a dict"),
             (lambda: app.enqueue("t", depends_on=[2**70]), "no job can have"),
             (lambda: app.chain([]), "at least one job"),
             (lambda: app.group([]), "at least one job"),
@@ -419,6 +422,12 @@ def test_graph_id_must_name_an_existing_graph(app, conn):
         with pytest.raises(InvalidJob, match="nothing was enqueued"):
             app.enqueue_many([JobSpec("g", 5, ref="a"),
                               JobSpec("g", 6, depends_on=["a"], graph_id=bad)])
+    # the refusal names the options given: graph_id with an ordering key, no depends_on
+    with pytest.raises(InvalidJob, match="^graph_id cannot be combined with ordering_key "):
+        app.enqueue("g", 4, graph_id=graph.graph_id, ordering_key="k")
+    with pytest.raises(InvalidJob, match="^depends_on and graph_id cannot be combined with dedupe_key and "
+                                         "ordering_key "):
+        app.enqueue("g", 4, depends_on=[graph.ids[0]], graph_id=graph.graph_id, dedupe_key="d", ordering_key="k")
     for bad in (0, -1, 2**63):
         with pytest.raises(InvalidJob, match="is no job id"):
             app.enqueue("g", 7, graph_id=bad)

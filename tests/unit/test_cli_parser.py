@@ -168,3 +168,36 @@ def test_negative_numbers_and_payloads_still_parse():
     argv = attach_negative_values(parser, ["enqueue", "t", "--priority", "-5", "--payload", "-1", "--json"])
     args = parser.parse_args(argv)
     assert args.priority == -5 and args.payload == "-1" and args.json
+
+
+ID_COMMANDS = [["jobs", "show"], ["jobs", "retry"], ["cancel"], ["dead", "replay"], ["graphs", "cancel"],
+               ["graphs", "replay"], ["effects", "resolve", "--retry"], ["jobs", "list", "--graph"]]
+
+
+@pytest.mark.parametrize("text, said", [
+    ("1_3", "is not valid: write ids as plain digits 0-9"),  # int() read 13
+    ("\u0661\u0663", "is not valid"),  # Arabic-Indic 13
+    ("\uff10\uff15", "is not valid"),  # fullwidth 05
+    (" 5", "is not valid"), ("+5", "is not valid"), ("5.0", "is not valid"),
+    ("0", "id 0 is out of range: ids are 1 to 2**63-1"), ("-0", "id '-0' is not valid"),
+    ("000", "out of range"), (str(2**63), "out of range"),
+])
+@pytest.mark.parametrize("command", ID_COMMANDS, ids=" ".join)
+def test_an_id_is_plain_ascii_digits_from_1(command, text, said, capsys):
+    """int() accepts underscores, spaces, signs and any script's digits: `jobs show 1_3`
+    showed job 13, `graphs cancel 1_0` cancelled graph 10, `jobs show -- -0` said "no job 0"."""
+    from pgworker import cli
+
+    argv = [*command, "--", text] if command[-1] != "--graph" else [*command, text]
+    if command[0] == "effects":
+        argv = ["effects", "resolve", "--retry", "--", text, "name"]
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and said in err, err
+
+
+def test_a_plain_id_parses():
+    args = build_parser().parse_args(["jobs", "show", "0042"])
+    assert args.id == 42
+    assert build_parser().parse_args(["graphs", "cancel", str(2**63 - 1)]).graph_id == 2**63 - 1

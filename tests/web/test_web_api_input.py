@@ -91,3 +91,14 @@ def test_the_html_job_list_refuses_unknown_query_keys_and_says_where_a_graph_is_
         r.text
     r = console.get("/jobs?task=wanted&sort=newest&cursor=&id=", headers=AUTH)
     assert r.status_code == 200 and "wanted" in r.text
+
+
+@pytest.mark.parametrize("typed", ["\u0661\u0663", "\uff11\uff13", "1_3", "0", str(2**63)])
+def test_the_jump_to_a_job_takes_plain_ascii_digits(console, typed):
+    """str.isdigit() passed Arabic-Indic and fullwidth digits, and int() read them: typing
+    "١٣" opened job 13; an out-of-range id reached the database."""
+    r = console.get("/jobs", params={"id": typed}, headers=AUTH, allow_redirects=False)
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    assert "write ids as plain digits 0-9" in r.text or "ids are 1 to 2**63-1" in r.text, r.text[:2000]
+    r = console.get("/jobs", params={"id": "#13"}, headers=AUTH, allow_redirects=False)
+    assert r.status_code in (302, 303) and r.headers["location"].endswith("/jobs/13"), r.status_code

@@ -13,6 +13,7 @@ from starlette.routing import Route
 
 from ...errors import ConfigError
 from ...jobfilter import JobFilter
+from ...names import parse_id
 from .jobs import FAR, NEWEST, _keyset
 
 SELECTION_MAX = 1000
@@ -56,7 +57,10 @@ async def dead_selection(request: Request) -> Response:
     if verb not in ("replay", "discard"):
         raise ConfigError("choose replay or discard")
     ctx.require(verb)
-    ids = sorted({int(v) for v in form.getlist("ids") if str(v).isdigit()})
+    try:  # a checkbox's value is an id the page wrote; anything else was not typed by the page
+        ids = sorted({parse_id(str(v)) for v in form.getlist("ids")})
+    except ValueError as exc:
+        raise ConfigError(f"{exc}; tick the jobs on the dead page") from None
     if not ids:
         raise ConfigError("no job was selected: tick the jobs first")
     if len(ids) > SELECTION_MAX:

@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ...jobfilter import KEYS, FilterError, JobFilter, check_keys
+from ...names import parse_id
 
 NEWEST = 2**63 - 1
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -131,9 +132,11 @@ async def jobs(request: Request) -> Response:
     ctx = await console.enter(request)
     raw_id = (request.query_params.get("id") or "").strip().lstrip("#")
     if raw_id:
-        if not raw_id.isdigit():
-            raise FilterError(f"job id {raw_id!r} is not a number")
-        return ctx.redirect(f"/jobs/{int(raw_id)}")
+        try:
+            job_id = parse_id(raw_id)
+        except ValueError as exc:  # str.isdigit() also passes Arabic-Indic or fullwidth digits
+            raise FilterError(str(exc)) from None
+        return ctx.redirect(f"/jobs/{job_id}")
     try:
         check_list_keys(request.query_params, "id")  # ?graph=18 and misspelt keys were ignored
         data = await ctx.db(jobs_data, ctx, request.query_params)
