@@ -18,6 +18,7 @@ import dataclasses
 import inspect
 
 from . import cli
+from .cli import values as cli_values
 from .app import App
 from .config import Settings
 from .jobs import MAX_DELAY_SECONDS
@@ -216,7 +217,8 @@ def _value(action: argparse.Action) -> str:
         return " or ".join(_code(str(c)) for c in action.choices)
     kind = {cli.parse_duration: DURATION, cli._duration_or_none: f"{DURATION} or `none`", int: "integer",
             float: "number", cli._int_or_none: "integer or `none`",
-            cli._float_or_none: "number or `none`"}.get(action.type, "text")
+            cli._float_or_none: "number or `none`", cli_values._job_id: "id (digits, 1 to 2**63-1)",
+            cli_values._positive_int: "integer, at least 1"}.get(action.type, "text")
     return kind + {"*": ", any number", "+": ", one or more"}.get(str(action.nargs), "")
 
 
