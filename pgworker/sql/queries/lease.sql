@@ -117,11 +117,13 @@ WITH f AS (
     -- claimers whose batches share children then queue on the first shared child instead
     -- of locking them in opposite orders (DeadlockDetected, or lock waits up to
     -- lock_timeout while the batch's leases expired unrenewed). Costs nothing for a batch
-    -- without parents: the array of parents is empty, and nothing is probed.
+    -- without parents: the array of parents is empty, and nothing is probed. (Arrays, not
+    -- a join: the children are found through the edges' and the jobs' primary keys
+    -- whatever the planner thinks of the table sizes, never by a scan of jobs.)
     SELECT count(*) AS n FROM (
         SELECT 1 FROM {schema}.jobs AS c
-        WHERE c.id IN (SELECT d.child_id FROM {schema}.job_dependencies AS d
-                       WHERE d.parent_id = ANY (ARRAY(SELECT id FROM done WHERE has_children)))
+        WHERE c.id = ANY (ARRAY(SELECT d.child_id FROM {schema}.job_dependencies AS d
+                                WHERE d.parent_id = ANY (ARRAY(SELECT id FROM done WHERE has_children))))
         ORDER BY c.id
         FOR NO KEY UPDATE OF c
     ) AS l
