@@ -32,6 +32,11 @@ the SQL that enforces the database side is in ``pgworker/sql/queries/lease.sql``
    operation ``renew``). A renewal never waits on a row another session holds locked: that
    lease is skipped (neither renewed nor refused), logged, and tried again; a row locked
    for a whole lease falls under rule 3 like any lease without an accepted renewal.
+   The pod's own outcome statement holds its jobs' rows too, so the renewal skips them
+   while it runs: its waits must stay short. The success statement takes its parents'
+   dependents' locks in id order (``job_complete``'s ``children_locked``), so two
+   claimers' writes queue instead of deadlocking; a write that waits a whole lease on
+   another session's lock still lets its leases expire (docs/reliability.md, Known limits).
 
 3. **Presuming a lease lost.** When ``lease_seconds`` have passed since the last accepted
    renewal was sent (or since the claim was sent) the lease has expired in the database

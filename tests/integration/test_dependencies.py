@@ -518,3 +518,52 @@ def test_a_replay_requeues_a_wide_layer_in_batches(app, conn, monkeypatch):
     result = app.replay([p])
     assert sorted(result.requeued) == sorted(children + [below])
     assert {state(conn, schema, i)[0] for i in children + [below]} == {"pending"}
+
+
+def test_batches_completing_parents_with_shared_children_never_deadlock(app, conn, pg_dsn):
+    """Two batched successes whose parents share children lock the children in one order
+    (job_complete's children_locked), not parent by parent as the trigger meets them.
+    The old order deadlocked here for certain: batch 1 locked X (through A), then waited
+    on Z (through E; held by a third session); batch 2 locked Y (through C) and waited on
+    X; freed, batch 1 went on to Y (through B): a cycle, DeadlockDetected (in a worker,
+    a batch whose leases expired unrenewed while it waited, and the reaper killed them)."""
+    schema = app.settings.schema
+    a, e, b, c, d = (app.enqueue("t") for _ in range(5))
+    x = app.enqueue("t", depends_on=[a, d])
+    y = app.enqueue("t", depends_on=[b, c])
+    z = app.enqueue("t", depends_on=[e])
+    jobs = {j.id: j for j in app.claim(limit=5)}
+    assert set(jobs) == {a, e, b, c, d}
+    errors: list[BaseException] = []
+
+    def finish(c, ids):
+        try:
+            assert app.store.complete(c, [jobs[i].lease for i in ids]).ok
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    def waiting(c):
+        for _ in range(250):
+            if q(conn, schema, "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                 c.info.backend_pid) == [("Lock",)]:
+                return
+            threading.Event().wait(0.02)
+        raise AssertionError("the batch never waited for a lock")
+
+    with psycopg.connect(pg_dsn) as holder, \
+            psycopg.connect(pg_dsn, autocommit=True) as c1, psycopg.connect(pg_dsn, autocommit=True) as c2:
+        for session in (c1, c2):  # the update meets the parents in the batch's order (their ids' order)
+            session.execute("SET enable_seqscan = off; SET enable_bitmapscan = off; "
+                            "SET enable_hashjoin = off; SET enable_mergejoin = off")
+        q(holder, schema, "SELECT 1 FROM {s}.jobs WHERE id = %s FOR NO KEY UPDATE", z)
+        first = threading.Thread(target=finish, args=(c1, [a, e, b]))
+        first.start()
+        waiting(c1)
+        second = threading.Thread(target=finish, args=(c2, [c, d]))
+        second.start()
+        waiting(c2)
+        holder.commit()
+        first.join(10)
+        second.join(10)
+    assert not errors, errors
+    assert {i: state(conn, schema, i)[:3] for i in (x, y, z)} == {i: ("pending", False, 0) for i in (x, y, z)}

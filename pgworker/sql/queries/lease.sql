@@ -112,7 +112,24 @@ WITH f AS (
         dedupe_until = CASE WHEN j.dedupe_key IS NOT NULL THEN now() + j.dedupe_window END
     FROM f
     WHERE j.id = f.id AND j.state::text = 'running' AND j.lease_token = f.token
-    RETURNING j.id, j.lease_token, j.ordering_key, f.has_result, f.result
+    RETURNING j.id, j.lease_token, j.ordering_key, f.has_result, f.result, j.has_children
+), children_locked AS (
+    -- The dependents of this statement's parents, locked in id order before the
+    -- dependency trigger (job_dependencies_settle, an AFTER ROW trigger: it fires at the
+    -- end of this statement, parent by parent in the update's order) updates them. Two
+    -- claimers whose batches share children then queue on the first shared child instead
+    -- of locking them in opposite orders (DeadlockDetected, or lock waits up to
+    -- lock_timeout while the batch's leases expired unrenewed). Costs nothing for a batch
+    -- without parents: the array of parents is empty, and nothing is probed. (Arrays, not
+    -- a join: the children are found through the edges' and the jobs' primary keys
+    -- whatever the planner thinks of the table sizes, never by a scan of jobs.)
+    SELECT count(*) AS n FROM (
+        SELECT 1 FROM {schema}.jobs AS c
+        WHERE c.id = ANY (ARRAY(SELECT d.child_id FROM {schema}.job_dependencies AS d
+                                WHERE d.parent_id = ANY (ARRAY(SELECT id FROM done WHERE has_children))))
+        ORDER BY c.id
+        FOR NO KEY UPDATE OF c
+    ) AS l
 ), stored AS (
     INSERT INTO {schema}.job_results (job_id, result)
     SELECT id, result::jsonb FROM done WHERE has_result
@@ -120,7 +137,8 @@ WITH f AS (
     RETURNING job_id
 )
 SELECT id, lease_token, ordering_key FROM done
-WHERE (SELECT count(pg_notify(%(results_channel)s, '')) FROM (SELECT 1 FROM done LIMIT 1) AS any_done) >= 0;
+WHERE (SELECT count(pg_notify(%(results_channel)s, '')) FROM (SELECT 1 FROM done LIMIT 1) AS any_done) >= 0
+  AND (SELECT n FROM children_locked) >= 0;
 
 -- name: job_fail
 -- Record failed attempts. Each goes back to pending at now() + its delay (the task's
