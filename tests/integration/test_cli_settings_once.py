@@ -10,6 +10,7 @@ and db.connect's when the first connection opens.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,9 @@ def counted(app, monkeypatch):
     monkeypatch.setenv("PGWORKER_DSN", app.settings.dsn)
     monkeypatch.setenv("PGWORKER_SCHEMA", app.settings.schema)
     monkeypatch.chdir(Path(__file__).parents[2])  # the --app path is the repository's
+    # --app loads the file once per process (pgworker.loader keeps it in sys.modules): an
+    # earlier test's load would hand this call an App built from another environment
+    monkeypatch.delitem(sys.modules, "pgworker_app_typed_app", raising=False)
     counts = {"settings": 0, "check_dsn": 0}
     post_init, check_dsn = config.Settings.__post_init__, db.check_dsn
 
