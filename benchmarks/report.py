@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import capacity
 from .targets import issue_table, targets
 
 MiB = 1024 * 1024
@@ -180,6 +181,7 @@ def markdown(doc: dict[str, Any], plan: Any) -> str:
                          f"{f' ({_n(whole, 1)})' if whole is not None else ''} | "
                          f"{_n(_get(doc, key, 'wal_bytes_per_job'))} |")
         lines.append("")
+    lines += capacity.markdown(doc)
     if "snapshot growth" in r:
         k = "snapshot growth"
         lines += [f"## Claims under a held snapshot ({c} claimers, defaults; {_n(_get(doc, k, 'jobs'))} due jobs, "

@@ -35,12 +35,12 @@ ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks import cases, report, targets  # noqa: E402
+from benchmarks import capacity, cases, report, targets  # noqa: E402
 from benchmarks.common import connect, find_dsn  # noqa: E402
 from benchmarks.drain_runs import Observability  # noqa: E402
 
 # Sections of the default run (issue 23's targets), and those only asked for by name.
-SECTIONS = ("cost", "enqueue", "obs", "startup", "snapshot", "latency", "idle", "traps", "peers")
+SECTIONS = ("cost", "capacity", "enqueue", "obs", "startup", "snapshot", "latency", "idle", "traps", "peers")
 OPTIONAL = ("matrix", "growth", "scale")
 
 
@@ -62,6 +62,7 @@ class Plan:
     poll_interval: float
     peer_jobs: int
     startup_claimers: tuple[int, ...] = (1, 4, 16)
+    capacity_jobs: int = 20_000           # enqueued for the enqueue's server cost (the capacity model)
     snap_milestones: tuple[int, ...] = (10_000, 100_000, 1_000_000)
     snap_budget: float = 150.0            # seconds the held-snapshot drain may run
     idle_pods: int = 3
@@ -94,7 +95,7 @@ QUICK = Plan(repeat=1, clients=4, cost_jobs=30_000, obs_jobs=30_000, enqueue_sec
              growth=((1_000, 0), (30_000, 0), (30_000, 100_000)), scale_jobs=30_000)
 SMALLEST = Plan(repeat=1, clients=2, cost_jobs=400, obs_jobs=200, enqueue_seconds=0.3, enqueue_many_seconds=0.3,
                 enqueue_many_batch=1_000, latency_jobs=10, latency_gap=0.01, poll_jobs=5, poll_gap=0.02,
-                poll_interval=0.2, peer_jobs=200, startup_claimers=(1, 2), snap_milestones=(100, 200),
+                poll_interval=0.2, peer_jobs=200, startup_claimers=(1, 2), capacity_jobs=2_000, snap_milestones=(100, 200),
                 snap_budget=20.0, idle_pods=1, idle_claimers=2, idle_seconds=2.0, trap_rows=1_000, trap_due=200,
                 matrix_clients=(1,), batches=(10,), drain_jobs={10: 200, None: 200}, growth=((200, 0), (200, 1_000)),
                 scale_pods=(1, 2), scale_claimers=1, scale_jobs=400)
@@ -163,6 +164,9 @@ def run(dsn: str, plan: Plan, sections: tuple[str, ...], peers: bool, before: st
             _measure(r, "cost pgbench", lambda: cases.sql_ceiling(dsn, clients=c, batch=100, jobs=jobs))
             _measure(r, "cost pgworker b100", lambda: cases.pgworker_drain(dsn, clients=c, batch=100, jobs=jobs,
                                                                             obs=api))
+        if "capacity" in sections:  # the enqueue's server cost, for the capacity model (with cost's figures)
+            _measure(r, "capacity ref enqueue", lambda: capacity.reference_enqueue_cost(dsn, jobs=plan.capacity_jobs))
+            _measure(r, "capacity enqueue", lambda: capacity.enqueue_cost(dsn, jobs=plan.capacity_jobs))
         if "obs" in sections or "cost" in sections:  # the drain with defaults, and what tracing costs
             _measure(r, "obs metrics+api", lambda: cases.pgworker_drain(dsn, clients=c, batch=None,
                                                                         jobs=plan.obs_jobs, obs=api))
