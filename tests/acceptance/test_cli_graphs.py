@@ -8,18 +8,9 @@ import pytest
 from pg import wait_until
 from pgworker import JobSpec
 from test_cli import cli, js
-from worker import ACCEPTANCE_APP, Worker, create_ledger, q
+from worker import Worker, q
 
 pytestmark = pytest.mark.acceptance
-
-
-@pytest.fixture
-def env(app, pg_dsn):
-    from pgworker.loader import load_app
-
-    create_ledger(pg_dsn, app.settings.schema)
-    app.tasks.update(load_app(ACCEPTANCE_APP).tasks)
-    return app
 
 
 def states(conn, schema, ids):
