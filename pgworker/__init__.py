@@ -12,6 +12,7 @@ from .context import JobContext
 from .errors import (
     AlreadyEnqueued,
     ConfigError,
+    DatabaseBusy,
     DatabaseUnavailable,
     EffectUncertain,
     InvalidJob,
@@ -46,7 +47,7 @@ __all__ = [
     "App", "Settings", "JobContext", "Task", "JobSpec", "RetryPolicy", "FailureClass",
     "ClaimedJob", "Lease", "FenceReport", "JobState", "Outcome", "ReplayResult",
     "PgworkerError", "ConfigError", "InvalidName", "InvalidJob", "PayloadError", "InvalidPayload",
-    "DatabaseUnavailable", "SchemaVersionError", "SchemaNotMigrated", "SchemaTooNew",
+    "DatabaseUnavailable", "DatabaseBusy", "SchemaVersionError", "SchemaNotMigrated", "SchemaTooNew",
     "LeaseLost", "Permanent", "Retry", "Snooze", "JobCancelled", "UnknownTask",
     "QueuePaused", "AlreadyEnqueued", "StepError", "EffectUncertain", "NOT_DONE",
     "ResultNotReady", "JobDidNotSucceed", "JobNotFound", "ResultLost", "ResultTimeout",

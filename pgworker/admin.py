@@ -30,11 +30,12 @@ class Admin:
     # -- jobs -----------------------------------------------------------------------
 
     def cancel(self, job_id: int, *, actor: str | None = None,
-               conn: psycopg.Connection | None = None) -> str | None:
+               conn: psycopg.Connection | None = None, reason: str | None = None) -> str | None:
         """Cancel a job: pending or dead jobs become cancelled at once ('cancelled' is
         returned); a running job gets a cancellation request its worker sees at the next
-        lease renewal ('running' is returned). None when the job is finished or unknown."""
-        return operations.cancel(self.core, job_id, actor=actor, conn=conn)
+        lease renewal ('running' is returned). None when the job is finished or unknown.
+        ``reason``: kept in the audit trail (at most 500 characters; `jobs show`, the console)."""
+        return operations.cancel(self.core, job_id, actor=actor, conn=conn, reason=reason)
 
     def replay(self, job_ids: Sequence[int] = (), *, queue: str | None = None, limit: int = 1000,
                actor: str | None = None, clean: bool = False) -> ReplayResult:
@@ -138,9 +139,9 @@ class Admin:
 
     # -- graphs (docs/graphs.md) ----------------------------------------------------
 
-    def cancel_graph(self, graph_id: int, *, actor: str | None = None) -> dict[str, Any]:
+    def cancel_graph(self, graph_id: int, *, actor: str | None = None, reason: str | None = None) -> dict[str, Any]:
         """Cancel every unfinished job of a graph; see :func:`pgworker.graphs.cancel_graph`."""
-        return graphs.cancel_graph(self.core, graph_id, actor=actor)
+        return graphs.cancel_graph(self.core, graph_id, actor=actor, reason=reason)
 
     def replay_graph(self, graph_id: int, *, actor: str | None = None) -> graphs.ReplayedGraph:
         """Replay a graph's dead jobs and what their death cancelled; see :func:`pgworker.graphs.replay_graph`."""

@@ -13,7 +13,7 @@ import psycopg
 
 from . import db
 from .config import Settings
-from .errors import ConfigError, DatabaseReadOnly, DatabaseUnavailable, PoolerError, SchemaNotMigrated
+from .errors import ConfigError, DatabaseBusy, DatabaseReadOnly, DatabaseUnavailable, PoolerError, SchemaNotMigrated
 from .names import dsn_password, redact, redact_dsn
 
 POOL_MAX_SIZE = 4
@@ -101,10 +101,24 @@ def _schema_not_migrated(settings: Settings, exc: psycopg.Error) -> SchemaNotMig
         f"`pgworker migrate` (or App.migrate()) with the same DSN and schema")
 
 
+#: What to do about a statement the server gave up on (DatabaseBusy), by SQLSTATE.
+BUSY_HINTS = {
+    "55P03": "another session holds a lock this statement needs (an open transaction, say 'idle in "
+             "transaction' in pg_stat_activity); retry once it ends, end that session, or raise lock_timeout "
+             "(PGWORKER_LOCK_TIMEOUT_SECONDS, or the role's setting)",
+    "57014": "the statement ran past statement_timeout or was cancelled; retry, or raise statement_timeout "
+             "(PGWORKER_STATEMENT_TIMEOUT_SECONDS, or the role's setting)",
+    "40P01": "it lost a deadlock with another session; retry",
+    "40001": "it lost a serialization conflict with another session; retry",
+}
+
+
 @contextlib.contextmanager
 def database_errors(settings: Settings) -> Iterator[None]:
     """Turn the database's failures inside the block into pgworker's errors: a missing
-    schema, an unreachable or read-only server, a pooler without prepared statements."""
+    schema, an unreachable or read-only server, a pooler without prepared statements, a
+    statement the server gave up on (a lock or statement timeout, a deadlock: DatabaseBusy,
+    never DatabaseUnavailable: the server is reachable)."""
     try:
         yield
     except psycopg.errors.UndefinedObject as exc:
@@ -116,6 +130,10 @@ def database_errors(settings: Settings) -> Iterator[None]:
             psycopg.errors.UndefinedFunction) as exc:
         raise _schema_not_migrated(settings, exc) from None
     except psycopg.OperationalError as exc:
+        if db.failure_kind(exc) == "statement" and exc.sqlstate in BUSY_HINTS:
+            # the server answered: a timeout or a conflict is not an unreachable database
+            raise DatabaseBusy(f"{db.describe_failure(exc, settings.dsn)}; nothing was written: "
+                               f"{BUSY_HINTS[exc.sqlstate]}", exc.sqlstate) from None
         raise DatabaseUnavailable(
             f"database error: {redact(str(exc), dsn_password(settings.dsn), settings.dsn)}; "
             "the job state is unknown only if the failure came after the statement was sent") from None

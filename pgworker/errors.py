@@ -39,6 +39,18 @@ class DatabaseUnavailable(PgworkerError):
     """PostgreSQL cannot be reached; check the DSN (PGWORKER_DSN) and that the server is up."""
 
 
+class DatabaseBusy(PgworkerError):
+    """The server answered, but a statement gave up: it waited past ``lock_timeout`` for a
+    lock another session holds (SQLSTATE 55P03), ran past ``statement_timeout`` or was
+    cancelled (57014), or lost a deadlock or a serialization conflict (40P01, 40001).
+    Nothing the statement did was kept; ``sqlstate`` says which, the message names the
+    fix (retry; find the session holding the lock; raise the timeout)."""
+
+    def __init__(self, message: str, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
 class DatabaseReadOnly(DatabaseUnavailable):
     """The server accepts connections but refuses writes (a standby after a failover, or
     ``default_transaction_read_only`` is on); point PGWORKER_DSN at the writable primary."""

@@ -61,17 +61,19 @@ def group(core: Core, jobs: Sequence[Any], *, callback: Any = None, on_parent_fa
     return Graph(ids[0], ids)
 
 
-def cancel_graph(core: Core, graph_id: int, *, actor: str | None = None) -> dict[str, Any]:
+def cancel_graph(core: Core, graph_id: int, *, actor: str | None = None,
+                 reason: str | None = None) -> dict[str, Any]:
     """Cancel every unfinished job of a graph: pending and dead ones at once, running ones
     by a request (their workers see it at the next renewal). Children waiting for a
-    cancelled job are cancelled by the dependency rule. Returns {jobs, cancelled,
+    cancelled job are cancelled by the dependency rule. ``reason`` is kept in the audit
+    event of each job this cancels (as :meth:`App.cancel`'s). Returns {jobs, cancelled,
     requested}: the graph's size and what changed."""
     with core.connection() as c:
         jobs = core.store.graph_jobs(c, graph_id)
     cancelled = requested = 0
     for job in jobs:  # roots first (ids grow): their children follow them through the trigger
         if job["state"] in ("pending", "running", "dead"):
-            outcome = operations.cancel(core, job["id"], actor=actor, conn=None)
+            outcome = operations.cancel(core, job["id"], actor=actor, conn=None, reason=reason)
             cancelled += outcome == "cancelled"
             requested += outcome == "running"
     return {"jobs": len(jobs), "cancelled": cancelled, "requested": requested}

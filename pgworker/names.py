@@ -164,6 +164,19 @@ def bounded_text(text: str, max_chars: int) -> str:
     return text
 
 
+#: The most of an operator's cancel reason that is kept (the audit event's detail).
+CANCEL_REASON_MAX_CHARS = 500
+
+
+def cancel_reason(text: str | None) -> str | None:
+    """An operator's reason for a cancel as it is stored: None for none (or only blanks),
+    else :func:`bounded_text` of it, at most :data:`CANCEL_REASON_MAX_CHARS` characters
+    (cut with '…'). Pages show it escaped, as every audit detail."""
+    if text is None or not text.strip():
+        return None
+    return bounded_text(text.strip(), CANCEL_REASON_MAX_CHARS)
+
+
 # A job (or graph) id as typed: ASCII digits only. int() also reads "1_3", " 5", "-0",
 # Arabic-Indic and fullwidth digits, which would name a job nobody typed.
 _ID_TEXT = re.compile(r"[0-9]+", re.ASCII)

@@ -82,9 +82,6 @@ def conn(pg_dsn):
 def env(app, pg_dsn):
     """The test's App knowing the acceptance app's tasks (so enqueue uses their
     defaults), with a ledger table in its schema."""
-    from pgworker.loader import load_app
-    from worker import ACCEPTANCE_APP, create_ledger
+    from worker import knowing
 
-    create_ledger(pg_dsn, app.settings.schema)
-    app.tasks.update(load_app(ACCEPTANCE_APP).tasks)
-    return app
+    return knowing(app, pg_dsn)

@@ -34,6 +34,17 @@ def create_ledger(dsn: str, schema: str) -> None:
         c.execute(sql.SQL(LEDGER_DDL).format(schema=sql.Identifier(schema)))
 
 
+def knowing(app: Any, dsn: str, app_path: str = ACCEPTANCE_APP) -> Any:
+    """``app`` (the test's App) knowing the tasks of the app at ``app_path`` (so enqueue
+    uses their defaults), with a ledger table in its schema: the ``env`` fixture
+    (tests/conftest.py), and the fixtures of tests that run another test app."""
+    from pgworker.loader import load_app
+
+    create_ledger(dsn, app.settings.schema)
+    app.tasks.update(load_app(app_path).tasks)
+    return app
+
+
 class Worker:
     """A `pgworker run` subprocess in its own process group."""
 

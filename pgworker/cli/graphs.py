@@ -22,7 +22,7 @@ def cmd_graphs(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     if args.graphs_command == "cancel":
-        done = app.cancel_graph(args.graph_id)
+        done = app.cancel_graph(args.graph_id, reason=args.reason)
         after = graphs.graph_states(app.core, args.graph_id)
         if args.json:
             emit(args, {"graph_id": args.graph_id, **done, "states": after})

@@ -205,7 +205,7 @@ def _held_keys_notes(app: Any, held_by: dict[int, int]) -> list[str]:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     app = _make_app(args)
-    state = app.cancel(args.id)
+    state = app.cancel(args.id, reason=args.reason)
     if state is None:
         job = app.get_job(args.id)  # which of the two it is: "unknown or already finished" said neither
         if job is not None:

@@ -158,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     gc = gsub.add_parser("cancel", help="cancel every unfinished job of a graph (running ones are asked to stop)")
     _common(gc)
     gc.add_argument("graph_id", type=_job_id, metavar="GRAPH_ID", help="the graph's id (its first job's)")
+    gc.add_argument("--reason", metavar="TEXT",
+                    help="why, kept in each cancelled job's audit trail (at most 500 characters)")
     gr = gsub.add_parser("replay", help="replay a graph's dead jobs; what their death cancelled waits again")
     _common(gr)
     gr.add_argument("graph_id", type=_job_id, metavar="GRAPH_ID", help="the graph's id (its first job's)")
@@ -178,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cancel", help="cancel a job (a running one is asked to stop)")
     _common(p)
     p.add_argument("id", type=_job_id, help="the job's id")
+    p.add_argument("--reason", metavar="TEXT", help="why, kept in the job's audit trail (at most 500 characters)")
 
     p = sub.add_parser("prune", help="delete succeeded and cancelled jobs older than a retention")
     _common(p)

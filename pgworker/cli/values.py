@@ -12,13 +12,19 @@ from ..names import parse_id
 #: The exit status of a usage error (argparse's own): the command line itself is wrong.
 EXIT_USAGE = 2
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
+# ASCII digits only (re.ASCII): \d also matches Arabic-Indic, Devanagari or fullwidth
+# digits, and '١٠s' was read as 10 seconds, which nobody typed (as names.parse_id refuses them)
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d|w)?\s*$", re.ASCII)
+_OTHER_DIGITS = re.compile(r"[^\x00-\x7f]")
+_ASCII_DIGITS = "write its digits as plain 0-9 (no other scripts' digits)"
 _UNITS = {"ms": 0.001, "s": 1, None: 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def parse_duration(text: str) -> float:
     """'90', '90s', '15m', '12h', '7d', '2w', '250ms' -> seconds."""
     m = _DURATION.match(text)
+    if not m and any(c.isdigit() for c in _OTHER_DIGITS.findall(text)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: {_ASCII_DIGITS}, e.g. 30s, 15m, 12h, 7d")
     if not m and _DURATION.match(text.strip().removeprefix("-")):
         raise argparse.ArgumentTypeError(f"{text!r} is negative: a duration is 0 or more, e.g. 30s, 15m, 12h, 7d")
     if not m:
@@ -31,8 +37,8 @@ def retention_duration(text: str) -> float:
     written ('7' would be 7 seconds, and `prune --older-than 7` deleted what a user meant
     to keep for 7 days)."""
     number = text.strip()
-    if not number or number[-1].isdigit():
-        example = number if re.fullmatch(r"\d+(\.\d+)?", number) else "7"
+    if not number or number[-1] in "0123456789":
+        example = number if re.fullmatch(r"[0-9]+(\.[0-9]+)?", number) else "7"
         raise argparse.ArgumentTypeError(f"{text!r} has no unit: write it, e.g. {example}d for days "
                                          f"or {example}s for seconds")
     return parse_duration(text)
@@ -54,9 +60,16 @@ def _job_state(text: str) -> str:
     return text
 
 
+def _ascii(text: str, what: str) -> str:
+    """``text`` if it holds no non-ASCII digit: int() and float() read '١٠' as 10."""
+    if any(c.isdigit() for c in _OTHER_DIGITS.findall(text)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}: {_ASCII_DIGITS}")
+    return text
+
+
 def _positive_int(text: str) -> int:
     try:
-        value = int(text)
+        value = int(_ascii(text, "an integer"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
@@ -68,7 +81,7 @@ def _int_or_none(text: str) -> int | None:
     if text.strip().lower() in _NONE:
         return None
     try:
-        return int(text)
+        return int(_ascii(text, "an integer"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer (or 'none')") from None
 
@@ -77,7 +90,7 @@ def _float_or_none(text: str) -> float | None:
     if text.strip().lower() in _NONE:
         return None
     try:
-        return float(text)
+        return float(_ascii(text, "a number"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number (or 'none')") from None
 

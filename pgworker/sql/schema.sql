@@ -388,6 +388,12 @@ DECLARE
     n bigint;
 BEGIN
     IF NEW.state = 'succeeded' THEN
+        -- the children's locks in id order first (as every statement taking several):
+        -- two sessions settling parents of shared children queue instead of deadlocking
+        PERFORM 1 FROM jobs AS c
+        WHERE c.id = ANY (ARRAY(SELECT d.child_id FROM job_dependencies AS d WHERE d.parent_id = NEW.id))
+        ORDER BY c.id
+        FOR NO KEY UPDATE OF c;
         WITH ready AS (
             UPDATE jobs AS c
             SET waiting_parents = c.waiting_parents - 1,
@@ -421,6 +427,14 @@ BEGIN
             SELECT c.id FROM doomed JOIN job_dependencies AS d ON d.parent_id = doomed.id
             JOIN jobs AS c ON c.id = d.child_id
             WHERE c.state = 'pending' AND c.waiting_parents > 0
+        ), locked AS (
+            -- every doomed descendant locked in id order before any is updated: the scan
+            -- meets them level by level, and two cancels of one graph's parents met the
+            -- shared ones in opposite orders (DeadlockDetected)
+            SELECT c.id FROM jobs AS c
+            WHERE c.id = ANY (ARRAY(SELECT id FROM doomed))
+            ORDER BY c.id
+            FOR NO KEY UPDATE OF c
         )
         UPDATE jobs AS c
         SET state = 'cancelled',
@@ -431,8 +445,8 @@ BEGIN
                 'message', format('job %s, which this job depends on, ended %s (%s); cancelled by the '
                                   'dependency policy', NEW.id, NEW.state, coalesce(NEW.last_error_code, 'no code')),
                 'worker', NULL), 10)
-        FROM doomed
-        WHERE c.id = doomed.id AND c.state = 'pending';
+        FROM locked
+        WHERE c.id = locked.id AND c.state = 'pending';
     END IF;
     RETURN NULL;
 END $$;

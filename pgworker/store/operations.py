@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Sequence
 
 import psycopg
@@ -15,22 +16,26 @@ from .plan import Atomic, Plan, run
 class OperationStatements(KeyedTransitions, DependencyStatements):
     """Operator actions: cancel, replay, queue settings and their audit trail."""
 
-    def cancel(self, conn: psycopg.Connection, job_id: int, *, actor: str | None) -> str | None:
+    def cancel(self, conn: psycopg.Connection, job_id: int, *, actor: str | None,
+               reason: str | None = None) -> str | None:
         """Cancel a job; returns the resulting state ('cancelled', or 'running' when a
         cancellation was requested from its worker), or None when nothing was cancellable.
         A job cancelled at once (pending, or a dead job discarded) promotes the next job of
-        its ordering key; its key is locked first (read without a lock: it never changes)."""
-        return run(conn, self.cancel_plan(job_id, actor=actor))
+        its ordering key; its key is locked first (read without a lock: it never changes).
+        ``reason``: the operator's words, kept in the audit event's detail (``{"reason":
+        ...}``), already bounded by the caller (:func:`pgworker.names.cancel_reason`)."""
+        return run(conn, self.cancel_plan(job_id, actor=actor, reason=reason))
 
-    def cancel_plan(self, job_id: int, *, actor: str | None) -> Plan[str | None]:
+    def cancel_plan(self, job_id: int, *, actor: str | None, reason: str | None = None) -> Plan[str | None]:
         """:meth:`cancel` as a plan (:mod:`pgworker.store.plan`)."""
         keys = list((yield from self.ordering_keys_of_plan([job_id])).values())
         state, _ = yield Atomic(self.keyed_plan(
-            keys, lambda scope: self._cancel_plan(scope, job_id, actor),
+            keys, lambda scope: self._cancel_plan(scope, job_id, actor, reason),
             lambda out: [out[1]] if out[0] == "cancelled" else []))
         return state  # type: ignore[no-any-return]
 
-    def _cancel_plan(self, scope: KeyedScope, job_id: int, actor: str | None) -> Plan[tuple[str | None, str | None]]:
+    def _cancel_plan(self, scope: KeyedScope, job_id: int, actor: str | None,
+                     reason: str | None) -> Plan[tuple[str | None, str | None]]:
         """The body of a cancel's keyed transition: (the state, the job's ordering key)."""
         rows = yield scope.step("job_cancel", {"id": job_id})
         if not rows:
@@ -38,7 +43,7 @@ class OperationStatements(KeyedTransitions, DependencyStatements):
         row = rows[0]
         yield self._step("job_event_insert", {
             "ids": [job_id], "kind": "cancel_requested" if row[1] == "running" else "cancelled",
-            "actor": actor, "detail": None})
+            "actor": actor, "detail": None if reason is None else json.dumps({"reason": reason})})
         return row[1], row[2]
 
     def replay(self, conn: psycopg.Connection, *, ids: Sequence[int] = (), queue: str | None = None,

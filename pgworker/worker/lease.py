@@ -33,10 +33,9 @@ the SQL that enforces the database side is in ``pgworker/sql/queries/lease.sql``
    lease is skipped (neither renewed nor refused), logged, and tried again; a row locked
    for a whole lease falls under rule 3 like any lease without an accepted renewal.
    The pod's own outcome statement holds its jobs' rows too, so the renewal skips them
-   while it runs: its waits must stay short. The success statement takes its parents'
+   while it runs: its waits are bounded (rule 5). The success statement takes its parents'
    dependents' locks in id order (``job_complete``'s ``children_locked``), so two
-   claimers' writes queue instead of deadlocking; a write that waits a whole lease on
-   another session's lock still lets its leases expire (docs/reliability.md, Known limits).
+   claimers' writes queue instead of deadlocking.
 
 3. **Presuming a lease lost.** When ``lease_seconds`` have passed since the last accepted
    renewal was sent (or since the claim was sent) the lease has expired in the database
@@ -63,6 +62,20 @@ the SQL that enforces the database side is in ``pgworker/sql/queries/lease.sql``
    act as the owner. A lease that is ``lost`` (presumed or refused) does not stop the
    write: the fence decides.
 
+   A claimer's outcome write holds its jobs' rows, which the renewer skips, and may wait
+   on another session's lock (the dependency trigger locks a parent's children; an
+   operator's open transaction may hold one). So each statement of the write waits for
+   a lock and runs at most :data:`OUTCOME_STATEMENT_SHARE` of the renewal interval
+   (:func:`outcome_bounds`: ``lock_timeout`` and ``statement_timeout`` set for its
+   transaction only, never above the session's): a write, its split retry and its
+   key promotion together hold a row for less than the renewer's in-pass retries of a
+   skipped row (half an interval). A write stopped by these bounds is rolled back, its
+   rows renewed as any decided outcome's, and tried again no sooner than one renewal
+   interval later, so a renewal pass runs between two tries. The wait for another
+   session's lock is then as long as that session holds it, and the lease lasts it out;
+   once the lease is lost anyway (the pod stopped) and the job reaped, the late write
+   updates no row and is counted fenced, as above.
+
 6. **Committed by the handler.** A handler whose ``ctx.transaction()`` committed its
    job's success has no lease left to keep: from the commit (``SlotTable.mark_committed``)
    its slot is neither renewed nor presumed lost, and a claimer that dies before the
@@ -81,11 +94,14 @@ from typing import Any, Callable, Sequence
 
 from .shm import layout as s
 from .shm.slots import SlotTable, SlotTableBusy
-from .outcome import COMMITTED
+from .outcome import COMMITTED, WriteBounds
 
 log = logging.getLogger("pgworker.lease")
 
 HARD_LIMIT_GRACE_SECONDS = 2.0
+#: The share of the renewal interval each statement of an outcome write may wait and run
+#: (rule 5): the write, its split retry and the key promotion stay under half an interval.
+OUTCOME_STATEMENT_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -131,6 +147,15 @@ def past_hard_limit(v: s.SlotView, now: float) -> bool:
     """Rule 4: the handler ran past its hard limit and the grace: stop it."""
     return v.state == s.RUNNING and v.hard_limit > 0 and \
         now - v.started_at > v.hard_limit + HARD_LIMIT_GRACE_SECONDS
+
+
+def outcome_bounds(renew_interval_seconds: float, lock_timeout_seconds: float,
+                   statement_timeout_seconds: float) -> WriteBounds:
+    """Rule 5: how long each statement of a claimer's outcome write may wait for a lock
+    and run, in seconds: :data:`OUTCOME_STATEMENT_SHARE` of the renewal interval, never
+    more than the session's own ``lock_timeout`` / ``statement_timeout``."""
+    cap = renew_interval_seconds * OUTCOME_STATEMENT_SHARE
+    return WriteBounds(min(cap, lock_timeout_seconds), min(cap, statement_timeout_seconds))
 
 
 def hard_limit(task_timeout: float | None, task_max_runtime: float | None, worker_max_runtime: float) -> float:

@@ -11,11 +11,12 @@ with the job id and the fix.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import psycopg
 
@@ -151,11 +152,45 @@ def slot_result(code: str, message: str) -> Any:
     return None
 
 
+class WriteBounds(NamedTuple):
+    """How long each statement of an outcome write may wait for a lock (``lock_seconds``)
+    and run (``statement_seconds``), set for its transaction only: the lease contract's
+    rule 5 (:func:`pgworker.worker.lease.outcome_bounds` computes them)."""
+
+    lock_seconds: float
+    statement_seconds: float
+
+
+#: The SQLSTATEs of a statement stopped by its bounds: lock_not_available (lock_timeout)
+#: and query_canceled (statement_timeout). Such a write is tried again after a renewal.
+TIMEOUT_SQLSTATES = ("55P03", "57014")
+
+
+@contextlib.contextmanager
+def bounded(conn: psycopg.Connection, bounds: WriteBounds | None) -> Iterator[None]:
+    """A transaction whose statements wait and run at most ``bounds`` (SET LOCAL: the
+    session's own timeouts apply again after it, and a transaction pooler keeps them
+    for the transaction); no transaction of its own when ``bounds`` is None."""
+    if bounds is None:
+        yield
+        return
+    with conn.transaction():
+        conn.execute("SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
+                     [f"{max(1, int(bounds.lock_seconds * 1000))}ms",
+                      f"{max(1, int(bounds.statement_seconds * 1000))}ms"])
+        yield
+
+
 def write_outcomes(store: Store, conn: psycopg.Connection, writes: Sequence[Write], *,
-                   keys_known: bool = True) -> dict[int, FenceReport]:
+                   keys_known: bool = True, bounds: WriteBounds | None = None) -> dict[int, FenceReport]:
     """Write outcomes: one fenced statement per kind (pgworker/sql/queries/lease.sql);
     ``COMMITTED`` outcomes were written by the handler's transaction and are reported
     accepted without a statement.
+
+    ``bounds``: each kind is written in a transaction of its own whose statements wait
+    and run at most that long (the claimer's writes: the renewer skips the rows they
+    hold, so they must not hold them past a renewal pass; see :func:`bounded`). A write
+    stopped by them raises the psycopg error (SQLSTATE in :data:`TIMEOUT_SQLSTATES`).
 
     Returns a :class:`pgworker.jobs.FenceReport` per kind: which leases took effect (with
     the state each job went to) and which the fence refused. Raises psycopg errors as
@@ -166,23 +201,30 @@ def write_outcomes(store: Store, conn: psycopg.Connection, writes: Sequence[Writ
         groups.setdefault(w.kind, []).append(w)
     out: dict[int, FenceReport] = {}
     for kind, items in groups.items():
-        leases = [w.lease for w in items]
-        keys = [w.ordering_key for w in items] if keys_known else None
-        if kind == COMPLETE:
-            out[kind] = store.complete(conn, leases, keys, [w.result for w in items])
-        elif kind == FAIL:
-            out[kind] = store.fail(conn, [FailRequest(w.lease, w.code or "ERROR", w.message, w.delay, w.permanent)
-                                          for w in items], keys)
-        elif kind == SNOOZE:
-            out[kind] = store.snooze(conn, leases, [w.delay for w in items], keys)
-        elif kind == CANCEL:
-            out[kind] = store.finish_cancelled(conn, leases, keys)
-        elif kind == RELEASE:
-            out[kind] = store.release(conn, leases, keys)
-        elif kind == COMMITTED:  # already written, in the handler's transaction: no second outcome
-            out[kind] = FenceReport("complete", tuple(le.job_id for le in leases), (),
-                                    {le.job_id: "succeeded" for le in leases})
+        with bounded(conn, None if kind == COMMITTED else bounds):
+            out[kind] = _write_kind(store, conn, kind, items, keys_known)
     return out
+
+
+def _write_kind(store: Store, conn: psycopg.Connection, kind: int, items: Sequence[Write],
+                keys_known: bool) -> FenceReport:
+    leases = [w.lease for w in items]
+    keys = [w.ordering_key for w in items] if keys_known else None
+    if kind == COMPLETE:
+        return store.complete(conn, leases, keys, [w.result for w in items])
+    if kind == FAIL:
+        return store.fail(conn, [FailRequest(w.lease, w.code or "ERROR", w.message, w.delay, w.permanent)
+                                 for w in items], keys)
+    if kind == SNOOZE:
+        return store.snooze(conn, leases, [w.delay for w in items], keys)
+    if kind == CANCEL:
+        return store.finish_cancelled(conn, leases, keys)
+    if kind == RELEASE:
+        return store.release(conn, leases, keys)
+    if kind == COMMITTED:  # already written, in the handler's transaction: no second outcome
+        return FenceReport("complete", tuple(le.job_id for le in leases), (),
+                           {le.job_id: "succeeded" for le in leases})
+    raise ValueError(f"unknown outcome kind {kind}")
 
 
 def written_outcome(kind: int, state: Any) -> str:

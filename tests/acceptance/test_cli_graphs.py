@@ -8,18 +8,9 @@ import pytest
 from pg import wait_until
 from pgworker import JobSpec
 from test_cli import cli, js
-from worker import ACCEPTANCE_APP, Worker, create_ledger, q
+from worker import Worker, q
 
 pytestmark = pytest.mark.acceptance
-
-
-@pytest.fixture
-def env(app, pg_dsn):
-    from pgworker.loader import load_app
-
-    create_ledger(pg_dsn, app.settings.schema)
-    app.tasks.update(load_app(ACCEPTANCE_APP).tasks)
-    return app
 
 
 def states(conn, schema, ids):
@@ -77,3 +68,21 @@ def test_a_job_that_is_no_graph_s_is_no_graph(app, pg_dsn):
     proc = cli(pg_dsn, app.settings.schema, "graphs", "cancel", str(job), check=False)
     assert proc.returncode == 1 and f"there is no graph {job}" in proc.stderr
     assert app.get_job(job)["state"] == "pending"
+
+
+def test_graphs_cancel_and_cancel_keep_the_operators_reason(env, pg_dsn, conn):
+    """`graphs cancel --reason` (and plain `cancel --reason`) keep the operator's words in
+    each cancelled job's audit event, bounded (500 characters, control characters
+    replaced); neither command had a --reason."""
+    schema = env.settings.schema
+    ids = env.enqueue_many([JobSpec("returns", {}, ref="p"), JobSpec("returns", {}, depends_on=["p"])])
+    parent, child = ids
+    lone = env.enqueue("returns", {})
+    cli(pg_dsn, schema, "graphs", "cancel", str(parent), "--reason", "bad <b>input</b>\x01 " + "x" * 600)
+    cli(pg_dsn, schema, "cancel", str(lone), "--reason", "  superseded by 42  ")
+    events = q(conn, schema, "SELECT job_id, kind, detail->>'reason' FROM {s}.job_events ORDER BY id")
+    [(job, kind, reason)] = [e for e in events if e[0] == parent]
+    assert kind == "cancelled" and reason.startswith("bad <b>input</b>\ufffd x") and len(reason) == 500
+    assert reason.endswith("…")
+    assert (lone, "cancelled", "superseded by 42") in events
+    assert states(conn, schema, [parent, child, lone]) == dict.fromkeys((parent, child, lone), "cancelled")

@@ -12,18 +12,9 @@ import pytest
 
 from pg import wait_until
 from pgworker import JobSpec
-from worker import ACCEPTANCE_APP, Worker, create_ledger, q
+from worker import Worker, q
 
 pytestmark = pytest.mark.acceptance
-
-
-@pytest.fixture
-def env(app, pg_dsn):
-    from pgworker.loader import load_app
-
-    create_ledger(pg_dsn, app.settings.schema)
-    app.tasks.update(load_app(ACCEPTANCE_APP).tasks)
-    return app
 
 
 def test_a_workers_results_reach_a_waiting_producer(env, pg_dsn, conn):

@@ -15,7 +15,7 @@ import pytest
 
 from pg import wait_until
 from pgcluster import Cluster, free_port, missing_tools, require
-from worker import HERE, Worker, create_ledger, q
+from worker import HERE, Worker, knowing, q
 
 pytestmark = pytest.mark.acceptance
 
@@ -26,11 +26,7 @@ import hostile_app  # noqa: E402
 
 @pytest.fixture
 def env(app, pg_dsn):
-    from pgworker.loader import load_app
-
-    create_ledger(pg_dsn, app.settings.schema)
-    app.tasks.update(load_app(HOSTILE_APP).tasks)
-    return app
+    return knowing(app, pg_dsn, HOSTILE_APP)
 
 
 def finished(conn, schema, n):

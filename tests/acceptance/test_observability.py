@@ -17,7 +17,7 @@ from psycopg import sql
 from obs import (Cluster, free_port, get, prometheus_server, pushgateway_server, require_tool, samples,
                  scrape, series, tcp_client_ports, total, try_scrape, wait_for_metrics, wait_ready)
 from pg import wait_until
-from worker import HERE, Worker, create_ledger, q
+from worker import HERE, Worker, knowing, q
 
 from pgworker import catalogue as cat
 
@@ -29,12 +29,7 @@ FAST_STATS = {"PGWORKER_STATS_CACHE_SECONDS": "0.1"}
 
 @pytest.fixture
 def env(app, pg_dsn):
-    """The test's App, knowing the observability app's tasks."""
-    from pgworker.loader import load_app
-
-    create_ledger(pg_dsn, app.settings.schema)
-    app.tasks.update(load_app(OBS_APP).tasks)
-    return app
+    return knowing(app, pg_dsn, OBS_APP)
 
 
 def worker(dsn: str, schema: str, *args: str, port: int | None = None, env: dict[str, str] | None = None,

@@ -6,6 +6,7 @@ the test installs on the jobs table, as a constraint or a broken value would."""
 from __future__ import annotations
 
 import os
+import time
 import signal
 
 import pytest
@@ -218,3 +219,39 @@ def test_a_split_write_that_outlasts_the_lease_keeps_the_batchs_leases(env, pg_d
     for j in free:
         assert state(conn, schema, j)[:3] == ("succeeded", 1, None), (j, logs[-3000:])
         assert len(q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", j)) == 1, logs[-3000:]
+
+
+def test_an_outcome_waiting_on_another_sessions_lock_keeps_its_lease(env, pg_dsn, conn):
+    """A parent's success must lock its child (the dependency trigger), and another session
+    holds the child's row locked for longer than a lease and than lock_timeout (2 s here).
+    The success statement once waited lock_timeout holding the parent's row, which the
+    renewer skips, was split and waited again: the 3 s lease expired meanwhile, and in the
+    pause before the next try the reaper took the parent back and it ran a second time. Each outcome statement is now bounded below the renewal
+    interval and tried again while the lease is renewed in between: the parent runs once,
+    keeps its lease, and succeeds once the child is unlocked."""
+    import psycopg
+
+    from pgworker import JobSpec
+
+    schema = env.settings.schema
+    parent, child = env.enqueue_many([JobSpec("sturdy", {"seconds": 1.5}, ref="p"),
+                                      JobSpec("sink", None, depends_on=["p"])])
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--batch-size", "1", *FAST,
+                env={"PGWORKER_LOCK_TIMEOUT_SECONDS": "2"}) as w, psycopg.connect(pg_dsn) as operator:
+        wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE job_id = %s", parent), 30,
+                   message=lambda: f"the parent to start; log:\n{w.logs()[-3000:]}")
+        q(operator, schema, "SELECT 1 FROM {s}.jobs WHERE id = %s FOR UPDATE", child)
+        # the lock outlasts four leases and three rounds of lock_timeout waits
+        deadline = time.monotonic() + 12
+        while time.monotonic() < deadline:
+            assert state(conn, schema, parent)[:2] == ("running", 1), (state(conn, schema, parent), w.logs()[-3000:])
+            time.sleep(0.2)
+        operator.rollback()
+        wait_until(lambda: state(conn, schema, child)[0] == "succeeded", 30,
+                   message=lambda: f"the child once unlocked; log:\n{w.logs()[-3000:]}")
+        assert w.stop() == 0
+        logs = w.logs()
+    assert state(conn, schema, parent)[:3] == ("succeeded", 1, None), logs[-3000:]
+    starts = q(conn, schema, "SELECT count(*) FROM {s}.ledger WHERE job_id = %s AND event = 'start'", parent)
+    assert starts == [(1,)], logs[-3000:]
+    assert "fenced out" not in logs and "lease lost" not in logs, logs[-3000:]

@@ -18,20 +18,11 @@ import pytest
 import requests
 
 from pg import wait_until
-from worker import ACCEPTANCE_APP, HERE, Worker, create_ledger, q
+from worker import HERE, Worker, q
 
 pytestmark = pytest.mark.acceptance
 SCHEDULE_APP = os.path.join(HERE, "apps", "schedule_app.py") + ":app"
 FAST = ["--poll-interval", "0.3", "--reap-interval", "1"]
-
-
-@pytest.fixture
-def env(app, pg_dsn):
-    from pgworker.loader import load_app
-
-    create_ledger(pg_dsn, app.settings.schema)
-    app.tasks.update(load_app(ACCEPTANCE_APP).tasks)
-    return app
 
 
 def finished(conn, schema, n):

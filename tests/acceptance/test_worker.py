@@ -12,19 +12,9 @@ import pytest
 from psycopg import sql
 
 from pg import wait_until
-from worker import ACCEPTANCE_APP, Worker, create_ledger, q
+from worker import Worker, q
 
 pytestmark = pytest.mark.acceptance
-
-
-@pytest.fixture
-def env(app, pg_dsn):
-    """The test's App, knowing the acceptance app's tasks (so enqueue uses their defaults)."""
-    from pgworker.loader import load_app
-
-    create_ledger(pg_dsn, app.settings.schema)
-    app.tasks.update(load_app(ACCEPTANCE_APP).tasks)
-    return app
 
 
 def states(conn, schema):

@@ -567,3 +567,53 @@ def test_batches_completing_parents_with_shared_children_never_deadlock(app, con
         second.join(10)
     assert not errors, errors
     assert {i: state(conn, schema, i)[:3] for i in (x, y, z)} == {i: ("pending", False, 0) for i in (x, y, z)}
+
+
+def test_two_cancels_whose_descendants_overlap_never_deadlock(app, conn, pg_dsn):
+    """The dependency trigger's cancel (and dead) path cancels a parent's waiting
+    descendants in one statement; it once locked them in the order its recursive scan met
+    them, level by level. Two sessions cancelling two parents of one fan-in graph then met
+    the shared descendants in opposite orders: cancelling P1 locked C1 (level 0), waited
+    on E1 (level 1; held by a third session), then went on to C2 (level 2); cancelling P2
+    had locked C2 (level 0) and waited on C1 (level 1, through F2): DeadlockDetected. The
+    trigger now locks every doomed descendant in id order first."""
+    schema = app.settings.schema
+    p1, p2 = app.enqueue("t"), app.enqueue("t")
+    f2 = app.enqueue("t", depends_on=[p2])
+    c1 = app.enqueue("t", depends_on=[p1, f2])
+    e1 = app.enqueue("t", depends_on=[c1])
+    c2 = app.enqueue("t", depends_on=[e1, p2])
+    errors: list[BaseException] = []
+
+    def cancel(c, parent):
+        try:
+            q(c, schema, "UPDATE {s}.jobs SET state = 'cancelled', finished_at = now(), "
+                         "last_error_code = 'CANCELLED' WHERE id = %s RETURNING id", parent)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    def waiting(c):
+        for _ in range(250):
+            if q(conn, schema, "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                 c.info.backend_pid) == [("Lock",)]:
+                return
+            threading.Event().wait(0.02)
+        raise AssertionError("the cancel never waited for a lock")
+
+    with psycopg.connect(pg_dsn) as holder, \
+            psycopg.connect(pg_dsn, autocommit=True) as s1, psycopg.connect(pg_dsn, autocommit=True) as s2:
+        for session in (s1, s2):  # the trigger's update meets the descendants in its scan's order
+            session.execute("SET enable_seqscan = off; SET enable_bitmapscan = off; "
+                            "SET enable_hashjoin = off; SET enable_mergejoin = off")
+        q(holder, schema, "SELECT 1 FROM {s}.jobs WHERE id = %s FOR NO KEY UPDATE", e1)
+        first = threading.Thread(target=cancel, args=(s1, p1))
+        first.start()
+        waiting(s1)
+        second = threading.Thread(target=cancel, args=(s2, p2))
+        second.start()
+        waiting(s2)
+        holder.commit()
+        first.join(10)
+        second.join(10)
+    assert not errors, errors
+    assert {i: state(conn, schema, i)[0] for i in (f2, c1, e1, c2)} == dict.fromkeys((f2, c1, e1, c2), "cancelled")

@@ -69,3 +69,28 @@ def test_a_lock_timeout_is_a_statement_failure_and_a_terminated_backend_is_unrea
 def test_every_sqlstate_named_is_classed(state, kind):
     exc = psycopg.errors.lookup(state)("x")
     assert db.failure_kind(exc) == kind
+
+
+def test_an_app_call_that_times_out_on_a_lock_is_busy_not_unavailable(app, pg_dsn):
+    """App calls turn database failures into pgworker's errors (database_errors): a lock
+    timeout (55P03) became DatabaseUnavailable, "database error: ...", as if the server
+    were unreachable. It is DatabaseBusy, whose message says who holds the lock and what to
+    raise; a server that cannot be reached is still DatabaseUnavailable."""
+    from pgworker import DatabaseUnavailable, PgworkerError
+
+    job = app.enqueue("t", {})
+    schema = sql.Identifier(app.settings.schema)
+    with psycopg.connect(pg_dsn) as holder:
+        holder.execute(sql.SQL("SELECT 1 FROM {}.jobs WHERE id = %s FOR UPDATE").format(schema), [job])
+        with pytest.raises(PgworkerError) as info:
+            with app.connection() as c:
+                c.execute("SET lock_timeout = '50ms'")
+                try:
+                    app.cancel(job, conn=c)
+                finally:
+                    c.execute("RESET lock_timeout")
+    assert not isinstance(info.value, DatabaseUnavailable), info.value
+    assert type(info.value).__name__ == "DatabaseBusy" and info.value.sqlstate == "55P03"
+    text = str(info.value)
+    assert "lock timeout" in text and "another session holds a lock" in text and "lock_timeout" in text, text
+    assert "idle in transaction" in text and "nothing was written" in text, text

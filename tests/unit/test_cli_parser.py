@@ -201,3 +201,29 @@ def test_a_plain_id_parses():
     args = build_parser().parse_args(["jobs", "show", "0042"])
     assert args.id == 42
     assert build_parser().parse_args(["graphs", "cancel", str(2**63 - 1)]).graph_id == 2**63 - 1
+
+
+@pytest.mark.parametrize("argv", [
+    ["prune", "--older-than", "\u0661\u0660d"],        # Arabic-Indic 10: read as 10 days
+    ["enqueue", "t", "--delay", "\u0661\u0660s"],       # read as 10 s
+    ["enqueue", "t", "--delay", "\uff15m"],             # fullwidth 5: read as 5 minutes
+    ["run", "--lease", "\u0966\u0969\u0966"],           # Devanagari 030
+    ["jobs", "list", "--limit", "\u0665"],              # int() read 5
+])
+def test_a_duration_or_a_count_is_plain_ascii_digits(argv, capsys):
+    """The duration parser's \\d matched any script's digits, as int() does: '١٠s' was 10
+    seconds. Refused as ids are (names.parse_id), with the form wanted."""
+    from pgworker import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "write its digits as plain 0-9" in err, err
+
+
+def test_ascii_durations_still_parse():
+    from pgworker.cli.values import parse_duration, retention_duration
+
+    assert [parse_duration(t) for t in ("90", "90s", " 15m ", "1.5h", "250ms", "2w")] == \
+        [90, 90, 900, 5400, 0.25, 1209600]
+    assert retention_duration("7d") == 604800

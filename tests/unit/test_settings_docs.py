@@ -48,7 +48,7 @@ def test_every_pgworker_variable_the_project_reads_is_documented():
         names |= set(re.findall(r"PGWORKER_[A-Z0-9_]*[A-Z0-9]", path.read_text()))
     assert len(names) > 40
     undocumented = sorted(n for n in names if f"`{n}`" not in doc)
-    assert not undocumented, f"add them to Settings or to pgworker/settings_docs.py: {undocumented}"
+    assert not undocumented, f"add them to Settings or to pgworker/settings_catalog.py: {undocumented}"
 
 
 def test_the_retry_defaults_are_stated_from_the_policy():

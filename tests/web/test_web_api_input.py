@@ -85,7 +85,11 @@ def test_the_html_job_list_refuses_unknown_query_keys_and_says_where_a_graph_is_
     _dead(app, conn, "wanted")
     for path in ("/jobs?graph=18", "/api/jobs?graph=18"):
         r = console.get(path, headers=AUTH)
-        assert r.status_code == 400 and "pgworker jobs list --graph 18" in r.text, (path, r.text)
+        # the test's schema is not the default: a hint without --schema listed another schema's graph
+        assert r.status_code == 400 and f"pgworker jobs list --graph 18 --schema {app.settings.schema}`" in r.text, \
+            (path, r.text)
+    r = console.get("/api/jobs?graph=<b>1</b>", headers=AUTH)  # not an id: not echoed into the command
+    assert r.status_code == 400 and "--graph GRAPH_ID --schema" in r.text, r.text
     r = console.get("/jobs?tsk=wanted", headers=AUTH)
     assert r.status_code == 400 and ("did you mean &#39;task&#39;?" in r.text or "did you mean 'task'?" in r.text), \
         r.text
@@ -102,3 +106,12 @@ def test_the_jump_to_a_job_takes_plain_ascii_digits(console, typed):
     assert "write ids as plain digits 0-9" in r.text or "ids are 1 to 2**63-1" in r.text, r.text[:2000]
     r = console.get("/jobs", params={"id": "#13"}, headers=AUTH, allow_redirects=False)
     assert r.status_code in (302, 303) and r.headers["location"].endswith("/jobs/13"), r.status_code
+
+
+def test_a_cancel_reason_is_shown_escaped_on_the_job_page(console, app, conn):
+    """An operator's cancel reason is kept in the audit trail and shown as text, never HTML."""
+    job = app.enqueue("wanted", {})
+    assert app.cancel(job, reason="<script>window.__pwned = 1</script>") == "cancelled"
+    r = console.get(f"/jobs/{job}", headers=AUTH)
+    assert r.status_code == 200 and "window.__pwned" in r.text, r.text
+    assert "<script>window.__pwned" not in r.text

@@ -18,7 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ...jobfilter import KEYS, FilterError, JobFilter, check_keys
-from ...names import parse_id
+from ...names import parse_id, schema_flag
 
 NEWEST = 2**63 - 1
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -115,14 +115,19 @@ def _keyset(text: str, at: datetime, job_id: int) -> tuple[datetime, int]:
         raise FilterError(f"cursor {text!r} is not a position in this list: start from the first page") from None
 
 
-def check_list_keys(params: Any, *extra: str) -> None:
+def check_list_keys(params: Any, *extra: str, schema: str) -> None:
     """Refuse a query key the job list does not read (raises :class:`FilterError`): the
     list ignored it and showed every job as if it matched. ``graph`` is named apart: the
     console's filter (console_job_filter, shared with bulk operations) has no graph, the
-    command line lists a graph's jobs."""
+    command line lists a graph's jobs (the hint names the console's ``schema`` when it is
+    not the default, so that it lists that schema's graph; the id only when it is one)."""
     if "graph" in params:
-        raise FilterError("the console's job list has no graph filter: `pgworker jobs list --graph "
-                          f"{params.get('graph') or 'GRAPH_ID'}` lists a graph's jobs (each job's page links its "
+        try:
+            graph = str(parse_id(params.get("graph") or ""))
+        except ValueError:
+            graph = "GRAPH_ID"
+        raise FilterError(f"the console's job list has no graph filter: `pgworker jobs list --graph {graph}"
+                          f"{schema_flag(schema)}` lists a graph's jobs (each job's page links its "
                           "parents and children)")
     check_keys(params, (*KEYS, "sort", "cursor", *extra), what="query")
 
@@ -138,7 +143,7 @@ async def jobs(request: Request) -> Response:
             raise FilterError(str(exc)) from None
         return ctx.redirect(f"/jobs/{job_id}")
     try:
-        check_list_keys(request.query_params, "id")  # ?graph=18 and misspelt keys were ignored
+        check_list_keys(request.query_params, "id", schema=ctx.app.settings.schema)  # ?graph=18 and misspelt keys were ignored
         data = await ctx.db(jobs_data, ctx, request.query_params)
     except FilterError as exc:  # the form again, with what to fix
         data = {"error": str(exc), "form": dict(request.query_params), "sort": request.query_params.get("sort"),

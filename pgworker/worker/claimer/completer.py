@@ -15,7 +15,10 @@ What can go wrong with a write, and what happens:
   batch is written again one outcome at a time, so one bad row cannot block the others.
   An outcome PostgreSQL refuses for its values (SQLSTATE class 22 or 23) is replaced by
   a failure with code ``OUTCOME_INVALID`` naming the error; one refused for the moment
-  (a lock or statement timeout, a read-only server) waits for the next flush.
+  (a lock or statement timeout, a read-only server) waits for the next flush. Each
+  statement waits and runs a tenth of the renewal interval at most (the lease contract's
+  rule 5: the renewer skips the rows a write holds), and a write stopped so is tried
+  again no sooner than a renewal interval later, after its leases were renewed.
 - **Writes keep failing**: the claimer's slot table says so (``write_health``), which the
   supervisor's /readyz reports, and ``pgworker_outcome_write_errors_total`` counts each
   failure by reason. Outcomes refused for now are tried again after a backoff (the
@@ -40,8 +43,9 @@ from ...jobs import ClaimedJob, FenceReport
 from ...names import bounded_text, schema_flag
 from ..shm import layout as s
 from ..shm.slots import SlotTable
-from ..outcome import (COMMITTED, FAIL, OUTCOME_INVALID, Outcome, Write, already_written, write_outcomes,
-                       written_outcome)
+from ..lease import outcome_bounds
+from ..outcome import (COMMITTED, FAIL, OUTCOME_INVALID, TIMEOUT_SQLSTATES, Outcome, Write, already_written,
+                       write_outcomes, written_outcome)
 from ..service import Backoff
 from .connection import ClaimerConnection
 
@@ -65,6 +69,10 @@ class Completer:
         self.worker_id = worker_id
         self.schema_flag = schema_flag(app.settings.schema)
         self.flush_seconds = flush_seconds
+        st = app.settings
+        # each statement of a write bounded below the renewal interval (the lease contract's rule 5)
+        self.renew_interval = st.effective_renew_interval
+        self.bounds = outcome_bounds(self.renew_interval, st.lock_timeout_seconds, st.statement_timeout_seconds)
         self.max_chars = error_message_max_chars
         self.on_settled = on_settled
         self.pending: list[Outcome] = []
@@ -150,7 +158,11 @@ class Completer:
             self._requeue(later)
             if self.refusal is not None:
                 self.outage.failed(self.refusal, "writing job outcomes")
-            self.retry_at = time.monotonic() + self.backoff.next()
+            pause = self.backoff.next()
+            if self.refusal is not None and self.refusal.sqlstate in TIMEOUT_SQLSTATES:
+                # stopped by its bounds: let a renewal pass renew these rows before the next try
+                pause = max(pause, self.renew_interval)
+            self.retry_at = time.monotonic() + pause
         else:
             self.table.write_health(None)
             if self.retry_at:
@@ -171,7 +183,7 @@ class Completer:
         later. Raises psycopg errors only when the connection is lost."""
         self.refusal = None
         try:
-            return write_outcomes(self.store, conn, [_write(o) for o in batch]), []
+            return write_outcomes(self.store, conn, [_write(o) for o in batch], bounds=self.bounds), []
         except psycopg.Error as exc:
             if connection_lost(exc, conn):
                 raise
@@ -186,7 +198,7 @@ class Completer:
         later: list[Outcome] = []
         for o in batch:
             try:
-                report = write_outcomes(self.store, conn, [_write(o)])[o.kind]
+                report = write_outcomes(self.store, conn, [_write(o)], bounds=self.bounds)[o.kind]
             except psycopg.Error as exc:
                 if connection_lost(exc, conn):
                     raise
@@ -215,7 +227,7 @@ class Completer:
         o.message = f"the attempt's outcome could not be stored ({text}); recorded as a failure instead"
         o.delay = task.retry.delay(o.job.attempt) if task is not None else 1.0
         try:
-            return write_outcomes(self.store, conn, [_write(o)])[FAIL]
+            return write_outcomes(self.store, conn, [_write(o)], bounds=self.bounds)[FAIL]
         except psycopg.Error as again:
             if connection_lost(again, conn):
                 raise
