@@ -127,6 +127,9 @@ def _env(schema: BenchSchema, extra: dict[str, str], code_root: str | None = Non
 
 
 def claimer_pids(pid: int) -> list[int]:
+    """The claimer processes of the supervisor ``pid``: the children of its fork server
+    (a child running multiprocessing.forkserver's main), or children running spawn_main
+    (an older checkout, ``--compare-with``)."""
     out = []
     for c in children(pid):
         try:
@@ -134,7 +137,9 @@ def claimer_pids(pid: int) -> list[int]:
                 cmd = f.read()
         except OSError:
             continue
-        if b"spawn_main" in cmd and b"resource_tracker" not in cmd:
+        if b"multiprocessing.forkserver" in cmd:
+            out += children(c)
+        elif b"spawn_main" in cmd and b"resource_tracker" not in cmd:
             out.append(c)
     return out
 

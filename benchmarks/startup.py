@@ -27,17 +27,20 @@ from .drain_runs import BENCH_APP, ROOT, _env
 
 
 def startup(dsn: str, *, claimers: int, jobs_per_claimer: int = 400, job_ms: float = 10.0,
-            timeout: float = 120.0) -> dict[str, float]:
-    with BenchSchema(dsn, "start") as s:
+            timeout: float = 120.0, code_root: str | None = None) -> dict[str, float]:
+    """``code_root``: another checkout's pgworker to start instead of this one's (its own
+    schema version), to measure a change against the code before it in the same run."""
+    with BenchSchema(dsn, "start", code_root=code_root) as s:
         s.fill(claimers * jobs_per_claimer)
         folder = tempfile.mkdtemp(prefix="pgworker-bench-start-")
         metrics_dir = tempfile.mkdtemp(prefix="pgworker-bench-metrics-")
         err = tempfile.TemporaryFile("w+")
         cmd = [sys.executable, "-m", "pgworker.cli", "run", "--app", BENCH_APP, "--drain",
                "--concurrency", str(claimers), "--metrics-dir", metrics_dir, "--log-level", "WARNING"]
-        env = _env(s, {"BENCH_STARTUP_DIR": folder, "BENCH_JOB_MS": str(job_ms)})
+        env = _env(s, {"BENCH_STARTUP_DIR": folder, "BENCH_JOB_MS": str(job_ms)}, code_root)
         t0 = time.time()
-        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
+        # cwd: `python -m` puts the working directory first on sys.path, before PYTHONPATH
+        proc = subprocess.Popen(cmd, env=env, cwd=code_root or ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
                                 stderr=err)
         try:
             wait_for(lambda: proc.poll() is not None or len(glob.glob(os.path.join(folder, "first-*"))) >= claimers

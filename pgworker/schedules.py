@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any, Sequence
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import psycopg
-from croniter import CroniterBadDateError, croniter
 from psycopg import sql
 
 from .config import MAX_PAYLOAD_BYTES
@@ -54,6 +53,15 @@ MAX_SLOTS_COUNTED = 10_000
 RESYNC_SECONDS = 60.0
 # Wake a little after a slot so that the database clock has passed it too.
 WAKE_SLACK_SECONDS = 0.02
+
+
+def _croniter() -> Any:
+    """croniter's class, imported on first use: its import runs ``file -b`` on the
+    interpreter (``platform.architecture()``), a fork and exec that every process paid at
+    start (each claimer too) whether or not the app declares a schedule."""
+    from croniter import croniter
+
+    return croniter
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,9 @@ class Periodic:
             raise (type(exc) if isinstance(exc, ConfigError) else ConfigError)(
                 f"schedule {self.name!r}: {exc}") from exc
         object.__setattr__(self, "_payload_json", payload_json)
+        croniter = _croniter()
+        from croniter import CroniterBadDateError
+
         if not isinstance(self.cron, str) or len(self.cron.split()) != 5 or not croniter.is_valid(self.cron):
             raise ConfigError(f"schedule {self.name!r}: {self.cron!r} is not a cron expression; use five "
                               "fields, minute hour day-of-month month day-of-week, e.g. '*/5 * * * *'")
@@ -134,7 +145,7 @@ class Periodic:
 
     def next_after(self, t: datetime) -> datetime:
         """The first slot strictly after ``t`` (aware, in UTC)."""
-        return croniter(self.cron, t.astimezone(self.zone)).get_next(datetime).astimezone(timezone.utc)
+        return _croniter()(self.cron, t.astimezone(self.zone)).get_next(datetime).astimezone(timezone.utc)
 
     def latest_at_or_before(self, t: datetime) -> datetime:
         """The last slot at or before ``t`` (aware, in UTC).
@@ -145,6 +156,7 @@ class Periodic:
         get_next, which walks the repeated hour correctly.
         """
         start = t.astimezone(self.zone) + timedelta(microseconds=1)
+        croniter = _croniter()
         latest = croniter(self.cron, start).get_prev(datetime).astimezone(timezone.utc)
         it = croniter(self.cron, latest.astimezone(self.zone))
         while (nxt := it.get_next(datetime).astimezone(timezone.utc)) <= t:
@@ -153,7 +165,7 @@ class Periodic:
 
     def count_between(self, after: datetime, until: datetime) -> int:
         """Slots in (after, until], counted up to MAX_SLOTS_COUNTED."""
-        it = croniter(self.cron, after.astimezone(self.zone))
+        it = _croniter()(self.cron, after.astimezone(self.zone))
         n = 0
         while n < MAX_SLOTS_COUNTED and it.get_next(datetime) <= until:
             n += 1

@@ -75,24 +75,14 @@ class Worker:
         return self.proc.pid
 
     def claimer_pids(self) -> list[int]:
-        """Live claimer processes (children running multiprocessing's spawn_main)."""
-        out = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    stat = f.read()
-                ppid = int(stat[stat.rfind(")") + 2:].split()[1])
-                if ppid != self.pid:
-                    continue
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmd = f.read()
-                if b"spawn_main" in cmd and b"resource_tracker" not in cmd and stat[stat.rfind(")") + 2] not in "Z":
-                    out.append(int(entry))
-            except (OSError, ValueError, IndexError):
-                continue
-        return sorted(out)
+        """Live claimer processes: the children of the pod's fork server (multiprocessing's
+        forkserver, a child of the supervisor), or children running spawn_main."""
+        return sorted(claimer_processes(self.pid))
+
+    def fork_server_pids(self) -> list[int]:
+        """The supervisor's live fork server(s) (multiprocessing's forkserver main)."""
+        return sorted(pid for pid, cmd, state in _proc_children().get(self.pid, [])
+                      if b"multiprocessing.forkserver" in cmd and state not in "ZX")
 
     def signal(self, sig: int) -> None:
         os.kill(self.pid, sig)
@@ -144,3 +134,36 @@ class Worker:
 def q(conn: psycopg.Connection, schema: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
     """Run a query with {s} standing for the quoted schema."""
     return conn.execute(sql.SQL(query).format(s=sql.Identifier(schema)), params).fetchall()
+
+
+def _proc_children() -> dict[int, list[tuple[int, bytes, str]]]:
+    """ppid -> [(pid, cmdline, state letter)] of every process (from /proc)."""
+    out: dict[int, list[tuple[int, bytes, str]]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            rest = stat[stat.rfind(")") + 2:].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+            out.setdefault(int(rest[1]), []).append((int(entry), cmd, rest[0]))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def claimer_processes(supervisor_pid: int) -> list[int]:
+    """The live claimer processes of the supervisor ``supervisor_pid``: children of its
+    fork server (a child whose command line runs multiprocessing.forkserver's main), or
+    its own children running spawn_main; never the resource tracker."""
+    tree = _proc_children()
+    out = []
+    for pid, cmd, state in tree.get(supervisor_pid, []):
+        if b"multiprocessing.forkserver" in cmd:
+            out += [c for c, _, st in tree.get(pid, []) if st not in "ZX"]
+        elif b"spawn_main" in cmd and b"resource_tracker" not in cmd and state not in "ZX":
+            out.append(pid)
+    return out
+

@@ -48,6 +48,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     created = _prepare_metrics_dir(args)
     try:
+        from ..worker.forkserver import start_early
+
+        start_early()  # the claimers' fork server imports their modules while this process imports its own
         from ..worker import Supervisor
         from ..logs import setup_logging
 

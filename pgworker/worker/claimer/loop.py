@@ -20,7 +20,9 @@ the take-over of a peer's waiting job :mod:`.runner`'s.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
+import select
 import signal
 import threading
 from typing import Any, Sequence
@@ -80,6 +82,16 @@ class Claimer(Planner, Runner):
         # this process was starting would otherwise never be missed (the orphan's parent
         # is already init, and stays so). Found by the chaos soak.
         self.parent_pid = supervisor_pid or os.getppid()
+        # A claimer forked from the pod's fork server has the server for its parent, not
+        # the supervisor: multiprocessing's parent process is the supervisor in both start
+        # methods, watched through a pipe only the supervisor holds (EOF once it is gone,
+        # however early); polled per job, so one poll(2) on a poll object kept for it.
+        # None when the claimer runs in a thread of the test process.
+        self.supervisor: select.poll | None = None
+        parent = multiprocessing.parent_process()
+        if parent is not None:
+            self.supervisor = select.poll()
+            self.supervisor.register(parent.sentinel, select.POLLIN)
         self.pod_limits = pod_limits
         self.metrics: Any = None
         self.db = ClaimerConnection(settings, index, self.should_stop)
@@ -112,10 +124,15 @@ class Claimer(Planner, Runner):
     def should_stop(self) -> bool:
         if self.stopping or self.table.header.stopping:
             self.stopping = True
-        elif os.getppid() != self.parent_pid:  # the supervisor died: stop, leases will expire
+        elif self._supervisor_gone():  # stop, leases will expire
             log.error("the supervisor is gone; claimer %s stops", self.index)
             self.stopping = True
         return self.stopping
+
+    def _supervisor_gone(self) -> bool:
+        if self.supervisor is not None:
+            return bool(self.supervisor.poll(0))  # readable: EOF, the supervisor's end is closed
+        return os.getppid() != self.parent_pid
 
     def run(self) -> int:
         self.setup()

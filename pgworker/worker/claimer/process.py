@@ -1,7 +1,9 @@
-"""The entry point of a claimer process (multiprocessing, ``spawn``)."""
+"""The entry point of a claimer process (multiprocessing: forked from the pod's fork
+server, :mod:`pgworker.worker.forkserver`, or ``spawn``ed)."""
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 
 from ... import tracing
@@ -15,7 +17,7 @@ from .loop import Claimer
 
 @dataclass(frozen=True)
 class ClaimerSpec:
-    """Everything a claimer process needs, picklable for ``spawn``: its index, every slot
+    """Everything a claimer process needs, picklable (forkserver and spawn): its index, every slot
     table of the pod (its own at ``index``), the pod's wake-up state and limits."""
 
     app_ref: str
@@ -36,6 +38,9 @@ def claimer_main(spec: ClaimerSpec) -> None:
     from ...loader import load_app
     from ...logs import setup_logging
 
+    # The fork server ignores SIGTERM (pgworker.worker.forkserver); a claimer that is still
+    # starting stops on it, as a spawned one did (Claimer.setup installs its own handler).
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     setup_logging(spec.log_level, spec.log_format)
     # Each claimer sets up its own SDK (spawned processes share no exporter threads).
     provider = tracing.setup_process(spec.settings.tracing, trace_sql=spec.settings.trace_sql)

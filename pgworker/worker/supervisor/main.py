@@ -4,7 +4,6 @@ HTTP endpoints; the tick, settlement and shutdown are its halves in this package
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import signal
 import threading
@@ -14,6 +13,7 @@ from typing import Any
 from ... import tracing
 from ...config import Settings
 from ...errors import PoolerError, SchemaVersionError
+from ..forkserver import claimer_context
 from ..drain import RunSummary, before_claiming, report as report_drain
 from ..claimer import ClaimerSpec, claimer_main
 from ..health import HealthState, serve_http
@@ -52,7 +52,7 @@ class Supervisor(Tick, Settlement, Shutdown):
         self.log_format = log_format
         self.store = app.store
         self.queues = app.queues()
-        self.mp = multiprocessing.get_context("spawn")
+        self.mp = claimer_context()  # claimers are forked from a server with their modules loaded
         self.stop_services = threading.Event()
         self.summary = RunSummary()
         self.phase = "starting"

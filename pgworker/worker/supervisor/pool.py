@@ -1,8 +1,8 @@
 """The pod's claimer processes: start, watch, stop, restart, and say what a dead one held.
 
-Each claimer is a ``spawn``ed process with its slot table in shared memory. The pool
-restarts a claimer that exits (at once when it was recycled, with a backoff when it
-keeps crashing), stops one whose handler runs past its hard limit (a sync handler cannot
+Each claimer is a process forked from the pod's fork server (:mod:`..forkserver`), with
+its slot table in shared memory. The pool restarts a claimer that exits (at once when it
+was recycled, with a backoff when it keeps crashing), stops one whose handler runs past its hard limit (a sync handler cannot
 be interrupted: the process is killed and the attempt fails ``TIMEOUT``), and tells the
 renewer whether the process holding a slot is alive and not stopped.
 """
@@ -56,6 +56,20 @@ def process_stopped(pid: int) -> bool:
     return state in (b"T", b"t", b"Z")
 
 
+def orphaned_claimer(pid: int) -> bool:
+    """True while process ``pid`` runs (not a zombie) and is a fork of a fork server (its
+    command line is the server's): a claimer whose exit the server can no longer report.
+    Linux /proc; elsewhere False."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read()
+    except OSError:
+        return False
+    return data[data.rfind(b")") + 2:][:1] not in (b"Z", b"X") and b"multiprocessing.forkserver" in cmd
+
+
 class ClaimerPool:
     """``count`` claimer processes; ``start_process(handle)`` spawns one."""
 
@@ -82,6 +96,13 @@ class ClaimerPool:
         out = []
         for h in self.handles:
             if h.process is not None and not h.process.is_alive():
+                if orphaned_claimer(h.process.pid):
+                    # The fork server, which reports a claimer's exit, was killed (SIGKILL;
+                    # it ignores SIGTERM): the claimer runs on, orphaned. A replacement on
+                    # its slot table beside it would share the table, so stop it first; it
+                    # counts as gone once it is (reaped by init, or a zombie).
+                    _kill(h.process.pid, signal.SIGKILL)
+                    continue
                 h.process.join()
                 out.append(h)
         return out

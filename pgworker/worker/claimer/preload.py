@@ -1,0 +1,19 @@
+"""Imported by the claimers' fork server (:mod:`pgworker.worker.forkserver`): the modules
+a claimer process uses, loaded once for every claimer forked from the server; and, in
+the server only, SIGTERM ignored (see that module for why; a claimer restores the
+default as it starts, :func:`.process.claimer_main`)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import prometheus_client  # noqa: F401 - loaded for the claimers (reads PROMETHEUS_MULTIPROC_DIR)
+
+from ... import error_classes, loader, logs, metrics  # noqa: F401 - loaded for the claimers
+from . import process  # noqa: F401 - the claimer's own modules, psycopg and OpenTelemetry's API with them
+
+# The server's command line is multiprocessing's `-c "from multiprocessing.forkserver
+# import main; ..."`: anywhere else (a tool importing every module) this changes nothing.
+if any("multiprocessing.forkserver import main" in arg for arg in sys.orig_argv):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -1,0 +1,87 @@
+"""What a claimer process pays at start (issue 23: a drain run's start-up, what a CronJob
+pays on every run), checked by what each process had loaded, never by a timing.
+
+A claimer is forked from the pod's fork server with its modules already imported (a
+spawned claimer re-imported psycopg, prometheus_client, OpenTelemetry and pgworker: 0.3
+to 0.5 CPU-seconds each, 12 s for 16 claimers to claim on 2 cores); the server never runs
+the app's code; and nothing a drain run does not need (croniter, whose import runs
+``file -b`` on the interpreter) is imported by an app without schedules.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+
+import pytest
+
+from pg import wait_until
+from worker import HERE, Worker, q
+
+pytestmark = pytest.mark.acceptance
+
+PROBE_APP = os.path.join(HERE, "apps", "startup_probe_app.py") + ":app"
+# What a claimer must find loaded when it comes to import the app (the fork server's).
+PRELOADED = ("psycopg", "prometheus_client", "opentelemetry.trace", "pgworker.worker.claimer.loop",
+             "pgworker.metrics", "pgworker.loader")
+
+
+def _probes(folder):
+    return [json.load(open(p)) for p in sorted(glob.glob(os.path.join(folder, "*.json")))]
+
+
+def test_claimers_are_forked_with_their_modules_loaded_and_the_server_runs_no_app_code(app, pg_dsn, tmp_path):
+    app.enqueue_many([("noop", i) for i in range(20)])
+    with Worker(pg_dsn, app.settings.schema, "--drain", "--concurrency", "3", app=PROBE_APP,
+                env={"PROBE_DIR": str(tmp_path)}) as w:
+        assert w.wait(90) == 0, w.logs()[-3000:]
+    seen = _probes(tmp_path)
+    claimers = [p for p in seen if p["process"].startswith("pgworker-claimer")]
+    others = [p for p in seen if not p["process"].startswith("pgworker-claimer")]
+    assert len(claimers) == 3, seen
+    # the supervisor loads the app too; nothing else does (the fork server never imports it)
+    assert len(others) == 1 and others[0]["process"] == "MainProcess", others
+    assert not any("multiprocessing.forkserver" in " ".join(p["argv"]) for p in others)
+    for p in claimers:
+        assert any("multiprocessing.forkserver" in a for a in p["argv"]), p["argv"]  # forked, not spawned
+        missing = [m for m in PRELOADED if m not in p["modules"]]
+        assert missing == [], f"not preloaded by the fork server: {missing}"
+    # an app without schedules never imports croniter (its import forks `file`): by the
+    # time the app is imported, all of pgworker is, in the supervisor and in a claimer
+    for p in seen:
+        assert "croniter" not in p["modules"], p["process"]
+
+
+
+def _running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+def test_a_killed_fork_server_costs_the_pod_its_claimers_never_two_on_one_table(app, pg_dsn, conn):
+    """The fork server reports its claimers' exits; killed (SIGKILL: it ignores SIGTERM),
+    it leaves them running, orphaned, while the supervisor reads them as exited. They are
+    stopped before their replacements take their slot tables (a sync handler's claimer
+    would otherwise run on beside its replacement), and the pod goes on."""
+    schema = app.settings.schema
+    with Worker(pg_dsn, schema, "--concurrency", "2", app=PROBE_APP) as w:
+        old = wait_until(lambda: len(w.claimer_pids()) == 2 and w.claimer_pids(), 60, message="claimers started")
+        app.enqueue_many([("nap", 30), ("nap", 30)], any_task=True)
+        wait_until(lambda: q(conn, schema, "SELECT count(*) FROM {s}.jobs WHERE state = 'running'")[0][0] == 2,
+                   60, message="both claimers run a long job")
+        (server,) = w.fork_server_pids()
+        os.kill(server, signal.SIGKILL)
+        new = wait_until(lambda: len(w.claimer_pids()) == 2 and w.claimer_pids(), 60,
+                         message=lambda: f"replacement claimers; log:\n{w.logs()[-3000:]}")
+        assert [p for p in old if _running(p)] == [], "an orphaned claimer runs beside its replacement"
+        assert set(new).isdisjoint(old) and w.fork_server_pids() not in ([], [server])
+        ids = app.enqueue_many([("noop", i) for i in range(20)])
+        wait_until(lambda: q(conn, schema, "SELECT count(*) FROM {s}.jobs WHERE id = ANY(%s) AND state = 'succeeded'",
+                             list(ids))[0][0] == 20, 60, message="the jobs run after the restart")
+        assert w.stop() == 0
