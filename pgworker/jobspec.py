@@ -28,6 +28,42 @@ _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 _ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"), default=to_json_value)
 
 
+def _c_encoder() -> Any:
+    """``_ENCODER``'s C encoder, built once: ``JSONEncoder.encode`` builds a new one (and a
+    Python closure) for every payload, about half of a small payload's cost. Its argument
+    list is CPython's (json/encoder.py, ``iterencode``); where it differs, or there is no C
+    encoder, None and ``_ENCODER.encode`` is used. The markers dict (circular references)
+    is its own: after a failed encoding it may hold stale entries, so the encoder is then
+    rebuilt (:func:`_encode`)."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - CPython without _json
+        return None
+    try:
+        enc = make({}, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", False, False, False)
+        sample: Any = {"a": [1, 2.5, None, True, "\u00e9\n"], "b": {}}
+        if "".join(enc(sample, 0)) != _ENCODER.encode(sample):  # pragma: no cover - another CPython
+            return None
+    except TypeError:  # pragma: no cover - another CPython's argument list
+        return None
+    return enc
+
+
+_C_ENCODER = _c_encoder()
+
+
+def _encode(payload: Any) -> str:
+    """``_ENCODER.encode(payload)``, through the prebuilt C encoder when there is one."""
+    global _C_ENCODER
+    enc = _C_ENCODER
+    if enc is None:  # pragma: no cover - CPython without _json
+        return _ENCODER.encode(payload)
+    try:
+        return "".join(enc(payload, 0))
+    except BaseException:
+        _C_ENCODER = _c_encoder()  # its markers may hold this payload's containers
+        raise
+
+
 class JobSpec(NamedTuple):
     """One job for :meth:`pgworker.App.enqueue_many` (same options as ``enqueue``).
 
@@ -83,7 +119,7 @@ def serialize_payload(payload: Any, max_bytes: int) -> str:
     larger than ``max_bytes`` in UTF-8.
     """
     try:
-        text = _ENCODER.encode(payload)
+        text = _encode(payload)
     except TypeError as exc:
         raise PayloadError(f"payload is not JSON-serialisable: {exc}; pass dicts, lists, str, "
                            "int, float, bool or None, dataclasses or pydantic models of them (sets as lists, bytes as base64 text)") from None
@@ -231,10 +267,37 @@ class Preparer:
         if base is None:
             base = self._shared[key] = prepare(spec._replace(payload=None), self.tasks, self.max_payload_bytes,
                                                any_task=any_task)
-        return base._replace(payload_json=serialize_payload(spec.payload, self.max_payload_bytes))
+        return _with_payload(base, serialize_payload(spec.payload, self.max_payload_bytes))
 
     def many(self, specs: Iterable[JobSpec], any_task: bool = False) -> list[PreparedJob]:
-        return [self.one(spec, any_task) for spec in specs]
+        """:meth:`one` for each spec, in order. A spec with the same task object and the
+        same options as the one before it (the usual batch) reuses that one's prepared
+        options without building and hashing a cache key: only its payload is encoded.
+        A spec with a ``run_at`` always takes :meth:`one`, whose key tells a fall-back's
+        two instants apart (equality ignores ``fold``)."""
+        out: list[PreparedJob] = []
+        limit = self.max_payload_bytes
+        prev_task: Any = None
+        prev_options: Any = None
+        base: PreparedJob | None = None
+        for spec in specs:
+            options = spec[2:]
+            if base is not None and spec[0] is prev_task and spec[4] is None and options == prev_options:
+                out.append(_with_payload(base, serialize_payload(spec[1], limit)))
+                continue
+            base = self.one(spec, any_task)
+            out.append(base)
+            prev_task, prev_options = spec[0], options
+        return out
+
+
+_new_tuple = tuple.__new__
+
+
+def _with_payload(base: PreparedJob, payload_json: str) -> PreparedJob:
+    """``base`` with another payload (what ``base._replace(payload_json=...)`` makes, at a
+    fraction of its cost: it runs for every job of a batch)."""
+    return _new_tuple(PreparedJob, (base[0], base[1], payload_json, *base[3:]))
 
 
 def unknown_task_message(name: str, tasks: dict[str, Task]) -> str:

@@ -11,7 +11,7 @@ PostgreSQL docs, NOTIFY). Without one, a pooled connection in autocommit mode is
 from __future__ import annotations
 
 import json
-from collections import Counter, defaultdict
+from collections import defaultdict
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
@@ -162,19 +162,21 @@ def enqueue_batch_plan(store: Store, jobs: Sequence[PreparedJob], metrics: "Work
         if not keyed and len(jobs) < COPY_MIN_JOBS:
             # the common case: one statement (one round trip; on an autocommit connection,
             # one transaction), ids in input order
-            ids = yield from store.insert_jobs_batch_plan({
-                "queues": [j.queue for j in jobs], "tasks": [j.task for j in jobs],
-                "payloads": [j.payload_json for j in jobs], "priorities": [j.priority for j in jobs],
-                "run_ats": [j.run_at for j in jobs], "delays": [j.delay_seconds for j in jobs],
-                "max_attempts": [j.max_attempts for j in jobs], "trace_contexts": [ctx_json] * len(jobs)})
+            ids, counts = yield from store.insert_jobs_batch_plan(jobs, ctx_json)
             if metrics:
-                for q, n in Counter(j.queue for j in jobs).items():
+                for q, n in counts.items():
                     metrics.enqueued(q, n)
             return ids
-        ids, inserted, out = yield Atomic(_batch_plan(store, jobs, keyed, ctx_json, on_conflict),
+        if not keyed:  # a large batch: COPY (its fixed round trips amortised over the rows)
+            ids, counts = yield Atomic(_copy_plan(store, jobs, ctx_json), savepoint=on_conflict == "raise")
+            if metrics:
+                for q, n in counts.items():
+                    metrics.enqueued(q, n)
+            return ids  # type: ignore[no-any-return]
+        ids, inserted, out = yield Atomic(_keyed_plan(store, jobs, ctx_json, on_conflict),
                                           savepoint=on_conflict == "raise")
         if metrics:
-            counts: dict[str, int] = defaultdict(int)
+            counts = defaultdict(int)
             for i, j in zip(ids, jobs):
                 if i in inserted:
                     counts[j.queue] += 1
@@ -183,33 +185,36 @@ def enqueue_batch_plan(store: Store, jobs: Sequence[PreparedJob], metrics: "Work
         return out  # type: ignore[no-any-return]
 
 
-def _batch_plan(store: Store, jobs: Sequence[PreparedJob], keyed: bool, ctx_json: str | None,
+def _copy_plan(store: Store, jobs: Sequence[PreparedJob], ctx_json: str | None
+               ) -> Plan[tuple[list[int], dict[str, int]]]:
+    """The transaction of a COPY batch: (the ids in input order, {queue: jobs})."""
+    ids, db_now = yield from store.allocate_ids_plan(len(jobs))
+    counts, due = yield from store.copy_jobs_plan(ids, jobs, db_now, ctx_json)
+    yield from store.notify_queues_plan(due)
+    return ids, counts
+
+
+def _keyed_plan(store: Store, jobs: Sequence[PreparedJob], ctx_json: str | None,
                 on_conflict: str) -> Plan[tuple[list[int], dict[int, bool], list[int]]]:
-    """The transaction of a COPY or keyed batch: (reserved ids, {inserted id: due now}, result)."""
+    """The transaction of a keyed batch: (reserved ids, {inserted id: due now}, result)."""
     ids, db_now = yield from store.allocate_ids_plan(len(jobs))
     # run_at from the database clock, as single enqueues do
     run_ats = [j.run_at or (db_now + timedelta(seconds=j.delay_seconds) if j.delay_seconds else db_now)
                for j in jobs]
-    holders: dict[int, int] = {}
-    if not keyed:  # a large batch: COPY (its fixed round trips amortised over the rows)
-        yield from store.copy_jobs_plan((i, j.queue, j.task, j.payload_json, j.priority, r,
-                                         j.max_attempts, ctx_json)
-                                        for i, j, r in zip(ids, jobs, run_ats))
-        inserted = {i: r <= db_now for i, r in zip(ids, run_ats)}
-    else:  # a job refused by its dedupe key gets the holder's id
-        inserted, holders = yield from store.insert_jobs_many_plan({
-            "ids": ids, "queues": [j.queue for j in jobs], "tasks": [j.task for j in jobs],
-            "payloads": [j.payload_json for j in jobs],
-            "priorities": [j.priority for j in jobs], "run_ats": run_ats,
-            "max_attempts": [j.max_attempts for j in jobs],
-            "dedupe_keys": [j.dedupe_key for j in jobs],
-            "dedupe_windows": [j.dedupe_window_seconds for j in jobs],
-            "ordering_keys": [j.ordering_key for j in jobs],
-            "dead_blocks_keys": [j.dead_blocks_key for j in jobs],
-            "trace_contexts": [ctx_json] * len(jobs)})
-        if holders and on_conflict == "raise":  # undone by the enclosing Atomic's savepoint
-            raise AlreadyEnqueued(jobs[min(holders)].dedupe_key, holders[min(holders)],  # type: ignore[arg-type]
-                                  held_by=holders)
+    # a job refused by its dedupe key gets the holder's id
+    inserted, holders = yield from store.insert_jobs_many_plan({
+        "ids": ids, "queues": [j.queue for j in jobs], "tasks": [j.task for j in jobs],
+        "payloads": [j.payload_json for j in jobs],
+        "priorities": [j.priority for j in jobs], "run_ats": run_ats,
+        "max_attempts": [j.max_attempts for j in jobs],
+        "dedupe_keys": [j.dedupe_key for j in jobs],
+        "dedupe_windows": [j.dedupe_window_seconds for j in jobs],
+        "ordering_keys": [j.ordering_key for j in jobs],
+        "dead_blocks_keys": [j.dead_blocks_key for j in jobs],
+        "trace_contexts": [ctx_json] * len(jobs)})
+    if holders and on_conflict == "raise":  # undone by the enclosing Atomic's savepoint
+        raise AlreadyEnqueued(jobs[min(holders)].dedupe_key, holders[min(holders)],  # type: ignore[arg-type]
+                              held_by=holders)
     yield from store.notify_queues_plan({j.queue for i, j in zip(ids, jobs) if inserted.get(i)})
     out = [holders.get(pos, i) for pos, i in enumerate(ids)]
     return ids, inserted, out

@@ -12,6 +12,7 @@ import psycopg
 from psycopg import sql
 
 from ..errors import InvalidJob
+from . import batch
 from .keyed import KeyedScope, KeyedTransitions, no_heads
 from .plan import Atomic, Copy, Plan, run
 
@@ -62,18 +63,29 @@ class EnqueueStatements(KeyedTransitions):
 
     def allocate_ids_plan(self, count: int) -> Plan[tuple[list[int], datetime]]:
         rows = yield self._step("job_ids_allocate", {"sequence": self._sequence, "count": count})
-        return [r[0] for r in rows], rows[0][1]
+        return list(map(int, rows[0][0].split(","))), rows[0][1]
 
-    def insert_jobs_batch(self, conn: psycopg.Connection, rows: dict[str, list[Any]]) -> list[int]:
+    def insert_jobs_batch(self, conn: psycopg.Connection, jobs: Sequence[Sequence[Any]],
+                          trace_context: str | None = None) -> tuple[list[int], dict[str, int]]:
         """Insert jobs without dedupe or ordering keys in one statement (and one NOTIFY per
-        queue with a job due now); ``rows`` holds one list per column (queues, tasks,
-        payloads as JSON text, priorities, run_ats, delays in seconds, max_attempts,
-        trace_contexts). Returns the new ids in input order."""
-        return run(conn, self.insert_jobs_batch_plan(rows))
+        queue with a job due now). ``jobs``: rows in :class:`pgworker.jobspec.PreparedJob`'s
+        order (queue, task, payload as JSON text, priority, run_at or None, delay in
+        seconds, max_attempts, ...); ``trace_context``: JSON text stored with every job.
+        Returns (the new ids in input order, {queue: jobs inserted}). Raises
+        :class:`InvalidJob` (nothing sent) when a payload holds a raw U+001E, which no JSON
+        text does."""
+        return run(conn, self.insert_jobs_batch_plan(jobs, trace_context))
 
-    def insert_jobs_batch_plan(self, rows: dict[str, list[Any]]) -> Plan[list[int]]:
-        out = yield self._step("jobs_insert_batch", {**rows, "sequence": self._sequence, "channel": self.channel})
-        return [r[0] for r in out]
+    def insert_jobs_batch_plan(self, jobs: Sequence[Sequence[Any]], trace_context: str | None = None
+                               ) -> Plan[tuple[list[int], dict[str, int]]]:
+        """:meth:`insert_jobs_batch` as a plan."""
+        params, counts = batch.statement_params(jobs)
+        out = yield self._step("jobs_insert_batch", {**params, "trace_context": trace_context,
+                                                     "sequence": self._sequence, "channel": self.channel})
+        ids = list(map(int, out[0][0].split(",")))
+        if len(ids) != len(jobs):  # pragma: no cover - batch_params refuses what could cause it
+            raise InvalidJob(f"a batch of {len(jobs)} jobs inserted {len(ids)}; report this as a bug")
+        return ids, counts
 
     def insert_jobs_many(self, conn: psycopg.Connection,
                          rows: dict[str, list[Any]]) -> tuple[dict[int, bool], dict[int, int]]:
@@ -135,19 +147,26 @@ class EnqueueStatements(KeyedTransitions):
         out = yield scope.step("jobs_insert_many", rows)
         return {r[0]: r[1] for r in out}
 
-    def copy_jobs(self, conn: psycopg.Connection, rows: Iterable[tuple[Any, ...]]) -> None:
-        """COPY jobs without dedupe or ordering keys (ids reserved by :meth:`allocate_ids`).
+    def copy_jobs(self, conn: psycopg.Connection, ids: Sequence[int], jobs: Sequence[Sequence[Any]],
+                  db_now: datetime, trace_context: str | None = None) -> tuple[dict[str, int], set[str]]:
+        """COPY jobs without dedupe or ordering keys (``ids`` reserved by :meth:`allocate_ids`,
+        ``db_now`` the database clock it read, for run_at; ``jobs`` rows as
+        :meth:`insert_jobs_batch` takes them). Returns ({queue: jobs}, the queues with a
+        job due now). No NOTIFY: the caller sends them (:meth:`notify_queues`).
 
-        Text format: payload and trace context arrive as JSON text and go in as they are
-        (the server parses jsonb from text in either format), so no row needs a Python
-        jsonb wrapper and psycopg formats each row in C.
+        Text format, written by :func:`pgworker.store.batch.copy_text` as one string:
+        payload and trace context go in as the JSON text they are (the server parses
+        jsonb from text), and no row is formatted on its own.
         """
-        run(conn, self.copy_jobs_plan(rows))
+        return run(conn, self.copy_jobs_plan(ids, jobs, db_now, trace_context))
 
-    def copy_jobs_plan(self, rows: Iterable[tuple[Any, ...]]) -> Plan[None]:
-        stmt = sql.SQL("COPY {} (id, queue, task, payload, priority, run_at, max_attempts, trace_context) "
-                       "FROM STDIN").format(self._jobs_table)
-        yield Copy(stmt, rows)
+    def copy_jobs_plan(self, ids: Sequence[int], jobs: Sequence[Sequence[Any]], db_now: datetime,
+                       trace_context: str | None = None) -> Plan[tuple[dict[str, int], set[str]]]:
+        data, counts, due = batch.copy_text(ids, jobs, db_now, trace_context)
+        stmt = sql.SQL("COPY {} ({}) FROM STDIN").format(
+            self._jobs_table, sql.SQL(", ").join(map(sql.Identifier, batch.COPY_COLUMNS)))
+        yield Copy(stmt, data)
+        return counts, due
 
     def dedupe_holders(self, conn: psycopg.Connection, keys: Sequence[str]) -> dict[str, int]:
         """{dedupe key: id of the job holding it}, after releasing expired holds; a key
@@ -166,3 +185,4 @@ class EnqueueStatements(KeyedTransitions):
         payloads = sorted(set(queues))
         if payloads:
             yield self._step("queues_notify", {"channel": self.channel, "payloads": payloads})
+

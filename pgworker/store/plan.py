@@ -39,10 +39,11 @@ class Exec(NamedTuple):
 
 
 class Copy(NamedTuple):
-    """``COPY ... FROM STDIN`` of ``rows`` (tuples in the statement's column order)."""
+    """``COPY ... FROM STDIN`` of ``rows``: tuples in the statement's column order, or the
+    data already in COPY's text format as one string (written in one call)."""
 
     statement: sql.Composed
-    rows: Iterable[tuple[Any, ...]]
+    rows: "Iterable[tuple[Any, ...]] | str"
 
 
 class Atomic(NamedTuple):
@@ -94,8 +95,11 @@ def _step(conn: psycopg.Connection, step: Step) -> Any:
             return cur.fetchall() if cur.description is not None else []
     if isinstance(step, Copy):
         with conn.cursor() as cur, cur.copy(step.statement) as copy:
-            for row in step.rows:
-                copy.write_row(row)
+            if isinstance(step.rows, str):
+                copy.write(step.rows)
+            else:
+                for row in step.rows:
+                    copy.write_row(row)
         return None
     # as pgworker.store.base.atomic (not imported: base builds its steps with this module)
     if conn.autocommit or not step.savepoint:
@@ -134,8 +138,11 @@ async def _astep(conn: psycopg.AsyncConnection, step: Step) -> Any:
             return await cur.fetchall() if cur.description is not None else []
     if isinstance(step, Copy):
         async with conn.cursor() as cur, cur.copy(step.statement) as copy:
-            for row in step.rows:
-                await copy.write_row(row)
+            if isinstance(step.rows, str):
+                await copy.write(step.rows)
+            else:
+                for row in step.rows:
+                    await copy.write_row(row)
         return None
     # as _step does for a sync connection
     if conn.autocommit or not step.savepoint:

@@ -53,36 +53,46 @@ FROM ins;
 
 -- name: job_ids_allocate
 -- Reserve ids for a bulk insert, so COPY (which cannot return them) still reports them,
--- and read the database clock for the batch's run_at.
-SELECT nextval(%(sequence)s::regclass), now() FROM generate_series(1, %(count)s);
+-- and read the database clock for the batch's run_at. One row: the ids in order as
+-- comma-separated text (a row per id cost the client more than the COPY of the jobs).
+SELECT string_agg(nextval(%(sequence)s::regclass)::text, ',' ORDER BY g), now()
+FROM generate_series(1, %(count)s) AS g;
 
 -- name: jobs_insert_batch
 -- Bulk insert of jobs without dedupe or ordering keys (the keyed ones take
 -- jobs_insert_many), in ONE statement, so a batch costs one round trip and, on an
--- autocommit connection, one transaction: ids drawn from the sequence in input order
--- (the input is materialised once, as a CTE read twice is), the rows inserted, and one
--- NOTIFY per queue that got a job due now (delivered at commit, never on rollback). The
--- NOTIFY CTE is read by the final SELECT so that it runs (a SELECT CTE nobody reads is
--- not evaluated). The arrays travel in binary (%(name)b): text arrays in text format are
--- escaped element by element, which cost more than the insert. Returns the ids in input order.
-WITH input AS MATERIALIZED (
-    SELECT nextval(%(sequence)s::regclass) AS id, b.*
-    FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(payloads)b::text[]::jsonb[], %(priorities)b::smallint[],
-                %(run_ats)b::timestamptz[], %(delays)b::float8[], %(max_attempts)b::int[],
-                %(trace_contexts)b::text[]::jsonb[])
-         WITH ORDINALITY AS b(queue, task, payload, priority, run_at, delay, max_attempts, trace_context, ord)
-), ins AS (
+-- autocommit connection, one transaction: the rows inserted with ids drawn from the
+-- sequence, and one NOTIFY per queue that got a job due now (delivered at commit, never
+-- on rollback). The NOTIFY CTE is read by the final SELECT so that it runs (a SELECT CTE
+-- nobody reads is not evaluated). Input order: the scan of unnest() yields the jobs in
+-- input order and nextval() runs in that order as the rows are inserted, and a session's
+-- nextval() calls return increasing values (the sequence does not cycle), so the ids in
+-- ascending order are the ids in input order; no CTE materialises the input to remember
+-- it (which cost a fifth of the statement, EXPLAIN ANALYZE on 100 rows).
+-- What travels is shaped for the client's cost, which dominated the call (Python
+-- formatted every array element on its own; pgworker.store.batch): the payloads as ONE
+-- text, the JSON texts joined by U+001E (JSON escapes every control character, so none
+-- occurs inside a payload); the options jobs share (queue, task, priority, run_at,
+-- delay, max_attempts) as small arrays of distinct "shapes", with each job's shape number
+-- (1-based, comma-separated text; NULL when the batch has one shape); the trace context
+-- once (one span per call). Returns one row: the ids in input order as comma-separated
+-- text, and the count of NOTIFYs.
+WITH ins AS (
     INSERT INTO {schema}.jobs (id, queue, task, payload, priority, run_at, max_attempts, trace_context)
-    SELECT i.id, i.queue, i.task, i.payload, i.priority,
-           coalesce(i.run_at, now() + make_interval(secs => i.delay)), i.max_attempts, i.trace_context
-    FROM input AS i
-    ORDER BY i.ord
-    RETURNING queue, run_at <= now() AS due
+    SELECT nextval(%(sequence)s::regclass), (%(queues)s::text[])[x.s], (%(tasks)s::text[])[x.s],
+           p.payload::jsonb, (%(priorities)s::smallint[])[x.s],
+           coalesce((%(run_ats)s::timestamptz[])[x.s],
+                    now() + make_interval(secs => (%(delays)s::float8[])[x.s])),
+           (%(max_attempts)s::int[])[x.s], %(trace_context)s::jsonb
+    FROM unnest(string_to_array(%(payloads)s::text, E'\x1e'),
+                string_to_array(%(shape_of)s::text, ',')::int[]) AS p(payload, shape),
+         LATERAL (SELECT coalesce(p.shape, 1) AS s) AS x
+    RETURNING id, queue, run_at <= now() AS due
 ), notified AS (
     SELECT count(pg_notify(%(channel)s, q.queue)) AS n
     FROM (SELECT DISTINCT queue FROM ins WHERE due) AS q
 )
-SELECT i.id, (SELECT n FROM notified) FROM input AS i ORDER BY i.ord;
+SELECT string_agg(id::text, ',' ORDER BY id), (SELECT n FROM notified) FROM ins;
 
 -- name: jobs_insert_many
 -- Bulk insert with dedupe and ordering keys (the COPY path takes the rest). Ids were
