@@ -11,7 +11,7 @@ from typing import Any, Callable, NamedTuple
 import psycopg
 import pytest
 
-from pgworker.errors import DatabaseUnavailable
+from pgworker.errors import DatabaseBusy
 from pgworker.jobs import FailRequest
 from worker import q
 
@@ -152,7 +152,7 @@ def test_the_transition_takes_the_keys_lock_first(app, conn, pg_dsn, case):
                        (app.store._ordering_namespace, KEY))
         c.execute("SET lock_timeout = '200ms'")
         if made.waits:
-            with pytest.raises((psycopg.errors.LockNotAvailable, DatabaseUnavailable)):  # the App's wrapper
+            with pytest.raises((psycopg.errors.LockNotAvailable, DatabaseBusy)):  # DatabaseBusy: the App's wrapper
                 made.action(c)
         else:
             made.action(c)
