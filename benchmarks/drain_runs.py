@@ -147,8 +147,11 @@ def claimer_pids(pid: int) -> list[int]:
 def drain(schema: BenchSchema, *, concurrency: int, batch: int | None = None,
           obs: Observability | None = None, since_id: int = 0, max_duration: float | None = None,
           extra_args: tuple[str, ...] = (), extra_env: dict[str, str] | None = None,
-          sample_every: float = 0.1, timeout: float = 900, code_root: str | None = None) -> DrainResult:
-    """Run ``pgworker run --drain`` on ``schema`` until it exits; return what it did."""
+          sample_every: float = 0.1, timeout: float = 900, code_root: str | None = None,
+          profile_dir: str | None = None) -> DrainResult:
+    """Run ``pgworker run --drain`` on ``schema`` until it exits; return what it did.
+    ``profile_dir``: sample every claimer and the supervisor with py-spy from the start
+    gate to their exit, one collapsed-stack file each (``benchmarks/profile.py``)."""
     obs = obs or Observability()
     gate = tempfile.mkdtemp(prefix="pgworker-bench-gate-")
     metrics_dir = tempfile.mkdtemp(prefix="pgworker-bench-metrics-")
@@ -172,6 +175,10 @@ def drain(schema: BenchSchema, *, concurrency: int, batch: int | None = None,
         if proc.poll() is not None:
             raise RuntimeError(f"pgworker run exited early ({proc.returncode}): {proc.stderr.read()[-3000:]}")
         pids = claimer_pids(proc.pid)
+        if profile_dir is not None:
+            from .profile import sample_processes
+
+            samplers = sample_processes({"supervisor": [proc.pid], "claimer": pids}, profile_dir)
 
         cpu0 = {p: cpu_seconds(p) for p in pids}
         cpu0_dispatcher = cpu_seconds(proc.pid)
@@ -214,6 +221,8 @@ def drain(schema: BenchSchema, *, concurrency: int, batch: int | None = None,
         err = proc.stderr.read()
         if proc.returncode not in (0, 75):
             raise RuntimeError(f"pgworker run --drain exited {proc.returncode}: {err[-3000:]}")
+        if profile_dir is not None:
+            samplers.wait()
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
