@@ -3,12 +3,21 @@
 Jobs are rows. Workers claim them with ``FOR UPDATE SKIP LOCKED`` in one short
 statement, run them outside any transaction under an expiring lease, and record each
 outcome with a write fenced by the claim's token. See docs/architecture.md.
+
+The public names other than the errors load their modules on first use (PEP 562), not
+when the package is imported: ``pgworker run`` (the ``pgworker`` command is
+``pgworker.cli``, inside this package) starts the claimers' fork server before psycopg,
+prometheus_client and OpenTelemetry load, so that its imports and the supervisor's
+overlap (docs/architecture.md, "Start-up"). ``from pgworker import App`` and
+``pgworker.App`` work as before; type checkers see the imports below.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__
-from .app import App
-from .config import Settings
-from .context import JobContext
 from .errors import (
     AlreadyEnqueued,
     ConfigError,
@@ -37,11 +46,22 @@ from .errors import (
     StepError,
     UnknownTask,
 )
-from .effects.steps import NOT_DONE
-from .jobs import ClaimedJob, FenceReport, JobState, Lease, Outcome, ReplayResult
-from .jobspec import JobSpec
-from .retry import FailureClass, RetryPolicy
-from .tasks import Task
+
+if TYPE_CHECKING:
+    from .app import App
+    from .config import Settings
+    from .context import JobContext
+    from .effects.steps import NOT_DONE
+    from .jobs import ClaimedJob, FenceReport, JobState, Lease, Outcome, ReplayResult
+    from .jobspec import JobSpec
+    from .retry import FailureClass, RetryPolicy
+    from .tasks import Task
+
+#: Each lazily loaded public name -> the module that defines it.
+_LAZY = {"App": ".app", "Settings": ".config", "JobContext": ".context", "NOT_DONE": ".effects.steps",
+         "ClaimedJob": ".jobs", "FenceReport": ".jobs", "JobState": ".jobs", "Lease": ".jobs", "Outcome": ".jobs",
+         "ReplayResult": ".jobs", "JobSpec": ".jobspec", "FailureClass": ".retry", "RetryPolicy": ".retry",
+         "Task": ".tasks"}
 
 __all__ = [
     "App", "Settings", "JobContext", "Task", "JobSpec", "RetryPolicy", "FailureClass",
@@ -53,3 +73,16 @@ __all__ = [
     "ResultNotReady", "JobDidNotSucceed", "JobNotFound", "ResultLost", "ResultTimeout",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -7,7 +7,6 @@ import json
 
 from ..errors import ConfigError
 from ..names import schema_flag
-from ..operations import UNSET
 from .output import emit
 from .settings import _make_app
 
@@ -22,6 +21,8 @@ def cmd_effects(args: argparse.Namespace) -> int:
         raise ConfigError("usage: pgworker effects resolve ID NAME (--result JSON | --retry) [--replay]")
     # resolve_effect takes result= or retry=True, never both: --retry leaves result unset
     # (a None would mean "done, with a null result" and was refused beside retry=True)
+    from ..operations import UNSET  # here, not at import: psycopg loads after `pgworker run`'s fork server starts
+
     result: object = UNSET
     if not args.retry:
         try:

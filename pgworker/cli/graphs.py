@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .. import graphs
 from ..names import quantity, schema_flag
 from .output import emit
 from .settings import _make_app
@@ -14,6 +13,8 @@ from .settings import _make_app
 def cmd_graphs(args: argparse.Namespace) -> int:
     """``pgworker graphs cancel|replay GRAPH_ID``: print what changed (JSON with --json);
     exit 1 when no job carries the graph id (nothing changed)."""
+    from .. import graphs  # here, not at import: psycopg loads after `pgworker run`'s fork server starts
+
     app = _make_app(args)
     states = graphs.graph_states(app.core, args.graph_id)
     if not states:

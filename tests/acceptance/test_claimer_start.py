@@ -14,6 +14,8 @@ import glob
 import json
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -85,3 +87,26 @@ def test_a_killed_fork_server_costs_the_pod_its_claimers_never_two_on_one_table(
         wait_until(lambda: q(conn, schema, "SELECT count(*) FROM {s}.jobs WHERE id = ANY(%s) AND state = 'succeeded'",
                              list(ids))[0][0] == 20, 60, message="the jobs run after the restart")
         assert w.stop() == 0
+
+
+def test_the_command_line_loads_no_driver_before_run_starts_its_fork_server():
+    """``pgworker run`` starts the claimers' fork server first thing (forkserver.start_early),
+    so that the server's imports overlap the supervisor's: the command line's own imports
+    (``pgworker.cli``, and the package, whose public names load on first use) must load
+    none of psycopg, prometheus_client and OpenTelemetry. A module that imports one of them
+    at the top from cli/ or pgworker/__init__.py fails this test."""
+    code = ("import sys, pgworker.cli\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('psycopg', 'psycopg_pool', "
+            "'prometheus_client', 'opentelemetry'))\n"
+            "assert heavy == [], heavy\n"
+            "import pgworker\n"
+            "assert pgworker.App.__module__ == 'pgworker.app' and 'App' in dir(pgworker)\n"
+            "from pgworker import NOT_DONE, JobSpec, Settings, Task  # noqa: F401\n"
+            "try:\n"
+            "    pgworker.Missing\n"
+            "except AttributeError as exc:\n"
+            "    assert 'Missing' in str(exc)\n"
+            "else:\n"
+            "    raise SystemExit('pgworker.Missing resolved')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=HERE)
+    assert done.returncode == 0, done.stderr

@@ -534,37 +534,10 @@ def test_batches_completing_parents_with_shared_children_never_deadlock(app, con
     z = app.enqueue("t", depends_on=[e])
     jobs = {j.id: j for j in app.claim(limit=5)}
     assert set(jobs) == {a, e, b, c, d}
-    errors: list[BaseException] = []
-
     def finish(c, ids):
-        try:
-            assert app.store.complete(c, [jobs[i].lease for i in ids]).ok
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+        assert app.store.complete(c, [jobs[i].lease for i in ids]).ok
 
-    def waiting(c):
-        for _ in range(250):
-            if q(conn, schema, "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
-                 c.info.backend_pid) == [("Lock",)]:
-                return
-            threading.Event().wait(0.02)
-        raise AssertionError("the batch never waited for a lock")
-
-    with psycopg.connect(pg_dsn) as holder, \
-            psycopg.connect(pg_dsn, autocommit=True) as c1, psycopg.connect(pg_dsn, autocommit=True) as c2:
-        for session in (c1, c2):  # the update meets the parents in the batch's order (their ids' order)
-            session.execute("SET enable_seqscan = off; SET enable_bitmapscan = off; "
-                            "SET enable_hashjoin = off; SET enable_mergejoin = off")
-        q(holder, schema, "SELECT 1 FROM {s}.jobs WHERE id = %s FOR NO KEY UPDATE", z)
-        first = threading.Thread(target=finish, args=(c1, [a, e, b]))
-        first.start()
-        waiting(c1)
-        second = threading.Thread(target=finish, args=(c2, [c, d]))
-        second.start()
-        waiting(c2)
-        holder.commit()
-        first.join(10)
-        second.join(10)
+    errors = _race_behind_a_row_lock(conn, pg_dsn, schema, z, (finish, [a, e, b]), (finish, [c, d]))
     assert not errors, errors
     assert {i: state(conn, schema, i)[:3] for i in (x, y, z)} == {i: ("pending", False, 0) for i in (x, y, z)}
 
@@ -583,13 +556,27 @@ def test_two_cancels_whose_descendants_overlap_never_deadlock(app, conn, pg_dsn)
     c1 = app.enqueue("t", depends_on=[p1, f2])
     e1 = app.enqueue("t", depends_on=[c1])
     c2 = app.enqueue("t", depends_on=[e1, p2])
+    def cancel(c, parent):
+        q(c, schema, "UPDATE {s}.jobs SET state = 'cancelled', finished_at = now(), "
+                     "last_error_code = 'CANCELLED' WHERE id = %s RETURNING id", parent)
+
+    errors = _race_behind_a_row_lock(conn, pg_dsn, schema, e1, (cancel, p1), (cancel, p2))
+    assert not errors, errors
+    assert {i: state(conn, schema, i)[0] for i in (f2, c1, e1, c2)} == dict.fromkeys((f2, c1, e1, c2), "cancelled")
+
+
+def _race_behind_a_row_lock(conn, pg_dsn, schema, locked_id, first, second) -> list[BaseException]:
+    """Two sessions racing through rows another session holds: a third locks row
+    ``locked_id``; ``first`` = (fn, arg) runs fn(session, arg) in a thread until it waits
+    for that lock, then ``second`` does the same in another; the third commits and both
+    finish. Plans are pinned to index scans so each statement meets the rows in the order
+    it would in a worker under load. Returns what the two raised (a deadlock, say)."""
     errors: list[BaseException] = []
 
-    def cancel(c, parent):
+    def run(c, fn, arg):
         try:
-            q(c, schema, "UPDATE {s}.jobs SET state = 'cancelled', finished_at = now(), "
-                         "last_error_code = 'CANCELLED' WHERE id = %s RETURNING id", parent)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+            fn(c, arg)
+        except BaseException as exc:  # noqa: BLE001 - returned to the test
             errors.append(exc)
 
     def waiting(c):
@@ -598,22 +585,20 @@ def test_two_cancels_whose_descendants_overlap_never_deadlock(app, conn, pg_dsn)
                  c.info.backend_pid) == [("Lock",)]:
                 return
             threading.Event().wait(0.02)
-        raise AssertionError("the cancel never waited for a lock")
+        raise AssertionError("the statement never waited for the row lock")
 
     with psycopg.connect(pg_dsn) as holder, \
             psycopg.connect(pg_dsn, autocommit=True) as s1, psycopg.connect(pg_dsn, autocommit=True) as s2:
-        for session in (s1, s2):  # the trigger's update meets the descendants in its scan's order
+        for session in (s1, s2):
             session.execute("SET enable_seqscan = off; SET enable_bitmapscan = off; "
                             "SET enable_hashjoin = off; SET enable_mergejoin = off")
-        q(holder, schema, "SELECT 1 FROM {s}.jobs WHERE id = %s FOR NO KEY UPDATE", e1)
-        first = threading.Thread(target=cancel, args=(s1, p1))
-        first.start()
-        waiting(s1)
-        second = threading.Thread(target=cancel, args=(s2, p2))
-        second.start()
-        waiting(s2)
+        q(holder, schema, "SELECT 1 FROM {s}.jobs WHERE id = %s FOR NO KEY UPDATE", locked_id)
+        threads = []
+        for session, (fn, arg) in ((s1, first), (s2, second)):
+            threads.append(threading.Thread(target=run, args=(session, fn, arg)))
+            threads[-1].start()
+            waiting(session)
         holder.commit()
-        first.join(10)
-        second.join(10)
-    assert not errors, errors
-    assert {i: state(conn, schema, i)[0] for i in (f2, c1, e1, c2)} == dict.fromkeys((f2, c1, e1, c2), "cancelled")
+        for t in threads:
+            t.join(10)
+    return errors
