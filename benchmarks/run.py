@@ -1,6 +1,6 @@
 """pgworker's benchmark, every figure beside its reference, in one run (issue 23).
 
-    python -m benchmarks.run --peers        # the full run, with PGQueuer and Procrastinate (~30-40 minutes on 2 cores)
+    python -m benchmarks.run --peers        # the full run, with PGQueuer and Procrastinate (~16 minutes on 2 quiet cores, 30-40 loaded)
     python -m benchmarks.run --quick        # a smoke run (one repetition, smaller cases)
     python -m benchmarks.run --sections matrix,growth,scale   # the optional sections
 

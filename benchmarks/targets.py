@@ -3,14 +3,15 @@
 Every figure is a ratio of two cases measured in the same run (same minutes, same
 load): pgworker over the minimal lease queue (``reference.py``), over PGQueuer, over
 itself untraced. The figures kept from earlier rounds (traps, idle fleet, LISTEN
-latency, memory) are compared with docs/benchmarks.md's run at 85677f1.
+latency, memory) are compared with the run at 85677f1 (benchmarks/results/2026-12-01T144524Z.md,
+the one docs/benchmarks.md held before this round's).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-# docs/benchmarks.md at 85677f1 (issue 23: "none worse than today"), with 20 % for noise
+# the run at 85677f1 (issue 23: "none worse than today"), with 20 % for noise
 DOCS_IDLE_STATEMENTS_PER_MINUTE = 240
 DOCS_LISTEN_MEDIAN_MS = 1.7
 DOCS_CLAIMER_RSS_MIB = 47.6
@@ -102,15 +103,15 @@ def targets(doc: dict[str, Any], plan: Any) -> list[dict[str, Any]]:
         add(f"an idle fleet's statements per minute / {doc['machine'].get('compared_with')}'s in the same run (+20 %)",
             ratio(idle, before), NOISE, "lower")
     else:
-        add("an idle fleet's statements per minute (docs/benchmarks.md: 240, +20 %; --compare-with 85677f1 "
+        add("an idle fleet's statements per minute (85677f1's run: 240, +20 %; --compare-with 85677f1 "
             "measures the earlier fleet in the same run)", idle, DOCS_IDLE_STATEMENTS_PER_MINUTE * NOISE, "lower")
-    add("idle enqueue-to-start latency with LISTEN, median (docs/benchmarks.md: 1.7 ms, +20 %)",
+    add("idle enqueue-to-start latency with LISTEN, median (85677f1's run: 1.7 ms, +20 %)",
         get(doc, "latency listen", "median_ms"), round(DOCS_LISTEN_MEDIAN_MS * NOISE, 2), "lower", "ms")
     # the OTLP exporter's own imports (protobuf, requests) are the exporter's, not pgworker's:
-    # docs/benchmarks.md's figure is over runs with at most the SDK
+    # 85677f1's figure is over runs with at most the SDK
     mem = max((v for k in doc["results"] if not k.startswith("obs otlp")
                for v in values(doc, k, "rss_claimer_max_mib")), default=None)
-    add("claimer resident memory, max over every run but the OTLP ones (docs/benchmarks.md: 47.6 MiB, +20 %)", mem,
+    add("claimer resident memory, max over every run but the OTLP ones (85677f1's run: 47.6 MiB, +20 %)", mem,
         round(DOCS_CLAIMER_RSS_MIB * NOISE, 1), "lower", "MiB")
     return out
 
