@@ -21,8 +21,9 @@ outside, so the code measured is unchanged), 100 samples a second, without stopp
 process (``--nonblocking``), and only while a thread holds the GIL (``--gil``): a sample
 is a moment the process was running Python, or a C call made from Python that kept the
 GIL (the JSON encoder, psycopg's row parsing). Waiting for the server does not count
-(psycopg releases the GIL while it waits on the socket): that share is the process's
-CPU per job (from /proc, printed above each profile) against the run's rate. The
+(psycopg releases the GIL while it waits on the socket): the share of the time a process
+held the GIL is its samples over 100 a second times the seconds sampled (the drain cases
+also print their CPU per job from /proc). The
 sampling slows the run down (py-spy reads the stacks on the same 2 cores); the shares
 are what to read.
 The report groups the samples by the *area* of the running frame (a pgworker module,
@@ -53,6 +54,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CASES = ("drain", "otlp", "enqueue_many", "enqueue", "startup")
 FRAME = re.compile(r"^(?P<name>.*) \((?P<file>[^()]*?)(?::\d+)?\)$")
 Stacks = Counter[tuple[tuple[str, str], ...]]  # (function, file) frames, outermost first -> samples
+FEW_SAMPLES = 200  # below this a share moves in steps of half a percent or more: said, not hidden
 
 
 def py_spy() -> str:
@@ -60,7 +62,8 @@ def py_spy() -> str:
     here = os.path.join(os.path.dirname(sys.executable), "py-spy")
     found = here if os.path.exists(here) else shutil.which("py-spy")
     if not found:
-        raise RuntimeError("the profiles need py-spy, a sampling profiler: pip install py-spy")
+        raise RuntimeError("the profiles need py-spy, a sampling profiler: pip install py-spy "
+                           "(the test extra has it: pip install -e '.[test]')")
     return found
 
 
@@ -163,6 +166,9 @@ def summarize(title: str, stacks: Stacks, limit: int = 12, note: str = "") -> li
         for fn in {f"{fname} ({area(ffile)})" for fname, ffile in frames if area(ffile).startswith("pgworker.")}:
             inclusive[fn] += n
     out += [f"{total:,} samples.", ""]
+    if total < FEW_SAMPLES:
+        out += [f"**Few samples** (under {FEW_SAMPLES}: each is {100 / total:.1f} % of the whole), so read only "
+                "the large shares; more jobs (--jobs) or a longer run (--seconds) gives more.", ""]
     out += _table("area of the running frame", by_area.most_common(), total, limit) + [""]
     out += _table("function (own samples)", own.most_common(), total, limit) + [""]
     out += _table("pgworker function (including what it calls)", inclusive.most_common(), total, limit) + [""]
@@ -256,7 +262,8 @@ def profile_startup(limit: int = 12) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dsn", help="PostgreSQL DSN (default: PGWORKER_DSN, else the local test database)")
+    parser.add_argument("--dsn", help="PostgreSQL DSN (default: PGWORKER_BENCH_DSN, else PGWORKER_DSN, else "
+                                      "postgresql://postgres@127.0.0.1:5432/test)")
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     parser.add_argument("--jobs", type=int, default=100_000, help="jobs per drain (default 100,000)")
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds per enqueue case (default 10)")
@@ -266,7 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(cases) - set(CASES))
     if unknown:
         parser.error(f"unknown case {', '.join(unknown)}: choose from {', '.join(CASES)}")
-    py_spy()
+    try:
+        py_spy()
+    except RuntimeError as exc:
+        raise SystemExit(f"benchmark profile: {exc}") from None
     dsn = find_dsn(args.dsn)
     lines = [f"# Profiles ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", ""]
     for case in cases:

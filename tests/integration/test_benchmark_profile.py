@@ -66,3 +66,10 @@ def test_an_unknown_case_is_refused_with_the_choices():
     done = subprocess.run([sys.executable, "-m", "benchmarks.profile", "--cases", "drian"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "unknown case drian: choose from drain, otlp" in done.stderr
+
+
+def test_a_profile_of_few_samples_says_so(tmp_path):
+    path = tmp_path / "enqueue-1.txt"
+    path.write_text(f"run (/w/pgworker/producer.py);execute ({SITE}/psycopg/cursor.py) 14\n")
+    text = "\n".join(profile.summarize("producer", profile.read_stacks([str(path)])))
+    assert "**Few samples** (under 200: each is 7.1 % of the whole)" in text
