@@ -48,6 +48,7 @@ from ..outcome import (COMMITTED, FAIL, OUTCOME_INVALID, TIMEOUT_SQLSTATES, Outc
                        write_outcomes, written_outcome)
 from ..service import Backoff
 from .connection import ClaimerConnection
+from .due_later import DueLater
 
 log = logging.getLogger("pgworker.claimer")
 
@@ -60,7 +61,7 @@ class Completer:
 
     def __init__(self, *, app: Any, db: ClaimerConnection, table: SlotTable, metrics: Any, worker_id: str,
                  flush_seconds: float, error_message_max_chars: int, index: int = 0,
-                 on_settled: Callable[[], None] = lambda: None) -> None:
+                 on_settled: Callable[[], None] = lambda: None, due_later: DueLater | None = None) -> None:
         self.app = app
         self.store = app.store
         self.db = db
@@ -75,6 +76,8 @@ class Completer:
         self.bounds = outcome_bounds(self.renew_interval, st.lock_timeout_seconds, st.statement_timeout_seconds)
         self.max_chars = error_message_max_chars
         self.on_settled = on_settled
+        # the retries and snoozes written: when they fall due, for the claim loop's wake-ups
+        self.due_later = due_later if due_later is not None else DueLater(st.poll_interval_seconds)
         self.pending: list[Outcome] = []
         self.pending_lock = threading.Lock()
         self.stop_event = threading.Event()
@@ -272,6 +275,8 @@ class Completer:
             if accepted:
                 if outcome == "dead":
                     _log_dead(o, self.schema_flag)
+                elif outcome in ("retried", "snoozed"):
+                    self.due_later.add(o.delay, retry=outcome == "retried")
                 if traced and o.span is not None and o.kind != COMMITTED:  # traced by its transaction
                     op = {"complete": "complete", "fail": "retry" if outcome == "retried" else "fail"}.get(
                         o.kind_name, o.kind_name)

@@ -25,6 +25,7 @@ import os
 import select
 import signal
 import threading
+import time
 from typing import Any, Sequence
 
 import psycopg
@@ -40,6 +41,7 @@ from ..podlimits import PodQueueLimits
 from ..shm.wakeups import PodSignals, fence
 from .completer import Completer
 from .connection import ClaimerConnection
+from .due_later import DueLater
 from .executor import Executor
 from .planner import Planner
 from .recycle import recycle_due
@@ -99,6 +101,8 @@ class Claimer(Planner, Runner):
                                  error_message_max_chars=settings.error_message_max_chars,
                                  secrets=(dsn_password(settings.dsn),))
         self.completer: Completer | None = None
+        # when the retries and snoozes this claimer writes fall due (no NOTIFY announces them)
+        self.due_later = DueLater(drain_horizon_seconds=settings.poll_interval_seconds, drain=drain)
         self.peer_jobs = PeerJobs(self.peers, index, self.db, self.store, owner=self.worker_id)
 
     # -- lifecycle ------------------------------------------------------------------
@@ -114,7 +118,8 @@ class Claimer(Planner, Runner):
         self.completer = Completer(app=self.app, db=self.db, table=self.table, metrics=self.metrics,
                                    worker_id=self.worker_id, flush_seconds=self.settings.completion_flush_seconds,
                                    error_message_max_chars=self.settings.error_message_max_chars,
-                                   index=self.index, on_settled=self._refresh_pod_limits)
+                                   index=self.index, on_settled=self._refresh_pod_limits,
+                                   due_later=self.due_later)
         self.table.beat(idle=False)
         self.completer.start(lambda: self.executor.running)
 
@@ -143,6 +148,7 @@ class Claimer(Planner, Runner):
                 if not self.db.ensure():
                     continue
                 seen = self.signals.generation if self.signals is not None else 0
+                round_started = time.monotonic()
                 found = self.claim_round()
                 if self.should_stop():
                     break
@@ -160,8 +166,11 @@ class Claimer(Planner, Runner):
                 self.completer.flush()
                 # retry_at holds only queues whose due jobs wait for a token (the claim says
                 # so only then): that is work left, claimed when the token comes or left at
-                # the deadline; an empty bucket with nothing due owes nothing
-                if self.drain and not self.retry_at:
+                # the deadline; an empty bucket with nothing due owes nothing. A retry this
+                # claimer wrote that falls due within the poll interval is work left too
+                # (due_later: retries end, at max_attempts; a later one waits for the next run).
+                self.due_later.pop_due(round_started)  # due before this round: it saw them (or a peer took them)
+                if self.drain and not self.retry_at and not self.due_later.holds_drain():
                     self.table.header.drained = 1
                 self.wait_for_work(seen)
         finally:

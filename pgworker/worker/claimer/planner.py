@@ -123,11 +123,18 @@ class Planner(ClaimerState):
 
     def _wait_seconds(self) -> float:
         """Until the next wake-up check: at most WAIT_CHECK_SECONDS, less when a
-        rate-limited queue gets its next token sooner."""
-        if not self.retry_at:
-            return WAIT_CHECK_SECONDS
-        return max(0.0, min(WAIT_CHECK_SECONDS, min(self.retry_at.values()) - time.monotonic()))
+        rate-limited queue gets its next token sooner, or a job this claimer retried or
+        snoozed falls due sooner (:mod:`.due_later`)."""
+        now = time.monotonic()
+        wait = WAIT_CHECK_SECONDS
+        if self.retry_at:
+            wait = min(wait, min(self.retry_at.values()) - now)
+        due = self.due_later.seconds_to_next(now)
+        if due is not None:
+            wait = min(wait, due)
+        return max(0.0, wait)
 
     def _retry_due(self) -> bool:
+        """A rate-limited queue's token, or a job this claimer retried or snoozed, is due."""
         now = time.monotonic()
-        return any(t <= now for t in self.retry_at.values())
+        return any(t <= now for t in self.retry_at.values()) or self.due_later.pop_due(now)

@@ -22,6 +22,7 @@ class ClaimerState:
     db: Any
     executor: Any
     completer: Any
+    due_later: Any
     metrics: Any
     pod_limits: Any
     worker_id: str
