@@ -90,21 +90,23 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         return 0
     if args.graph is not None and args.queue is not None:
         raise ConfigError("--graph lists one graph's jobs whatever their queue: give --graph or --queue")
-    rows = app.list_jobs(queue=args.queue, state=args.state, limit=args.limit, graph_id=args.graph,
+    # one row past the limit says whether more exist (the note below), and is not shown
+    rows = app.list_jobs(queue=args.queue, state=args.state, limit=args.limit + 1, graph_id=args.graph,
                          task=args.task)
+    more, rows = len(rows) > args.limit, rows[:args.limit]
     if not args.json:  # --json keeps the column as stored: it is data
         rows = [{**r, "last_error_code": error_shown(r)} for r in rows]
     emit(args, rows, ["id", "queue", "task", "state", "priority", "attempts", "max_attempts",
                       "run_at", "last_error_code"])
-    _note_limit(args, len(rows))
+    _note_limit(args, more)
     return 0
 
 
-def _note_limit(args: argparse.Namespace, shown: int) -> None:
-    """Say on stderr that a list stopped at --limit: a full page looked like every job
-    there is. Not with --json (stdout is data; the count is the list's length)."""
-    if shown >= args.limit and not args.json:
-        print(f"(showing the first {shown}, newest first; --limit N for more)", file=sys.stderr)
+def _note_limit(args: argparse.Namespace, more: bool) -> None:
+    """Say on stderr that a list stopped at --limit with more jobs left: a full page looked
+    like every job there is. Not with --json (its output is data alone)."""
+    if more and not args.json:
+        print(f"(showing the first {args.limit}, newest first; --limit N for more)", file=sys.stderr)
 
 
 def error_shown(row: dict[str, Any]) -> str | None:
@@ -180,9 +182,10 @@ def cmd_dead(args: argparse.Namespace) -> int:
             _note_unknown_queue(app, args.queue)
         # by id, every job asked for must be replayed; --all replays what it can
         return 1 if (result.not_dead or result.held_by) and args.ids else 0
-    rows = app.list_jobs(queue=args.queue, state="dead", limit=args.limit)
+    rows = app.list_jobs(queue=args.queue, state="dead", limit=args.limit + 1)
+    more, rows = len(rows) > args.limit, rows[:args.limit]
     emit(args, rows, ["id", "queue", "task", "attempts", "last_error_code", "finished_at"])
-    _note_limit(args, len(rows))
+    _note_limit(args, more)
     return 0
 
 
