@@ -34,7 +34,9 @@ class Admin:
         """Cancel a job: pending or dead jobs become cancelled at once ('cancelled' is
         returned); a running job gets a cancellation request its worker sees at the next
         lease renewal ('running' is returned). None when the job is finished or unknown.
-        ``reason``: kept in the audit trail (at most 500 characters; `jobs show`, the console)."""
+        ``reason``: kept in the audit trail (`jobs show`, the console), stripped; a longer one
+        than 500 characters (:data:`pgworker.names.CANCEL_REASON_MAX_CHARS`) is kept cut to
+        499 and '…' (the command line refuses it instead); blank is none."""
         return operations.cancel(self.core, job_id, actor=actor, conn=conn, reason=reason)
 
     def replay(self, job_ids: Sequence[int] = (), *, queue: str | None = None, limit: int = 1000,
@@ -75,9 +77,11 @@ class Admin:
         return operations.get_job(self.core, job_id)
 
     def list_jobs(self, *, queue: str | None = None, state: str | None = None,
-                  limit: int = 50, graph_id: int | None = None) -> list[dict[str, Any]]:
-        """Jobs, newest first, by queue and state, or the jobs of one graph (``graph_id``)."""
-        return operations.list_jobs(self.core, queue=queue, state=state, limit=limit, graph_id=graph_id)
+                  limit: int = 50, graph_id: int | None = None, task: str | None = None) -> list[dict[str, Any]]:
+        """Jobs, newest first, by queue, state and task (exact names), or the jobs of one
+        graph (``graph_id``, by state and task). Raises :class:`InvalidName` for a queue
+        or task name no job can have (empty, too long, control characters)."""
+        return operations.list_jobs(self.core, queue=queue, state=state, limit=limit, graph_id=graph_id, task=task)
 
     # -- queues ---------------------------------------------------------------------
 
@@ -140,7 +144,8 @@ class Admin:
     # -- graphs (docs/graphs.md) ----------------------------------------------------
 
     def cancel_graph(self, graph_id: int, *, actor: str | None = None, reason: str | None = None) -> dict[str, Any]:
-        """Cancel every unfinished job of a graph; see :func:`pgworker.graphs.cancel_graph`."""
+        """Cancel every unfinished job of a graph; see :func:`pgworker.graphs.cancel_graph`
+        (``reason`` as :meth:`cancel`'s: over 500 characters, it is cut with '…')."""
         return graphs.cancel_graph(self.core, graph_id, actor=actor, reason=reason)
 
     def replay_graph(self, graph_id: int, *, actor: str | None = None) -> graphs.ReplayedGraph:

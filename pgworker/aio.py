@@ -172,7 +172,8 @@ class AsyncProducer:
     async def acancel(self, job_id: int, *, actor: str | None = None,
                       conn: psycopg.AsyncConnection | None = None, reason: str | None = None) -> str | None:
         """:meth:`App.cancel` as a coroutine: 'cancelled', 'running' (a request its worker
-        sees at the next renewal), or None when the job is finished or unknown."""
+        sees at the next renewal), or None when the job is finished or unknown; ``reason``
+        as :meth:`App.cancel`'s (over 500 characters, cut with '…')."""
         require_async(conn, "cancel")
         async with self.aconnection(conn, "cancel") as c:
             return await arun(c, self.core.store.cancel_plan(job_id, actor=actor or _actor(),

@@ -7,6 +7,7 @@ takes the App's :class:`pgworker.core.Core`."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import shlex
@@ -20,7 +21,7 @@ from .config import MAX_SETTING_SECONDS
 from .connections import require_sync
 from .errors import ConfigError, QueuePaused
 from .jobs import ReplayResult
-from .names import cancel_reason, check_queue_name, schema_flag
+from .names import cancel_reason, check_queue_name, check_task_name, schema_flag
 from .schedules import Periodic, describe
 
 if TYPE_CHECKING:
@@ -74,11 +75,37 @@ def resolve_effect(core: Core, job_id: int, name: str, *, result: Any = UNSET, r
             raise ConfigError(f"the effect's result must be JSON ({exc})") from None
     with core.connection() as c:
         row = core.store.effect_resolve(c, job_id, name, retry=retry, result_json=text, by=actor or _actor())
-    if row is None:
-        raise ConfigError(f"job {job_id} has no effect {name!r} left started (uncertain), or the job is running: "
-                          f"see `pgworker jobs show {job_id}{schema_flag(core.settings.schema)}`; only an effect recorded 'started' on a job that "
-                          "is not running can be resolved")
+        if row is None:
+            raise ConfigError(_unresolved(core, c, job_id, name))
     return row[0]
+
+
+def _unresolved(core: Core, conn: psycopg.Connection, job_id: int, name: str) -> str:
+    """Why resolve_effect changed nothing, naming what the job has: its state when running
+    or unknown, else its effects left uncertain and the closest of its effects' names
+    (a typo such as 'gatway' for 'gateway' said only "no effect")."""
+    see = f"see `pgworker jobs show {job_id}{schema_flag(core.settings.schema)}`"
+    job = core.store.get_job(conn, job_id)
+    if job is None:
+        return f"there is no job {job_id} in schema {core.settings.schema!r} (--schema, PGWORKER_SCHEMA)"
+    if job["state"] == "running":
+        return (f"job {job_id} is running: its attempt owns its effects; resolve {name!r} once the job is not "
+                f"running ({see})")
+    records = job.get("steps") or []
+    effects = [s["name"] for s in records if s["kind"] == "effect"]
+    uncertain = [s["name"] for s in records if s["kind"] == "effect" and s["status"] == "started"]
+    kind = next((s["kind"] for s in records if s["name"] == name), None)
+    if kind == "effect":
+        why = f": {name!r} is recorded done already"
+    elif kind == "step":
+        why = f": {name!r} is a step (ctx.step), not an effect"
+    else:
+        close = difflib.get_close_matches(name, effects, n=1, cutoff=0.6)
+        why = f"; did you mean {close[0]!r}?" if close else ""
+    has = (f"its effects left uncertain: {', '.join(map(repr, uncertain))}" if uncertain
+           else "it has no effect left uncertain" + (f" (its effects: {', '.join(map(repr, effects))})"
+                                                     if effects else ""))
+    return f"job {job_id} has no effect {name!r} left started (uncertain){why}; {has} ({see})"
 
 
 def prune(core: Core, older_than: "float | timedelta", *, batch: int) -> int:
@@ -188,9 +215,13 @@ def get_job(core: Core, job_id: int) -> dict[str, Any] | None:
 
 
 def list_jobs(core: Core, *, queue: str | None, state: str | None, limit: int,
-              graph_id: int | None) -> list[dict[str, Any]]:
+              graph_id: int | None, task: str | None = None) -> list[dict[str, Any]]:
+    if queue is not None:
+        check_queue_name(queue)
+    if task is not None:
+        check_task_name(task)
     with core.connection() as c:
-        return core.store.list_jobs(c, queue=queue, state=state, limit=limit, graph_id=graph_id)
+        return core.store.list_jobs(c, queue=queue, state=state, limit=limit, graph_id=graph_id, task=task)
 
 
 def queue_settings(core: Core) -> list[dict[str, Any]]:

@@ -76,10 +76,12 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             # "...\r\nFAKE LOG LINE"); lists and dicts are printed as JSON, escaped already
             job = {k: visible(v) if isinstance(v, str) else v for k, v in job.items()}
         if not args.json:  # one line per parent and child: id (task): state
+            if job["state"] == "succeeded" and job.get("last_error_code"):
+                job["last_error_code"] = f"earlier attempt failed: {job['last_error_code']} (the job succeeded)"
             for side in ("parents", "children"):
                 if side in job:
                     job[side] = [f"{r['id']} ({r['task']}): {r['state']}"
-                                 + (f" {r['last_error_code']}" if r.get("last_error_code") else "")
+                                 + (f" {error_shown(r)}" if r.get("last_error_code") else "")
                                  + (f", waiting for {r['waiting_parents']}" if r.get("waiting_parents") else "")
                                  for r in job[side]]
             if isinstance(job.get("progress"), (int, float)):
@@ -88,10 +90,30 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         return 0
     if args.graph is not None and args.queue is not None:
         raise ConfigError("--graph lists one graph's jobs whatever their queue: give --graph or --queue")
-    rows = app.list_jobs(queue=args.queue, state=args.state, limit=args.limit, graph_id=args.graph)
+    # one row past the limit says whether more exist (the note below), and is not shown
+    rows = app.list_jobs(queue=args.queue, state=args.state, limit=args.limit + 1, graph_id=args.graph,
+                         task=args.task)
+    more, rows = len(rows) > args.limit, rows[:args.limit]
+    if not args.json:  # --json keeps the column as stored: it is data
+        rows = [{**r, "last_error_code": error_shown(r)} for r in rows]
     emit(args, rows, ["id", "queue", "task", "state", "priority", "attempts", "max_attempts",
                       "run_at", "last_error_code"])
+    _note_limit(args, more)
     return 0
+
+
+def _note_limit(args: argparse.Namespace, more: bool) -> None:
+    """Say on stderr that a list stopped at --limit with more jobs left: a full page looked
+    like every job there is. Not with --json (its output is data alone)."""
+    if more and not args.json:
+        print(f"(showing the first {args.limit}, newest first; --limit N for more)", file=sys.stderr)
+
+
+def error_shown(row: dict[str, Any]) -> str | None:
+    """A job's last error code as a table shows it: a succeeded job's is an earlier
+    attempt's, "(earlier: RuntimeError)"; "succeeded RuntimeError" read as a failure."""
+    code = row.get("last_error_code")
+    return f"(earlier: {code})" if code and row.get("state") == "succeeded" else code
 
 
 def percent(fraction: float) -> str:
@@ -106,10 +128,14 @@ def _retry(args: argparse.Namespace, app: Any) -> int:
     moved = app.retry(args.id)
     if moved is None:
         job = app.get_job(args.id)
+        flag = schema_flag(app.settings.schema)
         why = "unknown" if job is None else (
             f"{job['state']}, not pending" if job["state"] != "pending" else "pending and due already")
+        # a dead job runs again by a replay: the command that does what was meant
+        fix = (f"; to run a dead job again, replay it: `pgworker dead replay {args.id}{flag}`"
+               if job is not None and job["state"] == "dead" else "")
         print(f"error: job {args.id} is {why}: only a pending job scheduled later can be retried now "
-              f"(`pgworker jobs show {args.id}{schema_flag(app.settings.schema)}`)", file=sys.stderr)
+              f"(`pgworker jobs show {args.id}{flag}`){fix}", file=sys.stderr)
         return 1
     if args.json:
         emit(args, {"id": args.id, "previous_run_at": moved["previous_run_at"].isoformat()})
@@ -156,8 +182,10 @@ def cmd_dead(args: argparse.Namespace) -> int:
             _note_unknown_queue(app, args.queue)
         # by id, every job asked for must be replayed; --all replays what it can
         return 1 if (result.not_dead or result.held_by) and args.ids else 0
-    rows = app.list_jobs(queue=args.queue, state="dead", limit=args.limit)
+    rows = app.list_jobs(queue=args.queue, state="dead", limit=args.limit + 1)
+    more, rows = len(rows) > args.limit, rows[:args.limit]
     emit(args, rows, ["id", "queue", "task", "attempts", "last_error_code", "finished_at"])
+    _note_limit(args, more)
     return 0
 
 

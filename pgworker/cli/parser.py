@@ -10,8 +10,9 @@ import re
 import shlex
 from typing import Any
 
-from .values import (_duration_or_none, _float_or_none, _int_or_none, _job_id, _job_state,  # noqa: F401
-                     _positive_int, parse_duration, retention_duration)
+from ..names import CANCEL_REASON_MAX_CHARS
+from .values import (_cancel_reason, _duration_or_none, _float_or_none, _int_or_none, _job_id,  # noqa: F401
+                     _job_state, _positive_int, parse_duration, retention_duration)
 
 #: Flags whose default is an environment variable other than a Settings field's: dest ->
 #: (variable, default when it is unset). Resolved after parsing, so that the parser (and
@@ -121,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(jl)
     for q in (p, jl):
         q.add_argument("--queue", help="only this queue's jobs")
+        q.add_argument("--task", help="only this task's jobs (its exact name, as the console's filter)")
         q.add_argument("--state", type=_job_state, choices=("pending", "running", "succeeded", "dead", "cancelled"),
                        help="only jobs in this state")
         q.add_argument("--limit", type=_positive_int, default=50, metavar="N", help="at most N jobs, newest first")
@@ -158,8 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     gc = gsub.add_parser("cancel", help="cancel every unfinished job of a graph (running ones are asked to stop)")
     _common(gc)
     gc.add_argument("graph_id", type=_job_id, metavar="GRAPH_ID", help="the graph's id (its first job's)")
-    gc.add_argument("--reason", metavar="TEXT",
-                    help="why, kept in each cancelled job's audit trail (at most 500 characters)")
+    gc.add_argument("--reason", metavar="TEXT", type=_cancel_reason,
+                    help=f"why, kept in each cancelled job's audit trail (at most {CANCEL_REASON_MAX_CHARS} "
+                         "characters; a longer one is refused)")
     gr = gsub.add_parser("replay", help="replay a graph's dead jobs; what their death cancelled waits again")
     _common(gr)
     gr.add_argument("graph_id", type=_job_id, metavar="GRAPH_ID", help="the graph's id (its first job's)")
@@ -180,7 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cancel", help="cancel a job (a running one is asked to stop)")
     _common(p)
     p.add_argument("id", type=_job_id, help="the job's id")
-    p.add_argument("--reason", metavar="TEXT", help="why, kept in the job's audit trail (at most 500 characters)")
+    p.add_argument("--reason", metavar="TEXT", type=_cancel_reason,
+                   help=f"why, kept in the job's audit trail (at most {CANCEL_REASON_MAX_CHARS} characters; a longer "
+                        "one is refused)")
 
     p = sub.add_parser("prune", help="delete succeeded and cancelled jobs older than a retention")
     _common(p)

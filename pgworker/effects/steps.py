@@ -31,11 +31,13 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shlex
 from typing import TYPE_CHECKING, Any, Callable
 
 import psycopg
 
 from ..errors import EffectUncertain, LeaseLost, StepError
+from ..names import schema_flag
 
 if TYPE_CHECKING:
     from ..context import JobContext
@@ -111,11 +113,13 @@ def run_effect(ctx: "JobContext", name: str, fn: Callable[[str], Any],
         key = found.idempotency_key or key
         if reconcile is None:
             res.count("effect_uncertain", ctx.job.queue)
+            flag = schema_flag(res.settings.schema)  # the hint, followed as printed, reaches this schema
             raise EffectUncertain(
                 f"effect {name!r} (idempotency key {key}) was started by an earlier attempt that did not record "
                 f"its end, and the handler gives no reconcile function: check the destination, then "
-                f"`pgworker effects resolve {ctx.job_id} {name} --result JSON` (it happened) or "
-                f"`pgworker effects resolve {ctx.job_id} {name} --retry` (it did not), and replay the job")
+                f"`pgworker effects resolve {ctx.job_id} {shlex.quote(name)} --result JSON --replay{flag}` (it "
+                f"happened) or `pgworker effects resolve {ctx.job_id} {shlex.quote(name)} --retry --replay{flag}` "
+                "(it did not): --replay puts the dead job back to pending in the same command")
         answer = reconcile(key)
         if answer is not NOT_DONE:
             res.count("effect_reconciled", ctx.job.queue, "happened")

@@ -70,12 +70,12 @@ class ReadStatements(StoreBase):
         return row
 
     def list_jobs(self, conn: psycopg.Connection, *, queue: str | None, state: str | None,
-                  limit: int, graph_id: int | None = None) -> list[dict[str, Any]]:
+                  limit: int, graph_id: int | None = None, task: str | None = None) -> list[dict[str, Any]]:
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)
         if graph_id is not None:
             return cur.execute(self.queries["jobs_list_graph"], {"graph_id": graph_id, "state": state,
-                                                                 "limit": limit}).fetchall()
-        return cur.execute(self.queries["jobs_list"], {"queue": queue, "state": state,
+                                                                 "task": task, "limit": limit}).fetchall()
+        return cur.execute(self.queries["jobs_list"], {"queue": queue, "state": state, "task": task,
                                                        "limit": limit}).fetchall()
 
     def queue_stats(self, conn: psycopg.Connection, queues: Sequence[str]) -> QueueStats:

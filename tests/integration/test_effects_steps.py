@@ -378,3 +378,43 @@ def test_a_step_inside_a_stalled_transaction_neither_stops_renewal_nor_keeps_the
         handler.rollback()
     assert steps(conn, schema, job_id) == []
     assert job_row(conn, schema, job_id)[0] == "pending"
+
+
+def test_resolving_a_mistyped_effect_names_the_jobs_uncertain_effects_and_the_hint_gives_one_command(
+        app, conn, pg_dsn, capsys):
+    """`effects resolve 7 gatway --retry` said only "no effect 'gatway' left started":
+    the job's uncertain effects are named, with the closest name. The EFFECT_UNCERTAIN
+    error (the dead job's message, its log line) gives the one-command `--retry --replay`
+    form, with --schema for a schema other than the default."""
+    from pgworker.cli import main
+
+    schema = app.settings.schema
+
+    def gateway(key):
+        raise ConnectionError("the reply was lost")
+
+    @app.task(name="pay", max_attempts=2, retry=NOW)
+    def pay(payload, ctx):
+        ctx.step("quote", lambda: 10)
+        return ctx.effect("gateway", gateway)
+
+    job_id = app.enqueue("pay", {})
+    drain(app, skip_backoff=True)
+    assert job_row(conn, schema, job_id) == ("dead", 2, "EFFECT_UNCERTAIN")
+    message = app.get_job(job_id)["errors"][-1]["message"]
+    assert f"`pgworker effects resolve {job_id} gateway --retry --replay --schema {schema}`" in message, message
+    assert f"`pgworker effects resolve {job_id} gateway --result JSON --replay --schema {schema}`" in message
+    flags = ["--dsn", pg_dsn, "--schema", schema]
+    capsys.readouterr()
+    assert main(["effects", "resolve", str(job_id), "gatway", "--retry", *flags]) == 1
+    err = capsys.readouterr().err
+    assert f"job {job_id} has no effect 'gatway' left started (uncertain); did you mean 'gateway'?" in err, err
+    assert "its effects left uncertain: 'gateway'" in err and f"pgworker jobs show {job_id} --schema {schema}" in err
+    with pytest.raises(pgworker.ConfigError, match="'quote' is a step \\(ctx.step\\), not an effect"):
+        app.resolve_effect(job_id, "quote", retry=True)
+    with pytest.raises(pgworker.ConfigError, match="there is no job 987654321"):
+        app.resolve_effect(987654321, "gateway", retry=True)
+    assert main(["effects", "resolve", str(job_id), "gateway", "--result", '{"ok": true}', *flags]) == 0
+    with pytest.raises(pgworker.ConfigError, match="'gateway' is recorded done already; it has no effect left "
+                                                   "uncertain \\(its effects: 'gateway'\\)"):
+        app.resolve_effect(job_id, "gateway", retry=True)

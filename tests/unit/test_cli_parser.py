@@ -42,6 +42,10 @@ def test_every_command_line_in_the_readme_parses():
     commands = [line.split("#")[0].strip() for block in blocks for line in block.splitlines()
                 if line.startswith("pgworker ")]
     assert len(commands) >= 10
+    # the commands a new user looks for first: enqueueing a job (with its --payload) and
+    # finding jobs by task
+    assert any(c.startswith("pgworker enqueue ") and "--payload" in c for c in commands), commands
+    assert any(c.startswith("pgworker jobs list ") and "--task" in c for c in commands), commands
     parser = build_parser()
     for command in commands:
         try:

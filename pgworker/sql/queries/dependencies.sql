@@ -170,5 +170,6 @@ SELECT id, queue, task, state::text AS state, priority, run_at, attempts, max_at
 FROM {schema}.jobs
 WHERE graph_id = %(graph_id)s AND graph_id IS NOT NULL
   AND (%(state)s::text IS NULL OR state = %(state)s::text::{schema}.job_state)
+  AND (%(task)s::text IS NULL OR task = %(task)s::text)
 ORDER BY graph_id DESC, id DESC
 LIMIT %(limit)s;

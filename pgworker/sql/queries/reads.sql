@@ -20,12 +20,13 @@ FROM {schema}.jobs WHERE id = %(id)s;
 SELECT at, kind, actor, detail FROM {schema}.job_events WHERE job_id = %(id)s ORDER BY id;
 
 -- name: jobs_list
--- Jobs filtered by queue and state, newest first, without payloads.
+-- Jobs filtered by queue, state and task, newest first, without payloads.
 SELECT id, queue, task, state::text AS state, priority, run_at, attempts, max_attempts,
        lease_token, last_error_code, created_at, finished_at
 FROM {schema}.jobs
 WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(state)s::text IS NULL OR state = %(state)s::text::{schema}.job_state)
+  AND (%(task)s::text IS NULL OR task = %(task)s::text)
 ORDER BY id DESC
 LIMIT %(limit)s;
 
