@@ -14,12 +14,12 @@ See docs/testing.md. Importing this module does not import pytest.
 """
 
 from .drain import DEFAULT_MAX_JOBS, DrainedAttempt, DrainLimitExceeded, DrainResult, drain
-from .enqueued import ANY, assert_enqueued, enqueued_jobs, refute_enqueued
+from .enqueued import ANY, TooManyJobs, assert_enqueued, enqueued_jobs, refute_enqueued
 from .rows import JobRow
 from .schema import bind, dsn_from_env, throwaway_schema
 
 __all__ = [
     "drain", "DrainResult", "DrainedAttempt", "DrainLimitExceeded", "DEFAULT_MAX_JOBS",
-    "assert_enqueued", "refute_enqueued", "enqueued_jobs", "ANY", "JobRow",
+    "assert_enqueued", "refute_enqueued", "enqueued_jobs", "ANY", "JobRow", "TooManyJobs",
     "bind", "throwaway_schema", "dsn_from_env",
 ]
