@@ -4,7 +4,9 @@
   the worker's own claim, executor and fenced writes, and returns a
   :class:`DrainResult` (attempts by outcome, each job's final row).
 - :func:`assert_enqueued`, :func:`refute_enqueued` and :func:`enqueued_jobs` check what
-  was enqueued; a failure lists what was enqueued instead.
+  was enqueued, filtering in SQL and reading the newest candidates first; a failure lists
+  what was enqueued instead, and a read cut at its ``limit`` is never a silent answer
+  (:class:`TooManyJobs`).
 - :func:`throwaway_schema` and :func:`bind`: a migrated schema of the test's own, and
   your module-level App pointed at it for the test.
 - The pytest plugin (:mod:`pgworker.testing.plugin`, loaded automatically) provides

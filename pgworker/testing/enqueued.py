@@ -1,8 +1,12 @@
 """Assertions on what was enqueued: ``assert_enqueued``, ``refute_enqueued``, ``enqueued_jobs``.
 
-A failure says what was enqueued instead: every job of the task with the reasons it
+A failure says what was enqueued instead: the task's newest jobs with the reasons they
 did not match (state, queue, and the payload's differences key by key), and a count of
 the other jobs by task and state.
+
+The filters (task, queue, state, payload) apply in SQL, the newest candidates first, at
+most ``limit`` of them; a read cut there fails (or says so in its failure) rather than
+answer from part of the table.
 """
 
 from __future__ import annotations

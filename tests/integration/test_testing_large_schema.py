@@ -131,3 +131,17 @@ def test_the_candidate_read_walks_the_primary_key_and_stops_at_its_limit(app, co
     assert one["Shared Hit Blocks"] + one["Shared Read Blocks"] <= pages + 50, (one, pages)
     counts = json.dumps(_plan(conn, app, "testing_job_counts", {"limit": 10_000}))
     assert '"Index Name": "jobs_pkey"' in counts and "Seq Scan" not in counts, counts
+
+
+def test_the_sql_filters_keep_the_helpers_json_rules(app):
+    """The payload filters now run in SQL first (jsonb = and @>): a JSON null payload is
+    a payload, numbers compare by value, a boolean is not a number, and a list in
+    payload_contains still compares exactly."""
+    null_id = app.enqueue("t", None)
+    app.enqueue("t", {"n": 1, "flag": True, "tags": [1, 2]})
+    assert [j.id for j in assert_enqueued(app, "t", None)] == [null_id]
+    assert_enqueued(app, "t", {"n": 1.0, "flag": True, "tags": [1, 2]}, count=1)
+    assert_enqueued(app, "t", payload_contains={"n": 1.0}, count=1)
+    refute_enqueued(app, "t", payload_contains={"flag": 1})
+    refute_enqueued(app, "t", payload_contains={"tags": [1]})  # jsonb @> says yes; the helpers' rule, no
+    assert_enqueued(app, "t", payload_contains={}, count=1)  # {} is in every object, not in null
