@@ -52,7 +52,8 @@ def enqueued_jobs(app: Any, task: Any = None, *, queue: str | None = None,
     if read.truncated:
         what = _filters(task_name(task), queue, states)
         raise TooManyJobs(f"more than {limit:,} jobs{what} are in schema {app.settings.schema!r}, and enqueued_jobs "
-                          f"returns all or none: {_NARROW}")
+                          f"returns all or none: narrow it with task=, queue= or state= (they filter in SQL), "
+                          f"or pass a larger limit=")
     return read.rows
 
 

@@ -89,7 +89,7 @@ def test_an_exact_count_past_the_bound_is_not_guessed(app, conn):
     assert len(assert_enqueued(app, "other", count=OLDER, limit=OLDER)) == OLDER
     assert len(assert_enqueued(app, "other")) == 10_000  # at least one: the newest 10,000 matches
     with pytest.raises(TooManyJobs, match=r"more than 10,000 jobs of task 'other' are in schema .* returns all "
-                                          r"or none: narrow it with task="):
+                                          r"or none: narrow it with task=, queue= or state= \(they filter in SQL\), or pass a larger limit="):
         enqueued_jobs(app, "other")
     rows = enqueued_jobs(app, "other", state="pending", limit=OLDER)
     assert len(rows) == OLDER and rows[0].id < rows[-1].id  # oldest first
