@@ -1,4 +1,6 @@
-"""Job rows as the test helpers read them (statement ``testing_jobs``)."""
+"""Job rows as the test helpers read them (statements ``testing_jobs`` and
+``testing_job_counts``): filtered in SQL, newest first, and bounded, with the bound
+reported rather than hidden (:class:`JobRead`)."""
 
 from __future__ import annotations
 
@@ -7,12 +9,14 @@ from datetime import datetime
 from typing import Any, Iterable, Sequence
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from ..jobs import JobState
 from ..store import Store
 
 STATES = tuple(s.value for s in JobState)
-# More rows than any test means to look at; a bound so a runaway table cannot flood a message.
+# More candidates than any test means to look at; a bound so a runaway table cannot
+# flood memory or a message. A read that hits it says so (JobRead.truncated).
 ROWS_LIMIT = 10_000
 
 
@@ -63,11 +67,53 @@ def task_name(task: Any) -> str | None:
     return name
 
 
-def fetch_jobs(store: Store, conn: psycopg.Connection, *, ids: Sequence[int] | None = None,
-               task: str | None = None, queue: str | None = None, states: Sequence[str] | None = None,
-               limit: int = ROWS_LIMIT) -> list[JobRow]:
-    """Jobs matching every filter given (None: any), oldest first, at most ``limit``."""
+@dataclass(frozen=True)
+class JobRead:
+    """The result of a bounded read: ``rows`` oldest first, the newest ``limit`` at most;
+    ``truncated`` True when more rows matched than were kept (the older ones were not read)."""
+
+    rows: list[JobRow]
+    truncated: bool
+    limit: int
+
+
+def check_limit(limit: Any) -> int:
+    """``limit`` (the most candidate rows a helper reads) as an int >= 1; raises ``ValueError``."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be an integer >= 1 (the most candidate jobs to read, default {ROWS_LIMIT:,}), "
+                         f"got {limit!r}")
+    return limit
+
+
+def read_jobs(store: Store, conn: psycopg.Connection, *, ids: Sequence[int] | None = None,
+              task: str | None = None, queue: str | None = None, states: Sequence[str] | None = None,
+              payload: Any = None, exact_payload: bool = False, payload_contains: Any = None,
+              limit: int = ROWS_LIMIT) -> JobRead:
+    """The newest ``limit`` jobs matching every filter given (None: any), returned oldest first.
+
+    ``payload`` with ``exact_payload=True``: the payload equals it as jsonb (so None
+    means a JSON null payload, not "any"). ``payload_contains``: the payload contains it
+    (jsonb ``@>``, which is looser than the helpers' match for arrays: check each row
+    again). One row more than ``limit`` is asked for, so that ``truncated`` is known.
+    """
     cur = conn.cursor(row_factory=psycopg.rows.kwargs_row(JobRow))
-    return cur.execute(store.queries["testing_jobs"], {
+    rows = cur.execute(store.queries["testing_jobs"], {
         "ids": None if ids is None else list(ids), "task": task, "queue": queue,
-        "states": None if states is None else list(states), "limit": limit}).fetchall()
+        "states": None if states is None else list(states),
+        "payload": Jsonb(payload) if exact_payload else None,
+        "contains": None if payload_contains is None else Jsonb(payload_contains),
+        "limit": limit + 1}).fetchall()
+    truncated = len(rows) > limit
+    return JobRead(rows=rows[:limit][::-1], truncated=truncated, limit=limit)
+
+
+def count_jobs(store: Store, conn: psycopg.Connection, *,
+               limit: int = ROWS_LIMIT) -> tuple[dict[tuple[str, str], int], bool]:
+    """({(task, state): jobs} among the newest ``limit`` jobs, whether older ones exist)."""
+    rows = conn.execute(store.queries["testing_job_counts"], {"limit": limit}).fetchall()
+    return {(task, state): n for task, state, n, _ in rows if n}, any(beyond for *_, beyond in rows)
+
+
+def fetch_jobs(store: Store, conn: psycopg.Connection, *, ids: Sequence[int]) -> list[JobRow]:
+    """The jobs with these ids (those that exist), oldest first: a drain's final rows."""
+    return read_jobs(store, conn, ids=ids, limit=max(len(ids), 1)).rows
