@@ -12,9 +12,8 @@ overlap (docs/architecture.md, "Start-up"). ``from pgworker import App`` and
 ``pgworker.App`` work as before; type checkers see the imports below.
 """
 
-from __future__ import annotations
-
-import importlib
+from importlib import import_module as _import_module
+from importlib.util import find_spec as _find_spec
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
@@ -75,14 +74,21 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+if not TYPE_CHECKING:  # hidden from type checkers, so that a misspelt name stays an error there
 
+    def __getattr__(name: str) -> Any:
+        """A public name (its module loads now), or a submodule (``pgworker.retry``, as a
+        package that imported its modules at once had them)."""
+        module = _LAZY.get(name)
+        if module is not None:
+            value = getattr(_import_module(module, __name__), name)
+        elif not name.startswith("_") and _find_spec(f"{__name__}.{name}") is not None:
+            value = _import_module(f"{__name__}.{name}")
+        else:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        globals()[name] = value  # later lookups skip this function
+        return value
 
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    def __dir__() -> list[str]:
+        return sorted({*(n for n in globals() if not n.startswith("_") or n == "__version__"), *_LAZY}
+                      - {"TYPE_CHECKING", "Any"})

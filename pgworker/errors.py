@@ -189,6 +189,11 @@ class Retry(PgworkerError):
         self.after = after
         super().__init__(reason)
 
+    def __reduce__(self) -> tuple[type, tuple[float | None, str]]:
+        # pickled by its arguments, not by ``args`` (the reason alone: it would come back
+        # as ``after``), so it crosses a process pool's boundary
+        return type(self), (self.after, str(self))
+
 
 class Snooze(PgworkerError):
     """Run the job again after ``seconds`` without spending an attempt."""
@@ -199,7 +204,10 @@ class Snooze(PgworkerError):
         if seconds < 0:
             raise ValueError("Snooze(seconds) must be >= 0")
         self.seconds = float(seconds)
-        super().__init__(f"snoozed for {seconds} s")
+        super().__init__(f"snoozed for {self.seconds:g} s")
+
+    def __reduce__(self) -> tuple[type, tuple[float]]:
+        return type(self), (self.seconds,)  # its argument, not its message (see Retry)
 
 
 class JobCancelled(PgworkerError):

@@ -102,6 +102,7 @@ def test_the_command_line_loads_no_driver_before_run_starts_its_fork_server():
             "import pgworker\n"
             "assert pgworker.App.__module__ == 'pgworker.app' and 'App' in dir(pgworker)\n"
             "from pgworker import NOT_DONE, JobSpec, Settings, Task  # noqa: F401\n"
+            "assert pgworker.retry.FailureClass and 'importlib' not in dir(pgworker)  # submodules load too\n"
             "try:\n"
             "    pgworker.Missing\n"
             "except AttributeError as exc:\n"

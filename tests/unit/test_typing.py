@@ -51,3 +51,11 @@ def test_ruff_passes_the_repository():
     done = subprocess.run([sys.executable, "-m", "ruff", "check", "pgworker", "tests", "benchmarks"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_mypy_still_refuses_a_misspelt_public_name():
+    require("mypy")
+    done = mypy(os.path.join("tests", "typing", "fixtures", "misspelt_names.py"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert 'Module "pgworker" has no attribute "Tsak"' in done.stdout, done.stdout
+    assert 'Module has no attribute "Ap"; maybe "App"?' in done.stdout, done.stdout
