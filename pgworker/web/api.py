@@ -122,8 +122,8 @@ async def job_action(request: Request) -> Response:
     body = await _body(request, JOB_ACTION_KEYS[verb], what=verb)
     reason = body.get("reason")
     if reason is not None and not isinstance(reason, str):
-        raise ConfigError(f'reason must be a string such as {{"reason": "duplicate of job 12"}}, not '
-                          f"{type(reason).__name__}; nothing was changed")
+        raise ConfigError(f'reason must be a string such as {{"reason": "duplicate of job 12"}} (or null for '
+                          f"none), not {json.dumps(reason)[:40]}; nothing was changed")
     changed = await ctx.db(apply_action, ctx, verb, request.path_params["job_id"], reason)
     return Json({"id": request.path_params["job_id"], "action": verb, "changed": changed})
 
@@ -140,6 +140,9 @@ async def queue_action(request: Request) -> Response:
     if verb == "resume":
         return Json({"resumed": await ctx.db(ctx.app.resume_queue, queue, actor=ctx.actor)})
     names = {"concurrency": "concurrency_limit", "rate": "rate_limit", "burst": "burst", "aging": "aging"}
+    if not body:  # a limits request that sets nothing is a mistake, not a no-op to answer 200
+        raise ConfigError('limits needs at least one of concurrency, rate, burst, aging, e.g. {"concurrency": 5} '
+                          "(null removes one); nothing was changed")
     limits = {names[k]: v for k, v in body.items() if k in names}
     return Json(await ctx.db(lambda: ctx.app.configure_queue(queue, actor=ctx.actor, **limits)))
 
@@ -180,7 +183,8 @@ async def _body(request: Request, known: tuple[str, ...], *, what: str) -> dict[
         raw = None
     if raw is None:
         raise ConfigError("the request body is a form: the API reads a JSON object, sent with "
-                          "Content-Type: application/json (and the CSRF token in the X-CSRF-Token header)")
+                          "Content-Type: application/json (and the CSRF token in the X-CSRF-Token header); "
+                          "nothing was changed")
     if not raw.strip():
         return {}
     try:
@@ -190,8 +194,9 @@ async def _body(request: Request, known: tuple[str, ...], *, what: str) -> dict[
                           "(curl: -H 'Content-Type: application/json' -d '{...}'), or no body; nothing was "
                           "changed") from None
     if not isinstance(body, dict):
-        raise ConfigError(f"the request body must be a JSON object ({{...}}), not {type(body).__name__}; "
-                          "nothing was changed")
+        got = "an array" if isinstance(body, list) else "a string" if isinstance(body, str) else \
+            "null" if body is None else "a number or boolean"
+        raise ConfigError(f"the request body must be a JSON object ({{...}}), not {got}; nothing was changed")
     if not known and body:
         key = next(iter(body))
         why = " (a reason is kept by cancel and discard only)" if key == "reason" else ""

@@ -51,7 +51,7 @@ def _events(app, conn, job):
     ("replay", _dead, {"reason": "x"}, "a reason is kept by cancel and discard only"),
     ("retry", _later, {"now": True}, "'now'"),
     ("cancel", _later, {"reason": 42}, "reason must be a string"),
-    ("cancel", _later, ["reason", "x"], "must be a JSON object"),
+    ("cancel", _later, ["reason", "x"], "must be a JSON object ({...}), not an array"),
     ("cancel", _later, "not json {", "is not JSON"),
 ])
 def test_a_job_action_refuses_a_body_it_does_not_read_and_changes_nothing(console, app, conn, verb, make, body,
@@ -110,6 +110,8 @@ def test_queue_and_bulk_actions_without_keys_refuse_one(console, app, conn):
     assert console.post("/api/queues/emails/resume", headers=AUTH).status_code == 200
     r = console.post("/api/bulk/1/cancel", headers=AUTH, json={"reason": "x"})
     assert r.status_code == 400, r.text
+    r = console.post("/api/queues/emails/limits", headers=AUTH, json={})  # sets nothing: refused as before
+    assert r.status_code == 400 and "at least one of concurrency" in r.json()["error"], r.text
 
 
 def test_the_reported_request_with_a_csrf_token_is_refused_then_the_right_one_kept(app, pg_dsn, conn):
