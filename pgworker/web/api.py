@@ -4,10 +4,13 @@ credentials gets a token from ``GET /api/csrf``; a bearer token needs none).
 
 GET  /api/overview, /api/jobs?<filter>, /api/jobs/{id}, /api/dead, /api/schedules,
      /api/workers, /api/bulk, /api/bulk/{id}, /api/csrf
-POST /api/jobs/{id}/{replay|retry|cancel|discard}, /api/queues/{name}/{pause|resume|limits}
+POST /api/jobs/{id}/{replay|retry|cancel|discard} (cancel, discard: {"reason": "why"} or none),
+     /api/queues/{name}/{pause|resume|limits}
      (limits: {"concurrency": 5, "rate": 20, "burst": 40, "aging": 300}; null removes),
      /api/bulk ({"kind": "replay", "filter": {"state": "dead", "task": "t"}}),
      /api/bulk/{id}/cancel
+Every POST reads its body: none (or ``{}``) is fine, a key the action does not read is
+refused (400, nothing changed), as is a body that is not a JSON object.
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ from .pages.workers import workers_data
 from .render import jsonable
 
 QUEUE_VERBS = {"pause": "pause", "resume": "resume", "limits": "set_limits"}
+#: The body keys each job action reads: a reason is kept where the App keeps one (a
+#: discard is a cancel of a dead job); replay and retry record only their actor.
+JOB_ACTION_KEYS: dict[str, tuple[str, ...]] = {"cancel": ("reason",), "discard": ("reason",),
+                                               "replay": (), "retry": ()}
 
 
 class Json(JSONResponse):
@@ -108,10 +115,16 @@ async def csrf(request: Request) -> Response:
 
 async def job_action(request: Request) -> Response:
     verb = request.path_params["verb"]
-    if verb not in ("replay", "retry", "cancel", "discard"):
+    if verb not in JOB_ACTION_KEYS:
         return Json({"error": "unknown job action"}, status_code=404)
     ctx = await request.app.state.console.enter(request, verb)
-    changed = await ctx.db(apply_action, ctx, verb, request.path_params["job_id"])
+    # a misspelt "reasn", dropped, cancelled the job without the reason the script sent
+    body = await _body(request, JOB_ACTION_KEYS[verb], what=verb)
+    reason = body.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise ConfigError(f'reason must be a string such as {{"reason": "duplicate of job 12"}} (or null for '
+                          f"none), not {json.dumps(reason)[:40]}; nothing was changed")
+    changed = await ctx.db(apply_action, ctx, verb, request.path_params["job_id"], reason)
     return Json({"id": request.path_params["job_id"], "action": verb, "changed": changed})
 
 
@@ -121,21 +134,22 @@ async def queue_action(request: Request) -> Response:
         return Json({"error": "unknown queue action"}, status_code=404)
     ctx = await request.app.state.console.enter(request, QUEUE_VERBS[verb])
     queue = request.path_params["name"]
+    body = await _body(request, ("concurrency", "rate", "burst", "aging") if verb == "limits" else (), what=verb)
     if verb == "pause":
         return Json(await ctx.db(ctx.app.pause_queue, queue, actor=ctx.actor))
     if verb == "resume":
         return Json({"resumed": await ctx.db(ctx.app.resume_queue, queue, actor=ctx.actor)})
-    body = await _body(request)
     names = {"concurrency": "concurrency_limit", "rate": "rate_limit", "burst": "burst", "aging": "aging"}
-    check_keys(body, tuple(names), what="limits")  # a misspelt limit would be a silent no-op
+    if not body:  # a limits request that sets nothing is a mistake, not a no-op to answer 200
+        raise ConfigError('limits needs at least one of concurrency, rate, burst, aging, e.g. {"concurrency": 5} '
+                          "(null removes one); nothing was changed")
     limits = {names[k]: v for k, v in body.items() if k in names}
     return Json(await ctx.db(lambda: ctx.app.configure_queue(queue, actor=ctx.actor, **limits)))
 
 
 async def create_operation(request: Request) -> Response:
     ctx = await request.app.state.console.enter(request, "bulk")
-    body = await _body(request)
-    check_keys(body, ("kind", "filter"), what="request")  # a misspelt "filter" would mean every job
+    body = await _body(request, ("kind", "filter"), what="request")  # a misspelt "filter" would mean every job
     kind = str(body.get("kind") or "")
     if kind not in bulk.KINDS:
         raise ConfigError(f"kind must be one of {', '.join(bulk.KINDS)}")
@@ -153,17 +167,42 @@ async def create_operation(request: Request) -> Response:
 
 async def cancel_operation(request: Request) -> Response:
     ctx = await request.app.state.console.enter(request, "bulk_cancel")
+    await _body(request, (), what="bulk cancel")
     op = await ctx.db(bulk.cancel, ctx.app, request.path_params["op_id"], actor=ctx.actor)
     return Json({"cancelled": op is not None, "operation": op})
 
 
-async def _body(request: Request) -> dict[str, Any]:
+async def _body(request: Request, known: tuple[str, ...], *, what: str) -> dict[str, Any]:
+    """The POST's body as a JSON object whose keys are all in ``known``: none (or only
+    blanks) is ``{}``. Raises :class:`ConfigError` (400, before anything changes) for a
+    body that is not a JSON object, and for a key ``what`` does not read, naming the
+    closest one (a misspelt key, dropped, was a silent no-op or widened the action)."""
     try:
-        body = await request.json()
+        raw = await request.body()
+    except RuntimeError:  # the gate read it as a form (its csrf_token field): not JSON
+        raw = None
+    if raw is None:
+        raise ConfigError("the request body is a form: the API reads a JSON object, sent with "
+                          "Content-Type: application/json (and the CSRF token in the X-CSRF-Token header); "
+                          "nothing was changed")
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
     except ValueError:
-        raise ConfigError("the request body is not JSON: send an object with Content-Type: application/json") from None
+        raise ConfigError("the request body is not JSON: send an object with Content-Type: application/json "
+                          "(curl: -H 'Content-Type: application/json' -d '{...}'), or no body; nothing was "
+                          "changed") from None
     if not isinstance(body, dict):
-        raise ConfigError("the request body must be a JSON object")
+        got = "an array" if isinstance(body, list) else "a string" if isinstance(body, str) else \
+            "null" if body is None else "a number or boolean"
+        raise ConfigError(f"the request body must be a JSON object ({{...}}), not {got}; nothing was changed")
+    if not known and body:
+        key = next(iter(body))
+        why = " (a reason is kept by cancel and discard only)" if key == "reason" else ""
+        raise ConfigError(f"{what} reads no key of the request body, and it got {key!r}{why}: send no body "
+                          "or {}; nothing was changed")
+    check_keys(body, known, what=what)
     return body
 
 

@@ -13,6 +13,8 @@ from urllib.parse import urlencode
 
 import jinja2
 
+from ..names import CANCEL_REASON_MAX_CHARS
+
 REDACTED = "[redacted]"
 
 
@@ -20,7 +22,7 @@ def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.PackageLoader("pgworker.web", "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(age=age, dt=dt, num=num, capped=capped, pretty=pretty)
-    env.globals.update(qs=qs)
+    env.globals.update(qs=qs, reason_max=CANCEL_REASON_MAX_CHARS)
     return env
 
 

@@ -1,7 +1,8 @@
 """The console in a real browser (Debian's Chromium driven by Selenium) against a real
 PostgreSQL with jobs made by a real `pgworker run`: every page loads (and is
 photographed for docs/web.md), a dead job replayed from its page succeeds, a running job
-cancelled from its page is stopped by its worker, a paused queue stops being claimed, a
+cancelled from its page is stopped by its worker, a reason typed into a job's cancel form
+is kept and shown in its audit trail, a paused queue stops being claimed, a
 dead-job group is replayed as a bulk operation, read-only mode shows no action, hostile
 names and messages stay inert, unauthenticated visits and a form without its CSRF token
 are refused. Every page is checked for browser console errors (a CSP violation is one)."""
@@ -174,6 +175,23 @@ def test_a_running_job_cancelled_from_its_page_is_stopped_by_its_worker(browser,
     site.wait_state(job, "cancelled", timeout=40)
     # the open page follows by itself (SSE from the job's row), no reload
     wait_until(lambda: _text(browser, "#job-state") == "cancelled", timeout=20, message="the live update")
+
+
+def test_a_job_cancelled_from_its_page_with_a_reason_shows_it_in_its_audit_trail(browser, site):
+    """The cancel form's reason field reaches App.cancel and comes back as text."""
+    job = site.app.enqueue("quick", {"later": True}, any_task=True, delay=3600)
+    _open(browser, site, f"/jobs/{job}")
+    field = browser.find_element("css selector", "#reason-cancel")
+    assert field.get_attribute("maxlength") == "500"
+    field.send_keys("<b>duplicate</b> of the 9 o'clock run")
+    _click(browser, "#action-cancel")
+    browser.switch_to.alert.accept()  # the page's confirmation (console.js)
+    assert "Cancel" in _text(browser, "#notice")
+    site.wait_state(job, "cancelled")
+    assert "<b>duplicate</b> of the 9 o'clock run" in _text(browser, "#history .reason")
+    assert not browser.find_elements("css selector", "#history b")  # text, not markup
+    detail = q(site.conn, site.schema, "SELECT detail FROM {s}.job_events WHERE job_id = %s", job)
+    assert detail == [({"reason": "<b>duplicate</b> of the 9 o'clock run"},)]
 
 
 def test_a_paused_queue_stops_being_claimed(browser, site):

@@ -147,12 +147,18 @@ async def job_action(request: Request) -> Response:
         return Response("unknown job action", status_code=404)
     ctx = await console.enter(request, verb)
     job_id = request.path_params["job_id"]
-    done = await ctx.db(apply_action, ctx, verb, job_id)
+    reason = None
+    if verb in ("cancel", "discard"):  # the form's optional reason field (the gate read the form already)
+        field = (await request.form()).get("reason")
+        reason = field if isinstance(field, str) else None
+    done = await ctx.db(apply_action, ctx, verb, job_id, reason)
     return ctx.redirect(f"/jobs/{job_id}?done={verb if done else 'nothing'}")
 
 
-def apply_action(ctx: Any, verb: str, job_id: int) -> bool:
-    """Whether the action changed the job (the store's fence may find it moved on)."""
+def apply_action(ctx: Any, verb: str, job_id: int, reason: str | None = None) -> bool:
+    """Whether the action changed the job (the store's fence may find it moved on).
+    ``reason`` (cancel and discard: kept in the audit event, bounded by
+    :func:`pgworker.names.cancel_reason`) is not read by replay and retry."""
     app = ctx.app
     if verb == "replay":
         return bool(app.replay([job_id], actor=ctx.actor))
@@ -162,7 +168,7 @@ def apply_action(ctx: Any, verb: str, job_id: int) -> bool:
         job = app.get_job(job_id)
         if job is None or job["state"] != "dead":
             return False  # a discard is a cancel of a dead job: never of a pending one
-    return app.cancel(job_id, actor=ctx.actor) is not None
+    return app.cancel(job_id, actor=ctx.actor, reason=reason) is not None
 
 
 ROUTES = [
