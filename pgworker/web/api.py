@@ -25,6 +25,7 @@ from starlette.routing import Route
 from .. import bulk
 from ..errors import ConfigError
 from ..jobfilter import JobFilter, check_keys
+from ..names import CANCEL_REASON_MAX_CHARS
 from .pages import bulk as bulk_page
 from .pages.dead import dead_data
 from .pages.job import apply_action, job_data
@@ -124,6 +125,9 @@ async def job_action(request: Request) -> Response:
     if reason is not None and not isinstance(reason, str):
         raise ConfigError(f'reason must be a string such as {{"reason": "duplicate of job 12"}} (or null for '
                           f"none), not {json.dumps(reason)[:40]}; nothing was changed")
+    if reason is not None and len(reason.strip()) > CANCEL_REASON_MAX_CHARS:  # as the command line refuses it
+        raise ConfigError(f"reason is {len(reason.strip())} characters long, the limit is {CANCEL_REASON_MAX_CHARS}: "
+                          "shorten it (the job's audit trail keeps at most that); nothing was changed")
     changed = await ctx.db(apply_action, ctx, verb, request.path_params["job_id"], reason)
     return Json({"id": request.path_params["job_id"], "action": verb, "changed": changed})
 

@@ -81,12 +81,15 @@ def test_a_cancel_reason_sent_to_the_api_is_kept_and_shown_on_the_job_page(conso
     assert detail == {"reason": "web <b>replay</b>"}
 
 
-def test_a_discard_reason_is_kept_and_a_long_one_bounded_as_the_cli_bounds_it(console, app, conn):
+def test_a_discard_reason_is_kept_and_a_long_one_refused_as_the_cli_refuses_it(console, app, conn):
     job = _dead(app, conn)
-    r = console.post(f"/api/jobs/{job}/discard", headers=AUTH, json={"reason": "x" * 600})
+    r = console.post(f"/api/jobs/{job}/discard", headers=AUTH, json={"reason": "x" * 501})
+    assert r.status_code == 400 and "501 characters long, the limit is 500" in r.text, r.text
+    assert _events(app, conn, job) == []  # nothing changed
+    r = console.post(f"/api/jobs/{job}/discard", headers=AUTH, json={"reason": "x" * 500})
     assert r.status_code == 200 and r.json()["changed"] is True, r.text
     [(kind, _, detail)] = _events(app, conn, job)
-    assert kind == "cancelled" and detail == {"reason": "x" * 499 + "…"}
+    assert kind == "cancelled" and detail == {"reason": "x" * 500}
 
 
 @pytest.mark.parametrize("body", [None, "", "{}", '{"reason": null}', '{"reason": "   "}'])
