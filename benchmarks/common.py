@@ -39,9 +39,11 @@ def find_dsn(explicit: str | None) -> str:
     try:
         with psycopg.connect(dsn, connect_timeout=5) as conn:
             conn.execute("SELECT 1")
-    except psycopg.OperationalError as exc:
-        raise SystemExit(f"benchmark: cannot connect to {dsn!r}: {str(exc).strip()}; "
-                         "pass --dsn or set PGWORKER_BENCH_DSN") from None
+    except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:  # unreachable, or not a DSN at all
+        from pgworker.names import dsn_password, redact, redact_dsn
+
+        raise SystemExit(f"benchmark: cannot connect to {redact_dsn(dsn)!r}: "
+                         f"{redact(str(exc).strip(), dsn_password(dsn))}; pass --dsn or set PGWORKER_BENCH_DSN") from None
     return dsn
 
 

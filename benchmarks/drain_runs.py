@@ -223,15 +223,30 @@ def drain(schema: BenchSchema, *, concurrency: int, batch: int | None = None,
             raise RuntimeError(f"pgworker run --drain exited {proc.returncode}: {err[-3000:]}")
         if profile_dir is not None:
             samplers.wait()
+    except BaseException:
+        shutil.rmtree(metrics_dir, ignore_errors=True)  # interrupted (Ctrl-C) or failed: nothing to read
+        raise
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            _stop(proc)
         shutil.rmtree(gate, ignore_errors=True)
     result.jobs, result.seconds = schema.window(since_id)
     result.claim_mean_ms, result.claims = claim_latency(metrics_dir)
     shutil.rmtree(metrics_dir, ignore_errors=True)
     return result
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """Stop a run cut short: SIGTERM first, so that pgworker removes its shared-memory
+    files and semaphores, then SIGKILL to the group if it has not exited in 10 s."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        pass
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def claim_latency(metrics_dir: str) -> tuple[float, int]:

@@ -273,11 +273,20 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(cases) - set(CASES))
     if unknown:
         parser.error(f"unknown case {', '.join(unknown)}: choose from {', '.join(CASES)}")
-    try:
-        py_spy()
-    except RuntimeError as exc:
-        raise SystemExit(f"benchmark profile: {exc}") from None
-    dsn = find_dsn(args.dsn)
+    if not cases:
+        parser.error(f"--cases names no case: choose from {', '.join(CASES)}")
+    if args.jobs < 1000:
+        parser.error(f"--jobs {args.jobs}: give at least 1000 jobs (a drain of fewer ends before it is sampled)")
+    if not args.seconds > 0:
+        parser.error(f"--seconds {args.seconds}: give a positive number of seconds")
+    sampled = [c for c in cases if c != "startup"]  # the imports need neither py-spy nor a server
+    dsn = ""
+    if sampled:
+        try:
+            py_spy()
+        except RuntimeError as exc:
+            raise SystemExit(f"benchmark profile: {exc}") from None
+        dsn = find_dsn(args.dsn)
     lines = [f"# Profiles ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", ""]
     for case in cases:
         if case in ("drain", "otlp"):

@@ -73,3 +73,22 @@ def test_a_profile_of_few_samples_says_so(tmp_path):
     path.write_text(f"run (/w/pgworker/producer.py);execute ({SITE}/psycopg/cursor.py) 14\n")
     text = "\n".join(profile.summarize("producer", profile.read_stacks([str(path)])))
     assert "**Few samples** (under 200: each is 7.1 % of the whole)" in text
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--cases", ","], "--cases names no case"),
+    (["--jobs", "0"], "--jobs 0: give at least 1000 jobs"),
+    (["--seconds", "-1"], "--seconds -1.0: give a positive number of seconds"),
+])
+def test_bad_sizes_are_refused_before_anything_runs(args, said):
+    done = subprocess.run([sys.executable, "-m", "benchmarks.profile", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+
+
+def test_an_unusable_dsn_is_one_line_without_its_password():
+    for dsn in ("postgresql://bob:s3cretpw@127.0.0.1:1/test", "host=127.0.0.1 password=s3cretpw bogus=1"):
+        done = subprocess.run([sys.executable, "-m", "benchmarks.profile", "--cases", "enqueue", "--dsn", dsn],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1 and "benchmark: cannot connect to" in done.stderr, done.stderr
+        assert "s3cretpw" not in done.stderr and "Traceback" not in done.stderr, done.stderr
