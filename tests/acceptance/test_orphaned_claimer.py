@@ -68,6 +68,8 @@ def test_a_claimer_whose_supervisor_is_killed_tells_its_running_handler(env, pg_
     ends = [r for r in ledger(conn, schema, "end") if r[0] == job_id]
     assert [r[1] for r in starts] == [1, 2] and [r[1] for r in ends] == [2]
     assert starts[1][3] > told[0][3]  # pod 2's attempt began after pod 1's had stopped
+    # pod 1's claimer wrote its decided failure, its lease still valid: no wait for the reaper
+    assert [e.get("code") for e in env.get_job(job_id)["errors"]] == ["LEASE_LOST"]
 
 
 @pytest.mark.parametrize("stopped", ["supervisor", "pod"])
