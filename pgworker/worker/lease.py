@@ -47,6 +47,25 @@ the SQL that enforces the database side is in ``pgworker/sql/queries/lease.sql``
    lease plus one supervisor tick. A job still waiting unstarted when its lease is lost
    is never started; it is released (fenced).
 
+   The claimer applies the same rule to its own slots, on its own timer
+   (``claimer/lease_watch.py``), so that a supervisor stopped (SIGSTOP) or killed cannot
+   hide a lost lease from a handler either. And once its supervisor is gone (the
+   sentinel pipe only the supervisor holds reads EOF) no lease of the claimer will be
+   renewed again: the claimer marks every job it still holds unstarted or running
+   ``lost`` at once (:func:`orphaned`), its handlers are told as above, and it exits
+   after them. A sync handler that never asks (``ctx.check()``, ``ctx.lease_lost``,
+   ``ctx.progress()``) cannot be stopped: it runs to its end and its outcome meets the
+   fence.
+
+   Before it starts a job that waited in its batch, the claimer checks the job's lease
+   by the same clock, with a margin (:func:`start_cutoff`): a job whose last accepted
+   renewal (or claim) was sent a lease less :data:`START_MARGIN_SHARE` of a renewal
+   interval ago or earlier is marked lost, never started, counted
+   (``pgworker_lease_renewals_total`` result ``lost``), logged, and released fenced
+   (refused if the reaper has moved it on). A pod that was stopped past its leases
+   once started the rest of its batch after SIGCONT, each job seconds past its
+   expiry, while another pod ran it again.
+
 4. **Stopping an attempt.** A handler running past its hard limit plus
    ``HARD_LIMIT_GRACE_SECONDS`` is stopped by the supervisor (a sync handler cannot be
    interrupted: its claimer process is killed and the attempt fails ``TIMEOUT``).
@@ -102,6 +121,9 @@ HARD_LIMIT_GRACE_SECONDS = 2.0
 #: The share of the renewal interval each statement of an outcome write may wait and run
 #: (rule 5): the write, its split retry and the key promotion stay under half an interval.
 OUTCOME_STATEMENT_SHARE = 0.1
+#: The share of the renewal interval a waiting job's lease must still have left, by the
+#: local clock, for the claimer to start it (rule 3, :func:`start_cutoff`).
+START_MARGIN_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -141,6 +163,23 @@ def presumed_lost(terms: LeaseTerms, v: s.SlotView, now: float) -> bool:
         return False
     last = max(v.renewed_at, v.claimed_at)
     return now - last >= terms.lease_seconds
+
+
+def start_cutoff(terms: LeaseTerms, now: float) -> float:
+    """Rule 3, before a start: the monotonic time after which a waiting job's last accepted
+    renewal (or its claim) must have been sent for the job to be started at ``now``
+    (``time.monotonic()``). A healthy pod renews every interval, so its leases keep more
+    than a lease less one interval (and the statement's time) ahead of them; the margin,
+    :data:`START_MARGIN_SHARE` of an interval, refuses only a lease that is past or about
+    to pass."""
+    return now - (terms.lease_seconds - terms.renew_interval_seconds * START_MARGIN_SHARE)
+
+
+def orphaned(v: s.SlotView) -> bool:
+    """Rule 3, the supervisor gone: whether this slot's lease, which nobody will renew
+    again, is to be marked lost now (a job waiting unstarted or running; an outcome
+    decided or being written, or committed by the handler, has no handler to tell)."""
+    return not v.lost and v.state in (s.CLAIMED, s.RUNNING) and v.outcome != COMMITTED
 
 
 def past_hard_limit(v: s.SlotView, now: float) -> bool:

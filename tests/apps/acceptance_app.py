@@ -62,6 +62,22 @@ def sleep(payload, ctx):
     ledger(ctx, "end")
 
 
+@app.task(name="checking", max_attempts=3, retry=FAST)
+def checking(payload, ctx):
+    """Work payload['seconds'] in 50 ms steps, calling ctx.check() between them; record
+    start, then end, or noticed_lost when ctx.check() says the lease is lost (re-raised)."""
+    ledger(ctx, "start")
+    end = time.monotonic() + payload["seconds"]
+    while time.monotonic() < end:
+        try:
+            ctx.check()
+        except pgworker.LeaseLost:
+            ledger(ctx, "noticed_lost")
+            raise
+        time.sleep(0.05)
+    ledger(ctx, "end")
+
+
 @app.task(name="crash_after_effect", max_attempts=3, retry=FAST)
 def crash_after_effect(payload, ctx):
     side_effect_once(ctx)

@@ -291,3 +291,52 @@ def test_a_taker_that_dies_mid_move_leaves_no_stolen_slot_behind():
         i.clear()  # what settle() does once the write went through
     assert owner.state_of(slot, 7) == lease.EMPTY
     assert owner.live() == [] and owner.free_count() == 2
+
+
+def test_a_waiting_job_whose_lease_is_past_the_cutoff_is_marked_lost_not_started():
+    """SlotTable.start with the lease contract's start_cutoff: a lease renewed within the
+    cutoff starts; one whose last renewal (or claim) was sent before it is marked lost
+    and never started, and stays so (the lease clock sees it lost)."""
+    from pgworker.worker.lease import LeaseTerms, start_cutoff
+
+    table = SlotTable(4, CTX)
+    terms = LeaseTerms(6.0, 2.0)
+    fresh, stale = _claim(table, 1, 1), _claim(table, 2, 1)
+    now = time.monotonic()
+    table.slots[stale].claimed_at = now - 5.5  # a lease less half an interval ago: about to pass
+    assert table.start(fresh, 1, start_cutoff(terms, now)) == lease.STARTED
+    assert table.start(stale, 2, start_cutoff(terms, now)) == lease.LEASE_EXPIRED
+    assert table.flags(stale, 2) == (True, False) and table.state_of(stale, 2) == lease.CLAIMED
+    assert table.start(stale, 2) == lease.NOT_STARTABLE  # lost for good: never started later
+
+
+def test_the_lease_watch_marks_an_orphans_jobs_lost_and_a_stopped_supervisors_leases_presumed():
+    """LeaseWatch (claimer/lease_watch.py): the supervisor gone, every job waiting or
+    running is marked lost at once, a decided one is left to its write; the supervisor
+    there but silent, only a lease a whole lease old is presumed lost, on the claimer's
+    clock. Each is counted as a lost renewal."""
+    from pgworker.worker.claimer.lease_watch import LeaseWatch
+    from pgworker.worker.lease import LeaseTerms
+
+    counted: list[tuple[str, str, int]] = []
+
+    class Counts:
+        def renewals(self, queue, result, count):
+            counted.append((queue, result, count))
+
+    terms = LeaseTerms(6.0, 2.0)
+    table = SlotTable(4, CTX)
+    waiting, running, decided = _claim(table, 1, 1), _claim(table, 2, 1), _claim(table, 3, 1)
+    table.start(running, 2)
+    table.decide(decided, 3, 1)
+    gone = [False]
+    watch = LeaseWatch(table, terms, lambda: gone[0], lambda v: "q", Counts(), 0)
+    now = time.monotonic()
+    assert watch.tick(now) == 0  # fresh leases, the supervisor there
+    table.slots[running].claimed_at = now - 6.5  # not renewed for more than a lease
+    assert watch.tick(now + 0.1) == 0  # within WATCH_SECONDS of the last look: not yet
+    assert watch.tick(now + 1.0) == 1 and table.flags(running, 2) == (True, False)
+    gone[0] = True
+    assert watch.tick(now + 2.0) == 1 and table.flags(waiting, 1) == (True, False)
+    assert table.flags(decided, 3) == (False, False)  # its outcome is decided: the fence decides the write
+    assert counted == [("q", "lost", 1), ("q", "lost", 1)]

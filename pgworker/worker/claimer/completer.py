@@ -93,13 +93,19 @@ class Completer:
 
     # -- the flusher thread ---------------------------------------------------------------
 
-    def start(self, handler_running: Callable[[], bool]) -> None:
-        threading.Thread(target=self._flusher, args=(handler_running,), name="pgworker-flusher",
+    def start(self, handler_running: Callable[[], bool], on_tick: Callable[[], Any] = lambda: None) -> None:
+        """Start the flusher thread; ``on_tick()`` is called at each of its turns (every
+        flush interval), a handler running or not (the claimer's lease watch)."""
+        threading.Thread(target=self._flusher, args=(handler_running, on_tick), name="pgworker-flusher",
                          daemon=True).start()
 
-    def _flusher(self, handler_running: Callable[[], bool]) -> None:
+    def _flusher(self, handler_running: Callable[[], bool], on_tick: Callable[[], Any]) -> None:
         next_beat = 0.0
         while not self.stop_event.wait(self.flush_seconds):
+            try:
+                on_tick()
+            except Exception:  # noqa: BLE001 - the thread must go on
+                log.exception("watching the leases failed")
             if handler_running() and time.monotonic() >= next_beat:
                 # A long handler holds the main loop: beat for it while this process still
                 # gets the GIL (a handler holding it in a C call stops the beats, as it should).

@@ -20,9 +20,7 @@ the take-over of a peer's waiting job :mod:`.runner`'s.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
-import select
 import signal
 import threading
 import time
@@ -36,6 +34,7 @@ from ...names import dsn_password
 from ..shm import layout as s
 from ..shm.slots import SlotTable
 from ..outcome import RELEASE
+from ..lease import LeaseTerms
 from ..metrics_setup import pod_metrics
 from ..podlimits import PodQueueLimits
 from ..shm.wakeups import PodSignals, fence
@@ -43,6 +42,7 @@ from .completer import Completer
 from .connection import ClaimerConnection
 from .due_later import DueLater
 from .executor import Executor
+from .lease_watch import LeaseWatch, SupervisorSentinel
 from .planner import Planner
 from .recycle import recycle_due
 from .runner import Runner
@@ -62,6 +62,7 @@ class Claimer(Planner, Runner):
                  pod_limits: PodQueueLimits | None = None, supervisor_pid: int | None = None) -> None:
         self.app = app
         self.settings = settings
+        self.lease_terms = LeaseTerms(settings.lease_seconds, settings.effective_renew_interval)
         self.index = index
         self.table = table
         self.peers = list(peers) if peers is not None else [table]
@@ -86,14 +87,9 @@ class Claimer(Planner, Runner):
         self.parent_pid = supervisor_pid or os.getppid()
         # A claimer forked from the pod's fork server has the server for its parent, not
         # the supervisor: multiprocessing's parent process is the supervisor in both start
-        # methods, watched through a pipe only the supervisor holds (EOF once it is gone,
-        # however early); polled per job, so one poll(2) on a poll object kept for it.
-        # None when the claimer runs in a thread of the test process.
-        self.supervisor: select.poll | None = None
-        parent = multiprocessing.parent_process()
-        if parent is not None:
-            self.supervisor = select.poll()
-            self.supervisor.register(parent.sentinel, select.POLLIN)
+        # methods, watched through a pipe only the supervisor holds (lease_watch). Polled
+        # per job here, and by the lease watch's thread through a sentinel of its own.
+        self.supervisor = SupervisorSentinel(self.parent_pid)
         self.pod_limits = pod_limits
         self.metrics: Any = None
         self.db = ClaimerConnection(settings, index, self.should_stop)
@@ -121,7 +117,11 @@ class Claimer(Planner, Runner):
                                    index=self.index, on_settled=self._refresh_pod_limits,
                                    due_later=self.due_later)
         self.table.beat(idle=False)
-        self.completer.start(lambda: self.executor.running)
+        # a thread of its own process tells the handlers when the supervisor cannot (lease_watch)
+        watch = LeaseWatch(self.table, self.lease_terms, SupervisorSentinel(self.parent_pid).gone,
+                           lambda v: self.queues[v.queue_index] if 0 <= v.queue_index < len(self.queues) else "?",
+                           self.metrics, self.index)
+        self.completer.start(lambda: self.executor.running, watch.tick)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self.stopping = True
@@ -135,9 +135,7 @@ class Claimer(Planner, Runner):
         return self.stopping
 
     def _supervisor_gone(self) -> bool:
-        if self.supervisor is not None:
-            return bool(self.supervisor.poll(0))  # readable: EOF, the supervisor's end is closed
-        return os.getppid() != self.parent_pid
+        return self.supervisor.gone()
 
     def run(self) -> int:
         self.setup()

@@ -4,6 +4,7 @@ take-over of a job waiting unstarted in a peer's batch (:mod:`.takeover`)."""
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from typing import Any
@@ -13,15 +14,16 @@ import psycopg
 from ... import tracing
 from ...jobs import ClaimedJob
 from ...tasks import RENEW_ON_PROGRESS
-from ..lease import hard_limit
+from ..lease import hard_limit, start_cutoff
 from ..outcome import CANCEL, RELEASE, Outcome
 from ..shm import layout as s
 from .state import ClaimerState
 
+log = logging.getLogger("pgworker.lease")
+
 
 class Runner(ClaimerState):
     """The running half of :class:`~.loop.Claimer` (its state lives there)."""
-
 
     def claim(self, queue: str, limit: int) -> list[ClaimedJob] | None:
         """One claim statement: up to ``limit`` jobs of ``queue``, recorded in the slot
@@ -125,11 +127,13 @@ class Runner(ClaimerState):
             if self.should_stop():
                 self._decide_without_running(job, slot, RELEASE)
                 continue
-            started = table.start(slot, job.id)
+            started = table.start(slot, job.id, start_cutoff(self.lease_terms, time.monotonic()))
             if started == s.STARTED:
                 add(run(job, slot, traced))
                 del batch[job.id]
                 self.jobs_done += 1
+            elif started == s.LEASE_EXPIRED:
+                self._expired_unstarted(job, slot)
             elif started == s.CANCEL_REQUESTED:
                 # cancelled while it waited in the batch: never run, recorded cancelled
                 self._decide_without_running(job, slot, CANCEL)
@@ -142,6 +146,19 @@ class Runner(ClaimerState):
                 self.metrics.in_flight(job.queue, -1)
         table.header.jobs_done = self.jobs_done
         self.completer.flush()
+
+    def _expired_unstarted(self, job: ClaimedJob, slot: int) -> None:
+        """The job's lease is past or about to pass by this process's clock (the lease
+        contract's rule 3: the supervisor was stopped, or its renewals failed, while the
+        job waited): never start it, another pod may run it now. Counted and logged as a
+        lost lease, and released fenced (refused if the reaper has moved it on)."""
+        self.metrics.renewals(job.queue, "lost", 1)
+        log.warning("lease lost on job %s (token %s): it expired, or is about to, while the job waited unstarted "
+                    "in the batch (lease %.0f s); not started, released", job.id, job.lease_token,
+                    self.lease_terms.lease_seconds,
+                    extra={"action": "lease_lost", "job_id": job.id, "queue": job.queue,
+                           "lease_token": job.lease_token})
+        self._decide_without_running(job, slot, RELEASE)
 
     def _decide_without_running(self, job: ClaimedJob, slot: int, kind: int) -> None:
         outcome = Outcome(job, slot, kind, "released" if kind == RELEASE else "cancelled", None,

@@ -11,6 +11,7 @@ class ClaimerState:
 
     app: Any
     settings: Any
+    lease_terms: Any
     index: int
     table: Any
     peers: list[Any]

@@ -31,7 +31,7 @@ STATE_NAMES = {EMPTY: "empty", CLAIMED: "claimed", RUNNING: "running", DECIDED: 
                WRITING: "writing", MOVING: "moving", HANDED_BACK: "handed_back"}
 
 # What SlotTable.start answers.
-NOT_STARTABLE, STARTED, CANCEL_REQUESTED = 0, 1, 2
+NOT_STARTABLE, STARTED, CANCEL_REQUESTED, LEASE_EXPIRED = 0, 1, 2, 3
 
 RENEW_ALIVE = 0
 RENEW_PROGRESS = 1

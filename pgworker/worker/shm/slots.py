@@ -28,7 +28,7 @@ import time
 from typing import Any, Iterable, Iterator, Sequence
 
 from .header import HeaderAccess
-from .layout import (CANCEL_REQUESTED, CLAIMED, CODE_BYTES, DECIDED, EMPTY, HANDED_BACK, LIVE_STATES,
+from .layout import (CANCEL_REQUESTED, CLAIMED, CODE_BYTES, DECIDED, EMPTY, HANDED_BACK, LEASE_EXPIRED, LIVE_STATES,
                      MESSAGE_BYTES, MOVING, NOT_STARTABLE, RUNNING, STARTED, SUPERVISOR, WRITING, Header, Slot,
                      SlotEntry, SlotView, fit, view)
 from .lock import PodLock
@@ -91,18 +91,23 @@ class SlotTable(HeaderAccess):
             self.header.order_seq = seq
         return out
 
-    def start(self, index: int, job_id: int) -> int:
+    def start(self, index: int, job_id: int, renewed_after: float = 0.0) -> int:
         """CLAIMED -> RUNNING, starting the job's runtime and progress clocks. Returns
         STARTED; CANCEL_REQUESTED when an operator cancelled the job while it waited (it
-        is not started); or NOT_STARTABLE when the slot no longer holds a startable job (a
+        is not started); NOT_STARTABLE when the slot no longer holds a startable job (a
         peer took it over, or its lease was found lost while it waited: never start work
-        whose lease may be gone)."""
+        whose lease may be gone); or LEASE_EXPIRED when its last accepted renewal (or its
+        claim) was sent at or before ``renewed_after`` (monotonic; the lease contract's
+        ``start_cutoff``): the slot is then marked lost, and not started."""
         with self.lock:
             s = self.slots[index]
             if s.job_id != job_id or s.state != CLAIMED or s.lost:
                 return NOT_STARTABLE
             if s.cancel:
                 return CANCEL_REQUESTED
+            if max(s.renewed_at, s.claimed_at) <= renewed_after:
+                s.lost = 1
+                return LEASE_EXPIRED
             s.state = RUNNING
             s.started_at = s.progress_at = time.monotonic()
             return STARTED
