@@ -40,12 +40,15 @@ def running(pid: int) -> bool:
         return False
 
 
-def test_a_claimer_whose_supervisor_is_killed_tells_its_running_handler(env, pg_dsn, conn):
+@pytest.mark.parametrize("task", ["checking", "async_unchecked"])
+def test_a_claimer_whose_supervisor_is_killed_tells_its_running_handler(env, pg_dsn, conn, task):
     """Pod 1's supervisor is killed (SIGKILL) while its handler runs: the claimer itself
-    marks the lease lost, the handler (ctx.check()) stops long before its lease would
-    have let pod 2 run the job, the claimer exits, and the job runs again on pod 2, once."""
+    marks the lease lost, the handler stops long before its lease would have let pod 2
+    run the job, the claimer exits, and the job runs again on pod 2, once. A sync handler
+    is told by ctx.check(); an async one that never checks has its task cancelled (the
+    async case failed before: it awaited on to its end beside pod 2's attempt)."""
     schema = env.settings.schema
-    job_id = env.enqueue("checking", {"seconds": 12})
+    job_id = env.enqueue(task, {"seconds": 12})
     with Worker(pg_dsn, schema, "--concurrency", "1", *ARGS, name="p1") as p1:
         wait_until(lambda: ledger(conn, schema, "start"), 30, message="pod 1 started the job")
         claimers = p1.claimer_pids()

@@ -78,6 +78,22 @@ def checking(payload, ctx):
     ledger(ctx, "end")
 
 
+@app.task(name="async_unchecked", max_attempts=3, retry=FAST)
+async def async_unchecked(payload, ctx):
+    """Await payload['seconds'] in 50 ms sleeps and never look at its context: the
+    worker cancels its task when the lease is lost. Records start, then end, or
+    noticed_lost when the cancellation came with the lease lost (re-raised)."""
+    ledger(ctx, "start")
+    end = time.monotonic() + payload["seconds"]
+    try:
+        while time.monotonic() < end:
+            await asyncio.sleep(0.05)
+    except asyncio.CancelledError:
+        ledger(ctx, "noticed_lost" if ctx.lease_lost else "task_cancelled")
+        raise
+    ledger(ctx, "end")
+
+
 @app.task(name="crash_after_effect", max_attempts=3, retry=FAST)
 def crash_after_effect(payload, ctx):
     side_effect_once(ctx)

@@ -332,20 +332,27 @@ async def _guarded(coro: Any) -> Any:
 
 
 async def _cancellable(coro: Any, ctx: JobContext) -> Any:
-    """Run an async handler as a task and cancel it when its job's cancellation is
-    requested (``ctx.cancel_requested``, set by the lease renewal). The handler sees
-    ``asyncio.CancelledError`` at its current await; if it lets it propagate, the job
-    ends cancelled (it may catch it to clean up, and then raise or return)."""
+    """Run an async handler as a task and cancel it when its lease is lost
+    (``ctx.lease_lost``: the renewal's fence refused it, or the claimer's lease watch
+    presumed it lost) or its job's cancellation is requested (``ctx.cancel_requested``,
+    set by the lease renewal). The handler sees ``asyncio.CancelledError`` at its current
+    await, as a sync handler's ``ctx.check()`` raises: an attempt whose lease is gone must
+    stop before another worker's attempt of the same job runs beside it. If it lets the
+    error propagate, the job ends ``LEASE_LOST`` (a failure, which the fence then refuses
+    or writes) or cancelled; it may catch it to clean up, and then raise or return."""
     task = asyncio.ensure_future(coro)
     while True:
         done, _ = await asyncio.wait({task}, timeout=CANCEL_POLL_SECONDS)
         if done:
             return task.result()
-        if ctx.cancel_requested:
+        lost = ctx.lease_lost
+        if lost or ctx.cancel_requested:
             task.cancel()
             try:
                 return await task
             except asyncio.CancelledError:
+                if lost:
+                    raise LeaseLost(job_id=ctx.job_id, lease_token=ctx.lease_token, operation="heartbeat") from None
                 raise JobCancelled(f"job {ctx.job_id} was cancelled; its task was cancelled") from None
 
 
