@@ -99,6 +99,10 @@ def graph_states(core: Core, graph_id: int) -> dict[str, int]:
     return out
 
 
+#: Dead jobs of a graph put back per replay call (each one transaction).
+REPLAY_CHUNK = 1000
+
+
 def replay_graph(core: Core, graph_id: int, *, actor: str | None = None) -> ReplayedGraph:
     """Replay a graph: its dead jobs go back to pending (as ``replay``), and its jobs that
     a dead parent cancelled (``PARENT_DEAD``) wait again for their parents. Jobs whose
@@ -106,11 +110,19 @@ def replay_graph(core: Core, graph_id: int, *, actor: str | None = None) -> Repl
     (:class:`ReplayedGraph`: a list, with the two kinds apart)."""
     with core.connection() as c:
         dead = [j["id"] for j in core.store.graph_jobs(c, graph_id) if j["state"] == "dead"]
-    result = operations.replay(core, dead, queue=None, limit=1000, actor=actor, clean=False) if dead else None
-    replayed = list(result) if result is not None else []
-    # the replay brought back what its jobs' death cancelled; the graph's own pass also
-    # finds jobs a parent replayed earlier left cancelled (the same statement, by graph id)
-    requeued = list(result.requeued) if result is not None else []
+    replayed: list[int] = []
+    requeued: list[int] = []
+    # In chunks of REPLAY_CHUNK ids, each its own replay (one transaction): a graph with
+    # more dead jobs than one replay takes is replayed whole (it stopped at the first
+    # 1,000). A crash between chunks leaves the rest dead; calling again finishes it.
+    for start in range(0, len(dead), REPLAY_CHUNK):
+        chunk = dead[start:start + REPLAY_CHUNK]
+        result = operations.replay(core, chunk, queue=None, limit=len(chunk), actor=actor, clean=False)
+        replayed += result
+        # the replay brought back what its jobs' death cancelled
+        requeued += result.requeued
+    # the graph's own pass also finds jobs a parent replayed earlier left cancelled (the
+    # same statement, by graph id)
     with core.connection() as c:
         requeued += core.store.requeue_dependents(c, [], graph_id=graph_id, actor=actor or "pgworker")
     out = ReplayedGraph(replayed + requeued)

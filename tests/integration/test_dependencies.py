@@ -207,6 +207,31 @@ def test_a_graph_cancel_reads_every_page_of_its_jobs(app, conn, monkeypatch):
     assert {state(conn, schema, i)[0] for i in ids} == {"cancelled"}
 
 
+def test_a_graph_with_more_dead_jobs_than_one_replay_takes_is_replayed_whole(app, conn):
+    """replay_graph puts back every dead job of the graph, in chunks of REPLAY_CHUNK (one
+    replay each): 1,001 dead jobs all go back (it stopped, silently, at 1,000)."""
+    schema = app.settings.schema
+    ids = app.enqueue_many([JobSpec("t", ref="root")] + [JobSpec("t", depends_on=["root"]) for _ in range(1001)])
+    [root] = app.claim()
+    app.complete(root)
+    dead: list[int] = []
+    while len(dead) < 1001:
+        batch = app.claim(limit=100)
+        assert batch, "every child is claimable once its parent succeeded"
+        for job in batch:
+            assert app.fail(job, Permanent("no disk")) == "dead"
+            dead.append(job.id)
+    replayed = app.replay_graph(ids[0])
+    assert sorted(replayed) == sorted(ids[1:]) == sorted(replayed.replayed)
+    assert q_states(conn, schema, ids[1:]) == {"pending": 1001}
+
+
+def q_states(conn, schema, ids):
+    rows = conn.execute(sql.SQL("SELECT state::text, count(*) FROM {}.jobs WHERE id = ANY(%s) GROUP BY 1")
+                        .format(sql.Identifier(schema)), (ids,)).fetchall()
+    return dict(rows)
+
+
 def test_bad_input_is_refused_and_enqueues_nothing(app, conn, pg_dsn):
     schema = app.settings.schema
     parent = app.enqueue("t")
