@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 import weakref
 from typing import Any
 
 import psycopg
 
-from .errors import ConfigError, DatabaseReadOnly, DatabaseUnavailable
+from .errors import ConfigError, DatabaseReadOnly, DatabaseRefused, DatabaseUnavailable
 from .names import dsn_password, redact, redact_dsn
 
 log = logging.getLogger("pgworker.db")
@@ -53,9 +54,16 @@ def connect(dsn: str | None, *, application_name: str = "pgworker", autocommit: 
     try:
         conn = psycopg.connect(dsn, autocommit=autocommit, **params)
     except psycopg.OperationalError as exc:
+        # one line: libpq's message spans several, and a log line or describe_failure
+        # keeps the first
+        text = " ".join(redact(str(exc).strip(), dsn_password(dsn), dsn).split())
+        refused = refusal_fix(text)
+        if refused:
+            raise DatabaseRefused(f"PostgreSQL at {redact_dsn(dsn)!r} refused the connection: {text}; "
+                                  f"{refused}") from None
         raise DatabaseUnavailable(
             f"cannot connect to PostgreSQL at {redact_dsn(dsn)!r}: "
-            f"{redact(str(exc).strip(), dsn_password(dsn), dsn)}; check the DSN (--dsn or PGWORKER_DSN) and that the "
+            f"{text}; check the DSN (--dsn or PGWORKER_DSN) and that the "
             "server is running and reachable") from None
     except psycopg.ProgrammingError as exc:
         raise ConfigError(f"invalid connection settings for {redact_dsn(dsn)!r}: "
@@ -65,6 +73,29 @@ def connect(dsn: str | None, *, application_name: str = "pgworker", autocommit: 
     if not prepare or conn in POOLED:
         conn.prepare_threshold = None
     return conn
+
+
+# The server's refusals that no retry with the same DSN can change, and the fix each
+# names. libpq reports a connection's FATAL error as text, without its SQLSTATE (3D000,
+# 28000, 28P01), so the (English) message is matched; a server sending its messages in
+# another language is retried as an unreachable one.
+_REFUSALS = (
+    (re.compile(r'database "[^"]*" does not exist'),
+     "create that database (createdb, or CREATE DATABASE) or fix the database name in the DSN "
+     "(--dsn or PGWORKER_DSN); not retrying"),
+    (re.compile(r'role "[^"]*" does not exist'),
+     "create that role or fix the user name in the DSN (--dsn or PGWORKER_DSN); not retrying"),
+    (re.compile(r"password authentication failed|authentication failed for user|no pg_hba\.conf entry"),
+     "fix the user or password in the DSN (--dsn or PGWORKER_DSN), or the server's pg_hba.conf; not retrying"),
+)
+
+
+def refusal_fix(message: str) -> str | None:
+    """The fix for a connection the server refused for good (see _REFUSALS), else None."""
+    for pattern, fix in _REFUSALS:
+        if pattern.search(message):
+            return fix
+    return None
 
 
 # Connections found to go through a pooler (see detect_pooler).

@@ -39,6 +39,13 @@ class DatabaseUnavailable(PgworkerError):
     """PostgreSQL cannot be reached; check the DSN (PGWORKER_DSN) and that the server is up."""
 
 
+class DatabaseRefused(DatabaseUnavailable):
+    """The server answered and refused the connection for a reason that retrying with the
+    same settings cannot change: the DSN's database or role does not exist, or its
+    credentials were refused (password, pg_hba.conf). A worker starting up exits on it
+    (a drain run reports ``failed``) instead of retrying; the message names what to fix."""
+
+
 class DatabaseBusy(PgworkerError):
     """The server answered, but a statement gave up: it waited past ``lock_timeout`` for a
     lock another session holds (SQLSTATE 55P03), ran past ``statement_timeout`` or was

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..config import Settings
 from ..db import POOLED, connect, describe_failure
-from ..errors import DatabaseUnavailable, PoolerError
+from ..errors import DatabaseRefused, DatabaseUnavailable, PoolerError
 from .service import Backoff
 
 log = logging.getLogger("pgworker.supervisor")
@@ -24,8 +24,10 @@ def wait_for_database(settings: Settings, store: Any, health: Any, received: lis
     DATABASE_WAIT_LOG_SECONDS; /readyz (``health``) says why. Returns True once it
     answers; False when a signal arrives (``received`` is no longer empty), or, in drain
     mode, past its deadline (``max_duration`` seconds, else DRAIN_DATABASE_WAIT_SECONDS).
-    Raises :class:`SchemaVersionError` for a schema of another version, and
-    :class:`PoolerError` when LISTEN would go through a pooler."""
+    Raises :class:`SchemaVersionError` for a schema of another version,
+    :class:`PoolerError` when LISTEN would go through a pooler, and
+    :class:`DatabaseRefused`, in drain mode, when the server refuses the DSN for good (no
+    such database or role, credentials refused): waiting out the deadline cannot help."""
     backoff = Backoff()
     limit = max_duration if max_duration is not None else DRAIN_DATABASE_WAIT_SECONDS
     deadline = time.monotonic() + (limit if drain else float("inf"))
@@ -46,6 +48,12 @@ def wait_for_database(settings: Settings, store: Any, health: Any, received: lis
             health.schema_ok = True
             return True
         except DatabaseUnavailable as exc:
+            if drain and isinstance(exc, DatabaseRefused):
+                # A drain run (a CronJob's) stops at once: waiting out its deadline cannot
+                # create the database or right the password, and the next run tries again.
+                # A long-running worker waits, as for an unreachable server: its database
+                # may be created after it starts (/readyz names the refusal meanwhile).
+                raise
             reason = describe_failure(exc, settings.dsn)
             health.db_failed("unreachable", reason[:400])
             if time.monotonic() >= next_log:

@@ -5,6 +5,7 @@ another's outcome, and a pod that cannot start says why."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 
@@ -162,6 +163,8 @@ def test_a_second_worker_on_the_same_port_says_which_port_and_the_flag(env, pg_d
 
 
 def test_a_database_that_does_not_exist_is_named_in_readyz_and_a_drain_gives_up_at_its_deadline(env, pg_dsn):
+    """A long-running worker waits for a database that does not exist yet (/readyz names
+    it); a drain run on an unreachable server gives up at its deadline."""
     schema = env.settings.schema
     missing = pg_dsn.rsplit("/", 1)[0] + "/pgworker_no_such_database"
     port = free_port()
@@ -171,9 +174,25 @@ def test_a_database_that_does_not_exist_is_named_in_readyz_and_a_drain_gives_up_
                           message=lambda: f"/readyz to name the database; log:\n{w.logs()[-2000:]}")
         assert "database unavailable" in body
         assert w.stop() == 0
-    with Worker(missing, schema, "--drain", "--max-duration", "2s", "--concurrency", "1") as d:
+    nobody = f"postgresql://postgres@127.0.0.1:{free_port()}/test"  # nothing listens there
+    with Worker(nobody, schema, "--drain", "--max-duration", "2s", "--concurrency", "1") as d:
         assert d.wait(30) == 1
-        assert "does not exist" in d.logs() and "gave up" in d.logs()
+        assert "unreachable" in d.logs() and "gave up" in d.logs()
+
+
+def test_a_drain_run_on_a_database_that_does_not_exist_fails_at_once_naming_the_fix(env, pg_dsn):
+    """A refusal no retry can change (no such database) ends a drain run at once, exit 1 and
+    a failed summary, naming createdb and the DSN: it waited out its deadline before (60 s
+    without --max-duration), a CronJob's whole run."""
+    missing = pg_dsn.rsplit("/", 1)[0] + "/pgworker_no_such_database"
+    started = time.monotonic()
+    with Worker(missing, env.settings.schema, "--drain", "--concurrency", "1") as d:
+        assert d.wait(40) == 1
+        logs, summary = d.logs(), json.loads(d.stdout())
+    assert time.monotonic() - started < 30, "it gave up at once, not at the 60 s deadline"
+    assert 'database "pgworker_no_such_database" does not exist' in logs and "createdb" in logs
+    assert "PGWORKER_DSN" in logs and "not retrying" in logs and summary["result"] == "failed"
+    assert "Traceback" not in logs
 
 
 def _readyz(port: int):

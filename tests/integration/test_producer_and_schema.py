@@ -232,6 +232,25 @@ def test_broken_and_unreachable_dsns_never_show_the_password():
     assert "hunter2" not in str(info.value) and "PGWORKER_DSN" in str(info.value)
 
 
+def test_a_connection_the_server_refuses_for_good_is_told_apart_from_an_unreachable_server(pg_dsn):
+    """No such database, no such role: DatabaseRefused (a DatabaseUnavailable), one line
+    naming the fix, no password; a port nobody listens on is unreachable, not refused."""
+    from pgworker.db import connect
+    from pgworker.errors import DatabaseRefused
+    base = pg_dsn.rsplit("/", 1)[0]
+    for dsn, text, fix in ((base + "/pgworker_no_such_db", 'database "pgworker_no_such_db" does not exist', "createdb"),
+                           ("postgresql://pgworker_no_such_role:hunter2@127.0.0.1:5432/test",
+                            'role "pgworker_no_such_role" does not exist', "create that role")):
+        with pytest.raises(DatabaseRefused) as info:
+            connect(dsn)
+        message = str(info.value)
+        assert text in message and fix in message and "not retrying" in message
+        assert "\n" not in message and "hunter2" not in message
+    with pytest.raises(DatabaseUnavailable) as unreachable:
+        connect("postgresql://app:hunter2@127.0.0.1:1/db")
+    assert not isinstance(unreachable.value, DatabaseRefused)
+
+
 # The repeated hour of a fall-back: 02:30 in Berlin on 27 October 2030 happens twice,
 # at 00:30 UTC (fold=0, still summer time) and at 01:30 UTC (fold=1). The two datetimes
 # compare equal and hash alike (PEP 495): only their fold tells them apart.
