@@ -94,12 +94,23 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     rows = app.list_jobs(queue=args.queue, state=args.state, limit=args.limit + 1, graph_id=args.graph,
                          task=args.task)
     more, rows = len(rows) > args.limit, rows[:args.limit]
-    if not args.json:  # --json keeps the column as stored: it is data
-        rows = [{**r, "last_error_code": error_shown(r)} for r in rows]
+    if not args.json:  # --json keeps the columns as stored: they are data
+        rows = [{**r, "state": state_shown(r), "last_error_code": error_shown(r)} for r in rows]
     emit(args, rows, ["id", "queue", "task", "state", "priority", "attempts", "max_attempts",
                       "run_at", "last_error_code"])
     _note_limit(args, more)
     return 0
+
+
+def state_shown(row: dict[str, Any]) -> str:
+    """A pending job that cannot be claimed yet says why (its run_at reads as due):
+    'pending (waits for 2 parents)', 'pending (behind its ordering key)'."""
+    if row["state"] != "pending":
+        return str(row["state"])
+    waiting = row.get("waiting_parents") or 0
+    if waiting:
+        return f"pending (waits for {waiting} parent{'' if waiting == 1 else 's'})"
+    return "pending (behind its ordering key)" if row.get("blocked") else "pending"
 
 
 def _note_limit(args: argparse.Namespace, more: bool) -> None:

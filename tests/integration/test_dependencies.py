@@ -376,6 +376,10 @@ def test_jobs_show_prints_parents_children_and_result_and_the_listing_filters_by
                  "--json"]) == 0
     listed = __import__("json").loads(capsys.readouterr().out)
     assert sorted(r["id"] for r in listed) == sorted(graph.ids)
+    # the table says why a pending job is not claimed (its run_at reads as due)
+    assert main(["jobs", "list", "--graph", str(graph.graph_id), "--dsn", pg_dsn, "--schema", schema]) == 0
+    table = capsys.readouterr().out
+    assert "pending (waits for 1 parent)" in table, table
 
 
 def test_a_group_callback_gets_every_result(app):

@@ -82,6 +82,18 @@ def test_the_overview_says_the_table_is_not_yet_estimated_before_analyze(app, pg
     assert "About 3 jobs in the table" in after and "not yet estimated" not in after
 
 
+def test_the_jobs_list_says_why_a_pending_job_waits_and_that_the_table_is_not_yet_estimated(app, pg_dsn, conn):
+    """A dependent waiting for a parent read as an ordinary due job in the list (its run_at
+    is now), and the list said "about ? jobs" before ANALYZE."""
+    _, _, child = _graph(app, conn)
+    with ConsoleServer(pg_dsn, app.settings.schema).wait_ready() as server:
+        page = server.get("/jobs")
+    assert page.status_code == 200
+    row = page.text.split(f'<tr data-job="{child}">', 1)[1].split("</tr>", 1)[0]
+    assert "waits for 1 parent" in row
+    assert "about ?" not in page.text and "not yet estimated" in page.text
+
+
 def test_the_redaction_hook_sees_the_result_too(app, conn):
     """WebConfig(redact=fn) runs on what the handler returned as on the payload."""
     parent, _, _ = _graph(app, conn)

@@ -16,7 +16,7 @@
 -- rule for every list: due, running, finished, dead, a dead group, the filtered listing),
 -- unqualified: the jobs table is the only relation of the FROM that has these names.
 id, queue, task, state::text AS state, priority, run_at, attempts, max_attempts, lease_owner,
-lease_expires_at, last_error_code, created_at, finished_at, ordering_key, dedupe_key
+lease_expires_at, last_error_code, created_at, finished_at, ordering_key, dedupe_key, waiting_parents, blocked
 
 -- name: console_queue_names
 -- The queues worth a row on the overview: configured ones, scheduled ones, and every

@@ -166,7 +166,7 @@ GROUP BY w.queue;
 -- name: jobs_list_graph
 -- The jobs listing (jobs_list) for one graph, newest first, on jobs_graph_idx.
 SELECT id, queue, task, state::text AS state, priority, run_at, attempts, max_attempts,
-       lease_token, last_error_code, created_at, finished_at, waiting_parents
+       lease_token, last_error_code, created_at, finished_at, waiting_parents, blocked
 FROM {schema}.jobs
 WHERE graph_id = %(graph_id)s AND graph_id IS NOT NULL
   AND (%(state)s::text IS NULL OR state = %(state)s::text::{schema}.job_state)

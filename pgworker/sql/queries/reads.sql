@@ -22,7 +22,7 @@ SELECT at, kind, actor, detail FROM {schema}.job_events WHERE job_id = %(id)s OR
 -- name: jobs_list
 -- Jobs filtered by queue, state and task, newest first, without payloads.
 SELECT id, queue, task, state::text AS state, priority, run_at, attempts, max_attempts,
-       lease_token, last_error_code, created_at, finished_at
+       lease_token, last_error_code, created_at, finished_at, waiting_parents, blocked
 FROM {schema}.jobs
 WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(state)s::text IS NULL OR state = %(state)s::text::{schema}.job_state)
