@@ -244,6 +244,7 @@ def _held_keys_notes(app: Any, held_by: dict[int, int]) -> list[str]:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     app = _make_app(args)
+    before = app.get_job(args.id)  # a dead job's cancel is its discard: the message says which it was
     state = app.cancel(args.id, reason=args.reason)
     if state is None:
         job = app.get_job(args.id)  # which of the two it is: "unknown or already finished" said neither
@@ -253,7 +254,9 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             why = f"there is no job {args.id} in schema {app.settings.schema!r} (--schema, PGWORKER_SCHEMA)"
         print(f"error: {why}", file=sys.stderr)
         return 1
-    msg = "cancelled" if state == "cancelled" else (
+    discarded = state == "cancelled" and before is not None and before["state"] == "dead"
+    msg = ("discarded (it was dead: now cancelled, it will not be replayed)" if discarded
+           else "cancelled") if state == "cancelled" else (
         "cancellation requested (the job is running): its handler sees it at its next ctx.progress "
         "write or with the next lease renewal, within a third of the lease, and stops when it calls "
         "ctx.check() (an async handler is cancelled for it); a handler that returns first ends "

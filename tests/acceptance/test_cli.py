@@ -123,7 +123,7 @@ def test_replaying_a_dead_job_whose_dedupe_key_is_held_says_by_which_job_and_wha
         f" (its dedupe window): the work was done; discard job {dead} with `pgworker cancel {dead}{flag}`, "
         "or replay it after then")
     # following the advice: discarded
-    assert "cancelled" in cli(pg_dsn, schema, "cancel", str(dead)).stdout
+    assert f"job {dead}: discarded (it was dead" in cli(pg_dsn, schema, "cancel", str(dead)).stdout
 
 
 @pytest.mark.parametrize("args, fragment", [
