@@ -94,6 +94,16 @@ def test_the_jobs_list_says_why_a_pending_job_waits_and_that_the_table_is_not_ye
     assert "about ?" not in page.text and "not yet estimated" in page.text
 
 
+def test_a_jobs_list_filtered_on_a_misspelt_queue_names_the_closest_queue(app, pg_dsn, conn):
+    app.enqueue_many([_spec("t", {}, queue="emails"), _spec("t", {}, queue="reports")], any_task=True)
+    with ConsoleServer(pg_dsn, app.settings.schema).wait_ready() as server:
+        typo = server.get("/jobs?queue=emials").text
+        right = server.get("/jobs?queue=emails").text
+        nothing_close = server.get("/jobs?queue=zzzzzz").text
+    assert 'id="queue-hint"' in typo and ">emails</a>" in typo and "queue=emails" in typo
+    assert 'id="queue-hint"' not in right and 'id="queue-hint"' not in nothing_close
+
+
 def test_the_redaction_hook_sees_the_result_too(app, conn):
     """WebConfig(redact=fn) runs on what the handler returned as on the payload."""
     parent, _, _ = _graph(app, conn)

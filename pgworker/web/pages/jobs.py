@@ -10,6 +10,7 @@ window says how many it found, an index-ordered list counts up to a cap ("10,000
 
 from __future__ import annotations
 
+import difflib
 from datetime import datetime, timezone
 from typing import Any
 
@@ -24,6 +25,7 @@ NEWEST = 2**63 - 1
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 FAR = datetime(9999, 1, 1, tzinfo=timezone.utc)
 SORTS = ("newest", "due", "lease", "finished")
+QUEUE_NAMES_READ = 1000  # known queues a typo's hint compares with
 
 
 def parse_sort(job_filter: JobFilter, sort: str | None) -> str:
@@ -79,8 +81,21 @@ def jobs_data(ctx: Any, params: Any) -> dict[str, Any]:
                 last = rows[-1]
                 key = {"due": "run_at", "lease": "lease_expires_at", "finished": "finished_at"}[sort]
                 out["next_cursor"] = f"{last[key].isoformat()}|{last['id']}"
+        if not rows and job_filter.queue is not None:
+            out["queue_hint"] = _closest_queue(ctx.store, c, job_filter.queue)
     out["jobs"] = rows
     return out
+
+
+def _closest_queue(store: Any, c: Any, queue: str) -> str | None:
+    """For a list that matched nothing: the known queue closest to a queue name that is not
+    one (a typo, ``emials``), else None. The names come from the overview's loose index
+    scans, not from the jobs' rows."""
+    known = store.console_queue_names(c, limit=QUEUE_NAMES_READ)
+    if queue in known:
+        return None
+    close = difflib.get_close_matches(queue, known, n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 def _indexed(store: Any, c: Any, sort: str, f: JobFilter, cursor: str, limit: int) -> list[dict[str, Any]]:
