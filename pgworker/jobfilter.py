@@ -122,18 +122,21 @@ class JobFilter:
 KEYS = tuple(f.name for f in fields(JobFilter))
 
 
-def check_keys(given: Mapping[str, Any], known: tuple[str, ...] = KEYS, *, what: str = "filter") -> None:
+def check_keys(given: Mapping[str, Any], known: tuple[str, ...] = KEYS, *, what: str = "filter",
+               changes: bool = True) -> None:
     """Refuse a key ``known`` does not hold, naming the closest known one: a misspelt
     key (``tsk``) would otherwise be dropped and a bulk operation widened to every job
-    the rest of the filter matches. Raises :class:`FilterError`."""
+    the rest of the filter matches. ``changes``: the request would change something (the
+    message then says nothing was); a read's says nothing of changes. Raises
+    :class:`FilterError`."""
     unknown = [k for k in given if k not in known]
     if not unknown:
         return
     key = str(unknown[0])
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    raise FilterError(f"{what} key {key!r} is not one pgworker reads ({hint}the keys: {', '.join(known)}); "
-                      "nothing was changed")
+    raise FilterError(f"{what} key {key!r} is not one pgworker reads ({hint}the keys: {', '.join(known)})"
+                      + ("; nothing was changed" if changes else ""))
 
 
 def _checked(check: Any, value: str | None) -> str | None:

@@ -74,6 +74,7 @@ def test_a_misspelt_list_filter_is_refused_instead_of_listing_every_job(console,
     _dead(app, conn, "wanted")
     r = console.get("/api/jobs?tsk=wanted", headers=AUTH)
     assert r.status_code == 400 and "did you mean 'task'?" in r.json()["error"], r.text
+    assert "nothing was changed" not in r.json()["error"]  # a read: it changes nothing anyway
     r = console.get("/api/jobs?task=wanted&sort=newest&cursor=", headers=AUTH)
     assert r.status_code == 200 and [j["task"] for j in r.json()["jobs"]] == ["wanted"], r.text
 

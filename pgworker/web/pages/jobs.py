@@ -144,7 +144,7 @@ def check_list_keys(params: Any, *extra: str, schema: str) -> None:
         raise FilterError(f"the console's job list has no graph filter: `pgworker jobs list --graph {graph}"
                           f"{schema_flag(schema)}` lists a graph's jobs (each job's page links its "
                           "parents and children)")
-    check_keys(params, (*KEYS, "sort", "cursor", *extra), what="query")
+    check_keys(params, (*KEYS, "sort", "cursor", *extra), what="query", changes=False)
 
 
 async def jobs(request: Request) -> Response:
