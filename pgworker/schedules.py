@@ -55,6 +55,25 @@ RESYNC_SECONDS = 60.0
 WAKE_SLACK_SECONDS = 0.02
 
 
+#: The five fields of a cron expression, and the values each takes.
+CRON_FIELDS = (("minute", "0-59"), ("hour", "0-23"), ("day of month", "1-31"), ("month", "1-12 or jan-dec"),
+               ("day of week", "0-7 or sun-sat"))
+
+
+def _bad_field(cron: object) -> str:
+    """': its hour field '25' is not 0-23' for the first field croniter refuses on its own
+    (the others set to '*'), '' when no single field is to blame (or not five fields)."""
+    if not isinstance(cron, str) or len(cron.split()) != 5:
+        return ""
+    croniter = _croniter()
+    parts = cron.split()
+    for i, (name, values) in enumerate(CRON_FIELDS):
+        alone = " ".join(parts[i] if j == i else "*" for j in range(5))
+        if not croniter.is_valid(alone):
+            return f": its {name} field {parts[i]!r} is not {values}"
+    return ""
+
+
 def _croniter() -> Any:
     """croniter's class, imported on first use: its import runs ``file -b`` on the
     interpreter (``platform.architecture()``), a fork and exec that every process paid at
@@ -112,8 +131,8 @@ class Periodic:
         from croniter import CroniterBadDateError
 
         if not isinstance(self.cron, str) or len(self.cron.split()) != 5 or not croniter.is_valid(self.cron):
-            raise ConfigError(f"schedule {self.name!r}: {self.cron!r} is not a cron expression; use five "
-                              "fields, minute hour day-of-month month day-of-week, e.g. '*/5 * * * *'")
+            raise ConfigError(f"schedule {self.name!r}: {self.cron!r} is not a cron expression{_bad_field(self.cron)}; "
+                              "use five fields, minute hour day-of-month month day-of-week, e.g. '*/5 * * * *'")
         try:
             ZoneInfo(self.timezone)
         except (ZoneInfoNotFoundError, ValueError, TypeError):

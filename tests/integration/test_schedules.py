@@ -145,6 +145,15 @@ def test_periodic_checks_apply_to_a_schedule_built_directly_and_to_task_schedule
     with pytest.raises(ConfigError, match="not a cron expression"):
         app.task(name="bad", schedule="every day")(lambda payload: None)
     assert "bad" not in app.tasks and not app.schedules
+    # an expression of five fields names the one out of its range
+    for cron, said in (("0 25 * * *", "its hour field '25' is not 0-23"),
+                       ("61 * * * *", "its minute field '61' is not 0-59"),
+                       ("* * 0 * *", "its day of month field '0' is not 1-31"),
+                       ("* * * 13 *", "its month field '13' is not 1-12"),
+                       ("* * * * 9", "its day of week field '9' is not 0-7")):
+        with pytest.raises(ConfigError, match="not a cron expression") as info:
+            Periodic("p", "t", cron)
+        assert said in str(info.value), str(info.value)
 
 
 def rewind(conn, schema, name, minutes):
