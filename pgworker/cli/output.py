@@ -64,7 +64,7 @@ def _fmt(v: Any) -> str:
     if v is None:
         return "-"
     if isinstance(v, datetime):
-        return v.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+        return v.astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")  # local time, its zone named (UTC, CET)
     if isinstance(v, float):  # one decimal, or three significant digits below 0.1 (a rate of 0.001/s)
         return f"{v:.3g}" if 0 < abs(v) < 0.1 else f"{v:.1f}"
     if isinstance(v, (dict, list)):  # a jsonb column in a table cell: JSON, as the database holds it

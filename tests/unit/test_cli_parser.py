@@ -231,3 +231,20 @@ def test_ascii_durations_still_parse():
     assert [parse_duration(t) for t in ("90", "90s", " 15m ", "1.5h", "250ms", "2w")] == \
         [90, 90, 900, 5400, 0.25, 1209600]
     assert retention_duration("7d") == 604800
+
+
+def test_a_table_names_the_zone_of_its_times(monkeypatch):
+    """A table's times are local: a schedule's next run read as UTC or as local time alike
+    before the zone was printed (new-user trial)."""
+    import time
+    from datetime import datetime, timezone
+
+    from pgworker.cli.output import _fmt
+
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        assert _fmt(datetime(2026, 12, 3, 19, 5, tzinfo=timezone.utc)) == "2026-12-03 19:05:00 UTC"
+    finally:
+        monkeypatch.undo()
+        time.tzset()
