@@ -25,8 +25,8 @@ KEEPALIVE_KWARGS: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 30,
 def check_dsn(dsn: str | None) -> str:
     """Return ``dsn`` if libpq can parse it; raise :class:`ConfigError` (password hidden)."""
     if dsn is None:
-        raise ConfigError("no database configured: set PGWORKER_DSN (or --dsn) to a libpq "
-                          "connection string such as postgresql://user@localhost:5432/app")
+        raise ConfigError("no database configured: set PGWORKER_DSN (or --dsn, or App(dsn=...) in Python) to "
+                          "a libpq connection string such as postgresql://user@localhost:5432/app")
     try:
         psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
