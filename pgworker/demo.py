@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import os
 import random
+import shlex
 import shutil
 import signal
 import subprocess
@@ -184,9 +185,9 @@ def main(args: argparse.Namespace) -> int:
         else:
             print(f"outputs kept in {out_dir}")
         dead = app.list_jobs(state="dead", limit=1)
-        console = start_console(dsn, schema) if args.keep else None
+        console = start_console(dsn, schema, log_dir=out_dir) if args.keep else None
         print(closing_hint(embedded, schema, keep=args.keep, example=dead[0]["id"] if dead else None,
-                           console=console))
+                           console=console, leftovers=(out_dir, log_path)))
         ok = summary["lost"] == 0 and summary["stuck"] == 0
         return 0 if ok else 1
     return 0
@@ -206,10 +207,11 @@ def pgworker_command() -> str:
 
 
 def closing_hint(embedded: EmbeddedPostgres | None, schema: str, *, keep: bool, example: int | None = None,
-                 console: tuple[str, int] | None = None) -> str:
+                 console: tuple[str, int] | None = None, leftovers: tuple[str, ...] = ()) -> str:
     """How to look at the demo's jobs afterwards (the worker log names their ids; ``example``
     is one dead job's), for a database that is still there: the embedded one is deleted
-    at exit unless ``keep``. ``console``: (URL, pid) of a web console left running."""
+    at exit unless ``keep``. ``console``: (URL, pid) of a web console left running.
+    ``leftovers``: the kept outputs and logs, which the stop command deletes too."""
     command = pgworker_command()
     job = str(example) if example is not None else "ID"
     web = (f"\nthe web console keeps running too: {console[0]} (the demo's jobs{f', job {job}' if example else ''})"
@@ -224,12 +226,14 @@ def closing_hint(embedded: EmbeddedPostgres | None, schema: str, *, keep: bool, 
     return ("the embedded PostgreSQL keeps running (--keep); inspect a job of that log with\n"
             f"  PGWORKER_DSN='{embedded.dsn}' {command} jobs show {job}{web}\n"
             f"stop {'them' if console else 'it'} and delete the database with\n"
-            f"  {f'kill {console[1]}; ' if console else ''}{embedded.stop_command}")
+            f"  {f'kill {console[1]}; ' if console else ''}{embedded.stop_command}"
+            + "".join(f"; rm -rf {shlex.quote(p)}" for p in leftovers))
 
 
-def start_console(dsn: str, schema: str) -> tuple[str, int] | None:
+def start_console(dsn: str, schema: str, *, log_dir: str | None = None) -> tuple[str, int] | None:
     """`pgworker web` on 127.0.0.1 (port 8080 when free), detached, for a kept demo:
-    (its URL, its pid), or None when the 'web' extra is not installed or it did not start."""
+    (its URL, its pid), or None when the 'web' extra is not installed or it did not start.
+    Its log goes to ``log_dir`` (the demo's kept outputs), else to a temporary file."""
     import socket
 
     from .web import require_extra
@@ -244,7 +248,7 @@ def start_console(dsn: str, schema: str) -> tuple[str, int] | None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-    fd, log_path = tempfile.mkstemp(prefix="pgworker-demo-web-", suffix=".log")
+    fd, log_path = tempfile.mkstemp(prefix="pgworker-demo-web-", suffix=".log", dir=log_dir)
     proc = subprocess.Popen([sys.executable, "-m", "pgworker.cli", "web", "--port", str(port)],
                             env=dict(os.environ, PGWORKER_DSN=dsn, PGWORKER_SCHEMA=schema), stdin=subprocess.DEVNULL,
                             stdout=fd, stderr=fd, start_new_session=True)

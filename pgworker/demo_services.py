@@ -104,7 +104,8 @@ class EmbeddedPostgres:
         pgserver, which runs the server as its own system user when started by root (pg_ctl
         refuses root)."""
         code = f"import pgserver; pgserver.get_server({self.datadir!r}, cleanup_mode='delete').cleanup()"
-        return f'{sys.executable} -c "{code}"'
+        # -W ignore: pgserver's platformdirs warns about a runtime folder it does not need
+        return f'{sys.executable} -W ignore -c "{code}"'
 
 
 @contextlib.contextmanager

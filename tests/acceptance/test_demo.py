@@ -58,10 +58,16 @@ def test_a_kept_embedded_database_answers_the_printed_commands(tmp_path):
         shown = subprocess.run(printed + " --json", shell=True, cwd=tmp_path, capture_output=True, text=True,
                                timeout=60)
         assert shown.returncode == 0 and '"state": "dead"' in shown.stdout, shown.stderr
+        kept = re.search(r"outputs kept in (\S+)", out).group(1)
+        worker_log = re.search(r"worker log \(failed attempts and dead jobs, as a real worker logs them\): (\S+)",
+                               out).group(1)
+        assert os.path.isdir(kept) and os.path.exists(worker_log)
     finally:
-        subprocess.run(stop, shell=True, capture_output=True, timeout=60)
+        stopped = subprocess.run(stop, shell=True, capture_output=True, text=True, timeout=60)
+    assert "Warning" not in stopped.stderr, stopped.stderr  # platformdirs' RuntimeDirWarning was printed
     datadir = re.search(r"host=([^&'\s]+)", dsn).group(1)
     assert not os.path.exists(datadir)  # the printed command stopped and deleted it
+    assert not os.path.exists(kept) and not os.path.exists(worker_log)  # and the kept outputs and logs
     import requests
 
     with pytest.raises(requests.ConnectionError):  # and stopped the console
