@@ -77,6 +77,7 @@ def assert_enqueued(app: Any, task: Any, payload: Any = ANY, *, payload_contains
     when the read was cut at ``limit`` (an exact ``count`` cannot be checked then);
     ``ValueError`` or ``TypeError`` for bad arguments.
     """
+    __tracebackhide__ = True  # pytest shows the caller's line, not this helper's source
     match = _Matcher(task, payload, payload_contains, queue, state)
     if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 0):
         raise ValueError(f"count must be an integer >= 0 (exactly that many jobs), or None (at least one), got {count!r}")
@@ -106,6 +107,7 @@ def refute_enqueued(app: Any, task: Any, payload: Any = ANY, *, payload_contains
     ``AssertionError``) when more than ``limit`` candidates passed the SQL filters and
     none of those read matched: the older ones were not looked at, so it cannot pass.
     """
+    __tracebackhide__ = True  # pytest shows the caller's line, not this helper's source
     match = _Matcher(task, payload, payload_contains, queue, state)
     limit = check_limit(limit)
     with app.connection() as conn:

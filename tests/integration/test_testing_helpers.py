@@ -431,3 +431,22 @@ def test_assert_enqueued_compares_a_typed_payload_as_it_is_stored(app):
     assert_enqueued(app, "bill", payload={"customer": "acme", "cents": 5})
     drain(app)
     assert seen == [Invoice("acme", 5)]  # the handler got the dataclass back
+
+
+def test_a_failing_assert_enqueued_shows_the_callers_line_not_the_helpers_source(tmp_path, pg_dsn):
+    """pytest hides the helper's own frames (``__tracebackhide__``): the traceback of a
+    user's failing test ended in pgworker's source (new-user trial)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "test_user.py").write_text(
+        "from pgworker.testing import assert_enqueued\n\n"
+        "def test_welcome(pgworker_app):\n"
+        "    assert_enqueued(pgworker_app, 'send_welcome', {'user': 1})\n")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "PGWORKER_TEST_DSN": pg_dsn})
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "assert_enqueued(pgworker_app, 'send_welcome'" in run.stdout  # the caller's line
+    assert "pgworker/testing/enqueued.py:" not in run.stdout, run.stdout
+    assert "no job of task 'send_welcome'" in run.stdout or "send_welcome" in run.stdout
