@@ -230,6 +230,7 @@ def test_a_dead_group_is_replayed_as_a_bulk_operation(browser, site):
     row.find_element(By.LINK_TEXT, "Replay all").click()
     assert "5" in _text(browser, "#bulk-count")
     _click(browser, "#bulk-start")
+    _text(browser, "#op-state")  # the operation's page has loaded: its address is the one to reload
     wait_until(lambda: _open(browser, site, browser.current_url.replace(site.console.url, ""))
                and _text(browser, "#op-state") == "done", timeout=60, message="the operation to finish")
     assert _text(browser, "#op-applied") == "5"
@@ -257,6 +258,7 @@ def test_a_dead_group_discarded_as_a_bulk_operation_keeps_the_reason_typed_into_
     why = "<img src=x onerror=alert('why')> poison <b>batch</b>"
     field.send_keys(why)
     _click(browser, "#bulk-start")
+    _text(browser, "#op-state")  # the operation's page has loaded: its address is the one to reload
     wait_until(lambda: _open(browser, site, browser.current_url.replace(site.console.url, ""))
                and _text(browser, "#op-state") == "done", timeout=60, message="the operation to finish")
     _no_alert(browser)
