@@ -11,9 +11,10 @@ is therefore the one printable character it cannot contain.
 
 from __future__ import annotations
 
+import json
 import re
 
-from .errors import InvalidName
+from .errors import ConfigError, InvalidName
 
 QUEUE_NAME_MAX_CHARS = 128
 TASK_NAME_MAX_CHARS = 255
@@ -175,6 +176,32 @@ def cancel_reason(text: str | None) -> str | None:
     if text is None or not text.strip():
         return None
     return bounded_text(text.strip(), CANCEL_REASON_MAX_CHARS)
+
+
+def cancel_reason_too_long(text: str | None) -> str | None:
+    """Why an operator's reason is refused, or None when it fits: longer than
+    :data:`CANCEL_REASON_MAX_CHARS` characters, blanks around it not counted. The one
+    check of the command line (``--reason``), the JSON API and bulk operations (an App
+    call cuts a longer one with '…' instead, :func:`cancel_reason`); the text is not
+    echoed (it is long, and may be anything)."""
+    if text is None or len(text.strip()) <= CANCEL_REASON_MAX_CHARS:
+        return None
+    return (f"the reason is {len(text.strip())} characters long, the limit is {CANCEL_REASON_MAX_CHARS}: "
+            "shorten it (the job's audit trail keeps at most that)")
+
+
+def checked_cancel_reason(text: object) -> str | None:
+    """:func:`cancel_reason` of a reason an operator sent (an API body, a form field, a
+    bulk operation), refused rather than cut: raises :class:`ConfigError` for one that
+    is not a string or None, or is too long (:func:`cancel_reason_too_long`), saying
+    nothing was changed."""
+    if text is not None and not isinstance(text, str):
+        raise ConfigError(f'reason must be a string such as {{"reason": "duplicate of job 12"}} (or null for '
+                          f"none), not {json.dumps(text, default=repr)[:40]}; nothing was changed")
+    why = cancel_reason_too_long(text)
+    if why is not None:
+        raise ConfigError(f"{why}; nothing was changed")
+    return cancel_reason(text)
 
 
 # A job (or graph) id as typed: ASCII digits only. int() also reads "1_3", " 5", "-0",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from ..names import CANCEL_REASON_MAX_CHARS, parse_id
+from ..names import cancel_reason_too_long, parse_id
 
 #: The exit status of a usage error (argparse's own): the command line itself is wrong.
 EXIT_USAGE = 2
@@ -109,11 +109,10 @@ def _job_id(text: str) -> int:
 
 def _cancel_reason(text: str) -> str:
     """An operator's cancel reason, refused when longer than
-    :data:`pgworker.names.CANCEL_REASON_MAX_CHARS` (blanks around it not counted): the API
-    cuts a longer one with '…', which a command line would do without a word. The text
-    is not echoed (it is long, and may be anything)."""
-    if len(text.strip()) > CANCEL_REASON_MAX_CHARS:
-        raise argparse.ArgumentTypeError(
-            f"the reason is {len(text.strip())} characters long, the limit is {CANCEL_REASON_MAX_CHARS}: "
-            "shorten it (the job's audit trail keeps at most that)")
+    :data:`pgworker.names.CANCEL_REASON_MAX_CHARS` (:func:`pgworker.names.cancel_reason_too_long`,
+    the API's check too): App.cancel cuts a longer one with '…', which a command line
+    would do without a word."""
+    why = cancel_reason_too_long(text)
+    if why is not None:
+        raise argparse.ArgumentTypeError(why)
     return text

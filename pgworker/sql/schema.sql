@@ -1,4 +1,4 @@
--- The whole pgworker schema as it stands (version 10), in one file, for reading and
+-- The whole pgworker schema as it stands (version 12), in one file, for reading and
 -- review. Installing and upgrading go through the numbered migrations
 -- (pgworker/sql/migrations, `pgworker migrate`); a test applies both to two schemas and
 -- checks that they produce the same catalog, so this file cannot drift from them.
@@ -282,10 +282,14 @@ CREATE TABLE {schema}.bulk_operations (
     updated_at   timestamptz NOT NULL DEFAULT now(),
     finished_at  timestamptz,
     cancelled_by text,
+    -- The operator's reason (a cancel or a discard), kept in each changed job's audit
+    -- entry too; bounded as a single job's (migration 0012).
+    reason       text,
     CONSTRAINT bulk_operations_kind CHECK (kind IN ('replay', 'cancel', 'discard')),
     CONSTRAINT bulk_operations_state CHECK (state IN ('running', 'done', 'cancelled', 'failed')),
     CONSTRAINT bulk_operations_batch_size CHECK (batch_size BETWEEN 1 AND 10000),
-    CONSTRAINT bulk_operations_actor_length CHECK (length(actor) BETWEEN 1 AND 300)
+    CONSTRAINT bulk_operations_actor_length CHECK (length(actor) BETWEEN 1 AND 300),
+    CONSTRAINT bulk_operations_reason_length CHECK (length(reason) BETWEEN 1 AND 500)
 );
 -- The operations left to apply (the appliers' only question), and their retention.
 CREATE INDEX bulk_operations_running_idx ON {schema}.bulk_operations (id) WHERE state = 'running';

@@ -122,10 +122,12 @@ class ConsoleStatements(StoreBase):
     # -- bulk operations --------------------------------------------------------------
 
     def bulk_operation_create(self, conn: psycopg.Connection, *, kind: str, job_filter: dict[str, Any], actor: str,
-                              expected: int | None, batch_size: int) -> dict[str, Any]:
+                              expected: int | None, batch_size: int, reason: str | None = None) -> dict[str, Any]:
+        """The new operation's row. ``reason``: already bounded by the caller
+        (:func:`pgworker.names.checked_cancel_reason`; the column's check refuses more)."""
         return self._rows(conn, "bulk_operation_create", {
             "kind": kind, "filter": json.dumps(job_filter), "actor": actor, "expected": expected,
-            "batch_size": batch_size})[0]
+            "batch_size": batch_size, "reason": reason})[0]
 
     def bulk_operation_get(self, conn: psycopg.Connection, operation_id: int) -> dict[str, Any] | None:
         rows = self._rows(conn, "bulk_operation_get", {"id": operation_id})

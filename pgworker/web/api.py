@@ -7,7 +7,8 @@ GET  /api/overview, /api/jobs?<filter>, /api/jobs/{id}, /api/dead, /api/schedule
 POST /api/jobs/{id}/{replay|retry|cancel|discard} (cancel, discard: {"reason": "why"} or none),
      /api/queues/{name}/{pause|resume|limits}
      (limits: {"concurrency": 5, "rate": 20, "burst": 40, "aging": 300}; null removes),
-     /api/bulk ({"kind": "replay", "filter": {"state": "dead", "task": "t"}}),
+     /api/bulk ({"kind": "replay", "filter": {"state": "dead", "task": "t"}}; a cancel or a
+     discard: "reason" too, kept on the operation and in each changed job's audit entry),
      /api/bulk/{id}/cancel
 Every POST reads its body: none (or ``{}``) is fine, a key the action does not read is
 refused (400, nothing changed), as is a body that is not a JSON object.
@@ -25,7 +26,7 @@ from starlette.routing import Route
 from .. import bulk
 from ..errors import ConfigError
 from ..jobfilter import JobFilter, check_keys
-from ..names import CANCEL_REASON_MAX_CHARS
+from ..names import checked_cancel_reason
 from .pages import bulk as bulk_page
 from .pages.dead import dead_data
 from .pages.job import apply_action, job_data
@@ -121,13 +122,7 @@ async def job_action(request: Request) -> Response:
     ctx = await request.app.state.console.enter(request, verb)
     # a misspelt "reasn", dropped, cancelled the job without the reason the script sent
     body = await _body(request, JOB_ACTION_KEYS[verb], what=verb)
-    reason = body.get("reason")
-    if reason is not None and not isinstance(reason, str):
-        raise ConfigError(f'reason must be a string such as {{"reason": "duplicate of job 12"}} (or null for '
-                          f"none), not {json.dumps(reason)[:40]}; nothing was changed")
-    if reason is not None and len(reason.strip()) > CANCEL_REASON_MAX_CHARS:  # as the command line refuses it
-        raise ConfigError(f"reason is {len(reason.strip())} characters long, the limit is {CANCEL_REASON_MAX_CHARS}: "
-                          "shorten it (the job's audit trail keeps at most that); nothing was changed")
+    reason = checked_cancel_reason(body.get("reason"))  # a long one refused, as the command line refuses it
     changed = await ctx.db(apply_action, ctx, verb, request.path_params["job_id"], reason)
     return Json({"id": request.path_params["job_id"], "action": verb, "changed": changed})
 
@@ -153,7 +148,8 @@ async def queue_action(request: Request) -> Response:
 
 async def create_operation(request: Request) -> Response:
     ctx = await request.app.state.console.enter(request, "bulk")
-    body = await _body(request, ("kind", "filter"), what="request")  # a misspelt "filter" would mean every job
+    # a misspelt "filter" would mean every job; a misspelt "reason", an operation without its why
+    body = await _body(request, ("kind", "filter", "reason"), what="request")
     kind = str(body.get("kind") or "")
     if kind not in bulk.KINDS:
         raise ConfigError(f"kind must be one of {', '.join(bulk.KINDS)}")
@@ -163,7 +159,7 @@ async def create_operation(request: Request) -> Response:
         raise ConfigError('filter must be an object such as {"state": "dead", "task": "send_email"}')
     check_keys(raw)  # a misspelt key, dropped, would widen the operation to every job the rest matches
     job_filter = JobFilter.parse({k: (v if k == "payload" or v is None else str(v)) for k, v in raw.items()})
-    op = await ctx.db(bulk.create, ctx.app, kind, job_filter, actor=ctx.actor)
+    op = await ctx.db(bulk.create, ctx.app, kind, job_filter, actor=ctx.actor, reason=body.get("reason"))
     if ctx.console.applier is not None:
         ctx.console.applier.wake.set()
     return Json(op, status_code=201)
@@ -203,7 +199,8 @@ async def _body(request: Request, known: tuple[str, ...], *, what: str) -> dict[
         raise ConfigError(f"the request body must be a JSON object ({{...}}), not {got}; nothing was changed")
     if not known and body:
         key = next(iter(body))
-        why = " (a reason is kept by cancel and discard only)" if key == "reason" else ""
+        why = (" (a reason is kept by cancel and discard only: a job's, or a bulk operation's, given when it is "
+               "created)") if key == "reason" else ""
         raise ConfigError(f"{what} reads no key of the request body, and it got {key!r}{why}: send no body "
                           "or {}; nothing was changed")
     check_keys(body, known, what=what)

@@ -3,12 +3,16 @@ JSON API's job actions read theirs (a cancel's or a discard's reason is kept in 
 audit trail, as `pgworker cancel --reason` keeps it; a key an action does not read, a
 body that is not a JSON object, is refused with a 400 and nothing changes: a misspelt
 "reasn" cancelled the job and dropped the reason), and the job page's cancel and discard
-forms take a reason, shown escaped in the page's audit trail."""
+forms take a reason, shown escaped in the page's audit trail. A bulk cancel or discard
+takes one too, from the API's body and the confirmation's form: refused over the same
+limit with the same words, kept on the operation (its page and API show it, escaped)
+and in each changed job's audit entry."""
 
 from __future__ import annotations
 
 import pytest
 from console_server import ConsoleServer
+from pg import wait_until
 from worker import q
 
 pytestmark = pytest.mark.integration
@@ -149,3 +153,54 @@ def test_the_job_pages_cancel_and_discard_forms_take_a_reason(console, app, conn
     assert 'id="reason-discard"' in console.get(f"/jobs/{dead}", headers=AUTH).text
     r = console.post(f"/jobs/{dead}/discard", headers=AUTH, data={"reason": ""})
     assert r.status_code == 303 and _events(app, conn, dead) == [("cancelled", "ops", None)]
+
+
+def _bulk_done(app, conn, op_id):
+    wait_until(lambda: q(conn, app.settings.schema, "SELECT state FROM {s}.bulk_operations WHERE id = %s",
+                         op_id) == [("done",)], timeout=30, message=f"bulk operation {op_id} to finish")
+
+
+def test_a_bulk_cancels_reason_sent_to_the_api_is_kept_and_a_long_one_refused(console, app, conn):
+    jobs = [_later(app) for _ in range(3)]
+    body = {"kind": "cancel", "filter": {"task": "wanted"}}
+    for bad, said in ((dict(body, reason="x" * 501), "the reason is 501 characters long, the limit is 500"),
+                      (dict(body, reason=["x"]), "reason must be a string"),
+                      (dict(body, reasn="x"), "did you mean 'reason'?"),
+                      ({"kind": "replay", "reason": "x"}, "a bulk replay keeps no reason")):
+        r = console.post("/api/bulk", headers=AUTH, json=bad)
+        assert r.status_code == 400 and said in r.json()["error"], r.text
+        assert "nothing was changed" in r.json()["error"], r.text
+    assert q(conn, app.settings.schema, "SELECT count(*) FROM {s}.bulk_operations") == [(0,)]
+    r = console.post("/api/bulk", headers=AUTH, json=dict(body, reason="  <b>dup</b> of deploy 12 "))
+    assert r.status_code == 201 and r.json()["reason"] == "<b>dup</b> of deploy 12", r.text
+    op_id = r.json()["id"]
+    _bulk_done(app, conn, op_id)
+    for job in jobs:
+        assert _events(app, conn, job) == [("cancelled", f"ops (bulk operation {op_id})",
+                                            {"reason": "<b>dup</b> of deploy 12"})]
+    assert console.get(f"/api/bulk/{op_id}", headers=AUTH).json()["op"]["reason"] == "<b>dup</b> of deploy 12"
+    assert console.get("/api/bulk", headers=AUTH).json()["operations"][0]["reason"] == "<b>dup</b> of deploy 12"
+    page = console.get(f"/bulk/{op_id}", headers=AUTH).text
+    assert 'id="op-reason">&lt;b&gt;dup&lt;/b&gt; of deploy 12</span>' in page, page
+    assert "<b>dup</b>" not in page
+
+
+def test_the_bulk_confirmation_form_takes_a_reason_for_a_discard_and_refuses_a_long_one(console, app, conn):
+    dead = [_dead(app, conn) for _ in range(2)]
+    page = console.get("/bulk/new?kind=discard&state=dead&task=wanted", headers=AUTH).text
+    assert 'name="reason" id="bulk-reason" maxlength="500"' in page, page
+    assert 'id="bulk-reason"' not in console.get("/bulk/new?kind=replay&state=dead&task=wanted", headers=AUTH).text
+    form = {"kind": "discard", "state": "dead", "task": "wanted", "expected": "2"}
+    r = console.post("/bulk", headers=AUTH, data=dict(form, reason="y" * 501))
+    assert r.status_code == 400 and "the reason is 501 characters long, the limit is 500" in r.text, r.text
+    assert "y" * 501 not in r.text
+    assert q(conn, app.settings.schema, "SELECT count(*) FROM {s}.bulk_operations") == [(0,)]
+    r = console.post("/bulk", headers=AUTH, data=dict(form, reason="<i>poison</i> batch"))
+    assert r.status_code == 303, r.text
+    op_id = int(r.headers["location"].rsplit("/", 1)[1])
+    _bulk_done(app, conn, op_id)
+    for job in dead:
+        assert _events(app, conn, job) == [("cancelled", f"ops (bulk operation {op_id})",
+                                            {"reason": "<i>poison</i> batch"})]
+    page = console.get(f"/bulk/{op_id}", headers=AUTH).text
+    assert "&lt;i&gt;poison&lt;/i&gt; batch" in page and "<i>poison</i>" not in page, page

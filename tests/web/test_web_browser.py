@@ -3,7 +3,8 @@ PostgreSQL with jobs made by a real `pgworker run`: every page loads (and is
 photographed for docs/web.md), a dead job replayed from its page succeeds, a running job
 cancelled from its page is stopped by its worker, a reason typed into a job's cancel form
 is kept and shown in its audit trail, a paused queue stops being claimed, a
-dead-job group is replayed as a bulk operation, read-only mode shows no action, hostile
+dead-job group is replayed as a bulk operation, another discarded with the reason typed
+into its confirmation (kept on the operation and in each job's trail), read-only mode shows no action, hostile
 names and messages stay inert, unauthenticated visits and a form without its CSRF token
 are refused. Every page is checked for browser console errors (a CSP violation is one)."""
 
@@ -229,6 +230,7 @@ def test_a_dead_group_is_replayed_as_a_bulk_operation(browser, site):
     row.find_element(By.LINK_TEXT, "Replay all").click()
     assert "5" in _text(browser, "#bulk-count")
     _click(browser, "#bulk-start")
+    _text(browser, "#op-state")  # the operation's page has loaded: its address is the one to reload
     wait_until(lambda: _open(browser, site, browser.current_url.replace(site.console.url, ""))
                and _text(browser, "#op-state") == "done", timeout=60, message="the operation to finish")
     assert _text(browser, "#op-applied") == "5"
@@ -236,6 +238,38 @@ def test_a_dead_group_is_replayed_as_a_bulk_operation(browser, site):
     _open(browser, site, "/bulk", "bulk-list")
     for job in jobs:
         site.wait_state(job, "succeeded")
+
+
+def test_a_dead_group_discarded_as_a_bulk_operation_keeps_the_reason_typed_into_its_confirmation(browser, site):
+    """The confirmation's reason field reaches the operation and each job's audit trail,
+    and both pages show it as text."""
+    from selenium.webdriver.common.by import By
+
+    jobs = [site.app.enqueue("dies", {"group": "discard-why"}, any_task=True) for _ in range(3)]
+    for job in jobs:
+        site.wait_state(job, "dead")
+    q(site.conn, site.schema, "UPDATE {s}.jobs SET last_error_code = 'POISON' WHERE id = ANY(%s) RETURNING id", jobs)
+    _open(browser, site, "/dead")
+    row = next(r for r in browser.find_elements(By.CSS_SELECTOR, "tr.group") if "POISON" in r.text)
+    row.find_element(By.LINK_TEXT, "Discard all").click()
+    assert "3" in _text(browser, "#bulk-count")
+    field = browser.find_element(By.CSS_SELECTOR, "#bulk-reason")
+    assert field.get_attribute("maxlength") == "500"
+    why = "<img src=x onerror=alert('why')> poison <b>batch</b>"
+    field.send_keys(why)
+    _click(browser, "#bulk-start")
+    _text(browser, "#op-state")  # the operation's page has loaded: its address is the one to reload
+    wait_until(lambda: _open(browser, site, browser.current_url.replace(site.console.url, ""))
+               and _text(browser, "#op-state") == "done", timeout=60, message="the operation to finish")
+    _no_alert(browser)
+    assert _text(browser, "#op-reason") == why and _text(browser, "#op-applied") == "3"
+    assert not browser.find_elements(By.CSS_SELECTOR, "main img, main b")  # text, not markup
+    _open(browser, site, f"/jobs/{jobs[0]}")
+    assert why in _text(browser, "#history .reason") and site.state(jobs[0]) == "cancelled"
+    _no_alert(browser)
+    details = q(site.conn, site.schema, "SELECT DISTINCT detail FROM {s}.job_events WHERE job_id = ANY(%s) "
+                "AND kind = 'cancelled'", jobs)
+    assert details == [({"reason": why},)]
 
 
 def test_a_selection_of_dead_jobs_is_replayed(browser, site):

@@ -163,3 +163,67 @@ def test_a_bulk_replay_brings_back_the_children_the_dead_jobs_death_cancelled(ap
              children) == [("pending", True, 3)]
     assert q(conn, schema, "SELECT DISTINCT actor FROM {s}.job_events WHERE job_id = ANY(%s)", children) == \
         [(bulk.audit_actor(op),)]
+
+
+def _audit(conn, schema, kind):
+    """{job id: detail} of the audit entries of ``kind``."""
+    return dict(q(conn, schema, "SELECT job_id, detail FROM {s}.job_events WHERE kind = %s", kind))
+
+
+def test_a_bulk_cancel_and_discard_keep_their_reason_on_the_operation_and_each_changed_job(app, conn, pg_dsn):
+    schema = app.settings.schema
+    _dead(conn, schema, 12, "t")
+    _dead(conn, schema, 3, "other")  # not matched: no entry, no reason
+    pending = app.enqueue_many([("t", {"i": i}) for i in range(20)], any_task=True)
+    [running] = app.claim(limit=1)  # asked to stop by its worker: 'cancel_requested', with the reason
+    why = "  <b>duplicate</b> of deploy 12  "
+    cancel = bulk.create(app, "cancel", JobFilter(task="t"), actor="alice", batch_size=7, reason=why)
+    assert cancel["reason"] == "<b>duplicate</b> of deploy 12"  # stripped, as a single job's
+    discard = bulk.create(app, "discard", JobFilter(task="t"), actor="bob", reason="x" * 500)  # the limit: taken
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        while bulk.apply_batch(app.store, c) is not None:
+            pass
+    ops = dict(q(conn, schema, "SELECT id, reason FROM {s}.bulk_operations"))
+    assert ops == {cancel["id"]: "<b>duplicate</b> of deploy 12", discard["id"]: "x" * 500}
+    assert _op(conn, schema, cancel["id"])["applied"] == 20 and _op(conn, schema, discard["id"])["applied"] == 12
+    cancelled = _audit(conn, schema, "cancelled")
+    on_cancel = {j: d for j, d in cancelled.items() if j in pending}
+    assert on_cancel == {j: {"reason": "<b>duplicate</b> of deploy 12"} for j in pending if j != running.id}
+    assert _audit(conn, schema, "cancel_requested") == {running.id: {"reason": "<b>duplicate</b> of deploy 12"}}
+    discarded = {j: d for j, d in cancelled.items() if j not in pending}
+    linked = [r[0] for r in q(conn, schema, "SELECT job_id FROM {s}.bulk_operation_jobs WHERE operation_id = %s",
+                              discard["id"])]
+    assert len(discarded) == 12 and sorted(discarded) == sorted(linked)
+    assert set(map(str, discarded.values())) == {str({"reason": "x" * 500})}
+    # the actor is still the operation's, as before
+    assert {r[0] for r in q(conn, schema, "SELECT DISTINCT actor FROM {s}.job_events")} == {
+        bulk.audit_actor(cancel), bulk.audit_actor(discard)}
+    # no reason: none recorded, none in the audit entries (as a single job's cancel without one)
+    _dead(conn, schema, 2, "plain")
+    plain = bulk.create(app, "discard", JobFilter(task="plain"), actor="a", reason="   ")
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        while bulk.apply_batch(app.store, c) is not None:
+            pass
+    assert plain["reason"] is None
+    assert q(conn, schema, "SELECT count(*), count(detail) FROM {s}.job_events e JOIN {s}.bulk_operation_jobs b "
+             "ON b.job_id = e.job_id WHERE b.operation_id = %s", plain["id"]) == [(2, 0)]
+
+
+@pytest.mark.parametrize("kind, reason, said", [
+    ("cancel", "x" * 501, "the reason is 501 characters long, the limit is 500: shorten it"),
+    ("discard", " " + "y" * 600 + " ", "the reason is 600 characters long, the limit is 500"),
+    ("cancel", 42, "reason must be a string"),
+    ("replay", "the fix is deployed", "a bulk replay keeps no reason"),
+])
+def test_a_bulk_reason_too_long_or_not_kept_is_refused_and_nothing_is_recorded(app, conn, kind, reason, said):
+    _dead(conn, app.settings.schema, 3, "t")
+    with pytest.raises(ValueError) as refused:
+        bulk.create(app, kind, JobFilter(task="t"), actor="a", reason=reason)
+    assert said in str(refused.value) and "nothing was changed" in str(refused.value), refused.value
+    assert "y" * 50 not in str(refused.value)  # not echoed
+    assert q(conn, app.settings.schema, "SELECT count(*) FROM {s}.bulk_operations") == [(0,)]
+    # the column's own check: a writer that skips bulk.create is held to the same bound
+    with pytest.raises(psycopg.errors.CheckViolation):
+        with app.connection() as c:
+            app.store.bulk_operation_create(c, kind="cancel", job_filter={}, actor="a", expected=None,
+                                            batch_size=10, reason="z" * 501)

@@ -170,5 +170,5 @@ def test_a_bulk_batch_and_the_actions_are_primary_key_reads(big, conn):
     retry = _plan(conn, big, "job_retry_now", {"id": 5, "actor": "a", "channel": "c"})
     _assert_indexed(retry, "jobs_pkey")
     create = _plan(conn, big, "bulk_operation_create", {"kind": "replay", "filter": "{}", "actor": "a",
-                                                        "expected": None, "batch_size": 500})
+                                                        "expected": None, "batch_size": 500, "reason": None})
     _assert_indexed(create, "jobs_pkey")

@@ -270,11 +270,11 @@ FROM {schema}.pods
 LIMIT %(limit)s;
 
 -- name: bulk_operation_create
--- Record a bulk operation (kind, normalised filter, who asked); it takes the jobs up to
--- the newest id at this moment. Returns its row.
-INSERT INTO {schema}.bulk_operations (kind, filter, actor, max_id, expected, batch_size)
+-- Record a bulk operation (kind, normalised filter, who asked, why); it takes the jobs
+-- up to the newest id at this moment. Returns its row.
+INSERT INTO {schema}.bulk_operations (kind, filter, actor, max_id, expected, batch_size, reason)
 VALUES (%(kind)s, %(filter)s::jsonb, %(actor)s, (SELECT coalesce(max(id), 0) FROM {schema}.jobs),
-        %(expected)s, %(batch_size)s)
+        %(expected)s, %(batch_size)s, %(reason)s)
 RETURNING *;
 
 -- name: bulk_operation_get

@@ -41,7 +41,8 @@ def confirm_data(ctx: Any, params: Any) -> dict[str, Any]:
             counted = {"jobs": len(rows), "exact": scanned < cfg.scan_rows and len(rows) < cfg.count_cap,
                        "cap": cfg.count_cap, "window": scanned}
         tail = ctx.store.console_job_tail(c)
-    return {"kind": kind, "filter": job_filter, "counted": counted, "tail": tail}
+    return {"kind": kind, "filter": job_filter, "counted": counted, "tail": tail,
+            "takes_reason": kind in bulk.REASON_KINDS}
 
 
 async def confirm(request: Request) -> Response:
@@ -65,8 +66,12 @@ async def create(request: Request) -> Response:
     ctx.require(ACTION_OF[kind])
     job_filter = JobFilter.parse(form)
     expected = str(form.get("expected") or "")
+    # the confirmation's optional reason field (cancel, discard): a long one is refused by
+    # bulk.create (a 400 page, nothing recorded), never cut without a word
+    field = form.get("reason")
     op = await ctx.db(bulk.create, ctx.app, kind, job_filter, actor=ctx.actor,
-                      expected=int(expected) if expected.isdigit() else None)
+                      expected=int(expected) if expected.isdigit() else None,
+                      reason=field if isinstance(field, str) else None)
     if console.applier is not None:
         console.applier.wake.set()
     return ctx.redirect(f"/bulk/{op['id']}")
