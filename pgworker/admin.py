@@ -34,9 +34,10 @@ class Admin:
         """Cancel a job: pending or dead jobs become cancelled at once ('cancelled' is
         returned); a running job gets a cancellation request its worker sees at the next
         lease renewal ('running' is returned). None when the job is finished or unknown.
-        ``reason``: kept in the audit trail (`jobs show`, the console), stripped; a longer one
-        than 500 characters (:data:`pgworker.names.CANCEL_REASON_MAX_CHARS`) is kept cut to
-        499 and '…' (the command line refuses it instead); blank is none."""
+        ``reason``: kept in the audit trail (`jobs show`, the console), stripped; blank is
+        none. Raises :class:`ConfigError` (nothing changed) for one longer than 500
+        characters (:data:`pgworker.names.CANCEL_REASON_MAX_CHARS`) or not a string, as the
+        command line, the API and bulk operations refuse it."""
         return operations.cancel(self.core, job_id, actor=actor, conn=conn, reason=reason)
 
     def replay(self, job_ids: Sequence[int] = (), *, queue: str | None = None, limit: int = 1000,
@@ -145,7 +146,7 @@ class Admin:
 
     def cancel_graph(self, graph_id: int, *, actor: str | None = None, reason: str | None = None) -> dict[str, Any]:
         """Cancel every unfinished job of a graph; see :func:`pgworker.graphs.cancel_graph`
-        (``reason`` as :meth:`cancel`'s: over 500 characters, it is cut with '…')."""
+        (``reason`` as :meth:`cancel`'s: over 500 characters, refused before any job changes)."""
         return graphs.cancel_graph(self.core, graph_id, actor=actor, reason=reason)
 
     def replay_graph(self, graph_id: int, *, actor: str | None = None) -> graphs.ReplayedGraph:

@@ -24,7 +24,7 @@ from . import db
 from .config import Settings
 from .connections import POOL_CHECK_IDLE_SECONDS, POOL_MAX_SIZE, database_errors, require_async, unreachable
 from .jobs import ReplayResult
-from .names import cancel_reason, check_queue_name
+from .names import check_queue_name, checked_cancel_reason
 from .dependencies import enqueue_graph_plan, has_dependencies
 from .jobspec import JobSpec, specs_from
 from .operations import _actor
@@ -173,11 +173,11 @@ class AsyncProducer:
                       conn: psycopg.AsyncConnection | None = None, reason: str | None = None) -> str | None:
         """:meth:`App.cancel` as a coroutine: 'cancelled', 'running' (a request its worker
         sees at the next renewal), or None when the job is finished or unknown; ``reason``
-        as :meth:`App.cancel`'s (over 500 characters, cut with '…')."""
+        as :meth:`App.cancel`'s (over 500 characters, refused: ConfigError)."""
         require_async(conn, "cancel")
         async with self.aconnection(conn, "cancel") as c:
             return await arun(c, self.core.store.cancel_plan(job_id, actor=actor or _actor(),
-                                                             reason=cancel_reason(reason)))
+                                                             reason=checked_cancel_reason(reason)))
 
     async def areplay(self, job_ids: Sequence[int] = (), *, queue: str | None = None, limit: int = 1000,
                       actor: str | None = None) -> ReplayResult:

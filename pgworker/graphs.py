@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 from . import operations
 from .errors import InvalidJob
 from .jobspec import specs_from
+from .names import checked_cancel_reason
 from .producer import enqueue_many
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ def cancel_graph(core: Core, graph_id: int, *, actor: str | None = None,
     cancelled job are cancelled by the dependency rule. ``reason`` is kept in the audit
     event of each job this cancels (as :meth:`App.cancel`'s). Returns {jobs, cancelled,
     requested}: the graph's size and what changed."""
+    checked_cancel_reason(reason)  # a refused reason refuses the whole graph, before any job changes
     with core.connection() as c:
         jobs = core.store.graph_jobs(c, graph_id)
     cancelled = requested = 0

@@ -181,9 +181,9 @@ def cancel_reason(text: str | None) -> str | None:
 def cancel_reason_too_long(text: str | None) -> str | None:
     """Why an operator's reason is refused, or None when it fits: longer than
     :data:`CANCEL_REASON_MAX_CHARS` characters, blanks around it not counted. The one
-    check of the command line (``--reason``), the JSON API and bulk operations (an App
-    call cuts a longer one with '…' instead, :func:`cancel_reason`); the text is not
-    echoed (it is long, and may be anything)."""
+    check of the command line (``--reason``), the JSON API, bulk operations and the App's
+    calls (:func:`checked_cancel_reason`); the text is not echoed (it is long, and may be
+    anything)."""
     if text is None or len(text.strip()) <= CANCEL_REASON_MAX_CHARS:
         return None
     return (f"the reason is {len(text.strip())} characters long, the limit is {CANCEL_REASON_MAX_CHARS}: "

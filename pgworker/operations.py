@@ -21,7 +21,7 @@ from .config import MAX_SETTING_SECONDS
 from .connections import require_sync
 from .errors import ConfigError, QueuePaused
 from .jobs import ReplayResult
-from .names import cancel_reason, check_queue_name, check_task_name, schema_flag
+from .names import check_queue_name, check_task_name, checked_cancel_reason, schema_flag
 from .schedules import Periodic, describe
 
 if TYPE_CHECKING:
@@ -38,8 +38,9 @@ QUEUE_LIMIT_MAX = 1_000_000
 def cancel(core: Core, job_id: int, *, actor: str | None, conn: psycopg.Connection | None,
            reason: str | None = None) -> str | None:
     require_sync(conn, "acancel")
+    stored = checked_cancel_reason(reason)  # refused before any connection is taken
     with core.connection(conn) as c:
-        return core.store.cancel(c, job_id, actor=actor or _actor(), reason=cancel_reason(reason))
+        return core.store.cancel(c, job_id, actor=actor or _actor(), reason=stored)
 
 
 def replay(core: Core, job_ids: Sequence[int], *, queue: str | None, limit: int,

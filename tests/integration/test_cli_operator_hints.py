@@ -22,7 +22,7 @@ def flags(app, pg_dsn):
     return ["--dsn", pg_dsn, "--schema", app.settings.schema]
 
 
-def test_a_cancel_reason_over_the_limit_is_refused_by_the_cli_and_cut_by_the_api(app, pg_dsn, capsys):
+def test_a_cancel_reason_over_the_limit_is_refused_by_the_cli_and_the_app(app, pg_dsn, capsys):
     job = app.enqueue("t", None)
     graph = app.enqueue("t", None)
     long = "x" * (CANCEL_REASON_MAX_CHARS + 100)
@@ -36,11 +36,15 @@ def test_a_cancel_reason_over_the_limit_is_refused_by_the_cli_and_cut_by_the_api
     # exactly the limit is taken, as given
     assert main(["cancel", str(job), "--reason", "y" * CANCEL_REASON_MAX_CHARS, *flags(app, pg_dsn)]) == 0
     assert app.get_job(job)["events"][-1]["detail"]["reason"] == "y" * CANCEL_REASON_MAX_CHARS
-    # the API keeps its documented behaviour: cut to the limit with '…'
+    # the App refuses it too (it cut it to 499 and '…'), and nothing changes; a graph's
+    # cancel refuses it before any of its jobs
     other = app.enqueue("t", None)
-    assert app.cancel(other, reason=long) == "cancelled"
-    kept = app.get_job(other)["events"][-1]["detail"]["reason"]
-    assert len(kept) == CANCEL_REASON_MAX_CHARS and kept.endswith("…")
+    for call in (lambda: app.cancel(other, reason=long), lambda: app.cancel_graph(other, reason=long),
+                 lambda: app.cancel(other, reason=42)):
+        with pytest.raises(pgworker.ConfigError, match="nothing was changed") as info:
+            call()
+        assert long not in str(info.value)
+    assert app.get_job(other)["state"] == "pending" and not app.get_job(other)["events"]
 
 
 def test_retrying_a_dead_job_names_dead_replay(app, pg_dsn, capsys):

@@ -151,6 +151,9 @@ def test_the_job_pages_cancel_and_discard_forms_take_a_reason(console, app, conn
     assert _events(app, conn, later) == [("cancelled", "ops", {"reason": "<i>dup</i> of 4"})]
     assert "&lt;i&gt;dup&lt;/i&gt; of 4" in console.get(f"/jobs/{later}", headers=AUTH).text
     assert 'id="reason-discard"' in console.get(f"/jobs/{dead}", headers=AUTH).text
+    # a form posted past its field's maxlength is refused, as the API refuses it (App.cancel cut it)
+    r = console.post(f"/jobs/{dead}/discard", headers=AUTH, data={"reason": "z" * 501})
+    assert r.status_code == 400 and "the limit is 500" in r.text and _events(app, conn, dead) == []
     r = console.post(f"/jobs/{dead}/discard", headers=AUTH, data={"reason": ""})
     assert r.status_code == 303 and _events(app, conn, dead) == [("cancelled", "ops", None)]
 
