@@ -43,19 +43,27 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 
 def _note_enqueue_defaults(args: argparse.Namespace) -> None:
-    """Say on stderr which of pgworker's defaults a job of a task unknown here took: the
-    task's own queue and attempts are declared in code this process did not load, and a
-    job in the wrong queue waits for a worker that never claims it."""
+    """Say on stderr what a job of a task unknown here went without: with no --app its
+    name was checked against nothing (a typo enqueues a job that later dies UNKNOWN_TASK),
+    and the task's own queue and attempts are declared in code this process did not load,
+    so pgworker's defaults were used (a job in the wrong queue waits for a worker that
+    never claims it)."""
     from ..config import DEFAULT_QUEUE
     from ..tasks import DEFAULT_MAX_ATTEMPTS
 
     used = [f"{name}={value!r} ({flag})" for name, flag, given, value in (
         ("queue", "--queue", args.queue, DEFAULT_QUEUE),
         ("max_attempts", "--max-attempts", args.max_attempts, DEFAULT_MAX_ATTEMPTS)) if given is None]
-    if used:
-        why = "no --app" if not args.app else f"--app does not register {args.task!r}"
-        print(f"note: {why}, so the task's own settings are unknown here; used the defaults "
-              f"{', '.join(used)}", file=sys.stderr)
+    defaults = f"used the defaults {', '.join(used)}" if used else ""
+    if not args.app:
+        # said even when every setting was given: the name is the part nothing checked
+        unchecked = (f"note: no --app, so the task name {args.task!r} was not checked against any "
+                     "registered task (name --app to check it)")
+        print(unchecked + (f"; its own settings are unknown here too: {defaults}" if used else ""),
+              file=sys.stderr)
+    elif used:
+        print(f"note: --app does not register {args.task!r}, so the task's own settings are unknown "
+              f"here; {defaults}", file=sys.stderr)
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
