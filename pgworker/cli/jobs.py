@@ -8,7 +8,7 @@ import math
 import sys
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import AlreadyEnqueued, ConfigError
 from ..names import bounded_text, quantity, schema_flag
 from .output import emit, visible
 from .values import EXIT_USAGE
@@ -29,16 +29,24 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     from .. import tracing
 
     provider = tracing.setup_process(app.settings.tracing, console_out=sys.stderr)
+    deduplicated = False
     try:
+        # 'raise' so a held dedupe key is told from a new job: the id printed is the same
         job_id = app.enqueue(args.task, payload, queue=args.queue, priority=args.priority, delay=args.delay,
                              max_attempts=args.max_attempts, dedupe_key=args.dedupe_key,
                              ordering_key=args.ordering_key, dedupe_window=args.dedupe_window,
-                             ordering_on_dead=args.ordering_on_dead, any_task=args.any_task)
+                             ordering_on_dead=args.ordering_on_dead, any_task=args.any_task,
+                             on_conflict="raise")
+    except AlreadyEnqueued as held:
+        job_id, deduplicated = held.job_id, True
     finally:
         tracing.flush(provider)  # a one-shot process: export before exit, not at the next batch
-    if args.task not in app.tasks:
+    if deduplicated:
+        print(f"note: job {job_id} already holds dedupe key {args.dedupe_key!r}: nothing new was enqueued "
+              f"(the id is that job's; this command's payload and options were not applied)", file=sys.stderr)
+    elif args.task not in app.tasks:
         _note_enqueue_defaults(args)
-    emit(args, {"id": job_id}) if args.json else print(job_id)
+    emit(args, {"id": job_id, "deduplicated": deduplicated}) if args.json else print(job_id)
     return 0
 
 
