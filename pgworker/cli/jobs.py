@@ -177,7 +177,13 @@ def cmd_dead(args: argparse.Namespace) -> int:
                   "queue", file=sys.stderr)
             return EXIT_USAGE
         if not args.ids and not (args.queue and args.all):
-            raise ConfigError("give job ids, or --queue QUEUE --all")
+            # a usage error, as the one above: exit 2, like argparse's
+            half = (f"--queue {args.queue} alone replays nothing" if args.queue else
+                    "--all needs --queue QUEUE" if args.all else "nothing to replay")
+            print(f"error: {half}: give job ids (`pgworker dead replay 12 13`), or "
+                  f"`pgworker dead replay --queue {args.queue or 'QUEUE'} --all` for every dead job of a queue",
+                  file=sys.stderr)
+            return EXIT_USAGE
         result = app.replay(args.ids, queue=args.queue if args.all else None, limit=args.limit,
                             clean=args.clean)
         if args.json:
@@ -192,8 +198,7 @@ def cmd_dead(args: argparse.Namespace) -> int:
         for line in _held_keys_notes(app, result.held_by):
             print(line, file=sys.stderr)
         if result.not_dead:
-            print(f"not dead (or unknown), left as they were: {', '.join(map(str, result.not_dead))}",
-                  file=sys.stderr)
+            print(f"left as they were: {_not_dead_states(app, result.not_dead)}", file=sys.stderr)
         if args.all and not result and not result.held_by:
             _note_unknown_queue(app, args.queue)
         # by id, every job asked for must be replayed; --all replays what it can
@@ -203,6 +208,27 @@ def cmd_dead(args: argparse.Namespace) -> int:
     emit(args, rows, ["id", "queue", "task", "attempts", "last_error_code", "finished_at"])
     _note_limit(args, more)
     return 0
+
+
+#: The ids a replay's "left as they were" names with their states (one read by id for all).
+NOT_DEAD_SHOWN = 50
+
+
+def _not_dead_states(app: Any, ids: list[int]) -> str:
+    """'1: succeeded, not dead; 9: unknown (no job 9 in schema 's')' for the ids a replay
+    found not dead: each one's state as it is now, as `cancel` says it ("not dead (or
+    unknown)" said neither which nor why). One primary-key read of the first
+    NOT_DEAD_SHOWN; the rest by id."""
+    shown = ids[:NOT_DEAD_SHOWN]
+    with app.connection() as conn:
+        states = {row[0]: row[1] for row in app.store.lease_states(conn, shown)}
+    schema = app.settings.schema
+    parts = [f"{i}: {states[i]}, not dead" if i in states else f"{i}: unknown (no job {i} in schema {schema!r})"
+             for i in shown]
+    if len(ids) > len(shown):
+        parts.append(f"and {quantity(len(ids) - len(shown), 'more id')} not dead or unknown: "
+                     + ", ".join(map(str, ids[len(shown):len(shown) + 50])))
+    return "; ".join(parts)
 
 
 #: The dead jobs left behind a held dedupe key whose holder a replay describes; the rest by id.

@@ -34,3 +34,20 @@ def test_a_deduplicated_enqueue_says_nothing_new_was_enqueued(app, pg_dsn, capsy
     new = json.loads(capsys.readouterr().out)
     assert new["deduplicated"] is False and new["id"] != job
     assert [j["id"] for j in app.list_jobs()] == sorted([job, new["id"]], reverse=True)
+
+
+def test_dead_replay_names_each_ids_state_and_no_target_is_a_usage_error(app, pg_dsn, capsys):
+    done = app.enqueue("t", None)
+    for claimed in app.claim(limit=1):
+        app.complete(claimed)
+    waiting = app.enqueue("t", None)
+    assert main(["dead", "replay", str(done), str(waiting), "999999", *flags(app, pg_dsn)]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"left as they were: {done}: succeeded, not dead; {waiting}: pending, not dead; "
+                   f"999999: unknown (no job 999999 in schema {app.settings.schema!r})\n"), err
+    for half, said in (([], "nothing to replay"), (["--queue", "default"], "--queue default alone replays nothing"),
+                       (["--all"], "--all needs --queue QUEUE")):
+        assert main(["dead", "replay", *half, *flags(app, pg_dsn)]) == 2  # usage, as ids beside --all
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {said}: give job ids") and "--all` for every dead job" in err, err
+    assert app.get_job(done)["state"] == "succeeded" and app.get_job(waiting)["state"] == "pending"
