@@ -51,3 +51,21 @@ def test_dead_replay_names_each_ids_state_and_no_target_is_a_usage_error(app, pg
         err = capsys.readouterr().err
         assert err.startswith(f"error: {said}: give job ids") and "--all` for every dead job" in err, err
     assert app.get_job(done)["state"] == "succeeded" and app.get_job(waiting)["state"] == "pending"
+
+
+def test_a_jobs_list_filter_that_matches_nothing_names_the_close_name(app, pg_dsn, capsys):
+    app.enqueue("add", None, queue="emails")
+    assert main(["queue", "pause", "reports", *flags(app, pg_dsn)]) == 0  # a settings row, no job
+    capsys.readouterr()
+    assert main(["jobs", "list", "--task", "ad", *flags(app, pg_dsn)]) == 0
+    out = capsys.readouterr()
+    assert "(none)" in out.out and out.err == "note: no job matched --task 'ad'; did you mean --task 'add'?\n", out
+    assert main(["jobs", "list", "--queue", "emials", "--json", *flags(app, pg_dsn)]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out) == [] and "did you mean --queue 'emails'?" in out.err, out
+    assert main(["jobs", "list", "--queue", "reprts", *flags(app, pg_dsn)]) == 0
+    assert "did you mean --queue 'reports'?" in capsys.readouterr().err
+    # a real name the other filters excluded, or nothing close: no guess
+    for args in (["--task", "add", "--state", "dead"], ["--task", "zzzzzz"], ["--queue", "reports"]):
+        assert main(["jobs", "list", *args, *flags(app, pg_dsn)]) == 0
+        assert "did you mean" not in capsys.readouterr().err, args
