@@ -25,14 +25,17 @@ ENV_FLAGS: dict[str, tuple[str, str | None]] = {
 }
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, *, json: bool = True) -> None:
+    """The connection flags every command takes; ``json=False`` for a command that prints
+    no result (`web` serves pages: a --json it ignored was listed in its help)."""
     g = p.add_argument_group("connection")
     g.add_argument("--dsn", help="PostgreSQL DSN (env PGWORKER_DSN)")
     g.add_argument("--schema", help="pgworker's schema (env PGWORKER_SCHEMA, default pgworker)")
     g.add_argument("--app",
                    help="your App: 'package.module:app' or 'path/file.py:app'; 'package.module:create_app()' "
                         "calls a factory that returns it (env PGWORKER_APP)")
-    g.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    if json:
+        g.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -262,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("web", help="the web console: jobs, queues, dead jobs, schedules, workers, bulk operations "
                                    "(needs pip install 'pgworker[web]')")
-    _common(p)
+    _common(p, json=False)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; beyond loopback it needs PGWORKER_WEB_USERS "
                         "or PGWORKER_WEB_TOKENS)")

@@ -250,3 +250,15 @@ def test_ascii_durations_still_parse():
     assert [parse_duration(t) for t in ("90", "90s", " 15m ", "1.5h", "250ms", "2w")] == \
         [90, 90, 900, 5400, 0.25, 1209600]
     assert retention_duration("7d") == 604800
+
+
+def test_web_offers_no_json_it_would_ignore(capsys):
+    """`pgworker web --help` listed --json (the shared connection flags'), which the
+    console never read; the commands that print a result keep it."""
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert not any("--json" in a.option_strings for a in commands["web"]._actions)
+    for name in ("status", "enqueue", "cancel", "migrate"):
+        assert any("--json" in a.option_strings for a in commands[name]._actions), name
+    with pytest.raises(SystemExit):
+        commands["web"].parse_args(["--help"])
+    assert "--json" not in capsys.readouterr().out
