@@ -69,8 +69,8 @@ def _colon_hint(ref: str) -> str:
     module, dot, attr = ref.rpartition(".")
     if dot and module and attr and _is_module(module):
         return f": did you mean --app {module}:{attr}?"
-    return (f": and {ref!r} does not import as a module here (run from the project directory or "
-            "set PYTHONPATH)")
+    return (f"; {ref!r} is not an importable module here either (run from the project directory "
+            "or set PYTHONPATH)")
 
 
 def _is_module(name: str) -> bool:

@@ -37,7 +37,7 @@ def project(tmp_path, monkeypatch):
     ("refproj.tasks", "did you mean --app refproj.tasks:app?"),  # a module: its App, not 'refproj:tasks'
     ("refproj.two", "did you mean --app refproj.two:first or --app refproj.two:second?"),
     ("refproj", "module 'refproj' defines no pgworker.App"),
-    ("nosuchpkg.tasks", "'nosuchpkg.tasks' does not import as a module here"),
+    ("nosuchpkg.tasks", "'nosuchpkg.tasks' is not an importable module here either"),
 ])
 def test_a_slightly_wrong_reference_names_the_one_meant(project, ref, meant):
     with pytest.raises(ConfigError) as refused:
