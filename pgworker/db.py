@@ -30,11 +30,29 @@ def check_dsn(dsn: str | None) -> str:
     try:
         psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        raise ConfigError(
-            f"malformed DSN {redact_dsn(dsn)!r}: {redact(str(exc), dsn_password(dsn), dsn)}; "
-            "use a libpq URL such as postgresql://user:password@host:5432/dbname "
-            "or key=value pairs such as 'host=localhost dbname=app'") from None
+        raise ConfigError(malformed_dsn(dsn, exc)) from None
     return dsn
+
+
+def malformed_dsn(dsn: str, exc: Exception) -> str:
+    """The one-line message for a DSN libpq cannot parse: the DSN with only its password
+    masked (one without a password whole), what is wrong (libpq's words, which quote the
+    DSN: masked the same way), and the two forms to use."""
+    shown, password = redact_dsn(dsn), dsn_password(dsn)
+    said = " ".join(str(exc).split()).replace(dsn, shown)  # libpq's message ends in a newline
+    said = redact(said, password)
+    head = dsn.lstrip().lower()
+    if "=" not in dsn and not head.startswith(("postgresql://", "postgres://")):
+        # libpq read it as key=value pairs, found none, and says only 'missing "="'
+        why = (("a URI starts postgresql:// or postgres:// (two slashes)"
+                if head.startswith(("postgresql:", "postgres:")) else
+                "it is neither a URI (postgresql://...) nor key=value pairs")
+               + f", so libpq read it as key=value pairs: {said}")
+    else:
+        why = said
+    return (f"malformed DSN {shown!r}: {why}; use a URI like postgresql://user@host:5432/db "
+            "(the password after user:, or in PGPASSWORD) or key=value pairs like "
+            "'host=localhost port=5432 dbname=app user=app'")
 
 
 def connect(dsn: str | None, *, application_name: str = "pgworker", autocommit: bool = True,

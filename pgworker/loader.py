@@ -53,13 +53,44 @@ def load_app(ref: str) -> Any:
 
 
 def _colon_hint(ref: str) -> str:
-    """The reference the user probably meant: the App's name goes after a colon."""
+    """The reference the user probably meant: the App's name goes after a colon.
+
+    When ``ref`` imports as a module it is the module the App lives in: the hint names its
+    App(s), ``module:NAME``. Only when it does not, but its prefix does, is its last dotted
+    part taken for the App's name (``pkg.tasks.app`` -> ``pkg.tasks:app``). Importing runs
+    the module's code, as loading the corrected reference would.
+    """
     if ref.endswith(".py") or os.sep in ref:
         return f": did you mean --app {ref}:app (the name of the App in that file after the colon)?"
+    if not ref:
+        return ""
+    if _is_module(ref):
+        return _module_apps_hint(ref, _import(ref, ref))
     module, dot, attr = ref.rpartition(".")
-    if dot and module and attr:
+    if dot and module and attr and _is_module(module):
         return f": did you mean --app {module}:{attr}?"
-    return f": did you mean --app {ref}:app?" if ref else ""
+    return (f"; {ref!r} is not an importable module here either (run from the project directory "
+            "or set PYTHONPATH)")
+
+
+def _is_module(name: str) -> bool:
+    """Whether ``name`` is an importable module (its parent packages are imported to tell)."""
+    _cwd_on_path()
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent is missing, or is not a package
+        return False
+
+
+def _module_apps_hint(module_ref: str, module: ModuleType) -> str:
+    """': did you mean --app m:app?' for the App(s) a module given without ':NAME' holds."""
+    from .app import App
+
+    apps = sorted(name for name, value in vars(module).items() if isinstance(value, App))
+    if apps:
+        return f": did you mean {' or '.join(f'--app {module_ref}:{name}' for name in apps)}?"
+    return (f": module {module_ref!r} defines no pgworker.App (app = pgworker.App(), with its "
+            "@app.task functions); name the module that does, as module:NAME")
 
 
 def _apps_hint(module_ref: str, module: ModuleType) -> str:
@@ -99,9 +130,14 @@ def _load_file(ref: str, module_ref: str) -> ModuleType:
     return module
 
 
-def _import(ref: str, module_ref: str) -> ModuleType:
+def _cwd_on_path() -> None:
+    # `pgworker run` is a console script: its sys.path lacks the directory it runs from
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
+
+
+def _import(ref: str, module_ref: str) -> ModuleType:
+    _cwd_on_path()
     try:
         return importlib.import_module(module_ref)
     except ImportError as exc:

@@ -122,11 +122,28 @@ def dsn_password(dsn: str | None) -> str | None:
         if pw:
             return str(pw)
     except Exception:  # malformed DSN: fall back to the patterns below
-        pass
+        m = _URL_PASSWORD.search(dsn) or _KW_PASSWORD.search(dsn)
+        return (m.group("pw").strip("'") or None) if m else _userinfo_password(dsn)
     m = _URL_PASSWORD.search(dsn) or _KW_PASSWORD.search(dsn)
     if m:
         return m.group("pw").strip("'") or None
     return None
+
+
+def _userinfo_password(dsn: str) -> str | None:
+    """The password of a URI that libpq refused, so no pattern above knows its shape
+    ('postgres:/u:pw@host/db' with one slash, 'u:pw@host'): what follows the user's ':'
+    up to the last '@' before any '?'. It errs towards hiding: the DSN is shown to say
+    what is wrong with it, and a password must not be the part shown."""
+    head = dsn.split("?", 1)[0]
+    userinfo, at, _ = head.rpartition("@")
+    if not at:
+        return None
+    if "//" in userinfo:
+        userinfo = userinfo.split("//", 1)[1]
+    else:  # a scheme and a single slash, or none: 'postgres:/u:pw', 'postgresql:u:pw'
+        userinfo = re.sub(r"^postgres(?:ql)?:/?", "", userinfo, flags=re.IGNORECASE)
+    return userinfo.partition(":")[2] or None
 
 
 def redact(text: str, *secrets: str | None) -> str:

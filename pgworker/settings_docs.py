@@ -210,6 +210,14 @@ def _commands_section() -> list[str]:
              "left, 130 interrupted (Ctrl-C), 141 output cut short by its reader (`| head`).", "",
              "### Options of every command", ""]
     lines += _options_table(common, "")
+    # a command that prints no result has no --json (`web` serves pages): named, so that
+    # "every command" stays true; a group of subcommands (`sql`) takes none of them itself,
+    # so only a command with the others is named
+    dests = {path: {a.dest for a in p._actions} for path, p in commands.items()}
+    lacking = [path for path, d in dests.items() if d & set(COMMON) and "json" not in d]
+    if lacking:
+        lines += ["", "`--json` is not on " + ", ".join(f"`pgworker {path}`" for path in lacking)
+                  + ", which prints no result."]
     for path, p in commands.items():
         own = [a for a in p._actions if a.dest not in COMMON and not isinstance(
             a, (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction))]

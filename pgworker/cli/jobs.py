@@ -8,7 +8,7 @@ import math
 import sys
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import AlreadyEnqueued, ConfigError
 from ..names import bounded_text, quantity, schema_flag
 from .output import emit, visible
 from .values import EXIT_USAGE
@@ -29,33 +29,49 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     from .. import tracing
 
     provider = tracing.setup_process(app.settings.tracing, console_out=sys.stderr)
+    deduplicated = False
     try:
+        # 'raise' so a held dedupe key is told from a new job: the id printed is the same
         job_id = app.enqueue(args.task, payload, queue=args.queue, priority=args.priority, delay=args.delay,
                              max_attempts=args.max_attempts, dedupe_key=args.dedupe_key,
                              ordering_key=args.ordering_key, dedupe_window=args.dedupe_window,
-                             ordering_on_dead=args.ordering_on_dead, any_task=args.any_task)
+                             ordering_on_dead=args.ordering_on_dead, any_task=args.any_task,
+                             on_conflict="raise")
+    except AlreadyEnqueued as held:
+        job_id, deduplicated = held.job_id, True
     finally:
         tracing.flush(provider)  # a one-shot process: export before exit, not at the next batch
-    if args.task not in app.tasks:
+    if deduplicated:
+        print(f"note: job {job_id} already holds dedupe key {args.dedupe_key!r}: nothing new was enqueued "
+              f"(the id is that job's; this command's payload and options were not applied)", file=sys.stderr)
+    elif args.task not in app.tasks:
         _note_enqueue_defaults(args)
-    emit(args, {"id": job_id}) if args.json else print(job_id)
+    emit(args, {"id": job_id, "deduplicated": deduplicated}) if args.json else print(job_id)
     return 0
 
 
 def _note_enqueue_defaults(args: argparse.Namespace) -> None:
-    """Say on stderr which of pgworker's defaults a job of a task unknown here took: the
-    task's own queue and attempts are declared in code this process did not load, and a
-    job in the wrong queue waits for a worker that never claims it."""
+    """Say on stderr what a job of a task unknown here went without: with no --app its
+    name was checked against nothing (a typo enqueues a job that later dies UNKNOWN_TASK),
+    and the task's own queue and attempts are declared in code this process did not load,
+    so pgworker's defaults were used (a job in the wrong queue waits for a worker that
+    never claims it)."""
     from ..config import DEFAULT_QUEUE
     from ..tasks import DEFAULT_MAX_ATTEMPTS
 
     used = [f"{name}={value!r} ({flag})" for name, flag, given, value in (
         ("queue", "--queue", args.queue, DEFAULT_QUEUE),
         ("max_attempts", "--max-attempts", args.max_attempts, DEFAULT_MAX_ATTEMPTS)) if given is None]
-    if used:
-        why = "no --app" if not args.app else f"--app does not register {args.task!r}"
-        print(f"note: {why}, so the task's own settings are unknown here; used the defaults "
-              f"{', '.join(used)}", file=sys.stderr)
+    defaults = f"used the defaults {', '.join(used)}" if used else ""
+    if not args.app:
+        # said even when every setting was given: the name is the part nothing checked
+        unchecked = (f"note: no --app, so the task name {args.task!r} was not checked against any "
+                     "registered task (name --app to check it)")
+        print(unchecked + (f"; its own settings are unknown here too: {defaults}" if used else ""),
+              file=sys.stderr)
+    elif used:
+        print(f"note: --app does not register {args.task!r}, so the task's own settings are unknown "
+              f"here; {defaults}", file=sys.stderr)
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
@@ -99,6 +115,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     emit(args, rows, ["id", "queue", "task", "state", "priority", "attempts", "max_attempts",
                       "run_at", "last_error_code"])
     _note_limit(args, more)
+    if not rows and (args.task is not None or args.queue is not None):
+        _note_close_names(app, args)
     return 0
 
 
@@ -111,6 +129,31 @@ def state_shown(row: dict[str, Any]) -> str:
     if waiting:
         return f"pending (waits for {waiting} parent{'' if waiting == 1 else 's'})"
     return "pending (behind its ordering key)" if row.get("blocked") else "pending"
+
+
+#: How many of the newest jobs a `jobs list` that matched nothing reads for the names meant.
+RECENT_NAMES_JOBS = 1000
+
+
+def _note_close_names(app: Any, args: argparse.Namespace) -> None:
+    """After a `jobs list --task/--queue` that matched no job: name the close name on
+    stderr (`--task ad`: did you mean 'add'?), when the name given is not one of them.
+    The names: the live queues and those with settings (queues_live: a few index descents
+    per queue), the --app's tasks, and both among the newest RECENT_NAMES_JOBS jobs (no
+    index leads with the task: a bounded read instead of every row)."""
+    import difflib
+
+    with app.connection() as conn:
+        queues, tasks = app.store.recent_names(conn, limit=RECENT_NAMES_JOBS)
+        if args.queue is not None:
+            queues += app.store.live_queues(conn)
+    tasks += list(app.tasks)
+    for flag, given, known in (("--task", args.task, tasks), ("--queue", args.queue, queues)):
+        if given is None or given in known:
+            continue  # a real name whose jobs the other filters excluded: nothing to guess
+        close = difflib.get_close_matches(given, sorted(set(known)), n=1, cutoff=0.6)
+        if close:
+            print(f"note: no job matched {flag} {given!r}; did you mean {flag} {close[0]!r}?", file=sys.stderr)
 
 
 def _note_limit(args: argparse.Namespace, more: bool) -> None:
@@ -172,7 +215,13 @@ def cmd_dead(args: argparse.Namespace) -> int:
                   "queue", file=sys.stderr)
             return EXIT_USAGE
         if not args.ids and not (args.queue and args.all):
-            raise ConfigError("give job ids, or --queue QUEUE --all")
+            # a usage error, as the one above: exit 2, like argparse's
+            half = (f"--queue {args.queue} alone replays nothing" if args.queue else
+                    "--all needs --queue QUEUE" if args.all else "nothing to replay")
+            print(f"error: {half}: give job ids (`pgworker dead replay 12 13`), or "
+                  f"`pgworker dead replay --queue {args.queue or 'QUEUE'} --all` for every dead job of a queue",
+                  file=sys.stderr)
+            return EXIT_USAGE
         result = app.replay(args.ids, queue=args.queue if args.all else None, limit=args.limit,
                             clean=args.clean)
         if args.json:
@@ -187,8 +236,7 @@ def cmd_dead(args: argparse.Namespace) -> int:
         for line in _held_keys_notes(app, result.held_by):
             print(line, file=sys.stderr)
         if result.not_dead:
-            print(f"not dead (or unknown), left as they were: {', '.join(map(str, result.not_dead))}",
-                  file=sys.stderr)
+            print(f"left as they were: {_not_dead_states(app, result.not_dead)}", file=sys.stderr)
         if args.all and not result and not result.held_by:
             _note_unknown_queue(app, args.queue)
         # by id, every job asked for must be replayed; --all replays what it can
@@ -198,6 +246,27 @@ def cmd_dead(args: argparse.Namespace) -> int:
     emit(args, rows, ["id", "queue", "task", "attempts", "last_error_code", "finished_at"])
     _note_limit(args, more)
     return 0
+
+
+#: The ids a replay's "left as they were" names with their states (one read by id for all).
+NOT_DEAD_SHOWN = 50
+
+
+def _not_dead_states(app: Any, ids: list[int]) -> str:
+    """'1: succeeded, not dead; 9: unknown (no job 9 in schema 's')' for the ids a replay
+    found not dead: each one's state as it is now, as `cancel` says it ("not dead (or
+    unknown)" said neither which nor why). One primary-key read of the first
+    NOT_DEAD_SHOWN; the rest by id."""
+    shown = ids[:NOT_DEAD_SHOWN]
+    with app.connection() as conn:
+        states = {row[0]: row[1] for row in app.store.lease_states(conn, shown)}
+    schema = app.settings.schema
+    parts = [f"{i}: {states[i]}, not dead" if i in states else f"{i}: unknown (no job {i} in schema {schema!r})"
+             for i in shown]
+    if len(ids) > len(shown):
+        parts.append(f"and {quantity(len(ids) - len(shown), 'more id')} not dead or unknown: "
+                     + ", ".join(map(str, ids[len(shown):len(shown) + 50])))
+    return "; ".join(parts)
 
 
 #: The dead jobs left behind a held dedupe key whose holder a replay describes; the rest by id.

@@ -10,7 +10,7 @@ import re
 import shlex
 from typing import Any
 
-from ..names import CANCEL_REASON_MAX_CHARS
+from ..names import CANCEL_REASON_MAX_CHARS, bounded_text, redact
 from .values import (_cancel_reason, _duration_or_none, _float_or_none, _int_or_none, _job_id,  # noqa: F401
                      _job_state, _positive_int, parse_duration, retention_duration)
 
@@ -25,14 +25,17 @@ ENV_FLAGS: dict[str, tuple[str, str | None]] = {
 }
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, *, json: bool = True) -> None:
+    """The connection flags every command takes; ``json=False`` for a command that prints
+    no result (`web` serves pages: a --json it ignored was listed in its help)."""
     g = p.add_argument_group("connection")
     g.add_argument("--dsn", help="PostgreSQL DSN (env PGWORKER_DSN)")
     g.add_argument("--schema", help="pgworker's schema (env PGWORKER_SCHEMA, default pgworker)")
     g.add_argument("--app",
                    help="your App: 'package.module:app' or 'path/file.py:app'; 'package.module:create_app()' "
                         "calls a factory that returns it (env PGWORKER_APP)")
-    g.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    if json:
+        g.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -44,6 +47,21 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """argparse's "invalid choice" with the closest choice named: `pgworker job list`
+        said only "invalid choice: 'job' (choose from ...)" (Python 3.11 has no
+        suggest_on_error). The value is shown bounded, with any password masked: a DSN
+        typed where a command goes would otherwise be echoed whole."""
+        choices = action.choices
+        if choices is None or not isinstance(value, str) or value in choices:
+            return super()._check_value(action, value)
+        names = [str(c) for c in choices]
+        close = difflib.get_close_matches(value, names, n=1, cutoff=0.6)
+        meant = f"; did you mean {close[0]!r}?" if close else ""
+        shown = bounded_text(redact(value), 80)
+        raise argparse.ArgumentError(action, f"invalid choice: {shown!r}{meant} (choose from "
+                                             f"{', '.join(map(repr, names))})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -247,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("web", help="the web console: jobs, queues, dead jobs, schedules, workers, bulk operations "
                                    "(needs pip install 'pgworker[web]')")
-    _common(p)
+    _common(p, json=False)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; beyond loopback it needs PGWORKER_WEB_USERS "
                         "or PGWORKER_WEB_TOKENS)")

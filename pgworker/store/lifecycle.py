@@ -211,7 +211,9 @@ class LifecycleStatements(KeyedTransitions):
 
     def lease_states(self, conn: psycopg.Connection, ids: Sequence[int]) -> list[tuple[Any, ...]]:
         """(id, state, lease_token, last_error_code) of jobs, to settle an unknown write
-        (the completer's and the settler's: did an outcome commit before its reply was lost?)."""
+        (the completer's and the settler's: did an outcome commit before its reply was lost?),
+        and for `dead replay` to name the state of each id it did not replay. By primary
+        key; an unknown id has no row."""
         return self._exec(conn, "job_lease_states", {"ids": list(ids)}).fetchall()
 
 

@@ -118,6 +118,12 @@ class ReadStatements(StoreBase):
         (``queues_live``: a few index descents per queue, whatever history is kept)."""
         return [r[0] for r in self._exec(conn, "queues_live").fetchall()]
 
+    def recent_names(self, conn: psycopg.Connection, *, limit: int) -> tuple[list[str], list[str]]:
+        """(queues, tasks): the distinct names among the newest ``limit`` jobs
+        (``jobs_recent_names``: ``limit`` rows of the primary key at most)."""
+        queues, tasks = self._exec(conn, "jobs_recent_names", {"limit": limit}).fetchone()
+        return list(queues), list(tasks)
+
     def finished_counts(self, conn: psycopg.Connection, *, limit: int) -> list[dict[str, Any]]:
         """Finished jobs of the whole table, one row per state (succeeded, cancelled):
         ``counted``, the exact count when under ``limit`` (``limit`` means at least that

@@ -108,7 +108,7 @@ def test_replaying_a_dead_job_whose_dedupe_key_is_held_says_by_which_job_and_wha
         f"job {dead} stayed dead: its dedupe key 'welcome:42' is held by job {holder} (pending), which does that "
         f"key's work; discard job {dead} with `pgworker cancel {dead}{flag}`, or, to run job {dead} instead, "
         f"cancel job {holder} (`pgworker cancel {holder}{flag}`) and replay again",
-        f"not dead (or unknown), left as they were: {other}, 999999"]
+        f"left as they were: {other}: pending, not dead; 999999: unknown (no job 999999 in schema {schema!r})"]
     assert js(cli(pg_dsn, schema, "dead", "replay", str(dead), "--json", check=False)) == \
         {"replayed": [], "not_dead": [], "requeued": [], "held": [{"id": dead, "held_by": holder}]}
     assert app.get_job(dead)["state"] == "dead"

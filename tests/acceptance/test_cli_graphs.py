@@ -89,4 +89,8 @@ def test_graphs_cancel_and_cancel_keep_the_operators_reason(env, pg_dsn, conn):
     [(job, kind, reason)] = [e for e in events if e[0] == parent]
     assert kind == "cancelled" and reason == "bad <b>input</b>\ufffd " + "x" * 400
     assert (lone, "cancelled", "superseded by 42") in events
+    # the child, cancelled by the dependency rule when its parent was (roots go first),
+    # carries the parent's code, not an event with the reason (docs/graphs.md says so)
+    assert [e for e in events if e[0] == child] == []
+    assert q(conn, schema, "SELECT last_error_code FROM {s}.jobs WHERE id = %s", child) == [("PARENT_CANCELLED",)]
     assert states(conn, schema, [parent, child, lone]) == dict.fromkeys((parent, child, lone), "cancelled")

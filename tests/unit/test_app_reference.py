@@ -21,6 +21,7 @@ def project(tmp_path, monkeypatch):
     (tmp_path / "refproj" / "__init__.py").write_text("")
     (tmp_path / "refproj" / "tasks.py").write_text(TASKS)
     (tmp_path / "refproj" / "empty.py").write_text("X = 1\n")
+    (tmp_path / "refproj" / "two.py").write_text("import pgworker\nfirst = pgworker.App()\nsecond = pgworker.App()\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     yield tmp_path
@@ -33,7 +34,10 @@ def project(tmp_path, monkeypatch):
     ("refproj.empty:app", "has no attribute 'app'; it defines no pgworker.App"),
     ("refproj.tasks.app", "did you mean --app refproj.tasks:app?"),
     ("refproj/tasks.py", "did you mean --app refproj/tasks.py:app"),
-    ("refproj", "did you mean --app refproj:app?"),
+    ("refproj.tasks", "did you mean --app refproj.tasks:app?"),  # a module: its App, not 'refproj:tasks'
+    ("refproj.two", "did you mean --app refproj.two:first or --app refproj.two:second?"),
+    ("refproj", "module 'refproj' defines no pgworker.App"),
+    ("nosuchpkg.tasks", "'nosuchpkg.tasks' is not an importable module here either"),
 ])
 def test_a_slightly_wrong_reference_names_the_one_meant(project, ref, meant):
     with pytest.raises(ConfigError) as refused:

@@ -151,6 +151,25 @@ def test_a_state_of_pgworker_status_given_to_jobs_list_says_it_is_pending(shown,
 
 
 @pytest.mark.parametrize("argv, said", [
+    (["job", "list"], "argument COMMAND: invalid choice: 'job'; did you mean 'jobs'? (choose from 'migrate', "),
+    (["jobs", "lst"], "invalid choice: 'lst'; did you mean 'list'? (choose from 'list', 'show', 'retry')"),
+    (["graphs", "cancle", "1"], "did you mean 'cancel'?"),
+    (["jobs", "list", "--state", "ded"], "argument --state: invalid choice: 'ded'; did you mean 'dead'?"),
+    (["zzzz"], "invalid choice: 'zzzz' (choose from "),  # nothing close: no guess
+    # a DSN typed where the command goes: its password is not echoed
+    (["postgresql://u:s3cret@h/db"], "invalid choice: 'postgresql://u:********@h/db' (choose from "),
+])
+def test_a_mistyped_subcommand_or_choice_names_the_closest(argv, said, capsys):
+    """argparse said only "invalid choice: 'job' (choose from ...)" (3.11 has no suggest_on_error)."""
+    from pgworker import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and said in err and "s3cret" not in err, err
+
+
+@pytest.mark.parametrize("argv, said", [
     (["enqueue", "t", "--delay", "-5s"], "argument --delay: '-5s' is negative: a duration is 0 or more"),
     (["prune", "--older-than", "-1d"], "argument --older-than: '-1d' is negative: a duration is 0 or more"),
     (["run", "--lease", "-5"], "argument --lease: '-5' is negative: a duration is 0 or more"),
@@ -248,3 +267,15 @@ def test_a_table_names_the_zone_of_its_times(monkeypatch):
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+def test_web_offers_no_json_it_would_ignore(capsys):
+    """`pgworker web --help` listed --json (the shared connection flags'), which the
+    console never read; the commands that print a result keep it."""
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert not any("--json" in a.option_strings for a in commands["web"]._actions)
+    for name in ("status", "enqueue", "cancel", "migrate"):
+        assert any("--json" in a.option_strings for a in commands[name]._actions), name
+    with pytest.raises(SystemExit):
+        commands["web"].parse_args(["--help"])
+    assert "--json" not in capsys.readouterr().out

@@ -1,7 +1,8 @@
 """What the README and docs/ say against what exists: RetryPolicy calls written with its
 real parameter names, tables whose every row renders as one (a row after a paragraph is
-text), no "no bulk discard" beside the console's "Discard all", and `run --queues`'s help
-naming the `default` queue the worker also claims."""
+text), no "no bulk discard" beside the console's "Discard all", `run --queues`'s help
+naming the `default` queue the worker also claims, and no denial of the cancel commands'
+--reason."""
 
 from __future__ import annotations
 
@@ -56,3 +57,14 @@ def test_run_queues_help_names_the_default_queue():
     run = build_parser()._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
     [queues] = [a for a in run._actions if "--queues" in a.option_strings]
     assert '"default" and the queues' in queues.help
+
+
+def test_the_docs_do_not_deny_the_cancel_commands_reason():
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    graphs_cancel = commands["graphs"]._subparsers._group_actions[0].choices["cancel"]
+    for parser in (commands["cancel"], graphs_cancel):
+        assert any("--reason" in a.option_strings for a in parser._actions)
+    for path in DOCS:
+        text = " ".join(path.read_text().split())  # a phrase broken across lines is found too
+        for denial in ("There is no `--reason`", "records no reason anywhere"):
+            assert denial not in text, f"{path.name}: {denial!r}, but cancel and graphs cancel take --reason"

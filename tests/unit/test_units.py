@@ -361,3 +361,21 @@ def test_an_unknown_setting_names_the_one_meant():
     with pytest.raises(ConfigError) as refused:
         Settings.from_env(environ={}, dns="postgresql://h/d", lease=30)
     assert "dns (did you mean dsn?)" in str(refused.value) and "lease (did you mean lease_seconds?)" in str(refused.value)
+
+
+@pytest.mark.parametrize("dsn, shown, why", [
+    # no password: the DSN whole (it was all asterisks), and the missing '//' named
+    ("postgres:/127.0.0.1/x", "'postgres:/127.0.0.1/x'", "a URI starts postgresql:// or postgres:// (two slashes)"),
+    # a URI libpq refused: its password masked all the same (it was printed in the clear)
+    ("postgres:/u:s3cret@127.0.0.1/x", "'postgres:/u:********@127.0.0.1/x'", "(two slashes)"),
+    ("u:s3cret@db/x", "'u:********@db/x'", "neither a URI (postgresql://...) nor key=value pairs"),
+    ("host=h password=s3cret dbname", "'host=h password=******** dbname'", 'missing "=" after "dbname"'),
+])
+def test_a_malformed_dsn_is_shown_with_only_its_password_masked(dsn, shown, why, capsys):
+    from pgworker.cli import main
+
+    assert main(["jobs", "list", "--dsn", dsn]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: malformed DSN {shown}: ") and why in err, err
+    assert "s3cret" not in err and err.count("\n") == 1, err  # one line
+    assert "use a URI like postgresql://user@host:5432/db" in err and "key=value pairs like" in err

@@ -30,6 +30,14 @@ WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
 ORDER BY id DESC
 LIMIT %(limit)s;
 
+-- name: jobs_recent_names
+-- The queue and task names among the newest %(limit)s jobs, for the name a `jobs list`
+-- filter that matched nothing was probably meant to be: a backward walk of the primary
+-- key, bounded, since no index leads with the task (a DISTINCT over the table would
+-- read every row of the history).
+SELECT coalesce(array_agg(DISTINCT r.queue), '{{}}') AS queues, coalesce(array_agg(DISTINCT r.task), '{{}}') AS tasks
+FROM (SELECT queue, task FROM {schema}.jobs ORDER BY id DESC LIMIT %(limit)s) AS r;
+
 -- name: queue_stats
 -- Statistics for the metrics collector and `pgworker status`, one row per queue, each
 -- figure from the partial index that covers it: jobs by state (the finished states are
