@@ -305,7 +305,7 @@ class Preparer:
         prev_options: Any = None
         base: PreparedJob | None = None
         check: PayloadCheck = None
-        for index, spec in enumerate(specs):
+        for spec in specs:
             try:
                 options = spec[2:]
                 if base is not None and spec[0] is prev_task and spec[4] is None and options == prev_options:
@@ -317,8 +317,8 @@ class Preparer:
                 base, check = self._one(spec, any_task)
                 out.append(base)
                 prev_task, prev_options = spec[0], options
-            except PayloadError as exc:  # which of the batch: its message alone does not say
-                raise PayloadError(f"jobs[{index}]: {exc}") from None
+            except PayloadError as exc:  # which of the batch (out holds those before it): the message alone does not say
+                raise PayloadError(f"jobs[{len(out)}]: {exc}") from None
         return out
 
 

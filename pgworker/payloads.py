@@ -24,6 +24,7 @@ import dataclasses
 import datetime as dt
 import decimal
 import enum
+import functools
 import inspect
 import logging
 import re
@@ -250,6 +251,10 @@ def _check(value: Any, tp: Any, path: str) -> Any:  # noqa: C901 - one branch pe
     raise _fail(path, tp.__name__, value)
 
 
+# Cached: get_type_hints was ~40% of a small dataclass's decode, paid by every job a worker
+# decodes and every payload a producer checks. A failure raises and is not cached (a name
+# defined later resolves then). The dicts are shared: read, never changed.
+@functools.lru_cache(maxsize=1024)
 def _hints(tp: type) -> dict[str, Any]:
     try:
         return typing.get_type_hints(tp)  # Required[], NotRequired[] and Annotated[] taken off
