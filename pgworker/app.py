@@ -228,6 +228,13 @@ class App(AsyncProducer, Admin):
         ``conn``: run inside the caller's transaction (a rollback leaves no job and no
         wake-up); otherwise a pooled connection commits at once.
 
+        A task this App knows (registered, or given as a Task) has its payload checked as
+        its worker will decode it: a dataclass, TypedDict or pydantic payload type by the
+        worker's own decode, a handler annotated ``dict``/``Mapping`` for a JSON object; a
+        payload that does not fit raises :class:`PayloadError` with the worker's
+        PAYLOAD_INVALID message and the fix (``Task.payload_check``; none for an untyped
+        handler). A name this App does not know is not checked.
+
         Raises :class:`InvalidName`, :class:`PayloadError` or :class:`InvalidJob` (its
         subclass :class:`UnknownTask` included; all ``ValueError``) before touching the
         database, and :class:`DatabaseUnavailable` when PostgreSQL cannot be reached.
@@ -246,7 +253,9 @@ class App(AsyncProducer, Admin):
         Jobs without dedupe or ordering keys go in through COPY; one NOTIFY per queue.
         Every job is validated before anything is written: one bad item (a task name
         this App does not register included, unless ``any_task=True``: see
-        :meth:`enqueue`) raises and inserts nothing. A job whose dedupe key is held gets
+        :meth:`enqueue`; a payload that does not fit its known task's payload type, as
+        :meth:`enqueue` checks it) raises and inserts nothing; a :class:`PayloadError`'s
+        message starts with the item's index (``jobs[3]: ...``). A job whose dedupe key is held gets
         the holder's id; with ``on_conflict='raise'`` the batch raises
         :class:`AlreadyEnqueued` (``held_by``: {position: holder id}) and inserts nothing
         (in the caller's transaction through a savepoint: the transaction stays usable).

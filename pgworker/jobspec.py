@@ -10,7 +10,7 @@ import json
 import math
 import re
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
 
 from .errors import InvalidJob, PayloadError, UnknownTask
 from .jobs import EARLIEST_TIMESTAMP, MAX_DELAY_SECONDS
@@ -184,12 +184,15 @@ def _check_run_at(run_at: Any) -> datetime | None:
     return run_at.astimezone(timezone.utc)
 
 
+# A task's payload check (Task.payload_check): raises PayloadError for a payload its worker will refuse.
+PayloadCheck = Optional[Callable[[str], None]]
+
 # How many registered names an UnknownTask message lists when none is close to the typo.
 _KNOWN_TASKS_SHOWN = 10
 
 
 def prepare(spec: JobSpec, tasks: dict[str, Task], max_payload_bytes: int, *,
-            any_task: bool = False) -> PreparedJob:
+            any_task: bool = False, check_payload: bool = True) -> PreparedJob:
     """Validate one job and resolve its defaults from the task, if registered here.
 
     ``tasks``: the App's registered tasks. When there are any, a task given by name must
@@ -198,6 +201,10 @@ def prepare(spec: JobSpec, tasks: dict[str, Task], max_payload_bytes: int, *,
     UNKNOWN_TASK job on some worker. ``any_task=True``, or an App with no tasks (a pure
     producer), enqueues any name: the job then takes the queue 'default' unless one is
     given, and 5 attempts.
+
+    A task known here (registered, or given as a Task) has its payload checked as the
+    worker will decode it (:attr:`Task.payload_check`; raises :class:`PayloadError`), unless
+    ``check_payload=False`` (the :class:`Preparer` checks each payload itself).
     """
     task = spec.task
     registered: Task | None = task if isinstance(task, Task) else tasks.get(task)
@@ -221,8 +228,12 @@ def prepare(spec: JobSpec, tasks: dict[str, Task], max_payload_bytes: int, *,
                          "stays held; pass dedupe_key=... too")
     on_dead = check_ordering_on_dead(spec.ordering_on_dead if spec.ordering_on_dead is not None
                                      else (registered.ordering_on_dead if registered else "block"))
+    payload_json = serialize_payload(spec.payload, max_payload_bytes)
+    check = registered.payload_check if registered is not None and check_payload else None
+    if check is not None:
+        check(payload_json)
     return PreparedJob(
-        queue=queue, task=name, payload_json=serialize_payload(spec.payload, max_payload_bytes),
+        queue=queue, task=name, payload_json=payload_json,
         priority=priority, run_at=run_at, delay_seconds=_delay_seconds(spec.delay),
         max_attempts=max_attempts, dedupe_key=dedupe_key,
         ordering_key=check_key("ordering_key", spec.ordering_key),
@@ -233,19 +244,24 @@ def prepare(spec: JobSpec, tasks: dict[str, Task], max_payload_bytes: int, *,
 class Preparer:
     """:func:`prepare` with memory: the options jobs share (task, queue, priority, timing,
     keys) are validated once per distinct combination and remembered (up to
-    ``MAX_REMEMBERED`` combinations; forgotten when the App's tasks change), each payload
-    on its own. The same checks and errors as :func:`prepare`, at a fraction of the cost
-    for the enqueues of a busy producer and for a batch."""
+    ``MAX_REMEMBERED`` combinations; forgotten when the App's tasks change), with the
+    task's payload check (:attr:`Task.payload_check`, None for most tasks); each payload
+    is encoded and checked on its own. The same checks and errors as :func:`prepare`, at
+    a fraction of the cost for the enqueues of a busy producer and for a batch."""
 
     MAX_REMEMBERED = 1024
 
     def __init__(self, tasks: dict[str, Task], max_payload_bytes: int) -> None:
         self.tasks = tasks
         self.max_payload_bytes = max_payload_bytes
-        self._shared: dict[tuple[Any, ...], PreparedJob] = {}
+        self._shared: dict[tuple[Any, ...], tuple[PreparedJob, PayloadCheck]] = {}
         self._tasks_seen = -1
 
     def one(self, spec: JobSpec, any_task: bool = False) -> PreparedJob:
+        return self._one(spec, any_task)[0]
+
+    def _one(self, spec: JobSpec, any_task: bool) -> tuple[PreparedJob, PayloadCheck]:
+        """The prepared job and the payload check of its task (which it passed)."""
         if len(self.tasks) != self._tasks_seen or len(self._shared) >= self.MAX_REMEMBERED:
             self._shared.clear()  # a task registered since (its defaults apply now), or full
             self._tasks_seen = len(self.tasks)
@@ -261,34 +277,56 @@ class Preparer:
             key = (task if isinstance(task, str) else id(task), any_task, *spec[2:],
                    getattr(spec.run_at, "fold", None))
         try:
-            base = self._shared.get(key)
+            entry = self._shared.get(key)
         except TypeError:  # an unhashable option: validated (and refused) on its own
-            return prepare(spec, self.tasks, self.max_payload_bytes, any_task=any_task)
-        if base is None:
-            base = self._shared[key] = prepare(spec._replace(payload=None), self.tasks, self.max_payload_bytes,
-                                               any_task=any_task)
-        return _with_payload(base, serialize_payload(spec.payload, self.max_payload_bytes))
+            return prepare(spec, self.tasks, self.max_payload_bytes, any_task=any_task), _check_of(task, self.tasks)
+        if entry is None:
+            entry = self._shared[key] = (
+                prepare(spec._replace(payload=None), self.tasks, self.max_payload_bytes, any_task=any_task,
+                        check_payload=False),
+                _check_of(task, self.tasks))
+        base, check = entry
+        text = serialize_payload(spec.payload, self.max_payload_bytes)
+        if check is not None:
+            check(text)
+        return _with_payload(base, text), check
 
     def many(self, specs: Iterable[JobSpec], any_task: bool = False) -> list[PreparedJob]:
         """:meth:`one` for each spec, in order. A spec with the same task object and the
         same options as the one before it (the usual batch) reuses that one's prepared
-        options without building and hashing a cache key: only its payload is encoded.
-        A spec with a ``run_at`` always takes :meth:`one`, whose key tells a fall-back's
-        two instants apart (equality ignores ``fold``)."""
+        options and payload check without building and hashing a cache key: only its
+        payload is encoded (and checked, when its task has a check). A spec with a
+        ``run_at`` always takes :meth:`one`, whose key tells a fall-back's two instants
+        apart (equality ignores ``fold``). A payload refused raises :class:`PayloadError`
+        naming its index (``jobs[3]: ...``): nothing of the batch is enqueued."""
         out: list[PreparedJob] = []
         limit = self.max_payload_bytes
         prev_task: Any = None
         prev_options: Any = None
         base: PreparedJob | None = None
+        check: PayloadCheck = None
         for spec in specs:
-            options = spec[2:]
-            if base is not None and spec[0] is prev_task and spec[4] is None and options == prev_options:
-                out.append(_with_payload(base, serialize_payload(spec[1], limit)))
-                continue
-            base = self.one(spec, any_task)
-            out.append(base)
-            prev_task, prev_options = spec[0], options
+            try:
+                options = spec[2:]
+                if base is not None and spec[0] is prev_task and spec[4] is None and options == prev_options:
+                    text = serialize_payload(spec[1], limit)
+                    if check is not None:
+                        check(text)
+                    out.append(_with_payload(base, text))
+                    continue
+                base, check = self._one(spec, any_task)
+                out.append(base)
+                prev_task, prev_options = spec[0], options
+            except PayloadError as exc:  # which of the batch (out holds those before it): the message alone does not say
+                raise PayloadError(f"jobs[{len(out)}]: {exc}") from None
         return out
+
+
+def _check_of(task: "str | Task", tasks: dict[str, Task]) -> PayloadCheck:
+    """The payload check of ``task`` when it is known here (a Task, or a name registered
+    in ``tasks``), else None: a producer that does not know the task checks no more."""
+    known = task if isinstance(task, Task) else tasks.get(task)
+    return known.payload_check if known is not None else None
 
 
 _new_tuple = tuple.__new__

@@ -19,10 +19,12 @@ the application has imported pydantic already.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import datetime as dt
 import decimal
 import enum
+import functools
 import inspect
 import logging
 import re
@@ -32,8 +34,8 @@ import typing
 import uuid
 from typing import Any, Callable
 
-__all__ = ["PayloadValidationError", "to_json_value", "payload_type_of", "decoder_for", "is_typed_dict",
-           "is_pydantic_model"]
+__all__ = ["PayloadValidationError", "to_json_value", "payload_type_of", "payload_annotation", "decoder_for",
+           "is_typed_dict", "is_pydantic_model", "is_payload_type", "expects_object", "not_an_object"]
 
 log = logging.getLogger("pgworker.payloads")
 
@@ -54,7 +56,9 @@ def is_pydantic_model(tp: object) -> bool:
     return pydantic is not None and isinstance(tp, type) and issubclass(tp, pydantic.BaseModel)
 
 
-def _is_typed(tp: object) -> bool:
+def is_payload_type(tp: object) -> bool:
+    """Whether ``tp`` is a type this module decodes and checks: a dataclass, a TypedDict
+    or a pydantic model."""
     return (isinstance(tp, type) and dataclasses.is_dataclass(tp)) or is_typed_dict(tp) or is_pydantic_model(tp)
 
 
@@ -80,6 +84,14 @@ def payload_type_of(func: Callable[..., Any]) -> type | None:
     """The annotation of ``func``'s first positional parameter when it is a dataclass, a
     TypedDict or a pydantic model, else None (no annotation, ``dict``, an annotation
     that cannot be resolved: the payload is passed as decoded JSON, as before)."""
+    annotation = payload_annotation(func)
+    return annotation if is_payload_type(annotation) else None
+
+
+def payload_annotation(func: Callable[..., Any]) -> Any:
+    """The resolved annotation of ``func``'s first positional parameter (a string
+    annotation evaluated), or None: no such parameter, no annotation, or one that cannot be
+    resolved (logged as a warning, naming the fix)."""
     try:
         params = [p for p in inspect.signature(func).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -96,7 +108,30 @@ def payload_type_of(func: Callable[..., Any]) -> type | None:
                         "payload as decoded JSON; define the type at module level, or pass payload_type=",
                         params[0].annotation, getattr(func, "__qualname__", func), type(exc).__name__, exc)
             return None
-    return annotation if _is_typed(annotation) else None
+    return annotation
+
+
+def expects_object(annotation: Any) -> bool:
+    """Whether a payload annotation says the payload is a JSON object and nothing else:
+    ``dict``, ``dict[str, X]``, ``typing.Dict``, ``Mapping``/``MutableMapping`` (bare or
+    subscripted), a mapping class, each possibly inside ``Annotated``. Not ``dict | None``
+    (None fits it), ``Any`` or no annotation; the typed kinds are :func:`is_payload_type`'s."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    origin = typing.get_origin(annotation)
+    if origin is not None:
+        return origin is dict or origin in _MAPPINGS
+    return isinstance(annotation, type) and issubclass(annotation, collections.abc.Mapping) \
+        and not is_payload_type(annotation)
+
+
+def not_an_object(value: Any, annotation: Any) -> str:
+    """The message for a payload ``value`` that is not an object though its annotation
+    (:func:`expects_object`) says it must be: ``payload: expected an object (dict), got
+    str 'x'``, the words the typed checks use."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return str(_fail("payload", f"an object ({_name(annotation)})", value))
 
 
 def decoder_for(tp: type) -> Callable[[Any], Any]:
@@ -216,6 +251,10 @@ def _check(value: Any, tp: Any, path: str) -> Any:  # noqa: C901 - one branch pe
     raise _fail(path, tp.__name__, value)
 
 
+# Cached: get_type_hints was ~40% of a small dataclass's decode, paid by every job a worker
+# decodes and every payload a producer checks. A failure raises and is not cached (a name
+# defined later resolves then). The dicts are shared: read, never changed.
+@functools.lru_cache(maxsize=1024)
 def _hints(tp: type) -> dict[str, Any]:
     try:
         return typing.get_type_hints(tp)  # Required[], NotRequired[] and Annotated[] taken off

@@ -63,7 +63,10 @@ TASK_OPTIONS: dict[str, tuple[str, str]] = {
     "permanent_errors": ("exception types", "Exceptions that make the job dead at once, without retries."),
     "payload_type": ("type or callable", "Decodes the payload: a dataclass, TypedDict or pydantic model is "
                      "checked field by field (default: the annotation of the handler's payload parameter, "
-                     "when it is one of those); a failure makes the job dead at once with PAYLOAD_INVALID."),
+                     "when it is one of those); a failure makes the job dead at once with PAYLOAD_INVALID. "
+                     "Checked at enqueue too (`PayloadError`, nothing stored) when the producer's App "
+                     "registers the task; so is a handler annotated `dict`/`Mapping` (a JSON object "
+                     "only). A decoding callable is not checked at enqueue."),
     "ordering_on_dead": ("`block` or `skip`", "Whether a dead job of an ordering key holds the key's later "
                          "jobs until replayed or discarded."),
     "dedupe_window": ("seconds", "How long after success a job keeps its dedupe key held."),

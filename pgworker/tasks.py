@@ -7,14 +7,16 @@ import functools
 import datetime
 import inspect
 import math
+import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from .config import DEFAULT_QUEUE, MAX_SETTING_SECONDS
-from .errors import ConfigError, InvalidJob, InvalidPayload
-from .jobs import UndecodablePayload
+from .errors import ConfigError, InvalidJob, InvalidPayload, PayloadError
+from .jobs import UndecodablePayload, safe_json_loads
 from .names import check_queue_name, check_task_name
-from .payloads import PayloadValidationError, decoder_for, is_pydantic_model, is_typed_dict, payload_type_of
+from .payloads import (PayloadValidationError, decoder_for, expects_object, is_payload_type, not_an_object,
+                       payload_annotation)
 from .retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -122,17 +124,54 @@ class Task:
         return len(params) >= 2
 
     @functools.cached_property
+    def _annotation(self) -> Any:
+        """The resolved annotation of the handler's payload parameter, or None (read once:
+        a name that cannot be resolved is logged once, not at every use)."""
+        return payload_annotation(self.func)
+
+    @functools.cached_property
     def typed_decoder(self) -> Callable[[Any], Any] | None:
         """The checking decoder of a dataclass, TypedDict or pydantic payload type: the
         ``payload_type`` given, else the annotation of the handler's payload parameter
         (:mod:`pgworker.payloads`); None for any other (or no) type."""
-        tp = self.payload_type
-        if tp is None:
-            tp = payload_type_of(self.func)
-        elif not (isinstance(tp, type) and (dataclasses.is_dataclass(tp) or is_typed_dict(tp)
-                                            or is_pydantic_model(tp))):
-            return None
-        return decoder_for(tp) if tp is not None else None
+        tp = self.payload_type if self.payload_type is not None else self._annotation
+        return decoder_for(tp) if is_payload_type(tp) else None  # type: ignore[arg-type]
+
+    @functools.cached_property
+    def payload_check(self) -> Callable[[str], None] | None:
+        """What enqueue checks of this task's payloads (their JSON text, as stored), decided
+        once per task: None (no annotation, ``Any``, a ``payload_type`` callable: nothing,
+        at no cost), the typed decode the worker runs (a dataclass, TypedDict or pydantic
+        type), or that the text is a JSON object (annotated ``dict`` or ``Mapping``). The
+        check raises :class:`PayloadError` for a payload a worker is certain to refuse.
+
+        Cached at the first use, not at ``@app.task``: with ``from __future__ import
+        annotations`` the payload type may be defined below its handler, and resolves only
+        once the module has run (the worker's ``typed_decoder`` is read as late)."""
+        if self.typed_decoder is not None:
+            return self._check_typed
+        if self.payload_type is None and expects_object(self._annotation):
+            return self._check_object
+        return None
+
+    def _check_typed(self, text: str) -> None:
+        try:
+            self.decode(safe_json_loads(text))  # the worker's decode of the stored JSON, as it will run it
+        except InvalidPayload as exc:
+            tp = self.payload_type if self.payload_type is not None else self._annotation
+            name = getattr(tp, "__name__", tp)
+            raise PayloadError(f"{exc}; nothing was enqueued: give the payload the shape of {name}, the "
+                               f"payload type of the task's handler (a {name} instance, or its fields as a "
+                               "dict); a worker would end this job dead with PAYLOAD_INVALID") from None
+        except Exception:  # noqa: BLE001 - the type's own code failing otherwise (__post_init__): the
+            return  # worker would retry it as a handler error, not refuse it for certain; enqueue as before
+
+    def _check_object(self, text: str) -> None:
+        if text.startswith("{"):  # compact JSON of an object (the encoder adds no leading space)
+            return
+        raise PayloadError(f"task {self.name!r}: {not_an_object(json.loads(text), self._annotation)}; nothing was "
+                           "enqueued: pass a dict (a JSON object), as the annotation of the handler's payload "
+                           "parameter says, or annotate it otherwise (Any, or none) to take other JSON values")
 
     def decode(self, payload: Any) -> Any:
         """The payload as the handler wants it; raises :class:`InvalidPayload` (the job then

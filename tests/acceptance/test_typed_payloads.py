@@ -1,15 +1,20 @@
 """Typed payloads end to end: objects enqueued as they are (a dataclass, a TypedDict, a
 pydantic model), run by a real `pgworker run` whose handlers are annotated with those
 types (tests/apps/typed_app.py); each handler receives its type, and a payload that does
-not fit goes dead at its first attempt with PAYLOAD_INVALID and the field at fault."""
+not fit is refused at enqueue by a producer that knows the task, with the message a
+worker gives a row that reaches the table anyway (raw SQL, another producer): dead at its
+first attempt with PAYLOAD_INVALID and the field at fault."""
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import sys
 
 import pytest
+
+from pgworker import PayloadError
 
 from pg import wait_until
 from worker import HERE, Worker, create_ledger, q
@@ -35,7 +40,7 @@ def finished(conn, schema, n):
     return q(conn, schema, "SELECT count(*) FROM {s}.jobs WHERE state IN ('succeeded', 'dead')")[0][0] == n
 
 
-def test_handlers_receive_their_types_and_bad_payloads_die_once(typed, pg_dsn, conn):
+def test_handlers_receive_their_types_and_bad_payloads_are_refused_or_die_once(typed, pg_dsn, conn):
     app, m = typed
     schema = app.settings.schema
     good = {
@@ -44,12 +49,27 @@ def test_handlers_receive_their_types_and_bad_payloads_die_once(typed, pg_dsn, c
         "remind": app.enqueue("remind", m.Reminder(invoice=7, channel="sms")),
         "refund": app.enqueue("refund", m.Refund(invoice=8, amount=12.5)),
     }
-    bad = {
-        "bill": app.enqueue("bill", {"customer": "acme", "lines": [{"sku": "a", "quantity": "two"}]}),
-        "bill_extra": app.enqueue("bill", {"customer": "acme", "lines": [], "discount": 5}),
-        "remind": app.enqueue("remind", {"channel": "sms"}),
-        "refund": app.enqueue("refund", {"invoice": "eight", "amount": 1}),
+    bad_payloads = {
+        "bill": ("bill", {"customer": "acme", "lines": [{"sku": "a", "quantity": "two"}]}),
+        "bill_extra": ("bill", {"customer": "acme", "lines": [], "discount": 5}),
+        "remind": ("remind", {"channel": "sms"}),
+        "refund": ("refund", {"invoice": "eight", "amount": 1}),
     }
+    expected = {
+        "bill": "payload.lines[0].quantity: expected int, got str 'two'",
+        "bill_extra": "payload: unexpected field 'discount' for Invoice",
+        "remind": "payload: missing key 'invoice' of Reminder",
+        "refund": "payload does not fit Refund",
+    }
+    for name, (task, payload) in bad_payloads.items():  # this producer knows the tasks: refused, not stored
+        with pytest.raises(PayloadError, match="nothing was enqueued") as err:
+            app.enqueue(task, payload)
+        assert f"task {task!r}: {expected[name]}" in str(err.value), (name, err.value)
+    assert q(conn, schema, "SELECT count(*) FROM {s}.jobs")[0][0] == len(good)
+    # rows that reach the table anyway (raw SQL, a producer without the tasks): the worker refuses them
+    bad = {name: q(conn, schema, "INSERT INTO {s}.jobs (queue, task, payload, max_attempts) "
+                                 "VALUES ('default', %s, %s, 5) RETURNING id", task, json.dumps(payload))[0][0]
+           for name, (task, payload) in bad_payloads.items()}
     # the dataclass went in as JSON of its fields (the date as ISO text)
     assert app.get_job(good["bill"])["payload"] == {
         "customer": "acme", "lines": [{"sku": "a", "quantity": 2}, {"sku": "b", "quantity": 3}],
@@ -65,12 +85,6 @@ def test_handlers_receive_their_types_and_bad_payloads_die_once(typed, pg_dsn, c
     }
     for job_id in good.values():
         assert app.get_job(job_id)["state"] == "succeeded"
-    expected = {
-        "bill": "payload.lines[0].quantity: expected int, got str 'two'",
-        "bill_extra": "payload: unexpected field 'discount' for Invoice",
-        "remind": "payload: missing key 'invoice' of Reminder",
-        "refund": "payload does not fit Refund",
-    }
     for name, job_id in bad.items():
         job = app.get_job(job_id)
         assert (job["state"], job["last_error_code"], job["attempts"]) == ("dead", "PAYLOAD_INVALID", 1), (name, job)

@@ -15,7 +15,7 @@ import pydantic
 import pytest
 
 from pgworker import InvalidPayload, PayloadError
-from pgworker.payloads import PayloadValidationError, decoder_for, payload_type_of
+from pgworker.payloads import PayloadValidationError, decoder_for, expects_object, not_an_object, payload_type_of
 from pgworker.producer import serialize_payload
 from pgworker.tasks import Task
 
@@ -137,3 +137,33 @@ def test_objects_json_cannot_carry_are_still_refused():
             serialize_payload(value, 100)
     with pytest.raises(PayloadError, match="not JSON-serialisable"):
         serialize_payload(Item(sku=b"bytes"), 100)  # type: ignore[arg-type]
+
+
+def test_which_annotations_mean_a_json_object_and_nothing_else():
+    import collections
+    import typing
+    from collections.abc import Mapping, MutableMapping
+
+    for tp in (dict, dict[str, int], typing.Dict, typing.Dict[str, Any], Mapping, Mapping[str, int],
+               MutableMapping, typing.Mapping[str, Any], collections.OrderedDict,
+               typing.Annotated[dict, "meta"]):
+        assert expects_object(tp), tp
+    # None fits a union with None; the typed kinds have their own decode; other JSON values
+    for tp in (None, Any, object, dict | None, Optional[dict], list, list[int], str, int, Ping, Item, Model,
+               typing.Union[dict, list]):
+        assert not expects_object(tp), tp
+    assert not_an_object("x", dict[str, int]) == "payload: expected an object (dict), got str 'x'"
+    assert not_an_object([1] * 100, typing.Annotated[Mapping[str, int], "m"]).startswith(
+        "payload: expected an object (Mapping), got list [1, 1, ")
+    assert len(not_an_object([1] * 100, dict)) < 120  # the value shown is cut
+
+
+def test_each_task_decides_its_enqueue_check_once():
+    assert Task(name="p", func=f_plain).payload_check is None
+    assert Task(name="d", func=f_dict).payload_check is not None
+    assert Task(name="o", func=f_order).payload_check is not None
+    assert Task(name="c", func=f_plain, payload_type=lambda p: p).payload_check is None  # a callable: not checked
+    assert Task(name="u", func=f_undefined).payload_check is None  # unresolved: the worker passes the JSON too
+    with pytest.raises(PayloadError, match=r"^task 't': payload.n: expected int, got str '2'; nothing was enqueued"):
+        Task(name="t", func=f_ping).payload_check('{"n": "2"}')
+    Task(name="t", func=f_ping).payload_check('{"n": 2}')

@@ -1,0 +1,251 @@
+"""A payload its worker is certain to refuse is refused at enqueue when the producer knows
+the task (registered on the App enqueueing): a handler annotated ``dict``/``Mapping``
+takes only a JSON object, a typed payload (dataclass, TypedDict, pydantic) is decoded by
+the worker's own decode. Sync, async, enqueue_many (nothing of the batch, the index
+named) and the CLI; nothing is written. A producer that does not know the task checks no
+more than before, and a bad row that reaches the table anyway (raw SQL) still ends dead
+with PAYLOAD_INVALID at the worker."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import sys
+from typing import Any, Mapping, TypedDict
+
+import pydantic
+import pytest
+from psycopg import sql
+
+import pgworker
+from pgworker import App, JobSpec, PayloadError, cli
+from pgworker.testing import drain
+from pg import make_settings
+
+pytestmark = pytest.mark.integration
+
+
+@dataclasses.dataclass
+class Charge:  # module level: the handlers' string annotations (PEP 563) resolve to it
+    amount_cents: int
+    note: str = ""
+
+
+class Ping(TypedDict):
+    n: int
+
+
+class Refund(pydantic.BaseModel):
+    invoice: int
+
+
+DICT_FIX = "nothing was enqueued: pass a dict (a JSON object)"
+TYPED_FIX = "nothing was enqueued: give the payload the shape of Charge"
+
+
+@pytest.fixture
+def tasks(app):
+    """The test's App with handlers of each kind; ``ran`` collects what they received."""
+    ran: list[Any] = []
+
+    @app.task(name="add")
+    def add(payload: dict, ctx: pgworker.JobContext) -> None:
+        ran.append(payload["a"] + payload["b"])
+
+    @app.task(name="tally")
+    def tally(payload: Mapping[str, int]) -> None:
+        ran.append(sum(payload.values()))
+
+    @app.task(name="maybe")
+    def maybe(payload: dict | None) -> None:
+        ran.append(payload)
+
+    @app.task(name="anything")
+    def anything(payload: Any) -> None:
+        ran.append(payload)
+
+    @app.task(name="bare")
+    def bare(payload):
+        ran.append(payload)
+
+    @app.task(name="charge")
+    def charge(c: Charge, ctx: pgworker.JobContext) -> None:
+        ran.append(c)
+
+    @app.task(name="ping")
+    def ping(p: Ping) -> None:
+        ran.append(p)
+
+    @app.task(name="refund")
+    def refund(r: Refund) -> None:
+        ran.append(r)
+
+    return ran
+
+
+def count(conn, app) -> int:
+    return conn.execute(sql.SQL("SELECT count(*) FROM {}.jobs").format(sql.Identifier(app.settings.schema))).fetchone()[0]
+
+
+REFUSED = [
+    ("add", "just a string", "task 'add': payload: expected an object (dict), got str 'just a string'", DICT_FIX),
+    ("add", [1, 2], "task 'add': payload: expected an object (dict), got list [1, 2]", DICT_FIX),
+    ("add", None, "task 'add': payload: expected an object (dict), got NoneType None", DICT_FIX),
+    ("tally", 3, "task 'tally': payload: expected an object (Mapping), got int 3", DICT_FIX),
+    ("charge", {"amount_cents": "12"}, "task 'charge': payload.amount_cents: expected int, got str '12'", TYPED_FIX),
+    ("charge", {"amount_cents": 12, "cents": 1}, "task 'charge': payload: unexpected field 'cents' for Charge",
+     TYPED_FIX),
+    ("charge", "12", "task 'charge': payload: expected an object (Charge), got str '12'", TYPED_FIX),
+    ("ping", {"n": "1"}, "task 'ping': payload.n: expected int, got str '1'", "the shape of Ping"),
+    ("refund", {"invoice": "eight"}, "task 'refund': payload does not fit Refund", "the shape of Refund"),
+]
+
+
+@pytest.mark.parametrize("task, payload, message, fix", REFUSED)
+def test_enqueue_refuses_what_the_worker_would_and_writes_nothing(tasks, app, conn, task, payload, message, fix):
+    with pytest.raises(PayloadError) as err:
+        app.enqueue(task, payload)
+    assert message in str(err.value) and fix in str(err.value), str(err.value)
+    with pytest.raises(PayloadError, match="nothing was enqueued"):
+        app.tasks[task].enqueue(payload)  # through the Task object too
+    with pytest.raises(PayloadError) as err:
+        asyncio.run(_aenqueue(app, task, payload))
+    assert message in str(err.value) and fix in str(err.value), str(err.value)
+    assert count(conn, app) == 0
+
+
+async def _aenqueue(app: App, task: str, payload: Any) -> int:
+    try:
+        return await app.aenqueue(task, payload)
+    finally:
+        await app.aclose()
+
+
+def test_the_message_is_the_one_the_worker_gives(tasks, app, conn):
+    """The refusal at enqueue carries the worker's PAYLOAD_INVALID message, word for word."""
+    with pytest.raises(PayloadError) as err:
+        app.enqueue("charge", {"amount_cents": "12"})
+    job = _raw_insert(conn, app, "charge", '{"amount_cents": "12"}')
+    drain(app)
+    row = app.get_job(job)
+    assert (row["state"], row["last_error_code"], row["attempts"]) == ("dead", "PAYLOAD_INVALID", 1)
+    worker_message = row["errors"][-1]["message"]
+    assert worker_message == "task 'charge': payload.amount_cents: expected int, got str '12'"
+    assert str(err.value).startswith(worker_message + "; nothing was enqueued: "), str(err.value)
+
+
+def test_valid_payloads_still_enqueue_and_run(tasks, app, conn):
+    ids = [app.enqueue("add", {"a": 1, "b": 2}), app.enqueue("tally", {"x": 2, "y": 3}),
+           app.enqueue("maybe", None), app.enqueue("anything", "just a string"), app.enqueue("bare", [1, 2]),
+           app.enqueue("charge", Charge(5)), app.enqueue("charge", {"amount_cents": 7, "note": "n"}),
+           app.enqueue("ping", {"n": 1}), app.enqueue("refund", Refund(invoice=3))]
+    ids += app.enqueue_many([("charge", {"amount_cents": i}) for i in range(3)])
+    ids.append(asyncio.run(_aenqueue(app, "charge", Charge(9))))
+    assert count(conn, app) == len(ids) == 13
+    result = drain(app)
+    assert result.succeeded == 13, result
+    assert tasks == [3, 5, None, "just a string", [1, 2], Charge(5), Charge(7, "n"), {"n": 1}, Refund(invoice=3),
+                     Charge(0), Charge(1), Charge(2), Charge(9)]
+
+
+def test_enqueue_many_with_one_bad_spec_enqueues_none_and_names_its_index(tasks, app, conn):
+    good = [JobSpec("charge", {"amount_cents": i}) for i in range(4)]
+    batches = [
+        (good[:2] + [JobSpec("charge", {"amount_cents": "2"})] + good[2:], 2, "payload.amount_cents: expected int"),
+        ([("add", {"a": 1, "b": 1}), ("add", "x"), ("add", {"a": 2, "b": 2})], 1, "expected an object (dict)"),
+        ([("bare", 1), ("charge", {"amount_cents": 1}), ("add", [1])], 2, "task 'add'"),  # tasks mixed
+        # more than COPY's threshold, the bad one last: still nothing
+        ([("add", {"a": i, "b": i}) for i in range(1500)] + [("add", 1)], 1500, "got int 1"),
+        # a graph (ref/depends_on): its own statements, the same refusal first
+        ([JobSpec("add", {"a": 1, "b": 1}, ref="first"), JobSpec("charge", {}, depends_on=["first"])], 1,
+         "missing field 'amount_cents' of Charge"),
+    ]
+    for batch, index, message in batches:
+        with pytest.raises(PayloadError) as err:
+            app.enqueue_many(batch)
+        assert str(err.value).startswith(f"jobs[{index}]: task ") and message in str(err.value), str(err.value)
+        assert "nothing was enqueued" in str(err.value)
+        with pytest.raises(PayloadError, match=rf"^jobs\[{index}\]: "):
+            asyncio.run(_aenqueue_many(app, batch))
+    assert count(conn, app) == 0
+
+
+async def _aenqueue_many(app: App, batch: list[Any]) -> list[int]:
+    try:
+        return await app.aenqueue_many(batch)
+    finally:
+        await app.aclose()
+
+
+def test_a_producer_that_does_not_know_the_task_checks_no_more(tasks, app, pg_dsn, conn):
+    producer = App(settings=make_settings(pg_dsn, app.settings.schema))  # no tasks: enqueues any name
+    try:
+        ids = [producer.enqueue("charge", {"amount_cents": "12"}), producer.enqueue("add", "just a string")]
+        ids += producer.enqueue_many([("charge", {"amount_cents": "x"})])
+    finally:
+        producer.close()
+
+    ids.append(app.enqueue("elsewhere", "x", any_task=True))  # a name this App does not register
+    assert count(conn, app) == len(ids) == 4
+    # the worker, which knows the tasks, still refuses the typed ones at their first attempt
+    drain(app)
+    rows = [app.get_job(i) for i in ids]
+    assert [(r["state"], r["last_error_code"], r["attempts"]) for r in (rows[0], rows[2])] == \
+        [("dead", "PAYLOAD_INVALID", 1)] * 2
+    assert rows[1]["last_error_code"] != "PAYLOAD_INVALID" and rows[1]["attempts"] == 1  # the handler's TypeError
+    assert rows[3]["last_error_code"] == "UNKNOWN_TASK"
+
+
+def _raw_insert(conn, app: App, task: str, payload_json: str) -> int:
+    return conn.execute(sql.SQL("INSERT INTO {}.jobs (queue, task, payload, max_attempts) "
+                                "VALUES ('default', %s, %s, 3) RETURNING id").format(
+        sql.Identifier(app.settings.schema)), [task, payload_json]).fetchone()[0]
+
+
+def test_a_bad_payload_inserted_by_raw_sql_still_ends_payload_invalid(tasks, app, conn):
+    job = _raw_insert(conn, app, "charge", '{"amount_cents": "12"}')
+    drain(app)
+    row = app.get_job(job)
+    assert (row["state"], row["last_error_code"], row["attempts"]) == ("dead", "PAYLOAD_INVALID", 1)
+    assert tasks == []
+
+
+def test_the_check_is_decided_once_per_task_and_untyped_tasks_have_none(tasks, app):
+    checks = {name: app.tasks[name].payload_check for name in app.tasks}
+    assert checks["bare"] is None and checks["anything"] is None and checks["maybe"] is None
+    assert all(checks[n] is not None for n in ("add", "tally", "charge", "ping", "refund"))
+    assert all(app.tasks[name].payload_check == checks[name] for name in app.tasks)  # cached on the Task
+
+
+def test_cli_enqueue_with_the_app_refuses_and_writes_nothing(tmp_path, app, conn, monkeypatch, capsys):
+    module = tmp_path / "cli_payload_app.py"
+    module.write_text(
+        "from __future__ import annotations\n"
+        "import dataclasses\n"
+        "import pgworker\n"
+        "app = pgworker.App()\n\n"
+        "@app.task(name='add')\n"
+        "def add(payload: dict, ctx): ...\n\n"
+        "@app.task(name='charge')\n"
+        "def charge(c: Charge, ctx): ...\n\n"
+        "@dataclasses.dataclass\n"
+        "class Charge:  # defined below its handler: resolved when the module has run\n"
+        "    amount_cents: int\n")
+    monkeypatch.setenv("PGWORKER_DSN", app.settings.dsn)
+    monkeypatch.setenv("PGWORKER_SCHEMA", app.settings.schema)
+    monkeypatch.delitem(sys.modules, "pgworker_app_cli_payload_app", raising=False)
+    target = f"{module}:app"
+    for task, payload, message in [
+        ("add", '"x"', "task 'add': payload: expected an object (dict), got str 'x'"),
+        ("add", "[1, 2]", "got list [1, 2]"),
+        ("charge", '{"amount_cents": "12"}', "task 'charge': payload.amount_cents: expected int, got str '12'"),
+    ]:
+        assert cli.main(["enqueue", task, "--payload", payload, "--app", target]) == 1
+        err = capsys.readouterr().err
+        assert message in err and "nothing was enqueued" in err, err
+    assert count(conn, app) == 0
+    assert cli.main(["enqueue", "charge", "--payload", '{"amount_cents": 12}', "--app", target]) == 0
+    assert capsys.readouterr().out.strip().isdigit()
+    # without --app the CLI does not know the task: enqueued as before
+    assert cli.main(["enqueue", "add", "--payload", '"x"']) == 0
+    assert count(conn, app) == 2
