@@ -12,7 +12,7 @@ import re
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
 
-from .errors import InvalidJob, PayloadError, UnknownTask
+from .errors import InvalidJob, InvalidName, PayloadError, UnknownTask
 from .jobs import EARLIEST_TIMESTAMP, MAX_DELAY_SECONDS
 from .names import check_key, check_queue_name, check_task_name
 from .payloads import to_json_value
@@ -297,8 +297,10 @@ class Preparer:
         options and payload check without building and hashing a cache key: only its
         payload is encoded (and checked, when its task has a check). A spec with a
         ``run_at`` always takes :meth:`one`, whose key tells a fall-back's two instants
-        apart (equality ignores ``fold``). A payload refused raises :class:`PayloadError`
-        naming its index (``jobs[3]: ...``): nothing of the batch is enqueued."""
+        apart (equality ignores ``fold``). A spec refused raises its error
+        (:class:`PayloadError`, :class:`InvalidJob` or :class:`UnknownTask`,
+        :class:`InvalidName`) naming its index (``jobs[3]: ...``): nothing of the batch is
+        enqueued."""
         out: list[PreparedJob] = []
         limit = self.max_payload_bytes
         prev_task: Any = None
@@ -317,8 +319,9 @@ class Preparer:
                 base, check = self._one(spec, any_task)
                 out.append(base)
                 prev_task, prev_options = spec[0], options
-            except PayloadError as exc:  # which of the batch (out holds those before it): the message alone does not say
-                raise PayloadError(f"jobs[{len(out)}]: {exc}") from None
+            except (PayloadError, InvalidJob, InvalidName) as exc:
+                # which of the batch (out holds those before it): the message alone does not say
+                raise type(exc)(f"jobs[{len(out)}]: {exc}") from None
         return out
 
 

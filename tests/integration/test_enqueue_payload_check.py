@@ -249,3 +249,18 @@ def test_cli_enqueue_with_the_app_refuses_and_writes_nothing(tmp_path, app, conn
     # without --app the CLI does not know the task: enqueued as before
     assert cli.main(["enqueue", "add", "--payload", '"x"']) == 0
     assert count(conn, app) == 2
+
+
+def test_a_batch_names_the_index_of_any_spec_it_refuses(app, conn):
+    """Not only a payload: an unknown task, a bad option or a bad queue name in
+    enqueue_many named no spec, in a batch of thousands."""
+    from pgworker import InvalidJob, InvalidName, JobSpec, UnknownTask
+
+    app.task(name="known")(lambda payload: None)
+    before = conn.execute(f'SELECT count(*) FROM "{app.settings.schema}".jobs').fetchone()[0]
+    for bad, error in ((JobSpec("knwon"), UnknownTask), (JobSpec("known", priority=10**9), InvalidJob),
+                       (JobSpec("known", queue="q" * 129), InvalidName)):
+        with pytest.raises(error) as info:
+            app.enqueue_many([JobSpec("known"), JobSpec("known"), bad])
+        assert str(info.value).startswith("jobs[2]: "), str(info.value)
+    assert conn.execute(f'SELECT count(*) FROM "{app.settings.schema}".jobs').fetchone()[0] == before
