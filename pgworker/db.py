@@ -77,8 +77,9 @@ def connect(dsn: str | None, *, application_name: str = "pgworker", autocommit: 
         text = " ".join(redact(str(exc).strip(), dsn_password(dsn), dsn).split())
         refused = refusal_fix(text)
         if refused:
-            raise DatabaseRefused(f"PostgreSQL at {redact_dsn(dsn)!r} refused the connection: {text}; "
-                                  f"{refused}") from None
+            # the fix first: a log line or /readyz may cut the server's long text
+            raise DatabaseRefused(f"PostgreSQL at {redact_dsn(dsn)!r} refused the connection ({refused}): "
+                                  f"{text}") from None
         raise DatabaseUnavailable(
             f"cannot connect to PostgreSQL at {redact_dsn(dsn)!r}: "
             f"{text}; check the DSN (--dsn or PGWORKER_DSN) and that the "
@@ -98,13 +99,13 @@ def connect(dsn: str | None, *, application_name: str = "pgworker", autocommit: 
 # 28000, 28P01), so the (English) message is matched; a server sending its messages in
 # another language is retried as an unreachable one.
 _REFUSALS = (
-    (re.compile(r'database "[^"]*" does not exist'),
-     "create that database (createdb, or CREATE DATABASE) or fix the database name in the DSN "
-     "(--dsn or PGWORKER_DSN); not retrying"),
-    (re.compile(r'role "[^"]*" does not exist'),
-     "create that role or fix the user name in the DSN (--dsn or PGWORKER_DSN); not retrying"),
+    # greedy: a name may hold a double quote (the server does not escape it)
+    (re.compile(r'FATAL:\s+database ".*" does not exist'),
+     "create that database (createdb, or CREATE DATABASE) or fix the database name in the DSN"),
+    (re.compile(r'FATAL:\s+role ".*" does not exist'),
+     "create that role or fix the user name in the DSN"),
     (re.compile(r"password authentication failed|authentication failed for user|no pg_hba\.conf entry"),
-     "fix the user or password in the DSN (--dsn or PGWORKER_DSN), or the server's pg_hba.conf; not retrying"),
+     "fix the user or password in the DSN, or the server's pg_hba.conf"),
 )
 
 
@@ -196,6 +197,10 @@ def failure_kind(exc: BaseException) -> str:
     return "statement"
 
 
+#: The longest failure text describe_failure returns, in characters.
+DESCRIBED_MAX_CHARS = 800
+
+
 def describe_failure(exc: BaseException, dsn: str | None = None) -> str:
     """One line saying what went wrong with the database and what to do, password-free:
     e.g. "PostgreSQL is unreachable (OperationalError: ...)", "statement failed (lock
@@ -206,7 +211,9 @@ def describe_failure(exc: BaseException, dsn: str | None = None) -> str:
     if kind == "prepared-statements":
         return f"prepared statement error ({getattr(exc, 'sqlstate', '')}): {POOLER_PREPARED_HINT}"
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    text = redact(first, dsn_password(dsn))[:300]  # the password, not the whole DSN
+    # the password, not the whole DSN; a connection's message (the DSN, libpq's text, the
+    # fix) is one line of a few hundred characters: bounded, not cut mid-fix
+    text = redact(first, dsn_password(dsn))[:DESCRIBED_MAX_CHARS]
     if isinstance(exc, DatabaseUnavailable):
         return text
     if kind == "unreachable":

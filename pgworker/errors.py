@@ -94,7 +94,8 @@ class LeaseLost(PgworkerError):
         self.operation = operation
         if message is None and job_id is not None:
             message = (f"lease lost on job {job_id} (lease token {lease_token}) during {operation}: "
-                       "the job was reaped or claimed again; this worker must not act as its owner")
+                       "its lease expired or moved on (the job reaped or claimed again, or its lease presumed lost "
+                       "here, unrenewed); this worker must not act as its owner")
         super().__init__(message)
 
 

@@ -84,10 +84,12 @@ def cancel_graph(core: Core, graph_id: int, *, actor: str | None = None,
 class ReplayedGraph(list):  # type: ignore[type-arg]
     """The ids :func:`replay_graph` put back (a list, dead ones first), with ``replayed``
     (dead jobs back to pending) and ``requeued`` (jobs a dead parent had cancelled, waiting
-    again) apart."""
+    again) apart, and ``held_by`` ({dead job id: the live job holding its dedupe key}, as
+    :class:`pgworker.ReplayResult`'s: those stayed dead)."""
 
     replayed: list[int]
     requeued: list[int]
+    held_by: dict[int, int]
 
 
 def graph_states(core: Core, graph_id: int) -> dict[str, int]:
@@ -114,6 +116,7 @@ def replay_graph(core: Core, graph_id: int, *, actor: str | None = None) -> Repl
         dead = [j["id"] for j in core.store.graph_jobs(c, graph_id) if j["state"] == "dead"]
     replayed: list[int] = []
     requeued: list[int] = []
+    held_by: dict[int, int] = {}
     # In chunks of REPLAY_CHUNK ids, each its own replay (one transaction): a graph with
     # more dead jobs than one replay takes is replayed whole (it stopped at the first
     # 1,000). A crash between chunks leaves the rest dead; calling again finishes it.
@@ -123,10 +126,11 @@ def replay_graph(core: Core, graph_id: int, *, actor: str | None = None) -> Repl
         replayed += result
         # the replay brought back what its jobs' death cancelled
         requeued += result.requeued
+        held_by.update(result.held_by)
     # the graph's own pass also finds jobs a parent replayed earlier left cancelled (the
     # same statement, by graph id)
     with core.connection() as c:
         requeued += core.store.requeue_dependents(c, [], graph_id=graph_id, actor=actor or "pgworker")
     out = ReplayedGraph(replayed + requeued)
-    out.replayed, out.requeued = replayed, requeued
+    out.replayed, out.requeued, out.held_by = replayed, requeued, held_by
     return out

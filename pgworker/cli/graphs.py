@@ -36,11 +36,15 @@ def cmd_graphs(args: argparse.Namespace) -> int:
     replayed = app.replay_graph(args.graph_id)
     if args.json:
         emit(args, {"graph_id": args.graph_id, "jobs": sum(states.values()), "replayed": replayed.replayed,
-                    "requeued": replayed.requeued, "states": graphs.graph_states(app.core, args.graph_id)})
+                    "requeued": replayed.requeued, "held_by": {str(k): v for k, v in replayed.held_by.items()},
+                    "states": graphs.graph_states(app.core, args.graph_id)})
     else:
         print(f"graph {args.graph_id}: replayed {quantity(len(replayed.replayed), 'dead job')}, "
               f"{quantity(len(replayed.requeued), 'job')} cancelled by a dead parent wait again"
               + _states_line(graphs.graph_states(app.core, args.graph_id)))
+        for dead, holder in sorted(replayed.held_by.items()):
+            print(f"note: job {dead} stayed dead: its dedupe key is held by job {holder}, which does its work",
+                  file=sys.stderr)
         if not replayed:
             print(f"note: nothing to replay (no dead job, none cancelled by one); `pgworker jobs list --graph "
                   f"{args.graph_id}{schema_flag(app.settings.schema)}` lists the graph", file=sys.stderr)

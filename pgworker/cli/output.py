@@ -12,7 +12,9 @@ from typing import Any, Sequence
 
 # What a terminal acts on rather than shows: C0 (line breaks, tab, ESC...), DEL, C1 (a
 # VT220 reads U+009B as CSI), the Unicode line and paragraph separators, lone surrogates.
-_UNSHOWN = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+# control characters, line and paragraph separators, lone surrogates, and the bidi
+# controls that would reorder what follows them on the operator's screen
+_UNSHOWN = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -45,15 +47,20 @@ def emit(args: argparse.Namespace, rows: Any, columns: Sequence[str] | None = No
         width = max((len(k) for k in rows), default=0)
         for k, v in rows.items():
             if isinstance(v, (list, dict)):
-                # continuation lines start under the value's first line, not at column 0
+                # continuation lines start under the value's first line, not at column 0 (JSON
+                # has escaped every control character already)
                 v = json.dumps(v, default=_jsonable, indent=2).replace("\n", "\n" + " " * (width + 2))
-            print(f"{k.rjust(width)}  {_fmt(v)}")
+                print(f"{k.rjust(width)}  {v}")
+            else:
+                print(f"{k.rjust(width)}  {visible(_fmt(v))}")
         return
     if not rows:
         print("(none)")
         return
     columns = list(columns or rows[0].keys())
-    cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
+    # a cell of stored text (a task or queue name written by another producer) cannot
+    # print escape sequences or a line of its own
+    cells = [[visible(_fmt(r.get(c))) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip())
     for row in cells:

@@ -53,9 +53,10 @@ def wait_for_database(settings: Settings, store: Any, health: Any, received: lis
                 # create the database or right the password, and the next run tries again.
                 # A long-running worker waits, as for an unreachable server: its database
                 # may be created after it starts (/readyz names the refusal meanwhile).
-                raise
+                raise DatabaseRefused(f"{exc}; a drain run does not retry a refusal: fix --dsn (PGWORKER_DSN) "
+                                      "and run again") from None
             reason = describe_failure(exc, settings.dsn)
-            health.db_failed("unreachable", reason[:400])
+            health.db_failed("unreachable", reason)
             if time.monotonic() >= next_log:
                 log.error("%s; retrying with backoff (said again every %.0f s while it lasts)",
                           reason, DATABASE_WAIT_LOG_SECONDS, extra={"action": "db_unavailable"})

@@ -36,7 +36,7 @@ def test_replay_then_cancel_a_graph_from_the_command_line(env, pg_dsn, conn):
     assert "now: 3 pending" in out
     assert states(conn, schema, ids) == {parent: "pending", cancelled_child: "pending", held_child: "pending"}
     again = js(cli(pg_dsn, schema, "graphs", "replay", str(parent), "--json"))
-    assert again == {"graph_id": parent, "jobs": 3, "replayed": [], "requeued": [], "states": {"pending": 3}}
+    assert again == {"graph_id": parent, "jobs": 3, "replayed": [], "requeued": [], "held_by": {}, "states": {"pending": 3}}
 
     done = js(cli(pg_dsn, schema, "graphs", "cancel", str(parent), "--json"))
     assert done == {"graph_id": parent, "jobs": 3, "cancelled": 1, "requested": 0, "states": {"cancelled": 3}}

@@ -191,7 +191,7 @@ def test_a_drain_run_on_a_database_that_does_not_exist_fails_at_once_naming_the_
         logs, summary = d.logs(), json.loads(d.stdout())
     assert time.monotonic() - started < 30, "it gave up at once, not at the 60 s deadline"
     assert 'database "pgworker_no_such_database" does not exist' in logs and "createdb" in logs
-    assert "PGWORKER_DSN" in logs and "not retrying" in logs and summary["result"] == "failed"
+    assert "PGWORKER_DSN" in logs and "does not retry" in logs and summary["result"] == "failed"
     assert "Traceback" not in logs
 
 

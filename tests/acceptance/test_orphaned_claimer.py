@@ -125,3 +125,36 @@ def test_a_claimer_never_starts_a_batched_job_whose_lease_expired(env, pg_dsn, c
     ends = q(conn, schema, "SELECT job_id, lease_token FROM {s}.ledger WHERE event = 'end'")
     assert sorted(job for job, token in ends if (job, token) not in frozen) == sorted(jobs)
     assert "lease lost on job" in p1.logs()
+
+
+@pytest.mark.parametrize("task", ["async_unchecked", "async_converts"])
+def test_a_claimer_claims_nothing_while_its_supervisor_is_stopped(env, pg_dsn, conn, task):
+    """Pod 1's supervisor is stopped (SIGSTOP) past the lease while its only job runs, and
+    no other pod runs: the claimer tells its handler (LEASE_LOST, an attempt spent, the
+    job retried) but claims nothing more until the supervisor ticks again; after SIGCONT
+    the job runs again and succeeds. Before, the claimer claimed the job again at once,
+    under leases nobody renewed, each attempt presumed lost in turn: dead after 3/3. A
+    handler that turns its cancellation into a permanent error of its own is LEASE_LOST
+    too (it was dead, Interrupted)."""
+    schema = env.settings.schema
+    job_id = env.enqueue(task, {"seconds": 8})
+    with Worker(pg_dsn, schema, "--concurrency", "1", *ARGS, name="p1") as p1:
+        wait_until(lambda: ledger(conn, schema, "start"), 30, message="pod 1 started the job")
+        p1.signal(signal.SIGSTOP)  # the supervisor only: its claimer runs on
+        try:
+            wait_until(lambda: ledger(conn, schema, "noticed_lost"), 15,
+                       message=lambda: f"the handler to be told; log:\n{p1.logs()[-3000:]}")
+            time.sleep(LEASE + 2)  # a lease more: the old code had claimed attempt 2 and lost it again
+            during = [r[1] for r in ledger(conn, schema, "start")]
+            [(state, attempts)] = q(conn, schema, "SELECT state::text, attempts FROM {s}.jobs WHERE id = %s", job_id)
+        finally:
+            p1.signal(signal.SIGCONT)
+        assert during == [1], f"attempts started while the supervisor was stopped: {during}"
+        assert (state, attempts) == ("pending", 1), (state, attempts)
+        wait_until(lambda: q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", job_id)
+                   == [("succeeded",)], 60, message=lambda: f"the job to run again; log:\n{p1.logs()[-3000:]}")
+        logs = p1.logs()
+        assert p1.stop() == 0
+    assert "claims nothing until its supervisor ticks again" in logs and "claims again" in logs
+    errors = env.get_job(job_id)["errors"]
+    assert [e.get("code") for e in errors] == ["LEASE_LOST"], errors

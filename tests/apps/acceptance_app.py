@@ -94,6 +94,25 @@ async def async_unchecked(payload, ctx):
     ledger(ctx, "end")
 
 
+class Interrupted(Exception):
+    """What async_converts turns its cancellation into (one of its permanent errors)."""
+
+
+@app.task(name="async_converts", max_attempts=3, retry=FAST, permanent_errors=(Interrupted,))
+async def async_converts(payload, ctx):
+    """As async_unchecked, but a cancellation becomes its own permanent error: the worker
+    must still record the lost lease (LEASE_LOST, retried), not a dead Interrupted."""
+    ledger(ctx, "start")
+    end = time.monotonic() + payload["seconds"]
+    try:
+        while time.monotonic() < end:
+            await asyncio.sleep(0.05)
+    except asyncio.CancelledError:
+        ledger(ctx, "noticed_lost" if ctx.lease_lost else "task_cancelled")
+        raise Interrupted("stopped mid-way") from None
+    ledger(ctx, "end")
+
+
 @app.task(name="crash_after_effect", max_attempts=3, retry=FAST)
 def crash_after_effect(payload, ctx):
     side_effect_once(ctx)

@@ -69,3 +69,18 @@ def test_a_jobs_list_filter_that_matches_nothing_names_the_close_name(app, pg_ds
     for args in (["--task", "add", "--state", "dead"], ["--task", "zzzzzz"], ["--queue", "reports"]):
         assert main(["jobs", "list", *args, *flags(app, pg_dsn)]) == 0
         assert "did you mean" not in capsys.readouterr().err, args
+
+
+def test_a_table_prints_stored_control_characters_as_escapes(app, pg_dsn, conn, capsys):
+    """A task or queue name written by another producer (raw SQL here) with an escape
+    sequence, a line break or a bidi override printed raw in `jobs list` (`jobs show`
+    escaped it): it could retitle the terminal, colour it or forge a line."""
+    from psycopg import sql
+
+    conn.execute(sql.SQL("INSERT INTO {}.jobs (queue, task, payload) VALUES (%s, %s, '{{}}')").format(
+        sql.Identifier(app.settings.schema)), ["q\x1b[31mRED", "task\x1b]0;pwned\x07\nFAKE LINE\u202eevil"])
+    assert main(["jobs", "list", *flags(app, pg_dsn)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out and "\x07" not in out
+    assert "task\\x1b]0;pwned\\x07\\nFAKE LINE\\u202eevil" in out and "q\\x1b[31mRED" in out
+    assert len(out.splitlines()) == 2  # the header and the one row

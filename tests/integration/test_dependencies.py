@@ -223,7 +223,7 @@ def test_a_graph_with_more_dead_jobs_than_one_replay_takes_is_replayed_whole(app
             dead.append(job.id)
     replayed = app.replay_graph(ids[0])
     assert sorted(replayed) == sorted(ids[1:]) == sorted(replayed.replayed)
-    assert q_states(conn, schema, ids[1:]) == {"pending": 1001}
+    assert q_states(conn, schema, ids[1:]) == {"pending": 1001} and replayed.held_by == {}
 
 
 def q_states(conn, schema, ids):

@@ -81,7 +81,9 @@ def jobs_data(ctx: Any, params: Any) -> dict[str, Any]:
                 last = rows[-1]
                 key = {"due": "run_at", "lease": "lease_expires_at", "finished": "finished_at"}[sort]
                 out["next_cursor"] = f"{last[key].isoformat()}|{last['id']}"
-        if not rows and job_filter.queue is not None:
+        if not rows and job_filter.queue is not None and job_filter.state in (None, "pending", "running", "dead"):
+            # the known names are the queues with jobs due, running or dead (and configured
+            # ones): a queue of succeeded jobs alone is not among them, so no hint there
             out["queue_hint"] = _closest_queue(ctx.store, c, job_filter.queue)
     out["jobs"] = rows
     return out

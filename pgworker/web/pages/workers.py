@@ -26,7 +26,7 @@ def workers_data(ctx: Any) -> dict[str, Any]:
         pod["status"] = pod_status(pod, renew_interval)
         pod["holding"] = sum(int(cl.get("holding", 0)) for cl in pod["claimers"])
     alive = [p for p in pods if p["status"] == "alive"]
-    return {"pods": pods, "alive": len(alive), "gone_after": gone_after, "renew_interval": renew_interval,
+    return {"pods": pods, "alive": len(alive), "gone_after": gone_after,
             "claimers": sum(len(p["claimers"]) for p in alive), "holding": sum(p["holding"] for p in alive)}
 
 

@@ -189,16 +189,22 @@ class Executor:
         if timeout is not None:
             coro = asyncio.wait_for(coro, timeout)
         try:
-            return self.loop.run_until_complete(_cancellable(coro, ctx))
+            result = self.loop.run_until_complete(_cancellable(coro, ctx))
         except asyncio.TimeoutError:
             raise HandlerTimeout(f"handler exceeded its timeout of {timeout} s") from None
         except BaseException:
             self._discard_loop_if_dirty()
             raise
+        if ctx.lease_lost or ctx.cancel_requested:
+            # told to stop, it returned anyway: what it left running (a shielded task) must
+            # not resume inside the next job
+            self._discard_loop_if_dirty()
+        return result
 
     def _discard_loop_if_dirty(self) -> None:
-        """A loop with tasks left over (an exception escaped ``run_until_complete``) would
-        resume them inside the next job: cancel them and start the next job on a new loop."""
+        """A loop with tasks left over (an exception escaped ``run_until_complete``, or a
+        handler told to stop returned) would resume them inside the next job: cancel them
+        and start the next job on a new loop."""
         loop = self.loop
         if loop is None or not asyncio.all_tasks(loop):
             return
@@ -251,19 +257,30 @@ class Executor:
                             extra={"action": "job_failed", "job_id": job.id, "queue": job.queue})
                 return Outcome(job, slot, FAIL, "dead", elapsed, code=exc.code, permanent=True,
                                message=bounded_message(str(exc), self.max_chars))
+            if self.table.flags(slot, job.id)[0]:
+                log.warning("job %s: the handler returned after it was told its lease is lost (attempt %s, "
+                            "token %s); its success is written only if the fence still accepts it", job.id,
+                            job.attempt, job.lease_token,
+                            extra={"action": "success_after_lost", "job_id": job.id, "queue": job.queue})
             return Outcome(job, slot, COMPLETE, "succeeded", elapsed, result=encoded)
-        if self.table.flags(slot, job.id)[1] or isinstance(error, JobCancelled):
+        lost, cancel = self.table.flags(slot, job.id)
+        if cancel or isinstance(error, JobCancelled):
             return Outcome(job, slot, CANCEL, "cancelled", elapsed, code="CANCELLED")
         policy_delay = task.retry.delay(job.attempt)
         if isinstance(error, Snooze):  # a value that is not a number waits the backoff, never 0 s
             delay = bounded_delay(error.seconds, job, "Snooze", policy_delay)
             return Outcome(job, slot, SNOOZE, "snoozed", elapsed, delay=delay)
-        if isinstance(error, LeaseLost):
+        if isinstance(error, LeaseLost) or lost:
+            # A handler told its lease is lost may stop by raising anything (an async one's
+            # CancelledError turned into its own error, which its task's permanent_errors
+            # would have made dead): the loss is why it stopped, so it is LEASE_LOST, retried.
             log.warning("job %s stopped: its lease was lost (attempt %s, token %s); the failure is written "
                         "only if the job is still ours", job.id, job.attempt, job.lease_token,
                         extra={"action": "lease_lost", "job_id": job.id, "queue": job.queue})
+            said = str(error) if isinstance(error, LeaseLost) else \
+                f"its lease was lost, and the handler then raised {type(error).__name__}: {error}"
             return Outcome(job, slot, FAIL, "retried" if job.attempt < job.max_attempts else "dead", elapsed,
-                           code=LEASE_LOST, message=bounded_message(str(error), self.max_chars),
+                           code=LEASE_LOST, message=bounded_message(redact(said, *self.secrets), self.max_chars),
                            delay=policy_delay)
         failure = classify(error, permanent_types=task.permanent_errors, classifier=self.app.classify_error,
                            max_chars=self.max_chars, secrets=self.secrets)

@@ -61,6 +61,34 @@ class SupervisorSentinel:
         return os.getppid() != self.parent_pid
 
 
+#: How often a claimer waiting for a quiet supervisor looks again (seconds).
+SUPERVISOR_WAIT_POLL_SECONDS = 0.2
+
+
+def wait_for_supervisor(table: SlotTable, terms: LeaseTerms, should_stop: Callable[[], bool],
+                        beat: Callable[[], None], index: int) -> bool:
+    """Claim nothing while the supervisor is stopped or late: no tick for a renewal
+    interval (its tick writes the table's ``supervisor_at`` every 0.2 s). It would renew
+    none of the new leases, and each job claimed would be presumed lost a lease later
+    with its attempt spent: a pod whose supervisor was stopped (SIGSTOP) past a lease
+    spent every attempt of its jobs that way, claiming one after another. Returns
+    whether it waited; it resumes at the supervisor's next tick, and stops waiting when
+    ``should_stop()`` (a supervisor gone is one). ``beat()`` keeps the loop's own
+    heartbeat going (waiting is not a stalled loop)."""
+    limit = terms.renew_interval_seconds
+    quiet = table.supervisor_quiet(time.monotonic())
+    if quiet < limit:
+        return False
+    log.warning("claimer %s claims nothing until its supervisor ticks again: no tick for %.1f s (the "
+                "supervisor is stopped or late; it would renew no new lease)", index, quiet,
+                extra={"action": "supervisor_quiet"})
+    while not should_stop() and table.supervisor_quiet(time.monotonic()) >= limit:
+        beat()
+        time.sleep(SUPERVISOR_WAIT_POLL_SECONDS)
+    log.info("claimer %s claims again: its supervisor ticks", index, extra={"action": "supervisor_back"})
+    return True
+
+
 class LeaseWatch:
     """Marks this claimer's leases lost when its supervisor cannot (see the module).
 

@@ -42,7 +42,7 @@ from .completer import Completer
 from .connection import ClaimerConnection
 from .due_later import DueLater
 from .executor import Executor
-from .lease_watch import LeaseWatch, SupervisorSentinel
+from .lease_watch import LeaseWatch, SupervisorSentinel, wait_for_supervisor
 from .planner import Planner
 from .recycle import recycle_due
 from .runner import Runner
@@ -134,6 +134,10 @@ class Claimer(Planner, Runner):
             self.stopping = True
         return self.stopping
 
+    def _beat(self) -> None:
+        self.table.beat()
+        self.metrics.loop_heartbeat()
+
     def _supervisor_gone(self) -> bool:
         return self.supervisor.gone()
 
@@ -145,6 +149,8 @@ class Claimer(Planner, Runner):
                 self.metrics.loop_heartbeat()
                 if not self.db.ensure():
                     continue
+                if wait_for_supervisor(self.table, self.lease_terms, self.should_stop, self._beat, self.index):
+                    continue  # look again: stopping, or the supervisor ticks
                 seen = self.signals.generation if self.signals is not None else 0
                 round_started = time.monotonic()
                 found = self.claim_round()

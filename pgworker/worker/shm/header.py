@@ -25,6 +25,16 @@ class HeaderAccess:
         if idle is not None:
             self.header.idle = 1 if idle else 0
 
+    def supervisor_beat(self, now: float | None = None) -> None:
+        """The supervisor ticked (monotonic clock): it renews this claimer's leases."""
+        self.header.supervisor_at = time.monotonic() if now is None else now
+
+    def supervisor_quiet(self, now: float) -> float:
+        """Seconds since the supervisor's last tick (0.0 when none has ever ticked: a
+        claimer with no supervisor, run in a test's thread)."""
+        at = self.header.supervisor_at
+        return max(0.0, now - at) if at else 0.0
+
     def count(self, outcome: str, n: int = 1) -> None:
         """Add ``n`` to one of OUTCOME_FIELDS."""
         with self.lock:  # the claimer's main and flusher threads both account their flushes

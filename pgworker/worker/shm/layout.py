@@ -76,6 +76,7 @@ class Header(ctypes.Structure):
 
     _fields_ = [
         ("loop_at", ctypes.c_double),        # last claimer loop iteration (monotonic)
+        ("supervisor_at", ctypes.c_double),  # the supervisor's last tick (monotonic; 0: none watches)
         ("idle", ctypes.c_int32),            # waiting for a wake-up
         ("drained", ctypes.c_int32),         # last claim round found nothing due (drain mode)
         ("stopping", ctypes.c_int32),        # asked to stop claiming

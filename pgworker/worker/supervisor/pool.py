@@ -77,6 +77,8 @@ class ClaimerPool:
         self.mp = mp
         self.handles = [ClaimerHandle(i, SlotTable(capacity, mp)) for i in range(count)]
         self.tables = [h.table for h in self.handles]
+        for table in self.tables:  # alive from the start: a claimer waits for a quiet supervisor
+            table.supervisor_beat()
         self.start_process = start_process
 
     def start(self) -> None:

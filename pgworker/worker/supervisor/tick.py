@@ -43,6 +43,8 @@ class Tick(SupervisorState):
                     self._begin_stop(reason)
             for h in self.pool.exited():
                 self._claimer_gone(h)
+            for table in self.pool.tables:  # alive: this pod's leases are renewed (claims wait otherwise)
+                table.supervisor_beat(now)
             clock.tick(now)
             # timeouts hold while the pod stops too: a job past its limit fails TIMEOUT then
             # as ever (during the grace it once ran on, and its attempt was given back)
