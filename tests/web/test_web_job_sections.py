@@ -100,6 +100,12 @@ def test_a_jobs_list_filtered_on_a_misspelt_queue_names_the_closest_queue(app, p
         typo = server.get("/jobs?queue=emials").text
         right = server.get("/jobs?queue=emails").text
         nothing_close = server.get("/jobs?queue=zzzzzz").text
+        # no queue in the filter, nothing matched: no hint, and no error (the page once failed
+        # on the hint it did not compute, HTTP 500)
+        no_queue = server.get('/jobs?payload={"user":-1}')
+        bad_filter = server.get("/jobs?state=nope")
+    assert no_queue.status_code == 200 and 'id="no-jobs"' in no_queue.text, no_queue.text[-2000:]
+    assert bad_filter.status_code == 400
     assert 'id="queue-hint"' in typo and ">emails</a>" in typo and "queue=emails" in typo
     assert 'id="queue-hint"' not in right and 'id="queue-hint"' not in nothing_close
 

@@ -58,7 +58,8 @@ def jobs_data(ctx: Any, params: Any) -> dict[str, Any]:
     cursor = params.get("cursor") or ""
     limit = cfg.page_size
     out: dict[str, Any] = {"filter": job_filter, "sort": sort, "cursor": cursor, "window": None,
-                           "next_cursor": None, "cap": cfg.count_cap, "form": dict(params)}
+                           "next_cursor": None, "cap": cfg.count_cap, "form": dict(params),
+                           "queue_hint": None}
     with ctx.app.connection() as c:
         out["estimate"] = ctx.store.console_jobs_estimate(c)
         if sort == "newest":
@@ -164,7 +165,8 @@ async def jobs(request: Request) -> Response:
         data = await ctx.db(jobs_data, ctx, request.query_params)
     except FilterError as exc:  # the form again, with what to fix
         data = {"error": str(exc), "form": dict(request.query_params), "sort": request.query_params.get("sort"),
-                "filter": JobFilter(), "jobs": [], "window": None, "next_cursor": None, "estimate": None}
+                "filter": JobFilter(), "jobs": [], "window": None, "next_cursor": None, "estimate": None,
+                "queue_hint": None}
         return console.render(ctx, "jobs.html", data, status=400)
     return console.render(ctx, "jobs.html", data)
 
