@@ -5,10 +5,11 @@
 pg_stat_statements needs ``shared_preload_libraries``, which a shared server's
 configuration must not be changed for; so this makes its own cluster (initdb, as the
 ``postgres`` user through runuser when run as root), starts it on a free port with the
-library preloaded and the server defaults otherwise (synchronous_commit on), drains
+library preloaded (planning tracked too) and the server defaults otherwise
+(synchronous_commit on), drains
 ``--jobs`` no-op jobs with ``pgworker run --drain`` (metrics on, tracing SDK) and then
 with pgbench running the same two statements, and prints per statement: calls, rows per
-call, mean and total execution time. The cluster is stopped and deleted at the end.
+call, mean and total execution time, the calls planned and their planning time. The cluster is stopped and deleted at the end.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class Cluster:
         subprocess.run(self.prefix + [f"{self.bindir}/pg_ctl", "-D", self.data, "-w", "-l", f"{self.data}/log",
                                       "-o", f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1 "
                                             "-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all "
+                                            "-c pg_stat_statements.track_planning=on "
                                             "-c max_connections=50",
                                       "start"], check=True, capture_output=True)
         with connect(self.dsn) as conn:
@@ -71,15 +73,15 @@ class Cluster:
         shutil.rmtree(self.data, ignore_errors=True)
 
 
-def top(dsn: str, limit: int = 6) -> list[tuple[str, int, float, float, float]]:
+def top(dsn: str, limit: int = 6) -> list[tuple[str, int, float, float, float, int, float]]:
     with connect(dsn) as conn:
         rows = conn.execute(
             "SELECT regexp_replace(left(query, 400), '\\s+', ' ', 'g'), calls, rows::float8 / greatest(calls, 1), "
-            "mean_exec_time, total_exec_time FROM pg_stat_statements "
+            "mean_exec_time, total_exec_time, plans, total_plan_time FROM pg_stat_statements "
             "WHERE query NOT ILIKE '%%pg_stat_statements%%' "
             # the fills, migrations and schema drops are set-up, not the drain
             "AND query !~* '^\\s*(insert|vacuum|create|drop|alter|comment|with ins|select pg_advisory|select count)' "
-            "ORDER BY total_exec_time DESC LIMIT %s", [limit]).fetchall()
+            "ORDER BY total_exec_time + total_plan_time DESC LIMIT %s", [limit]).fetchall()
     return rows
 
 
@@ -95,12 +97,17 @@ def _label(query: str) -> str:
     return query[:60]
 
 
-def report(title: str, rows: list[tuple[str, int, float, float, float]], jobs: int, seconds: float) -> None:
+def report(title: str, rows: list[tuple[str, int, float, float, float, int, float]], jobs: int,
+           seconds: float) -> None:
     print(f"\n### {title}: {jobs:,} jobs in {seconds:.2f} s ({jobs / seconds:,.0f} jobs/s)\n")
-    print("| statement | calls | rows/call | mean ms | total ms | µs per job |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for q, calls, rpc, mean, total in rows:
-        print(f"| {_label(q)} | {calls:,} | {rpc:.1f} | {mean:.3f} | {total:,.0f} | {1000 * total / jobs:.1f} |")
+    # plans: the calls that were planned (a prepared statement on a cached generic plan is
+    # not); planning time is not in the execution time
+    print("| statement | calls | rows/call | mean ms | total ms | µs per job | plans | planning ms | "
+          "planning µs per job |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for q, calls, rpc, mean, total, plans, plan_ms in rows:
+        print(f"| {_label(q)} | {calls:,} | {rpc:.1f} | {mean:.3f} | {total:,.0f} | {1000 * total / jobs:.1f} | "
+              f"{plans:,} | {plan_ms:,.0f} | {1000 * plan_ms / jobs:.1f} |")
 
 
 def main() -> None:
