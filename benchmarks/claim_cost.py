@@ -60,6 +60,23 @@ VARIANTS: dict[str, tuple[str, list[tuple[str, str]]]] = {
                  AND a.tokens - (SELECT count(*) FROM claimed) < 1""", """       CASE WHEN false""")]),
     "x-no-unblock": ("ablation: unblock_wait_seconds NULL", [(
         """CASE WHEN j.unblocked_at IS NOT NULL AND j.attempts = 1 THEN""", "CASE WHEN false THEN")]),
+    "x-no-walk": ("ablation: ranked_top as one ordered scan, no priority walk (reads jobs scheduled later)", [(
+        """    SELECT c.id
+    FROM priorities AS p
+    CROSS JOIN LATERAL (
+        SELECT id
+        FROM {s}.jobs
+        WHERE queue = %(queue)s AND state = 'pending' AND NOT blocked
+          AND priority = p.priority AND run_at <= now()
+          AND id NOT IN (SELECT id FROM aged)
+        ORDER BY run_at, id""", """    SELECT c.id
+    FROM (
+        SELECT id
+        FROM {s}.jobs
+        WHERE queue = %(queue)s AND state = 'pending' AND NOT blocked
+          AND run_at <= now()
+          AND id NOT IN (SELECT id FROM aged)
+        ORDER BY priority DESC, run_at, id""")]),
     "x-no-rest": ("ablation: no ranked_rest", [(
         "    UNION ALL SELECT id FROM ranked_rest))", "))")]),
 }

@@ -110,11 +110,32 @@ def report(title: str, rows: list[tuple[str, int, float, float, float, int, floa
               f"{plans:,} | {plan_ms:,.0f} | {1000 * plan_ms / jobs:.1f} |")
 
 
+def compare(other: str, jobs: int, claimers: int, repeat: int) -> None:
+    """Drains of ``other`` (a checkout) and of this code, interleaved on one cluster."""
+    with Cluster() as cluster:
+        for r in range(repeat):
+            for label, root in ((f"{other}", os.path.abspath(other)), ("this checkout", None)):
+                with BenchSchema(cluster.dsn, "sqlprof", code_root=root) as s:
+                    s.fill(jobs)
+                    with connect(cluster.dsn) as conn:
+                        conn.execute("SELECT pg_stat_statements_reset()")
+                    d = drain(s, concurrency=claimers, obs=Observability("sdk"), code_root=root)
+                    report(f"round {r + 1}, {label}: pgworker run --drain, {claimers} claimers, defaults",
+                           top(cluster.dsn), d.jobs, d.seconds)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", type=int, default=100_000)
     p.add_argument("--claimers", type=int, default=4)
+    p.add_argument("--compare-with", metavar="CHECKOUT",
+                   help="another commit's checkout: drains of it and of this one, interleaved "
+                        "(--repeat rounds), and no pgbench")
+    p.add_argument("--repeat", type=int, default=1)
     a = p.parse_args()
+    if a.compare_with:
+        compare(a.compare_with, a.jobs, a.claimers, a.repeat)
+        return
     with Cluster() as cluster:
         with connect(cluster.dsn) as conn:
             conn.execute("SELECT pg_stat_statements_reset()")
