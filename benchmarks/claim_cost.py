@@ -1,11 +1,13 @@
 """The claim statement's server cost, variant against variant, in one interleaved run.
 
     python -m benchmarks.claim_cost [--dsn DSN] [--jobs 20000] [--batch 100]
-        [--priorities 1] [--variant today,ref,...] [--json FILE]
+        [--priorities 1] [--variant today,ref,...] [--plan-cache-mode MODE] [--json FILE]
 
 Each variant gets its own scratch schema filled with ``--jobs`` due jobs (spread over
-``--priorities`` priorities) and its own connection, prepared statements on as a
-claimer's are. Then, round by round, every variant claims one batch of ``--batch`` and
+``--priorities`` priorities) and its own connection, prepared statements on (psycopg's
+default threshold) and the server's plan_cache_mode unless ``--plan-cache-mode`` or the
+variant (``SESSION``: today-generic, today-custom) sets it; ``today`` thus shows the
+plan cache's own choice, which the table shows as generic/custom plans. Then, round by round, every variant claims one batch of ``--batch`` and
 completes it (pgworker's job_complete; the reference its own), the variants' order
 rotating each round, so a neighbour's load on a shared machine falls on all alike.
 Per claim and per completion it reads the backend's CPU from /proc/<pid>/schedstat
@@ -15,8 +17,10 @@ TIMING OFF) instead: the shared buffers it touched (hits + reads, a count no
 neighbour's load changes) and the executor's time. Prints, per variant, the medians:
 claim CPU µs per call and per job, completion µs per job, buffers per claim.
 
-Variants (``VARIANTS``) are text replacements in job_claim, for issue 23's experiments;
-``ref`` is the minimal lease queue (benchmarks/reference.py).
+Variants (``VARIANTS``) are text replacements in job_claim, for issue 23's experiments
+(``x-*``: ablations, each dropping one part and its guarantee, to attribute the cost);
+``simple`` is the seeds' one-statement claim on pgworker's table, ``ref`` the minimal
+lease queue (benchmarks/reference.py). Needs a local server (/proc of its backends).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import json
 import re
 import statistics
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import psycopg
 from psycopg import sql
@@ -181,21 +185,26 @@ class Subject:
 
     def _explain(self, text: str) -> dict[str, Any]:
         """The claim's EXPLAIN as its prepared executions are planned: a generic plan when
-        the server chose one for them (then through PREPARE and EXPLAIN EXECUTE under
-        force_generic_plan), else a custom plan with the values bound."""
+        the server made one for them (then through PREPARE and EXPLAIN EXECUTE under
+        force_generic_plan; a plan cache that flipped to custom plans reads the same
+        buffers), else a custom plan with the values bound."""
         conn = self.conn
         if not self.generic():
-            return conn.execute(text, self.params()).fetchone()[0][0]  # type: ignore[index, no-any-return]
+            row = conn.execute(text, self.params()).fetchone()
+            assert row is not None
+            return cast(dict[str, Any], row[0][0])
         names, body = self._numbered()
         if not self.prepared:
-            conn.execute(sql.SQL("PREPARE cc_claim AS {}").format(sql.SQL(body)))  # type: ignore[arg-type]
+            conn.execute(sql.SQL("PREPARE cc_claim AS {}").format(sql.SQL(body)))
             self.prepared = True
         p = self.params()
         with conn.transaction():
             conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
             args = sql.SQL(", ").join(sql.Literal(p[n]) for n in names)
-            return conn.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) EXECUTE cc_claim ({})")
-                                .format(args)).fetchone()[0][0]  # type: ignore[index, no-any-return]
+            row = conn.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) EXECUTE cc_claim ({})")
+                               .format(args)).fetchone()
+            assert row is not None
+            return cast(dict[str, Any], row[0][0])
 
     def _numbered(self) -> tuple[list[str], str]:
         """The claim with $n placeholders as psycopg sends it (numbered by first use)."""

@@ -82,16 +82,17 @@ SELECT name FROM {schema}.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 -- every finished row; ORDER BY run_at makes it one descent of jobs_due_idx. CASE is
 -- lazy, so it runs only when the bucket is dry.
 --
--- Plans: every choice above holds without the parameters' values (no arm depends on the
--- queue's name or the batch size to pick its index), and the claimer's session runs it on
--- its generic plan (pgworker.db.use_generic_plans): planning it costs about 1.3 ms, half
--- again a claim of 100, and PostgreSQL left to choose replanned it at most calls of a
--- drain. On that plan a claim of 100 costs the server about 26 µs per job
--- (benchmarks/claim_cost.py; the seeds' one-statement claim on this table about 23, on
--- the minimal table about 15: the rest is the table's rows and indexes). Measured and not
--- worth their guarantees or their complexity: the aging arm when no bound is set, the
--- final sort, ranked_rest when the walk did not stop at its cap, retry_after_seconds and
--- unblock_wait_seconds each cost under 1.5 µs per job (docs/benchmarks.md).
+-- Plans: every choice above holds without the parameters' values (no arm needs the
+-- queue's name or the batch size to pick its index), and the claimer's session runs the
+-- statement on its generic plan (pgworker.db.use_generic_plans): planning it costs about
+-- 1.3 ms, half a claim of 100 again, and PostgreSQL left to choose planned most claims
+-- of a drain anew (1,261 of 1,433). Dropped one at a time (benchmarks/claim_cost.py,
+-- docs/benchmarks.md), no part above costs more than about 2.5 µs per job of a claim of
+-- 100 (33.5 µs on the generic plan in that run): the walk, the final sort, ranked_rest,
+-- retry_after_seconds, unblock_wait_seconds, and the aging arm without a bound (under
+-- 1 µs, within the noise: not worth a second statement chosen per queue). The seeds'
+-- one-statement claim on this table costs 28.3 µs: the rest is the table's rows and
+-- indexes, not this statement.
 WITH RECURSIVE gate AS (
     SELECT coalesce(q.paused_at IS NOT NULL, false) AS paused,
            coalesce(q.concurrency_limit IS NOT NULL OR q.rate_per_second IS NOT NULL, false) AS limited,
