@@ -298,9 +298,9 @@ def use_generic_plans(conn: psycopg.Connection) -> bool:
     lists, LIMITs the planner cannot read), and left to choose (``auto``), PostgreSQL
     replans the claim at every call whenever the generic plan, costed again after an
     ANALYZE or VACUUM on a table that has grown since, estimates more than the average of
-    the custom plans it made when the statement was new: in a drain of 100,000 jobs, 996
-    of 1,361 claims were planned anew, about 1.3 ms of planning each
-    (docs/benchmarks.md). Not set without prepared statements (every statement is
+    the custom plans it made when the statement was new: in drains of 100,000 jobs, 1,261
+    of 1,433 claims were planned anew (about 1.3 ms of planning each on a quiet machine;
+    docs/benchmarks.md). Not set without prepared statements (every statement is
     planned anyway) or behind a transaction pooler (a session setting does not stick)."""
     if conn in POOLED or conn.prepare_threshold is None:
         return False
