@@ -118,16 +118,22 @@ class Subject:
             self.conn.execute(SESSION[name][1])
         elif plan_cache_mode and name != "ref":
             self.conn.execute(sql.SQL("SET plan_cache_mode = {}").format(sql.Identifier(plan_cache_mode)))
+        self.schema_cm: Any = RefSchema(dsn) if name == "ref" else BenchSchema(dsn, f"cc_{name.replace('-', '_')}")
+        self.schema_cm.__enter__()
+        try:
+            self._build(dsn, jobs, priorities)
+        except BaseException:  # a variant that does not apply: its schema goes too
+            self.close()
+            raise
+
+    def _build(self, dsn: str, jobs: int, priorities: int) -> None:
+        name = self.name
         if name == "ref":
-            self.schema_cm: Any = RefSchema(dsn)
-            self.schema_cm.__enter__()
             self.schema_cm.fill(jobs)
             s = sql.Identifier(self.schema_cm.name)
             self.claim_q = sql.SQL(REF_CLAIM).format(s=s).as_string(self.conn)
             self.complete_q = sql.SQL(REF_COMPLETE).format(s=s).as_string(self.conn)
         else:
-            self.schema_cm = BenchSchema(dsn, f"cc_{name.replace('-', '_')}")
-            self.schema_cm.__enter__()
             self.schema_cm.fill(jobs)
             if priorities > 1:
                 with psycopg.connect(dsn, autocommit=True) as c:
@@ -260,8 +266,10 @@ class Subject:
 
 def run(dsn: str, names: list[str], jobs: int, batch: int, priorities: int, explain_every: int,
         plan_cache_mode: str | None = None) -> dict[str, dict[str, float]]:
-    subjects = [Subject(dsn, n, jobs, priorities, batch, plan_cache_mode) for n in names]
+    subjects: list[Subject] = []
     try:
+        for n in names:  # inside the try: a variant that fails to build drops the schemas made
+            subjects.append(Subject(dsn, n, jobs, priorities, batch, plan_cache_mode))
         live, r = list(subjects), 0
         while live:
             order = live[r % len(live):] + live[:r % len(live)]
