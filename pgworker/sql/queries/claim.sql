@@ -81,6 +81,18 @@ SELECT name FROM {schema}.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 -- estimates that a sequential scan finds a pending row at once and picks it, through
 -- every finished row; ORDER BY run_at makes it one descent of jobs_due_idx. CASE is
 -- lazy, so it runs only when the bucket is dry.
+--
+-- Plans: every choice above holds without the parameters' values (no arm needs the
+-- queue's name or the batch size to pick its index), and the claimer's session runs the
+-- statement on its generic plan (pgworker.db.use_generic_plans): planning it costs about
+-- 1.3 ms, half a claim of 100 again, and PostgreSQL left to choose planned most claims
+-- of a drain anew (1,261 of 1,433). Dropped one at a time (benchmarks/claim_cost.py,
+-- docs/benchmarks.md), no part above costs more than about 2.5 µs per job of a claim of
+-- 100 (33.5 µs on the generic plan in that run): the walk, the final sort, ranked_rest,
+-- retry_after_seconds, unblock_wait_seconds, and the aging arm without a bound (under
+-- 1 µs, within the noise: not worth a second statement chosen per queue). The seeds'
+-- one-statement claim on this table costs 28.3 µs: the rest is the table's rows and
+-- indexes, not this statement.
 WITH RECURSIVE gate AS (
     SELECT coalesce(q.paused_at IS NOT NULL, false) AS paused,
            coalesce(q.concurrency_limit IS NOT NULL OR q.rate_per_second IS NOT NULL, false) AS limited,

@@ -2,7 +2,8 @@
 
 One statement sequence at a time (``lock``); opened with the worker's session bounds
 (keepalives and ``tcp_user_timeout`` from the lease, ``statement_timeout``,
-``lock_timeout``), the opt-in ``synchronous_commit``, and a JSON decoder that turns a
+``lock_timeout``), its prepared statements on their generic plans
+(:func:`pgworker.db.use_generic_plans`), the opt-in ``synchronous_commit``, and a JSON decoder that turns a
 payload Python cannot decode into a value its job fails on, instead of failing every
 claim of its queue. After a lost connection it reconnects with the runtime's one
 backoff, and logs the outage once.
@@ -19,7 +20,7 @@ import psycopg
 from psycopg.types.json import set_json_loads
 
 from ...config import Settings
-from ...db import POOLED, OutageLog, close_quietly, connect, set_session_timeouts, worker_params
+from ...db import POOLED, OutageLog, close_quietly, connect, set_session_timeouts, use_generic_plans, worker_params
 from ...errors import DatabaseUnavailable
 from ...jobs import safe_json_loads
 from ..service import Backoff, drop_connection
@@ -67,6 +68,8 @@ class ClaimerConnection:
             set_json_loads(safe_json_loads, conn)
             set_session_timeouts(conn, statement_timeout=s.statement_timeout_seconds,
                                  lock_timeout=s.lock_timeout_seconds)
+            # the claim on its cached plan, never planned again at each call (about 1.3 ms)
+            use_generic_plans(conn)
             if s.synchronous_commit:
                 if conn in POOLED:
                     log.warning("claimer %s: synchronous_commit is a session setting, which a transaction "
