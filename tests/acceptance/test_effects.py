@@ -35,7 +35,9 @@ def enqueue(env, payload, task="order"):
 def test_a_stale_handler_taken_over_commits_nothing_and_is_told(env, pg_dsn, conn, task):
     """SIGSTOP past the lease while another pod claims and finishes: exactly one of the
     two inserts is committed (the second owner's), and the stale handler got LeaseLost
-    (sync ctx.transaction(), and an async handler's ctx.atransaction())."""
+    (sync ctx.transaction(), and an async handler's ctx.atransaction()), or, async, had
+    its task cancelled first (the pod's lease watch marked the lease lost at SIGCONT
+    before the handler reached its transaction: either comes first)."""
     schema = env.settings.schema
     make_orders(pg_dsn, schema)
     job_id = enqueue(env, {"seconds": 4}, task)
@@ -52,8 +54,8 @@ def test_a_stale_handler_taken_over_commits_nothing_and_is_told(env, pg_dsn, con
                    message=lambda: f"A's stale handler was told; log:\n{a.logs()[-3000:]}")
         assert a.stop() == 0
     assert q(conn, schema, "SELECT job_id, lease_token FROM {s}.orders") == [(job_id, 2)]
-    assert q(conn, schema, "SELECT lease_token, note FROM {s}.ledger WHERE event = 'told_lease_lost'") == \
-        [(1, "complete_in_transaction")]
+    told = q(conn, schema, "SELECT lease_token, note FROM {s}.ledger WHERE event = 'told_lease_lost'")
+    assert told in ([(1, "complete_in_transaction")], [(1, "task_cancelled")] if task == "aorder" else []), told
     assert q(conn, schema, "SELECT state::text, lease_token, attempts FROM {s}.jobs WHERE id = %s", job_id) == \
         [("succeeded", 2, 2)]
 

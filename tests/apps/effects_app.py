@@ -137,15 +137,18 @@ async def aorder(payload, ctx):
 
     ledger(ctx, "start")
     end = time.monotonic() + payload.get("seconds", 0)
-    while time.monotonic() < end:
-        ctx.heartbeat()
-        await asyncio.sleep(0.05)
     try:
+        while time.monotonic() < end:
+            ctx.heartbeat()
+            await asyncio.sleep(0.05)
         async with ctx.atransaction() as conn:
             await conn.execute(sql.SQL("INSERT INTO {}.orders (job_id, lease_token, attempt, pid) "
                                        "VALUES (%s, %s, %s, %s)").format(SCHEMA),
                                [ctx.job_id, ctx.lease_token, ctx.attempt, os.getpid()])
     except pgworker.LeaseLost as exc:
         ledger(ctx, "told_lease_lost", exc.operation)
+        raise
+    except asyncio.CancelledError:  # the worker cancels the task of a lease it marked lost
+        ledger(ctx, "told_lease_lost" if ctx.lease_lost else "task_cancelled", "task_cancelled")
         raise
     ledger(ctx, "committed")
