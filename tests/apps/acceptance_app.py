@@ -78,11 +78,10 @@ def checking(payload, ctx):
     ledger(ctx, "end")
 
 
-@app.task(name="async_unchecked", max_attempts=3, retry=FAST)
-async def async_unchecked(payload, ctx):
-    """Await payload['seconds'] in 50 ms sleeps and never look at its context: the
-    worker cancels its task when the lease is lost. Records start, then end, or
-    noticed_lost when the cancellation came with the lease lost (re-raised)."""
+async def _await_unchecked(payload, ctx, converted=None):
+    """Await payload['seconds'] in 50 ms sleeps, never looking at the context; record
+    start, then end, or noticed_lost when the worker cancelled the task with the lease
+    lost (task_cancelled otherwise), re-raising the cancellation or ``converted``."""
     ledger(ctx, "start")
     end = time.monotonic() + payload["seconds"]
     try:
@@ -90,8 +89,16 @@ async def async_unchecked(payload, ctx):
             await asyncio.sleep(0.05)
     except asyncio.CancelledError:
         ledger(ctx, "noticed_lost" if ctx.lease_lost else "task_cancelled")
-        raise
+        if converted is None:
+            raise
+        raise converted from None
     ledger(ctx, "end")
+
+
+@app.task(name="async_unchecked", max_attempts=3, retry=FAST)
+async def async_unchecked(payload, ctx):
+    """Never checks its context: the worker cancels its task when the lease is lost."""
+    await _await_unchecked(payload, ctx)
 
 
 class Interrupted(Exception):
@@ -102,15 +109,7 @@ class Interrupted(Exception):
 async def async_converts(payload, ctx):
     """As async_unchecked, but a cancellation becomes its own permanent error: the worker
     must still record the lost lease (LEASE_LOST, retried), not a dead Interrupted."""
-    ledger(ctx, "start")
-    end = time.monotonic() + payload["seconds"]
-    try:
-        while time.monotonic() < end:
-            await asyncio.sleep(0.05)
-    except asyncio.CancelledError:
-        ledger(ctx, "noticed_lost" if ctx.lease_lost else "task_cancelled")
-        raise Interrupted("stopped mid-way") from None
-    ledger(ctx, "end")
+    await _await_unchecked(payload, ctx, converted=Interrupted("stopped mid-way"))
 
 
 @app.task(name="crash_after_effect", max_attempts=3, retry=FAST)
