@@ -38,12 +38,16 @@ PARAM = re.compile(r"%\((\w+)\)s")
 # named here (the benchmark then fails with this message rather than measuring
 # something else).
 CLAIM_ARG_TYPES = {"queue": "text", "limit": "integer", "owner": "text", "lease_seconds": "float8",
-                   "aging_seconds": "float8", "locked": "boolean"}
+                   "aging_seconds": "float8", "locked": "boolean", "floor_priorities": "smallint[]",
+                   "floor_at": "timestamptz[]", "floor_id": "bigint[]", "floor_default": "timestamptz", "floor_aged": "timestamptz"}
 # As pgworker's store passes them for a queue without policies: no aging bound, the
-# plain (unlocked) form of the claim.
+# plain (unlocked) form of the claim, no floors (every scan from the start, as App.claim).
 CLAIM_ARG_VALUES = {"queue": sql.Literal(QUEUE), "owner": sql.SQL("'pgbench:' || :client_id::text"),
                     "lease_seconds": sql.Literal(60.0), "aging_seconds": sql.SQL("NULL::float8"),
-                    "locked": sql.SQL("false")}
+                    "locked": sql.SQL("false"), "floor_priorities": sql.SQL("NULL::smallint[]"),
+                    "floor_at": sql.SQL("NULL::timestamptz[]"), "floor_id": sql.SQL("NULL::bigint[]"),
+                    "floor_default": sql.SQL("NULL::timestamptz"),
+                    "floor_aged": sql.SQL("NULL::timestamptz")}
 LEASE_SECONDS = 60.0
 
 

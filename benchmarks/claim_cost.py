@@ -37,6 +37,7 @@ from psycopg import sql
 
 from pgworker.store import Store
 from pgworker.store.base import results_channel
+from pgworker.store.lifecycle import CLAIM_ID_COLUMN, CLAIM_TOKEN_COLUMN, NO_FLOORS
 
 from .common import LOCAL_DSN, QUEUE, BenchSchema
 from .transition_costs import SIMPLE_CLAIM
@@ -53,10 +54,11 @@ VARIANTS: dict[str, tuple[str, list[tuple[str, str]]]] = {
         """    SELECT id
     FROM {s}.jobs
     WHERE queue = %(queue)s AND state = 'pending' AND NOT blocked
+      AND run_at >= coalesce(%(floor_aged)s::timestamptz, '-infinity')
       AND run_at <= now() - make_interval(secs => (SELECT aging_seconds FROM gate))
     ORDER BY run_at
     LIMIT (SELECT n FROM allowance)
-    FOR UPDATE SKIP LOCKED""", "    SELECT NULL::bigint AS id WHERE false")]),
+    FOR NO KEY UPDATE SKIP LOCKED""", "    SELECT NULL::bigint AS id WHERE %(floor_aged)s::timestamptz IS NULL AND false")]),
     "x-no-sort": ("ablation: no final ORDER BY", [(
         "ORDER BY c.aged DESC, CASE WHEN c.aged THEN c.run_at END, c.priority DESC, c.run_at, c.id", "")]),
     "x-no-retry": ("ablation: retry_after_seconds NULL", [(
@@ -68,17 +70,27 @@ VARIANTS: dict[str, tuple[str, list[tuple[str, str]]]] = {
         """    SELECT c.id
     FROM priorities AS p
     CROSS JOIN LATERAL (
+        SELECT coalesce(f.at, %(floor_default)s::timestamptz, '-infinity') AS at, coalesce(f.id, 0) AS id
+        FROM (VALUES (1)) AS one (x)
+        LEFT JOIN floors AS f ON f.priority = p.priority
+    ) AS fl
+    CROSS JOIN LATERAL (
         SELECT id
         FROM {s}.jobs
         WHERE queue = %(queue)s AND state = 'pending' AND NOT blocked
           AND priority = p.priority AND run_at <= now()
+          -- from the claimer's floor (pgworker/claim_floors.py), a position (run_at, id):
+          -- the row comparison is the index condition that starts the scan there; the
+          -- plain run_at bound beside it, which it implies, keeps the generic plan on
+          -- this index (without it the planner took jobs_due_idx, across priorities)
+          AND run_at >= fl.at AND (run_at, id) >= (fl.at, fl.id)
           AND id NOT IN (SELECT id FROM aged)
         ORDER BY run_at, id""", """    SELECT c.id
     FROM (
         SELECT id
         FROM {s}.jobs
         WHERE queue = %(queue)s AND state = 'pending' AND NOT blocked
-          AND run_at <= now()
+          AND run_at <= now() AND %(floor_default)s::timestamptz IS NULL
           AND id NOT IN (SELECT id FROM aged)
         ORDER BY priority DESC, run_at, id""")]),
     "x-no-rest": ("ablation: no ranked_rest", [(
@@ -155,12 +167,12 @@ class Subject:
         if self.name == "ref":
             return {"queue": QUEUE, "limit": self.batch, "owner": "cc"}
         return {"queue": QUEUE, "limit": self.batch, "owner": "cc", "lease_seconds": 60.0,
-                "aging_seconds": None, "locked": False}
+                "aging_seconds": None, "locked": False, **NO_FLOORS}
 
     def _leases(self, rows: list[tuple[Any, ...]]) -> list[tuple[int, int]]:
         if self.name == "ref":
             return [(r[0], r[1]) for r in rows]
-        return [(r[4], r[11]) for r in rows if r[4] is not None]
+        return [(r[CLAIM_ID_COLUMN], r[CLAIM_TOKEN_COLUMN]) for r in rows if r[CLAIM_ID_COLUMN] is not None]
 
     def step(self, explain: bool) -> int:
         """Claim one batch and complete it; returns the jobs claimed (0: drained)."""

@@ -148,13 +148,16 @@ def drain(schema: BenchSchema, *, concurrency: int, batch: int | None = None,
           obs: Observability | None = None, since_id: int = 0, max_duration: float | None = None,
           extra_args: tuple[str, ...] = (), extra_env: dict[str, str] | None = None,
           sample_every: float = 0.1, timeout: float = 900, code_root: str | None = None,
-          profile_dir: str | None = None) -> DrainResult:
+          profile_dir: str | None = None, metrics_dir: str | None = None) -> DrainResult:
     """Run ``pgworker run --drain`` on ``schema`` until it exits; return what it did.
     ``profile_dir``: sample every claimer and the supervisor with py-spy from the start
-    gate to their exit, one collapsed-stack file each (``benchmarks/profile.py``)."""
+    gate to their exit, one collapsed-stack file each (``benchmarks/profile.py``).
+    ``metrics_dir``: an empty folder for the claimers' metric files, which the caller may
+    read while the run goes on (:func:`claim_latency`), and removes afterwards."""
     obs = obs or Observability()
     gate = tempfile.mkdtemp(prefix="pgworker-bench-gate-")
-    metrics_dir = tempfile.mkdtemp(prefix="pgworker-bench-metrics-")
+    own_metrics_dir = metrics_dir is None
+    metrics_dir = metrics_dir or tempfile.mkdtemp(prefix="pgworker-bench-metrics-")
     cmd = [sys.executable, "-m", "pgworker.cli", "run", "--app", BENCH_APP, "--drain",
            "--concurrency", str(concurrency), "--metrics-dir", metrics_dir, "--log-level", "WARNING",
            *obs.args(), *extra_args]
@@ -224,7 +227,8 @@ def drain(schema: BenchSchema, *, concurrency: int, batch: int | None = None,
         if profile_dir is not None:
             samplers.wait()
     except BaseException:
-        shutil.rmtree(metrics_dir, ignore_errors=True)  # interrupted (Ctrl-C) or failed: nothing to read
+        if own_metrics_dir:  # interrupted (Ctrl-C) or failed: nothing to read
+            shutil.rmtree(metrics_dir, ignore_errors=True)
         raise
     finally:
         if proc.poll() is None:
@@ -232,7 +236,8 @@ def drain(schema: BenchSchema, *, concurrency: int, batch: int | None = None,
         shutil.rmtree(gate, ignore_errors=True)
     result.jobs, result.seconds = schema.window(since_id)
     result.claim_mean_ms, result.claims = claim_latency(metrics_dir)
-    shutil.rmtree(metrics_dir, ignore_errors=True)
+    if own_metrics_dir:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
     return result
 
 
@@ -250,7 +255,14 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 
 def claim_latency(metrics_dir: str) -> tuple[float, int]:
-    """(mean claim duration in ms, claims) from the claimers' multiprocess metric files."""
+    """(mean claim duration in ms, claims) from the claimers' multiprocess metric files
+    (so far, when read during a run; :func:`claim_totals` for the raw sums)."""
+    total, count = claim_totals(metrics_dir)
+    return (1000.0 * total / count if count else 0.0), int(count)
+
+
+def claim_totals(metrics_dir: str) -> tuple[float, float]:
+    """(seconds spent in claims, claims) of the bench queue, from the claimers' metric files."""
     from prometheus_client import CollectorRegistry
     from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -265,7 +277,7 @@ def claim_latency(metrics_dir: str) -> tuple[float, int]:
                 total += s.value
             elif s.name.endswith("_count") and s.labels.get("queue") == QUEUE:
                 count += s.value
-    return (1000.0 * total / count if count else 0.0), int(count)
+    return total, count
 
 
 class Service:

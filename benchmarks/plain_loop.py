@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 
 from pgworker.store import Store
+from pgworker.store.lifecycle import NO_FLOORS
 
 from .common import QUEUE, BenchSchema
 from .server_cost import RunWal, own_backend_cpu, wal_figures
@@ -27,7 +28,7 @@ def _consume(dsn: str, schema: str, batch: int, barrier: Any, out: Any) -> None:
     with psycopg.connect(dsn, autocommit=True, application_name="pgworker-bench:plain") as conn:
         conn.prepare_threshold = 0
         params = {"queue": QUEUE, "limit": batch, "owner": f"plain:{multiprocessing.current_process().pid}",
-                  "lease_seconds": 60.0, "aging_seconds": None, "locked": False}
+                  "lease_seconds": 60.0, "aging_seconds": None, "locked": False, **NO_FLOORS}
         cpu0 = own_backend_cpu(conn)
         barrier.wait()
         mine0 = time.process_time()

@@ -186,15 +186,20 @@ def markdown(doc: dict[str, Any], plan: Any) -> str:
         k = "snapshot growth"
         lines += [f"## Claims under a held snapshot ({c} claimers, defaults; {_n(_get(doc, k, 'jobs'))} due jobs, "
                   f"a REPEATABLE READ transaction opened before the drain, {plan.snap_budget:g} s at most)", "",
-                  "pgworker's `job_claim` of 100 jobs, rolled back, probed as the jobs processed under the snapshot "
-                  "cross each milestone (median of 5; buffers from EXPLAIN ANALYZE).", "",
-                  "| jobs processed | probed at (processed) | seconds into the drain | claim ms | buffers per claim |",
-                  "|---:|---:|---:|---:|---:|",
-                  f"| before the drain | 0 | — | {_n(_get(doc, k, 'before_claim_ms'), 2)} | "
-                  f"{_n(_get(doc, k, 'before_buffers'))} |"]
+                  "As the jobs processed under the snapshot cross each milestone: the claimers' own mean claim "
+                  "since the milestone before (their metric files), and pgworker's `job_claim` of 100 jobs, "
+                  "rolled back, from a floor at the first claimable job (as the claimers start, "
+                  "pgworker.claim_floors) and from the start of the queue's range (as every claim did before "
+                  "floors; median of 5 ms); buffers from EXPLAIN ANALYZE.", "",
+                  "| jobs processed | probed at (processed) | seconds into the drain | claimers' claim ms | "
+                  "buffers from the floor | from the start: ms | buffers |",
+                  "|---:|---:|---:|---:|---:|---:|---:|",
+                  f"| before the drain | 0 | — | — | {_n(_get(doc, k, 'before_buffers'))} | "
+                  f"{_n(_get(doc, k, 'before_start_ms'), 2)} | {_n(_get(doc, k, 'before_start_buffers'))} |"]
         for m in plan.snap_milestones:
             lines.append(f"| {m:,} | {_n(_get(doc, k, f'at_{m}_processed'))} | {_n(_get(doc, k, f'at_{m}_seconds'), 1)} | "
-                         f"{_n(_get(doc, k, f'at_{m}_claim_ms'), 2)} | {_n(_get(doc, k, f'at_{m}_buffers'))} |")
+                         f"{_n(_get(doc, k, f'at_{m}_claim_ms'), 2)} | {_n(_get(doc, k, f'at_{m}_buffers'))} | "
+                         f"{_n(_get(doc, k, f'at_{m}_start_ms'), 2)} | {_n(_get(doc, k, f'at_{m}_start_buffers'))} |")
         lines += ["", f"Drain rate under the snapshot: {_n(_get(doc, k))} jobs/s over {_n(_get(doc, k, 'processed'))} "
                   f"jobs; mean claim {_n(_get(doc, k, 'claim_mean_ms'), 2)} ms.", ""]
     if any(k.startswith("startup ") for k in r):

@@ -32,6 +32,7 @@ from psycopg import sql
 from pgworker.migrate import drop_schema, migrate
 from pgworker.store import Store
 from pgworker.store.base import results_channel
+from pgworker.store.lifecycle import CLAIM_ID_COLUMN, CLAIM_TOKEN_COLUMN, NO_FLOORS
 
 from .common import LOCAL_DSN, QUEUE, connect, cpu_seconds
 from .reference import CLAIM as REF_CLAIM, COMPLETE as REF_COMPLETE, DDL as REF_DDL
@@ -74,7 +75,8 @@ SET state = 'running', attempts = j.attempts + 1, lease_token = j.lease_token + 
     lease_expires_at = statement_timestamp() + make_interval(secs => %(lease_seconds)s::float8),
     started_at = statement_timestamp(), heartbeat_at = statement_timestamp(), cancel_requested_at = NULL
 FROM c WHERE j.id = c.id
-RETURNING NULL::boolean, NULL::boolean, NULL::integer, NULL::float8, j.id, j.queue, j.task, j.payload, j.priority,
+RETURNING NULL::boolean, NULL::boolean, NULL::integer, NULL::float8,
+          NULL::timestamptz, NULL::bigint, NULL::bigint, NULL::float8, j.id, j.queue, j.task, j.payload, j.priority,
           j.attempts, j.max_attempts, j.lease_token, j.lease_expires_at, j.run_at, j.created_at, j.trace_context,
           j.ordering_key, j.dedupe_key, extract(epoch FROM statement_timestamp() - j.run_at)::float8
 """
@@ -190,11 +192,11 @@ def pgworker_transitions(dsn: str, variant: str, jobs: int, batch: int, renewals
         conn.execute(sql.SQL("ANALYZE {}").format(jobs_table))  # as the benchmark's fill does
         claimed: list[tuple[int, int]] = []
         params = {"queue": QUEUE, "limit": batch, "owner": "tc", "lease_seconds": 60.0, "aging_seconds": None,
-                  "locked": False}
+                  "locked": False, **NO_FLOORS}
 
         def claim() -> int:
-            rows = [r for r in conn.execute(q["job_claim"], params).fetchall() if r[4] is not None]
-            claimed.extend((r[4], r[11]) for r in rows)
+            rows = [r for r in conn.execute(q["job_claim"], params).fetchall() if r[CLAIM_ID_COLUMN] is not None]
+            claimed.extend((r[CLAIM_ID_COLUMN], r[CLAIM_TOKEN_COLUMN]) for r in rows)
             return len(rows)
 
         out["claim"] = run.measure(jobs, claim)

@@ -37,6 +37,7 @@ COMPLETION_FLUSH_SECONDS = 0.05
 STATEMENT_TIMEOUT_SECONDS = 30.0
 LOCK_TIMEOUT_SECONDS = 5.0
 PRUNE_INTERVAL_SECONDS = 60.0
+CLAIM_FLOOR_RESET_SECONDS = 10.0
 RETENTION_SUCCEEDED_SECONDS = 86400.0
 RETENTION_CANCELLED_SECONDS = 7 * 86400.0
 RETENTION_QUEUE_EVENTS_SECONDS = 90 * 86400.0
@@ -214,6 +215,11 @@ class Settings:
         "PGWORKER_PRIORITY_AGING_SECONDS", _opt_float, default_text="off: strict priority",
         help="Priority aging: a job due for longer than this is claimed before higher-priority work "
              "(docs/scheduling.md); a queue's own bound (`pgworker queue set --aging`) wins."))
+    claim_floor_reset_seconds: float = field(default=CLAIM_FLOOR_RESET_SECONDS, metadata=_env(
+        "PGWORKER_CLAIM_FLOOR_RESET_SECONDS", float,
+        help="How often a claimer forgets where its claims start (its floors, docs/architecture.md): the "
+             "longest a job another session locked and released unchanged may wait more; 0 starts every "
+             "claim from the start of its queue's range (exact, slower under a held snapshot)."))
     queue_concurrency: tuple[tuple[str, int], ...] = field(default=(), metadata=_env(
         "PGWORKER_QUEUE_CONCURRENCY", _queue_counts, unit="QUEUE=N, comma-separated", default_text="none",
         help="Per-pod limits: at most N jobs of a queue held at once by this pod's claimers ('emails=2,reports=1')."))
@@ -302,6 +308,9 @@ class Settings:
                               "set PGWORKER_RESULT_MAX_BYTES")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be 0-65535 (0: no server), got {self.metrics_port}; set PGWORKER_METRICS_PORT")
+        if not 0 <= self.claim_floor_reset_seconds <= 86400:
+            raise ConfigError(f"claim_floor_reset_seconds must be between 0 and 86400, got "
+                              f"{self.claim_floor_reset_seconds}; set PGWORKER_CLAIM_FLOOR_RESET_SECONDS")
         if self.priority_aging_seconds is not None and not self.priority_aging_seconds > 0:
             raise ConfigError("priority_aging_seconds must be > 0 (or unset for strict priority); "
                               "set PGWORKER_PRIORITY_AGING_SECONDS")

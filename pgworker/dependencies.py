@@ -166,7 +166,7 @@ def _insert_plan(store: Store, specs: Sequence[JobSpec], jobs: Sequence[Prepared
         raise InvalidJob(f"graph_id names no graph in schema {store.schema!r}: {', '.join(map(str, unknown[:10]))} "
                          "(no job carries it; a graph's id is its first job's, as Graph.graph_id returns); "
                          "omit graph_id to start a graph or join the parents'; nothing was enqueued")
-    ids, db_now = yield from store.allocate_ids_plan(len(jobs))
+    ids, db_now = yield from store.allocate_ids_plan(len(jobs), (j.queue for j in jobs))
     parents_graph = min((p["graph_id"] for p in found.values() if p["graph_id"] is not None), default=None)
     default_graph = parents_graph if single else (parents_graph or ids[0])
     waiting, has_children, edges_p, edges_c, graphs, policies = [], [False] * len(jobs), [], [], [], []
@@ -193,6 +193,7 @@ def _insert_plan(store: Store, specs: Sequence[JobSpec], jobs: Sequence[Prepared
         graphs.append(spec.graph_id if spec.graph_id is not None else default_graph)
     run_ats = [j.run_at or (db_now + timedelta(seconds=j.delay_seconds) if j.delay_seconds else db_now)
                for j in jobs]
+    yield from store.claim_backdate_plan(j.queue for j, at in zip(jobs, run_ats) if at < db_now)
     due = yield from store.insert_graph_jobs_plan({
         "ids": ids, "queues": [j.queue for j in jobs], "tasks": [j.task for j in jobs],
         "payloads": [j.payload_json for j in jobs], "priorities": [j.priority for j in jobs],

@@ -117,6 +117,12 @@ class ClaimResult:
     queue whose bucket holds less than one token after this claim while a due job is
     left unclaimed, the seconds until the next token arrives (None otherwise: nothing
     waits for a token).
+
+    For the claimer's floors (:mod:`pgworker.claim_floors`): ``horizon_at`` and
+    ``horizon_epoch``, the claim's horizon for its queue (database clock and epoch of the
+    queue's bucket; ``horizon_at`` None when a writer held the bucket's lock: migration
+    0013), ``aged_count``, how many of ``jobs`` (the first ones) came from the aging arm,
+    and ``aging_seconds``, the queue's aging bound that claim used (None: none).
     """
 
     jobs: list[ClaimedJob]
@@ -124,6 +130,10 @@ class ClaimResult:
     limited: bool = False
     allowance: int = 0
     retry_after_seconds: float | None = None
+    horizon_at: datetime | None = None
+    horizon_epoch: int | None = None
+    aged_count: int = 0
+    aging_seconds: float | None = None
 
 
 @dataclass(frozen=True)

@@ -188,8 +188,9 @@ def enqueue_batch_plan(store: Store, jobs: Sequence[PreparedJob], metrics: "Work
 def _copy_plan(store: Store, jobs: Sequence[PreparedJob], ctx_json: str | None
                ) -> Plan[tuple[list[int], dict[str, int]]]:
     """The transaction of a COPY batch: (the ids in input order, {queue: jobs})."""
-    ids, db_now = yield from store.allocate_ids_plan(len(jobs))
+    ids, db_now = yield from store.allocate_ids_plan(len(jobs), (j.queue for j in jobs))
     counts, due = yield from store.copy_jobs_plan(ids, jobs, db_now, ctx_json)
+    yield from store.claim_backdate_plan(j.queue for j in jobs if j.run_at is not None and j.run_at < db_now)
     yield from store.notify_queues_plan(due)
     return ids, counts
 
@@ -197,10 +198,11 @@ def _copy_plan(store: Store, jobs: Sequence[PreparedJob], ctx_json: str | None
 def _keyed_plan(store: Store, jobs: Sequence[PreparedJob], ctx_json: str | None,
                 on_conflict: str) -> Plan[tuple[list[int], dict[int, bool], list[int]]]:
     """The transaction of a keyed batch: (reserved ids, {inserted id: due now}, result)."""
-    ids, db_now = yield from store.allocate_ids_plan(len(jobs))
+    ids, db_now = yield from store.allocate_ids_plan(len(jobs), (j.queue for j in jobs))
     # run_at from the database clock, as single enqueues do
     run_ats = [j.run_at or (db_now + timedelta(seconds=j.delay_seconds) if j.delay_seconds else db_now)
                for j in jobs]
+    yield from store.claim_backdate_plan(j.queue for j, at in zip(jobs, run_ats) if at < db_now)
     # a job refused by its dedupe key gets the holder's id
     inserted, holders = yield from store.insert_jobs_many_plan({
         "ids": ids, "queues": [j.queue for j in jobs], "tasks": [j.task for j in jobs],

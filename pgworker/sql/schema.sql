@@ -1,4 +1,4 @@
--- The whole pgworker schema as it stands (version 12), in one file, for reading and
+-- The whole pgworker schema as it stands (version 13), in one file, for reading and
 -- review. Installing and upgrading go through the numbered migrations
 -- (pgworker/sql/migrations, `pgworker migrate`); a test applies both to two schemas and
 -- checks that they produce the same catalog, so this file cannot drift from them.
@@ -367,6 +367,79 @@ CREATE INDEX jobs_graph_idx ON {schema}.jobs (graph_id, id) WHERE graph_id IS NO
 -- jobs waiting for parents, per queue (the blocked-jobs gauge); only waiting jobs have entries
 CREATE INDEX jobs_waiting_idx ON {schema}.jobs (queue) WHERE state = 'pending' AND waiting_parents > 0;
 
+-- Claim floors (issue 23, migration 0013 says why each piece is there): the epoch of each
+-- bucket of queues (hashtext(queue) & 15), and the three functions of the protocol that
+-- lets a claimer start each priority's scan from its floor.
+CREATE SEQUENCE {schema}.claim_epoch_0;
+CREATE SEQUENCE {schema}.claim_epoch_1;
+CREATE SEQUENCE {schema}.claim_epoch_2;
+CREATE SEQUENCE {schema}.claim_epoch_3;
+CREATE SEQUENCE {schema}.claim_epoch_4;
+CREATE SEQUENCE {schema}.claim_epoch_5;
+CREATE SEQUENCE {schema}.claim_epoch_6;
+CREATE SEQUENCE {schema}.claim_epoch_7;
+CREATE SEQUENCE {schema}.claim_epoch_8;
+CREATE SEQUENCE {schema}.claim_epoch_9;
+CREATE SEQUENCE {schema}.claim_epoch_10;
+CREATE SEQUENCE {schema}.claim_epoch_11;
+CREATE SEQUENCE {schema}.claim_epoch_12;
+CREATE SEQUENCE {schema}.claim_epoch_13;
+CREATE SEQUENCE {schema}.claim_epoch_14;
+CREATE SEQUENCE {schema}.claim_epoch_15;
+
+-- The clock a statement stamps newly claimable jobs with, after taking the shared lock of
+-- each queue's bucket (held until the transaction ends; re-taking one already held costs
+-- a lookup in the backend's own lock table). Shared locks never wait for each other, and
+-- the only exclusive holder (claim_horizon) never waits while it holds one: no deadlock.
+CREATE FUNCTION {schema}.claim_stamp(queues text[]) RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE SET search_path = {schema}, pg_temp AS $$
+DECLARE
+    key integer := 'claim_epoch_0'::regclass::oid::integer;
+    q text;
+BEGIN
+    FOREACH q IN ARRAY coalesce(queues, ARRAY[]::text[]) LOOP
+        PERFORM pg_advisory_xact_lock_shared(key, hashtext(q) & 15);
+    END LOOP;
+    RETURN clock_timestamp();
+END $$;
+
+-- Jobs of these queues became claimable with a run_at older than this statement's clock
+-- (or a claimable job was locked without being changed): bump each bucket's epoch, under
+-- its shared lock (held until the transaction ends, so the bump is seen at a horizon only
+-- once the jobs are committed). Returns the buckets bumped (repeats counted).
+CREATE FUNCTION {schema}.claim_backdate(queues text[]) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
+DECLARE
+    key integer := 'claim_epoch_0'::regclass::oid::integer;
+    q text;
+    n integer := 0;
+BEGIN
+    FOREACH q IN ARRAY coalesce(queues, ARRAY[]::text[]) LOOP
+        PERFORM pg_advisory_xact_lock_shared(key, hashtext(q) & 15);
+        PERFORM nextval(('claim_epoch_' || (hashtext(q) & 15))::regclass);
+        n := n + 1;
+    END LOOP;
+    RETURN n;
+END $$;
+
+-- A claim's horizon for its queue's bucket: the epoch, then the time, then the exclusive
+-- lock tried and released in one expression (no interrupt is served between the two
+-- calls, so the session lock cannot be left behind). at is NULL when a writer held the
+-- lock. The epoch is read first: a bump between the read and the lock shows as a change
+-- at the next horizon, one claim later, never as none.
+CREATE FUNCTION {schema}.claim_horizon(queue text, OUT at timestamptz, OUT epoch bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
+DECLARE
+    key integer := 'claim_epoch_0'::regclass::oid::integer;
+    bucket integer := hashtext(queue) & 15;
+BEGIN
+    epoch := coalesce(pg_sequence_last_value(('claim_epoch_' || bucket)::regclass), 0);
+    at := clock_timestamp();
+    IF NOT (pg_try_advisory_lock(key, bucket) AND pg_advisory_unlock(key, bucket)) THEN
+        at := NULL;
+    END IF;
+END $$;
+
 -- A parent finished: the one place the dependency rule lives, run by every statement that
 -- moves a parent to succeeded, dead or cancelled (the batched completer, a completion in
 -- a handler's transaction, the reaper, a cancel), in that statement's transaction.
@@ -389,7 +462,8 @@ CREATE FUNCTION {schema}.job_dependencies_settle() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
 DECLARE
     channel text := 'pgworker.' || TG_TABLE_SCHEMA;
-    n bigint;
+    due_queues text[];
+    unblocked_queues text[];
 BEGIN
     IF NEW.state = 'succeeded' THEN
         -- the children's locks in id order first (as every statement taking several):
@@ -418,10 +492,13 @@ BEGIN
             FROM job_dependencies AS d
             WHERE d.parent_id = NEW.id AND c.id = d.child_id
               AND c.state = 'pending' AND c.waiting_parents > 0
-            RETURNING c.queue, c.waiting_parents = 0 AND c.run_at <= now() AS due
+            RETURNING c.queue, c.waiting_parents = 0 AS unblocked, c.waiting_parents = 0 AND c.run_at <= now() AS due
         )
-        SELECT count(CASE WHEN octet_length(channel) <= 63 THEN pg_notify(channel, q.queue) END) INTO n
-        FROM (SELECT DISTINCT queue FROM ready WHERE due) AS q;
+        SELECT array_agg(DISTINCT queue) FILTER (WHERE due), array_agg(DISTINCT queue) FILTER (WHERE unblocked)
+        INTO due_queues, unblocked_queues
+        FROM ready;
+        PERFORM pg_notify(channel, q) FROM unnest(due_queues) AS q WHERE octet_length(channel) <= 63;
+        PERFORM claim_backdate(unblocked_queues);
     ELSE
         WITH RECURSIVE doomed(id) AS (
             SELECT c.id FROM job_dependencies AS d JOIN jobs AS c ON c.id = d.child_id

@@ -57,13 +57,31 @@ class EnqueueStatements(KeyedTransitions):
         rows = (yield Atomic(insert)) if ordering_key is not None else (yield from insert)
         return rows[0][0] if rows else None
 
-    def allocate_ids(self, conn: psycopg.Connection, count: int) -> tuple[list[int], datetime]:
-        """Reserve ``count`` job ids from the jobs sequence; also returns the database's now()."""
-        return run(conn, self.allocate_ids_plan(count))
+    def allocate_ids(self, conn: psycopg.Connection, count: int, queues: Iterable[str]) -> tuple[list[int], datetime]:
+        """Reserve ``count`` job ids from the jobs sequence for jobs of ``queues``; also
+        returns the database clock their run_at is counted from (``claim_stamp``, taken
+        under the queues' bucket locks, which the transaction holds until it ends:
+        migration 0013). Run it in the transaction that inserts the jobs."""
+        return run(conn, self.allocate_ids_plan(count, queues))
 
-    def allocate_ids_plan(self, count: int) -> Plan[tuple[list[int], datetime]]:
-        rows = yield self._step("job_ids_allocate", {"sequence": self._sequence, "count": count})
+    def allocate_ids_plan(self, count: int, queues: Iterable[str]) -> Plan[tuple[list[int], datetime]]:
+        rows = yield self._step("job_ids_allocate", {"sequence": self._sequence, "count": count,
+                                                     "queues": sorted(set(queues))})
         return list(map(int, rows[0][0].split(","))), rows[0][1]
+
+    def claim_backdate(self, conn: psycopg.Connection, queues: Iterable[str]) -> None:
+        """Bump the claim epoch of ``queues``: every claimer of them drops its floors at
+        its next granted horizon (:mod:`pgworker.claim_floors`). For a claim that failed
+        (its locks made other claims skip its jobs) and jobs made claimable behind the
+        floors; in the caller's transaction (none: at once)."""
+        run(conn, self.claim_backdate_plan(queues))
+
+    def claim_backdate_plan(self, queues: Iterable[str]) -> Plan[None]:
+        """Bump the claim epoch of ``queues`` (their jobs became claimable with a run_at
+        before the transaction's ``claim_stamp``: one given in the past); nothing for none."""
+        names = sorted(set(queues))
+        if names:
+            yield self._step("claim_backdate_queues", {"queues": names})
 
     def insert_jobs_batch(self, conn: psycopg.Connection, jobs: Sequence[Sequence[Any]],
                           trace_context: str | None = None) -> tuple[list[int], dict[str, int]]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import psycopg
 from psycopg.types.json import set_json_loads
@@ -10,6 +10,14 @@ from psycopg.types.json import set_json_loads
 from ..jobs import RESULT_LOST, ClaimedJob, ClaimResult, FailRequest, FenceReport, Lease, safe_json_loads
 from .base import _delay, atomic
 from .keyed import KeyedTransitions
+
+# job_claim's rows: the queue's verdict and horizon in the first CLAIM_GATE_COLUMNS
+# columns, then the job (ClaimedJob's fields in order; id first, lease_token eighth).
+CLAIM_GATE_COLUMNS = 8
+CLAIM_ID_COLUMN, CLAIM_TOKEN_COLUMN = CLAIM_GATE_COLUMNS, CLAIM_GATE_COLUMNS + 7
+# The claim's floor parameters when the caller keeps none: every scan from the start.
+NO_FLOORS: Mapping[str, Any] = {"floor_priorities": None, "floor_at": None, "floor_id": None,
+                                "floor_default": None, "floor_aged": None}
 
 
 class LifecycleStatements(KeyedTransitions):
@@ -24,7 +32,7 @@ class LifecycleStatements(KeyedTransitions):
 
     def claim_batch(self, conn: psycopg.Connection, *, queue: str, limit: int, owner: str,
                     lease_seconds: float, aging_seconds: float | None = None,
-                    limited: bool = False) -> ClaimResult:
+                    limited: bool = False, floors: Mapping[str, Any] | None = None) -> ClaimResult:
         """Claim up to ``limit`` due jobs of ``queue``; returns the jobs and the queue's verdict.
 
         ``aging_seconds``: the priority-aging bound when the queue's row sets none (None:
@@ -32,9 +40,12 @@ class LifecycleStatements(KeyedTransitions):
         rate limit, so the claim goes straight to the locked form (queue_lock, then the
         claim as a new statement of the same transaction); otherwise the plain claim runs
         first and, if the queue turns out to be limited, the locked form follows.
+        ``floors``: where each priority's scan starts, as
+        :meth:`pgworker.claim_floors.ClaimFloors.params` gives them (None: every scan from
+        the start of the queue's range, the exact claim any caller may run).
         """
         params = {"queue": queue, "limit": limit, "owner": owner, "lease_seconds": lease_seconds,
-                  "aging_seconds": aging_seconds, "locked": False}
+                  "aging_seconds": aging_seconds, "locked": False, **(floors or NO_FLOORS)}
         if not limited:
             result = self._claim_result(self._claim_cursor(conn).execute(self.queries["job_claim"], params).fetchall())
             if not (result.limited and not result.jobs and not result.paused):
@@ -60,9 +71,10 @@ class LifecycleStatements(KeyedTransitions):
     @staticmethod
     def _claim_result(rows: list[tuple[Any, ...]]) -> ClaimResult:
         first = rows[0]
-        jobs = [ClaimedJob(*row[4:]) for row in rows if row[4] is not None]
+        jobs = [ClaimedJob(*row[CLAIM_GATE_COLUMNS:]) for row in rows if row[CLAIM_ID_COLUMN] is not None]
         return ClaimResult(jobs=jobs, paused=first[0], limited=first[1], allowance=first[2],
-                           retry_after_seconds=first[3])
+                           retry_after_seconds=first[3], horizon_at=first[4], horizon_epoch=first[5],
+                           aged_count=first[6], aging_seconds=first[7])
 
     def renew(self, conn: psycopg.Connection, leases: Sequence[Lease], *,
               lease_seconds: float) -> FenceReport:

@@ -8,12 +8,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from datetime import datetime, timezone
 
 import psycopg
 import pytest
 from psycopg import sql
 
 from pgworker.jobs import FailRequest
+from pgworker.store.lifecycle import NO_FLOORS
 from pgworker.worker.claimer.connection import ClaimerConnection
 from pgworker.worker.outcome import COMPLETE, Write, already_written, write_outcomes
 
@@ -122,7 +124,7 @@ def _every_claimer_statement(store, claimer: psycopg.Connection) -> list[int]:
     return [j.id for j in jobs]
 
 
-def _generic_claim_plan(conn: psycopg.Connection, app, queue: str) -> dict:
+def _generic_claim_plan(conn: psycopg.Connection, app, queue: str, floors: dict | None = None) -> dict:
     """EXPLAIN (ANALYZE, BUFFERS) of the claim on its generic plan, as the claimer's session
     runs it (PREPARE, then EXECUTE under force_generic_plan), rolled back."""
     names: list[str] = []
@@ -134,7 +136,7 @@ def _generic_claim_plan(conn: psycopg.Connection, app, queue: str) -> dict:
     text = app.store.queries["job_claim"]
     body = re.sub(r"%\((\w+)\)s", lambda m: number(m[1]), text).replace("%%", "%")
     params = {"queue": queue, "limit": 10, "owner": "x", "lease_seconds": 60.0, "aging_seconds": None,
-              "locked": False}
+              "locked": False, **(floors or NO_FLOORS)}
     with conn.transaction(force_rollback=True):
         conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         conn.execute(sql.SQL("PREPARE generic_claim AS {}").format(sql.SQL(body)))  # type: ignore[arg-type]
@@ -158,8 +160,11 @@ def test_the_generic_claim_plan_reads_a_small_queue_beside_a_big_one_and_history
                          "SELECT 'big', 't', '{{}}' FROM generate_series(1, 20000)").format(ident))
     app.enqueue_many([("t", i) for i in range(50)])
     conn.execute(sql.SQL("VACUUM ANALYZE {}.jobs").format(ident))
-    for queue in ("default", "big"):
-        plan = _generic_claim_plan(conn, app, queue)
+    old = datetime(2000, 1, 1, tzinfo=timezone.utc)
+    with_floors = {"floor_priorities": [0], "floor_at": [old], "floor_id": [0], "floor_default": old,
+                   "floor_aged": old}
+    for queue, floors in (("default", None), ("big", None), ("default", with_floors), ("big", with_floors)):
+        plan = _generic_claim_plan(conn, app, queue, floors)
         text = json.dumps(plan)
         assert "Seq Scan" not in text and "Bitmap" not in text, text
         assert '"Index Name": "jobs_claim_idx"' in text and '"Index Name": "jobs_pkey"' in text

@@ -12,6 +12,7 @@ from psycopg import sql
 
 from pgworker import App
 from pgworker.jobs import Lease
+from pgworker.store.lifecycle import NO_FLOORS
 
 pytestmark = pytest.mark.integration
 
@@ -66,7 +67,7 @@ def test_claim_uses_the_partial_index_with_many_finished_rows(app, conn):
         "FROM generate_series(1, 2000) AS i").format(ident))
     conn.execute(sql.SQL("ANALYZE {}.jobs").format(ident))
     plan = _plan(conn, app, "job_claim", {"queue": "default", "limit": 10, "owner": "x", "lease_seconds": 60,
-                                          "aging_seconds": None, "locked": False})
+                                          "aging_seconds": None, "locked": False, **NO_FLOORS})
     assert '"Index Name": "jobs_claim_idx"' in plan
     assert "Seq Scan" not in plan
     stats = _plan(conn, app, "queue_stats", {"queues": ["default"]})
@@ -138,7 +139,7 @@ def _claim_scan_buffers(conn, app) -> int:
     table (every scan node, whichever index the planner picked), measured by EXPLAIN
     (ANALYZE, BUFFERS) in a transaction rolled back: pages, not seconds."""
     params = {"queue": "default", "limit": 10, "owner": "x", "lease_seconds": 60,
-              "aging_seconds": None, "locked": False}
+              "aging_seconds": None, "locked": False, **NO_FLOORS}
     with conn.transaction(force_rollback=True):
         [[plan]] = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + app.store.queries["job_claim"],
                                 params).fetchall()

@@ -12,6 +12,7 @@ import pytest
 from psycopg import sql
 
 from pgworker import ConfigError, QueuePaused
+from pgworker.store.lifecycle import NO_FLOORS
 from worker import q
 
 pytestmark = pytest.mark.integration
@@ -139,7 +140,7 @@ def test_limited_claim_called_unlocked_goes_through_the_lock(app, pg_dsn):
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         unlocked = app.store._claim_result(c.execute(app.store.queries["job_claim"], {
             "queue": "default", "limit": 5, "owner": "x", "lease_seconds": 60, "aging_seconds": None,
-            "locked": False}).fetchall())
+            "locked": False, **NO_FLOORS}).fetchall())
         assert unlocked.limited and unlocked.allowance == 0 and unlocked.jobs == []  # refused without the lock
         result = app.store.claim_batch(c, queue="default", limit=5, owner="x", lease_seconds=60)
         assert result.limited and len(result.jobs) == 2
@@ -241,7 +242,7 @@ def big(app, conn):
     return app
 
 
-CLAIM = {"queue": "default", "limit": 10, "owner": "x", "lease_seconds": 60}
+CLAIM = {"queue": "default", "limit": 10, "owner": "x", "lease_seconds": 60, **NO_FLOORS}
 
 
 @pytest.mark.parametrize("form", ["plain", "aging", "locked", "generic"])

@@ -67,6 +67,19 @@ SELECT name FROM {schema}.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 -- priorities too. ranked_rest runs only when the batch is not full and the walk stopped
 -- at its cap (CASE evaluates lazily, and LIMIT 0 does not run its scan).
 --
+-- Floors (pgworker/claim_floors.py, migration 0013): a claimer passes, per priority, the
+-- position (run_at, id) below which it knows no job of that priority is claimable
+-- (%(floor_priorities)s, %(floor_at)s, %(floor_id)s), a run_at for the priorities it has
+-- not met (%(floor_default)s: the walk's descents skip the entries below it in the index,
+-- without reading their rows) and one for the aging arm (%(floor_aged)s); each range scan
+-- starts there, one descent past the entries of jobs claimed since a snapshot that is still
+-- held. NULL everywhere (App.claim, a claimer's first claim or after a drop) is the scan
+-- from the start. The final SELECT returns the queue's horizon (claim_horizon: the epoch
+-- and the time of a granted try of the queue's bucket lock, or a NULL time), which the
+-- claimer's next floors are capped with, and how many jobs the aging arm took and its
+-- bound, which say how far each arm ran. The arms lock FOR NO KEY UPDATE, the lock the
+-- update takes anyway: a row held FOR KEY SHARE (a foreign key's check) is not skipped.
+--
 -- Each claimed job gets attempts + 1, a new fencing token and a lease measured from
 -- statement_timestamp() (the claim's own start, after any wait for queue_lock). The
 -- bucket loses one token per claimed job. The caller commits at once and runs the jobs
@@ -93,7 +106,11 @@ SELECT name FROM {schema}.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 -- 1 µs, within the noise: not worth a second statement chosen per queue). The seeds'
 -- one-statement claim on this table costs 28.3 µs: the rest is the table's rows and
 -- indexes, not this statement.
-WITH RECURSIVE gate AS (
+WITH RECURSIVE floors AS MATERIALIZED (
+    SELECT f.priority, f.at, f.id
+    FROM unnest(%(floor_priorities)s::smallint[], %(floor_at)s::timestamptz[], %(floor_id)s::bigint[])
+         AS f(priority, at, id)
+), gate AS (
     SELECT coalesce(q.paused_at IS NOT NULL, false) AS paused,
            coalesce(q.concurrency_limit IS NOT NULL OR q.rate_per_second IS NOT NULL, false) AS limited,
            coalesce(q.aging_seconds, %(aging_seconds)s::float8) AS aging_seconds,
@@ -120,22 +137,31 @@ WITH RECURSIVE gate AS (
     SELECT id
     FROM {schema}.jobs
     WHERE queue = %(queue)s AND state = 'pending' AND NOT blocked
+      AND run_at >= coalesce(%(floor_aged)s::timestamptz, '-infinity')
       AND run_at <= now() - make_interval(secs => (SELECT aging_seconds FROM gate))
     ORDER BY run_at
     LIMIT (SELECT n FROM allowance)
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 ), priorities AS (
-    (SELECT priority, 1 AS walked
-     FROM {schema}.jobs
-     WHERE queue = %(queue)s AND state = 'pending' AND NOT blocked
-     ORDER BY priority DESC
-     LIMIT 1)
+    (SELECT greatest(k.priority, d.priority) AS priority, 1 AS walked
+     FROM (SELECT max(f.priority) AS priority FROM floors AS f) AS k
+     LEFT JOIN LATERAL (
+         SELECT j.priority
+         FROM {schema}.jobs AS j
+         WHERE j.queue = %(queue)s AND j.state = 'pending' AND NOT j.blocked
+           AND j.priority > coalesce(k.priority, -32769) AND j.run_at >= coalesce(%(floor_default)s::timestamptz, '-infinity')
+         ORDER BY j.priority DESC
+         LIMIT 1) AS d ON true)
     UNION ALL
-    SELECT (SELECT j.priority
-            FROM {schema}.jobs AS j
-            WHERE j.queue = %(queue)s AND j.state = 'pending' AND NOT j.blocked AND j.priority < p.priority
-            ORDER BY j.priority DESC
-            LIMIT 1),
+    SELECT (SELECT greatest(k.priority, d.priority)
+            FROM (SELECT max(f.priority) AS priority FROM floors AS f WHERE f.priority < p.priority) AS k
+            LEFT JOIN LATERAL (
+                SELECT j.priority
+                FROM {schema}.jobs AS j
+                WHERE j.queue = %(queue)s AND j.state = 'pending' AND NOT j.blocked AND j.priority < p.priority
+                  AND j.priority > coalesce(k.priority, -32769) AND j.run_at >= coalesce(%(floor_default)s::timestamptz, '-infinity')
+                ORDER BY j.priority DESC
+                LIMIT 1) AS d ON true),
            p.walked + 1
     FROM priorities AS p
     WHERE p.priority IS NOT NULL AND p.walked < 8
@@ -143,14 +169,24 @@ WITH RECURSIVE gate AS (
     SELECT c.id
     FROM priorities AS p
     CROSS JOIN LATERAL (
+        SELECT coalesce(f.at, %(floor_default)s::timestamptz, '-infinity') AS at, coalesce(f.id, 0) AS id
+        FROM (VALUES (1)) AS one (x)
+        LEFT JOIN floors AS f ON f.priority = p.priority
+    ) AS fl
+    CROSS JOIN LATERAL (
         SELECT id
         FROM {schema}.jobs
         WHERE queue = %(queue)s AND state = 'pending' AND NOT blocked
           AND priority = p.priority AND run_at <= now()
+          -- from the claimer's floor (pgworker/claim_floors.py), a position (run_at, id):
+          -- the row comparison is the index condition that starts the scan there; the
+          -- plain run_at bound beside it, which it implies, keeps the generic plan on
+          -- this index (without it the planner took jobs_due_idx, across priorities)
+          AND run_at >= fl.at AND (run_at, id) >= (fl.at, fl.id)
           AND id NOT IN (SELECT id FROM aged)
         ORDER BY run_at, id
         LIMIT (SELECT n FROM allowance) - (SELECT count(*) FROM aged)
-        FOR UPDATE SKIP LOCKED
+        FOR NO KEY UPDATE SKIP LOCKED
     ) AS c
     LIMIT (SELECT n FROM allowance) - (SELECT count(*) FROM aged)
 ), ranked_rest AS (
@@ -166,7 +202,7 @@ WITH RECURSIVE gate AS (
                             WHERE walked = 8 AND priority IS NOT NULL)
                THEN (SELECT n FROM allowance) - (SELECT count(*) FROM aged) - (SELECT count(*) FROM ranked_top)
                ELSE 0 END
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 ), claimed AS (
     -- The rows are matched through "id = ANY(ARRAY(...))", not by joining the CTEs: the
     -- arms' LIMIT is an expression, so the planner guesses they return a tenth of the
@@ -210,10 +246,13 @@ SELECT a.paused, a.limited, a.n AS allowance,
                       LIMIT 1) IS NOT NULL
             THEN (1 - (a.tokens - (SELECT count(*) FROM claimed))) / a.rate_per_second
        END AS retry_after_seconds,
+       h.at AS horizon_at, h.epoch AS horizon_epoch, (SELECT count(*) FROM aged) AS aged_count,
+       a.aging_seconds,
        c.id, c.queue, c.task, c.payload, c.priority, c.attempts, c.max_attempts, c.lease_token,
        c.lease_expires_at, c.run_at, c.created_at, c.trace_context, c.ordering_key, c.dedupe_key,
        c.wait_seconds, c.unblock_wait_seconds
 FROM allowance AS a
+CROSS JOIN {schema}.claim_horizon(%(queue)s) AS h
 LEFT JOIN claimed AS c ON true
 ORDER BY c.aged DESC, CASE WHEN c.aged THEN c.run_at END, c.priority DESC, c.run_at, c.id;
 

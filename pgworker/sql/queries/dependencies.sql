@@ -12,9 +12,11 @@
 -- read and the child's insert: a parent that completes meanwhile is read after its commit
 -- (READ COMMITTED re-reads a row it waited for), and a parent that completes later finds
 -- the edge. Each is marked has_children (its triggers fire from now on). Returns the
--- parents found; the caller refuses the enqueue if one is missing.
+-- parents found; the caller refuses the enqueue if one is missing. A claim skips a parent
+-- locked here, so a claimable one bumps its queue's claim epoch (claim_backdate,
+-- migration 0013): a claimer's floor may have passed it meanwhile.
 WITH locked AS (
-    SELECT id, state::text AS state, graph_id, has_children, last_error_code
+    SELECT id, queue, state::text AS state, blocked, graph_id, has_children, last_error_code
     FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[])
     ORDER BY id
     FOR NO KEY UPDATE
@@ -22,15 +24,20 @@ WITH locked AS (
     UPDATE {schema}.jobs AS j SET has_children = true
     FROM locked AS l
     WHERE j.id = l.id AND NOT l.has_children
+), backdated AS (
+    SELECT {schema}.claim_backdate(ARRAY(SELECT DISTINCT queue FROM locked
+                                         WHERE state = 'pending' AND NOT blocked)) AS n
 )
-SELECT id, state, graph_id, last_error_code FROM locked;
+SELECT id, state, graph_id, last_error_code FROM locked
+WHERE (SELECT n FROM backdated) >= 0;
 
 -- name: jobs_insert_graph
 -- Insert jobs with their dependency columns (ids reserved by job_ids_allocate, run_at
--- from the database clock): a job with waiting parents goes in blocked (out of the
--- claim's indexes); a parent of jobs in the same call goes in with has_children. No
--- dedupe or ordering keys here (the caller refuses them with depends_on). Returns each
--- id and whether it is due now (for the NOTIFY per queue).
+-- from its claim_stamp clock, so "due" compares with the clock, not now()): a job with
+-- waiting parents goes in blocked (out of the claim's indexes); a parent of jobs in the
+-- same call goes in with has_children. No dedupe or ordering keys here (the caller
+-- refuses them with depends_on). Returns each id and whether it is due now (for the
+-- NOTIFY per queue).
 INSERT INTO {schema}.jobs (id, queue, task, payload, priority, run_at, max_attempts, trace_context,
                            blocked, waiting_parents, has_children, cancel_on_parent_failure, graph_id)
 SELECT b.id, b.queue, b.task, b.payload, b.priority, b.run_at, b.max_attempts, b.trace_context,
@@ -42,7 +49,7 @@ FROM unnest(%(ids)s::bigint[], %(queues)s::text[], %(tasks)s::text[], %(payloads
      AS b(id, queue, task, payload, priority, run_at, max_attempts, trace_context, waiting, has_children,
           cancel_on_parent_failure, graph_id)
 ORDER BY b.id
-RETURNING id, run_at <= now() AND NOT blocked AS due;
+RETURNING id, run_at <= clock_timestamp() AND NOT blocked AS due;
 
 -- name: job_dependencies_insert
 -- The edges of the jobs just inserted (each parent locked or inserted by this transaction).
@@ -120,10 +127,15 @@ WITH candidates AS (
     ORDER BY k.id
     LIMIT %(limit)s
 ), parents AS (
-    SELECT p.id, p.state FROM {schema}.jobs AS p
+    SELECT p.id, p.queue, p.state, p.blocked FROM {schema}.jobs AS p
     WHERE p.id IN (SELECT d.parent_id FROM {schema}.job_dependencies AS d WHERE d.child_id IN (SELECT id FROM hopeful))
     ORDER BY p.id
     FOR NO KEY UPDATE
+), backdated AS (
+    -- a claim skips a parent locked here: a claimable one bumps its queue's claim epoch
+    -- (migration 0013), as job_parents_lock does
+    SELECT {schema}.claim_backdate(ARRAY(SELECT DISTINCT queue FROM parents
+                                         WHERE state = 'pending' AND NOT blocked)) AS n
 ), counted AS (
     SELECT d.child_id AS id, count(*) FILTER (WHERE p.state <> 'succeeded') AS waiting,
            bool_or(p.state IN ('cancelled', 'dead')) AS hopeless
@@ -132,7 +144,7 @@ WITH candidates AS (
     GROUP BY d.child_id
 ), requeued AS (
     UPDATE {schema}.jobs AS j
-    SET state = 'pending', finished_at = NULL, run_at = now(), waiting_parents = k.waiting,
+    SET state = 'pending', finished_at = NULL, run_at = {schema}.claim_stamp(ARRAY[j.queue]), waiting_parents = k.waiting,
         blocked = k.waiting > 0, last_error_code = NULL
     FROM counted AS k
     WHERE j.id = k.id AND NOT k.hopeless AND j.state = 'cancelled' AND j.last_error_code = 'PARENT_DEAD'
@@ -144,7 +156,8 @@ WITH candidates AS (
     FROM requeued AS r
 )
 SELECT r.id, (CASE WHEN NOT r.blocked THEN pg_notify(%(channel)s, r.queue) END) IS NULL AS notified
-FROM requeued AS r;
+FROM requeued AS r
+WHERE (SELECT n FROM backdated) >= 0;
 
 -- name: dependency_stats
 -- Jobs waiting for parents, per queue, and how many of them wait behind a dead parent

@@ -77,6 +77,11 @@ WITH target AS (
     WHERE s.job_id = %(id)s AND s.name = %(name)s AND s.kind = 'effect' AND s.status = 'started'
       AND j.state::text <> 'running'
     FOR UPDATE OF s, j
+), backdated AS (
+    -- the job's row was locked: a claim skips it, so a claimable one bumps its queue's
+    -- claim epoch (migration 0013)
+    SELECT {schema}.claim_backdate(ARRAY(SELECT j.queue FROM {schema}.jobs AS j, target AS t
+                                         WHERE j.id = t.job_id AND t.state = 'pending' AND NOT j.blocked)) AS n
 ), done AS (
     UPDATE {schema}.job_steps AS s
     SET status = 'done', result = %(result)s::jsonb, finished_at = now(), resolved_by = %(by)s
@@ -87,7 +92,8 @@ WITH target AS (
     WHERE %(retry)s AND s.job_id = t.job_id AND s.name = t.name
     RETURNING s.job_id
 )
-SELECT t.state, (SELECT count(*) FROM done) + (SELECT count(*) FROM forgotten) AS changed FROM target AS t;
+SELECT t.state, (SELECT count(*) FROM done) + (SELECT count(*) FROM forgotten) AS changed FROM target AS t
+WHERE (SELECT n FROM backdated) >= 0;
 
 -- name: job_steps_clean
 -- Forget every step and effect of these jobs (a clean replay: the next attempt runs them

@@ -14,12 +14,17 @@
 -- it blocks its key): the head probe ordering_key_head (ordering.sql), the one
 -- ordering_keys_promote uses. A job that is due now and unblocked wakes listeners:
 -- NOTIFY is delivered at commit, never on rollback.
-WITH ins AS (
+-- The job's run_at is claim_stamp's clock (plus the delay), taken under the queue's
+-- bucket lock (migration 0013: what keeps a claimer's floors safe); a run_at given in the
+-- past bumps the bucket's epoch instead (claim_backdate), once the row is in.
+WITH stamp AS MATERIALIZED (
+    SELECT {schema}.claim_stamp(ARRAY[%(queue)s::text]) AS at
+), ins AS (
     INSERT INTO {schema}.jobs (queue, task, payload, priority, run_at, max_attempts,
                                dedupe_key, dedupe_window, ordering_key, dead_blocks_key,
                                blocked, trace_context)
     VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s,
-            coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+            coalesce(%(run_at)s::timestamptz, (SELECT at FROM stamp) + make_interval(secs => %(delay)s::float8)),
             %(max_attempts)s, %(dedupe_key)s, make_interval(secs => %(dedupe_window)s::float8),
             %(ordering_key)s::text, %(dead_blocks_key)s::boolean,
             %(ordering_key)s::text IS NOT NULL AND coalesce((
@@ -30,33 +35,48 @@ WITH ins AS (
     ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL
       AND (state IN ('pending', 'running') OR (state = 'succeeded' AND dedupe_until IS NOT NULL))
     DO NOTHING
-    RETURNING id, run_at, blocked
+    RETURNING id, queue, run_at, blocked
 )
 SELECT id,
-       (CASE WHEN run_at <= now() AND NOT blocked
-             THEN pg_notify(%(channel)s, %(notify_payload)s) END) IS NULL AS notified
+       (CASE WHEN run_at <= (SELECT at FROM stamp) AND NOT blocked
+             THEN pg_notify(%(channel)s, %(notify_payload)s) END) IS NULL AS notified,
+       CASE WHEN run_at < (SELECT at FROM stamp) AND NOT blocked
+            THEN {schema}.claim_backdate(ARRAY[queue]) END AS backdated
 FROM ins;
 
 -- name: job_insert_plain
 -- Insert one job without a dedupe or an ordering key, the common case: job_insert without
 -- the conflict arbiter and the ordering probe, and with fewer parameters to send. A job
--- due now wakes listeners (NOTIFY, delivered at commit, never on rollback).
-WITH ins AS (
+-- due now wakes listeners (NOTIFY, delivered at commit, never on rollback). run_at as in
+-- job_insert (claim_stamp, or claim_backdate for a run_at in the past).
+WITH stamp AS MATERIALIZED (
+    SELECT {schema}.claim_stamp(ARRAY[%(queue)s::text]) AS at
+), ins AS (
     INSERT INTO {schema}.jobs (queue, task, payload, priority, run_at, max_attempts, trace_context)
     VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s,
-            coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+            coalesce(%(run_at)s::timestamptz, (SELECT at FROM stamp) + make_interval(secs => %(delay)s::float8)),
             %(max_attempts)s, %(trace_context)s::jsonb)
     RETURNING id, run_at
 )
-SELECT id, (CASE WHEN run_at <= now() THEN pg_notify(%(channel)s, %(queue)s) END) IS NULL AS notified
+SELECT id, (CASE WHEN run_at <= (SELECT at FROM stamp) THEN pg_notify(%(channel)s, %(queue)s) END) IS NULL AS notified,
+       CASE WHEN run_at < (SELECT at FROM stamp) THEN {schema}.claim_backdate(ARRAY[%(queue)s::text]) END AS backdated
 FROM ins;
 
 -- name: job_ids_allocate
 -- Reserve ids for a bulk insert, so COPY (which cannot return them) still reports them,
--- and read the database clock for the batch's run_at. One row: the ids in order as
--- comma-separated text (a row per id cost the client more than the COPY of the jobs).
-SELECT string_agg(nextval(%(sequence)s::regclass)::text, ',' ORDER BY g), now()
+-- and read the database clock for the batch's run_at: claim_stamp's, under the bucket
+-- locks of the batch's queues, held until the transaction that inserts the batch ends
+-- (migration 0013; the caller bumps the epoch with claim_backdate_queues for a run_at
+-- given in the past). One row: the ids in order as comma-separated text (a row per id
+-- cost the client more than the COPY of the jobs), and that clock.
+SELECT string_agg(nextval(%(sequence)s::regclass)::text, ',' ORDER BY g),
+       (SELECT {schema}.claim_stamp(%(queues)s::text[]))
 FROM generate_series(1, %(count)s) AS g;
+
+-- name: claim_backdate_queues
+-- Jobs of these queues became claimable (or a claimable job was locked) with a run_at
+-- before the transaction's claim_stamp: bump their buckets' epochs (migration 0013).
+SELECT {schema}.claim_backdate(%(queues)s::text[]);
 
 -- name: jobs_insert_batch
 -- Bulk insert of jobs without dedupe or ordering keys (the keyed ones take
@@ -76,23 +96,28 @@ FROM generate_series(1, %(count)s) AS g;
 -- delay, max_attempts) as small arrays of distinct "shapes", with each job's shape number
 -- (1-based, comma-separated text; NULL when the batch has one shape); the trace context
 -- once (one span per call). Returns one row: the ids in input order as comma-separated
--- text, and the count of NOTIFYs.
-WITH ins AS (
+-- text, the count of NOTIFYs, and of the buckets bumped for a run_at given in the past
+-- (run_at is claim_stamp's clock plus the delay otherwise: job_insert).
+WITH stamp AS MATERIALIZED (
+    SELECT {schema}.claim_stamp(%(queues)s::text[]) AS at
+), ins AS (
     INSERT INTO {schema}.jobs (id, queue, task, payload, priority, run_at, max_attempts, trace_context)
     SELECT nextval(%(sequence)s::regclass), (%(queues)s::text[])[x.s], (%(tasks)s::text[])[x.s],
            p.payload::jsonb, (%(priorities)s::smallint[])[x.s],
            coalesce((%(run_ats)s::timestamptz[])[x.s],
-                    now() + make_interval(secs => (%(delays)s::float8[])[x.s])),
+                    (SELECT at FROM stamp) + make_interval(secs => (%(delays)s::float8[])[x.s])),
            (%(max_attempts)s::int[])[x.s], %(trace_context)s::jsonb
     FROM unnest(string_to_array(%(payloads)s::text, E'\x1e'),
                 string_to_array(%(shape_of)s::text, ',')::int[]) AS p(payload, shape),
          LATERAL (SELECT coalesce(p.shape, 1) AS s) AS x
-    RETURNING id, queue, run_at <= now() AS due
+    RETURNING id, queue, run_at <= (SELECT at FROM stamp) AS due, run_at < (SELECT at FROM stamp) AS backdated
 ), notified AS (
     SELECT count(pg_notify(%(channel)s, q.queue)) AS n
     FROM (SELECT DISTINCT queue FROM ins WHERE due) AS q
+), backdated AS (
+    SELECT {schema}.claim_backdate(ARRAY(SELECT DISTINCT queue FROM ins WHERE backdated)) AS n
 )
-SELECT string_agg(id::text, ',' ORDER BY id), (SELECT n FROM notified) FROM ins;
+SELECT string_agg(id::text, ',' ORDER BY id), (SELECT n FROM notified), (SELECT n FROM backdated) FROM ins;
 
 -- name: jobs_insert_many
 -- Bulk insert with dedupe and ordering keys (the COPY path takes the rest). Ids were
@@ -104,6 +129,8 @@ SELECT string_agg(id::text, ',' ORDER BY id), (SELECT n FROM notified) FROM ins;
 -- may be left with every job blocked: the caller (Store.insert_jobs_many) promotes those
 -- keys afterwards, under the same locks, once the refused jobs are settled. Refused jobs
 -- whose key turned out free are inserted again by this statement with their reserved ids.
+-- run_at comes from job_ids_allocate's claim_stamp (plus each delay), so a job due now
+-- has a run_at after this transaction's start: "due" compares it with the clock.
 INSERT INTO {schema}.jobs (id, queue, task, payload, priority, run_at, max_attempts,
                            dedupe_key, dedupe_window, ordering_key, dead_blocks_key, blocked,
                            trace_context)
@@ -125,7 +152,7 @@ ORDER BY b.id
 ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL
   AND (state IN ('pending', 'running') OR (state = 'succeeded' AND dedupe_until IS NOT NULL))
 DO NOTHING
-RETURNING id, run_at <= now() AND NOT blocked AS due;
+RETURNING id, run_at <= clock_timestamp() AND NOT blocked AS due;
 
 -- name: dedupe_holders
 -- The jobs holding these dedupe keys, after an insert found them taken. A succeeded job

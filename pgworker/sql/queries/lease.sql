@@ -141,16 +141,17 @@ WHERE (SELECT count(pg_notify(%(results_channel)s, '')) FROM (SELECT 1 FROM done
   AND (SELECT n FROM children_locked) >= 0;
 
 -- name: job_fail
--- Record failed attempts. Each goes back to pending at now() + its delay (the task's
--- backoff, computed and bounded by the caller), to dead when the failure is permanent
--- or its attempts are spent, or to cancelled when a cancellation was requested. Fenced
--- by id + state + token. The error joins a history bounded to %(keep)s entries.
+-- Record failed attempts. Each goes back to pending at claim_stamp's clock + its delay
+-- (the task's backoff, computed and bounded by the caller; the stamp under its queue's
+-- bucket lock, migration 0013), to dead when the failure is permanent or its attempts
+-- are spent, or to cancelled when a cancellation was requested. Fenced by id + state +
+-- token. The error joins a history bounded to %(keep)s entries.
 UPDATE {schema}.jobs AS j
 SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'::{schema}.job_state
                  WHEN f.permanent OR j.attempts >= j.max_attempts THEN 'dead'::{schema}.job_state
                  ELSE 'pending'::{schema}.job_state END,
     run_at = CASE WHEN j.cancel_requested_at IS NOT NULL OR f.permanent OR j.attempts >= j.max_attempts
-                  THEN j.run_at ELSE now() + make_interval(secs => f.delay) END,
+                  THEN j.run_at ELSE {schema}.claim_stamp(ARRAY[j.queue]) + make_interval(secs => f.delay) END,
     finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL OR f.permanent OR j.attempts >= j.max_attempts
                        THEN now() END,
     lease_owner = NULL,
@@ -167,28 +168,39 @@ RETURNING j.id, j.lease_token, j.state::text AS state, j.ordering_key, j.dead_bl
 
 -- name: job_release
 -- Hand running jobs back to pending without spending an attempt (shutdown, a job whose
--- lease was lost before it started); the job keeps its place in line. A job whose
--- cancellation was requested ends cancelled instead. Fenced by id + state + token.
-UPDATE {schema}.jobs AS j
-SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'::{schema}.job_state
-                 ELSE 'pending'::{schema}.job_state END,
-    attempts = CASE WHEN j.cancel_requested_at IS NOT NULL THEN j.attempts ELSE greatest(j.attempts - 1, 0) END,
-    finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL THEN now() END,
-    last_error_code = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'CANCELLED' ELSE j.last_error_code END,
-    lease_owner = NULL,
-    lease_expires_at = NULL
-FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS f(id, token)
-WHERE j.id = f.id AND j.state::text = 'running' AND j.lease_token = f.token
-RETURNING j.id, j.lease_token, j.state::text AS state, j.ordering_key;
+-- lease was lost before it started); the job keeps its place in line, its old run_at,
+-- so its queue's claim epoch is bumped (claim_backdate, migration 0013: a claimer's
+-- floor may be past it). A job whose cancellation was requested ends cancelled instead.
+-- Fenced by id + state + token.
+WITH released AS (
+    UPDATE {schema}.jobs AS j
+    SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'::{schema}.job_state
+                     ELSE 'pending'::{schema}.job_state END,
+        attempts = CASE WHEN j.cancel_requested_at IS NOT NULL THEN j.attempts ELSE greatest(j.attempts - 1, 0) END,
+        finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL THEN now() END,
+        last_error_code = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'CANCELLED' ELSE j.last_error_code END,
+        lease_owner = NULL,
+        lease_expires_at = NULL
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS f(id, token)
+    WHERE j.id = f.id AND j.state::text = 'running' AND j.lease_token = f.token
+    RETURNING j.id, j.queue, j.lease_token, j.state::text AS state, j.ordering_key, j.blocked
+), backdated AS (
+    SELECT {schema}.claim_backdate(ARRAY(SELECT DISTINCT queue FROM released
+                                         WHERE state = 'pending' AND NOT blocked)) AS n
+)
+SELECT id, lease_token, state, ordering_key FROM released
+WHERE (SELECT n FROM backdated) >= 0;
 
 -- name: job_snooze
--- Run jobs again after a delay without spending an attempt; a job whose cancellation
--- was requested ends cancelled instead (cancel beats snooze). Fenced by id + state + token.
+-- Run jobs again after a delay without spending an attempt (counted from claim_stamp's
+-- clock, as a retry's); a job whose cancellation was requested ends cancelled instead
+-- (cancel beats snooze). Fenced by id + state + token.
 UPDATE {schema}.jobs AS j
 SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'::{schema}.job_state
                  ELSE 'pending'::{schema}.job_state END,
     attempts = CASE WHEN j.cancel_requested_at IS NOT NULL THEN j.attempts ELSE greatest(j.attempts - 1, 0) END,
-    run_at = CASE WHEN j.cancel_requested_at IS NOT NULL THEN j.run_at ELSE now() + make_interval(secs => f.delay) END,
+    run_at = CASE WHEN j.cancel_requested_at IS NOT NULL THEN j.run_at
+                  ELSE {schema}.claim_stamp(ARRAY[j.queue]) + make_interval(secs => f.delay) END,
     finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL THEN now() END,
     last_error_code = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'CANCELLED' ELSE j.last_error_code END,
     lease_owner = NULL,

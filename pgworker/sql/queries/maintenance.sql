@@ -55,7 +55,8 @@ FOR NO KEY UPDATE SKIP LOCKED;
 
 -- name: jobs_reap
 -- Recover the given jobs whose lease expired: back to pending after the delay computed
--- for each (%(delays)s, seconds, bounded by the caller), to dead with LEASE_EXPIRED once
+-- for each (%(delays)s, seconds, bounded by the caller, from claim_stamp's clock as a
+-- retry's: migration 0013), to dead with LEASE_EXPIRED once
 -- attempts are spent, or to cancelled when a cancellation was requested. Re-checks the
 -- expiry (the job may have been settled since jobs_reap_candidates); SKIP LOCKED makes
 -- concurrent reapers share the work instead of colliding, and the outcome is computed
@@ -71,7 +72,7 @@ SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'::{schem
                  WHEN j.attempts >= j.max_attempts THEN 'dead'::{schema}.job_state
                  ELSE 'pending'::{schema}.job_state END,
     run_at = CASE WHEN j.cancel_requested_at IS NULL AND j.attempts < j.max_attempts
-                  THEN now() + make_interval(secs => d.delay) ELSE j.run_at END,
+                  THEN {schema}.claim_stamp(ARRAY[j.queue]) + make_interval(secs => d.delay) ELSE j.run_at END,
     finished_at = CASE WHEN j.cancel_requested_at IS NULL AND j.attempts < j.max_attempts THEN NULL ELSE now() END,
     lease_owner = NULL,
     lease_expires_at = NULL,

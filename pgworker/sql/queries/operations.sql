@@ -27,7 +27,8 @@ WITH target AS (
     WHERE id = %(id)s AND state = 'pending' AND run_at > now()
     FOR UPDATE
 ), moved AS (
-    UPDATE {schema}.jobs AS j SET run_at = now()
+    -- due at claim_stamp's clock (migration 0013), not now(): a claimer's floor never passes it
+    UPDATE {schema}.jobs AS j SET run_at = {schema}.claim_stamp(ARRAY[j.queue])
     FROM target AS t
     WHERE j.id = t.id AND j.state = 'pending'
     RETURNING j.id, j.queue, j.blocked, t.run_at AS previous_run_at
@@ -84,7 +85,7 @@ WITH pick AS (
 ), replayed AS (
     UPDATE {schema}.jobs AS j
     SET state = 'pending',
-        run_at = now(),
+        run_at = {schema}.claim_stamp(ARRAY[j.queue]),  -- migration 0013: fresh, never behind a floor
         attempts = 0,
         finished_at = NULL,
         lease_owner = NULL,

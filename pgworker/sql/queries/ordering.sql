@@ -71,10 +71,15 @@ WITH heads AS (
     FROM heads
     WHERE j.id = heads.id
     RETURNING j.id, j.queue, j.run_at
+), backdated AS (
+    -- a promoted head keeps the run_at of its enqueue (its place in line): its queue's
+    -- claim epoch is bumped (migration 0013), a claimer's floor may be past it
+    SELECT {schema}.claim_backdate(ARRAY(SELECT DISTINCT queue FROM promoted)) AS n
 )
 SELECT p.id, p.queue,
-       (CASE WHEN p.run_at <= now() THEN pg_notify(%(channel)s, p.queue) END) IS NULL AS notified
-FROM promoted AS p;
+       (CASE WHEN p.run_at <= clock_timestamp() THEN pg_notify(%(channel)s, p.queue) END) IS NULL AS notified
+FROM promoted AS p
+WHERE (SELECT n FROM backdated) >= 0;
 
 -- name: jobs_ordering_keys
 -- The ordering keys of these jobs (an ordering key never changes, so no lock is needed):

@@ -63,7 +63,9 @@ WITH advanced AS (
     RETURNING id, queue
 )
 SELECT (SELECT count(*) FROM advanced) > 0 AS advanced, i.id,
-       (CASE WHEN i.id IS NOT NULL THEN pg_notify(%(channel)s, i.queue) END) IS NULL AS notified
+       (CASE WHEN i.id IS NOT NULL THEN pg_notify(%(channel)s, i.queue) END) IS NULL AS notified,
+       -- the slot is in the past: the queue's claim epoch is bumped (migration 0013)
+       CASE WHEN i.id IS NOT NULL THEN {schema}.claim_backdate(ARRAY[i.queue]) END AS backdated
 FROM (VALUES (1)) AS one (x)
 LEFT JOIN ins AS i ON true;
 

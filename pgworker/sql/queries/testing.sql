@@ -49,6 +49,6 @@ SELECT coalesce(max(id), 0) + 1 FROM {schema}.jobs;
 -- row as that write left it: still pending under the same lease token (a claim would
 -- have moved the token on), and only ever earlier.
 UPDATE {schema}.jobs
-SET run_at = now()
+SET run_at = {schema}.claim_stamp(ARRAY[queue])  -- as a retry's run_at (migration 0013)
 WHERE id = %(id)s AND lease_token = %(token)s AND state = 'pending' AND run_at > now()
 RETURNING id;

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 import psycopg
 
+from ...claim_floors import ClaimFloors
 from ...config import Settings
 from ...jobs import ClaimedJob
 from ...names import dsn_password
@@ -74,6 +75,10 @@ class Claimer(Planner, Runner):
         self.empty_until: dict[str, float] = {}  # queue -> when to ask again (see claim_round)
         self.retry_at: dict[str, float] = {}     # rate-limited queue -> when its next token is due
         self.limited_queues: set[str] = set()    # queues known to have a global limit
+        # where each queue's claims start (pgworker.claim_floors), and the queues whose
+        # claim epoch to bump before the next claim (a claim of ours failed)
+        self.floors = ClaimFloors(settings.claim_floor_reset_seconds)
+        self.epoch_bumps: set[str] = set()
         self.drain = drain
         self.worker_id = app.worker_id(f"c{index}")
         self.store = app.store
@@ -174,6 +179,11 @@ class Claimer(Planner, Runner):
                 # claimer wrote that falls due within the poll interval is work left too
                 # (due_later: retries end, at max_attempts; a later one waits for the next run).
                 self.due_later.pop_due(round_started)  # due before this round: it saw them (or a peer took them)
+                if self.drain and self.floors.used():
+                    # a round that started from floors may have passed a job another
+                    # session locked and released: drained is decided by exact claims
+                    self.floors.drop()
+                    continue
                 if self.drain and not self.retry_at and not self.due_later.holds_drain():
                     self.table.header.drained = 1
                 self.wait_for_work(seen)

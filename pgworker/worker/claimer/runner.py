@@ -27,16 +27,24 @@ class Runner(ClaimerState):
 
     def claim(self, queue: str, limit: int) -> list[ClaimedJob] | None:
         """One claim statement: up to ``limit`` jobs of ``queue``, recorded in the slot
-        table; None when the statement failed (after the reconnect backoff)."""
+        table; None when the statement failed (after the reconnect backoff).
+
+        The claim starts each priority's scan from this claimer's floors
+        (:mod:`pgworker.claim_floors`); when its horizon shows that a job may have become
+        claimable below them and it took nothing, the floors are dropped and the claim
+        made again at once, from the start."""
         try:
             self.completer.flush()  # outcomes still waiting are written first
             with self.db.lock, tracing.claim_span(queue, self.worker_id) as span:
                 if self.db.conn is None:
                     return None
+                if self.epoch_bumps:  # a claim of ours failed: the floors of others may have passed its jobs
+                    self.store.claim_backdate(self.db.conn, sorted(self.epoch_bumps))
+                    self.epoch_bumps.clear()
                 sent = time.monotonic()  # the lease's local clock starts before the database's
                 t0 = time.perf_counter()
-                result = self.store.claim_batch(
-                    self.db.conn, queue=queue, limit=limit, owner=self.worker_id,
+                result = self.floors.claim(
+                    self.store, self.db.conn, queue, limit=limit, owner=self.worker_id,
                     lease_seconds=self.settings.lease_seconds,
                     aging_seconds=self.settings.priority_aging_seconds,
                     limited=queue in self.limited_queues)
@@ -46,7 +54,11 @@ class Runner(ClaimerState):
                     span.set_attribute("messaging.batch.message_count", len(jobs))
         except psycopg.Error as exc:
             # connection lost, read-only server, a pooler's missing prepared statement, a
-            # privilege or schema problem: reconnect with backoff, say it once per outage
+            # privilege or schema problem: reconnect with backoff, say it once per outage.
+            # The failed claim's locks made other claimers skip its jobs: their floors may
+            # be past them, so this queue's claim epoch is bumped once connected again.
+            self.floors.drop(queue)
+            self.epoch_bumps.add(queue)
             self.metrics.claim_error(queue)
             self.db.failed(exc, "claim")
             return None

@@ -33,5 +33,7 @@ class ClaimerState:
     empty_until: dict[str, float]
     retry_at: dict[str, float]
     limited_queues: set[str]
+    floors: Any
+    epoch_bumps: set[str]
     peer_jobs: Any
     _slot_policies: dict[str, tuple[float, int, int]]
