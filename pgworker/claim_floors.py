@@ -20,12 +20,15 @@ A floor is safe because of the protocol of migration 0013 (its header says it wh
   tried exclusively (``claim_horizon``). Granted, every writer that locked before T has
   committed, and every later one stamps after T.
 
-So after a claim, given T from an earlier claim (taken before this claim's snapshot), no
-claimable job can exist or appear below ``min(T, what this claim saw)``, except:
+So after a claim, given T from an earlier claim (taken before this claim's snapshot; and
+never past the claim's own ``now()``, where its due range ends, which the claim returns),
+no claimable job can exist or appear below ``min(T, what this claim saw)``, except:
 
 1. a job made claimable with an older run_at since that earlier horizon: its bump shows
-   as a new epoch at the next granted horizon, and the floors are dropped then (the next
-   claim walks from the start, and finds it);
+   as a new epoch at the next horizon, granted or not (the epoch is read first, and a
+   sequence is seen at once), and the floors are dropped then: every claim walks from
+   the start until a granted horizon, taken after the bump's transaction committed,
+   makes the new epoch the baseline;
 2. a job another session locked and released unchanged (the claim of a claimer or pod
    that died mid-claim, an operator's ``SELECT ... FOR UPDATE``): a claim skips a locked
    job, and its floor may pass it. A claimer whose claim failed bumps its queue's epoch
@@ -57,13 +60,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Callable, Tuple
 
+from .config import CLAIM_FLOOR_RESET_SECONDS
 from .jobs import ClaimResult
 
 # Floors kept per queue beyond the default: a claim walks at most 8 priorities on its
 # own (claim.sql), and a known priority counts as one walked.
 MAX_PRIORITIES = 8
-# How often a claimer drops its floors whatever happened, seconds (case 2 above).
-DEFAULT_RESET_SECONDS = 10.0  # config.CLAIM_FLOOR_RESET_SECONDS
 
 
 # A position in a priority's range of jobs_claim_idx: (run_at, id).
@@ -80,12 +82,13 @@ class QueueFloors:
     horizon_at: datetime | None = None
     horizon_epoch: int | None = None
     dropped_at: float = 0.0            # monotonic time of the last drop
-    used: bool = False                 # the last claim started from a floor
+    used: bool = False                 # the last claim since the last drop started from a floor
 
     def drop(self, now: float) -> None:
         self.priorities.clear()
         self.default = self.aged = None
         self.dropped_at = now
+        self.used = False
 
     def any(self) -> bool:
         return bool(self.priorities) or self.default is not None or self.aged is not None
@@ -98,7 +101,7 @@ class ClaimFloors:
     least that often (>= 0; 0 drops them before every claim: every claim exact, as
     without floors). ``clock``: monotonic seconds (tests pass their own)."""
 
-    def __init__(self, reset_seconds: float = DEFAULT_RESET_SECONDS,
+    def __init__(self, reset_seconds: float = CLAIM_FLOOR_RESET_SECONDS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if reset_seconds < 0:
             raise ValueError(f"reset_seconds must be >= 0, got {reset_seconds!r}")
@@ -128,19 +131,24 @@ class ClaimFloors:
     def learn(self, queue: str, result: ClaimResult) -> bool:
         """Move ``queue``'s floors after a claim that returned ``result`` (run with
         :meth:`params`' floors), and take its horizon. Returns True when the horizon's
-        epoch changed and the floors were dropped: a job may have become claimable below
-        them, so a claim that came back short should be made again at once."""
+        epoch differs from the baseline and floors were dropped: a job may have become
+        claimable below them, so a claim that took nothing should be made again at once.
+
+        The epoch is compared whether or not the horizon was granted (a bump is seen at
+        once); only a granted horizon becomes the baseline (its T and epoch), since only
+        then is every bump it counts committed."""
         qf = self._of(queue)
-        t = qf.horizon_at
-        if t is not None and result.allowance > 0:
+        changed = qf.horizon_epoch is not None and result.horizon_epoch != qf.horizon_epoch
+        dropped = False
+        if changed:
+            dropped = qf.any()
+            qf.drop(self.clock())
+        elif qf.horizon_at is not None and result.allowance > 0:
+            t = qf.horizon_at if result.due_until is None else min(qf.horizon_at, result.due_until)
             self._move(qf, result, t)
-        changed = False
         if result.horizon_at is not None:
-            if qf.horizon_epoch is not None and result.horizon_epoch != qf.horizon_epoch:
-                changed = qf.any()
-                qf.drop(self.clock())
             qf.horizon_at, qf.horizon_epoch = result.horizon_at, result.horizon_epoch
-        return changed
+        return dropped
 
     @staticmethod
     def _move(qf: QueueFloors, result: ClaimResult, t: datetime) -> None:
@@ -157,7 +165,7 @@ class ClaimFloors:
             qf.priorities = {p: min(top, at) for p, at in first.items()}
             qf.default = t
             if bound is not None:
-                qf.aged = min(t, t - bound)
+                qf.aged = t - bound
         else:
             if ranked:
                 p_last = min(job.priority for job in ranked)
@@ -167,7 +175,7 @@ class ClaimFloors:
                     elif p == p_last:
                         qf.priorities[p] = min(top, first[p])
             if bound is not None:
-                qf.aged = min(t, t - bound) if len(aged) < n else min(t, aged[0].run_at)
+                qf.aged = t - bound if len(aged) < n else min(t, aged[0].run_at)
         if len(qf.priorities) > MAX_PRIORITIES:  # a dropped priority falls back to the default: safe
             for p in sorted(qf.priorities)[:len(qf.priorities) - MAX_PRIORITIES]:
                 del qf.priorities[p]
@@ -176,7 +184,8 @@ class ClaimFloors:
         """One claim of ``queue`` from these floors (``store.claim_batch(conn, queue=queue,
         floors=..., **claim)``), the floors moved after it; made again at once, from the
         start, when its horizon dropped the floors and it took nothing (a job may have
-        become claimable below them). Raises what the claim raises."""
+        become claimable below them). Raises what the claim raises. ``conn``'s claims are
+        sequential (one claimer)."""
         for _ in range(2):
             result: ClaimResult = store.claim_batch(conn, queue=queue, floors=self.params(queue), **claim)
             if not self.learn(queue, result) or result.jobs or result.allowance <= 0:

@@ -122,7 +122,8 @@ class ClaimResult:
     ``horizon_epoch``, the claim's horizon for its queue (database clock and epoch of the
     queue's bucket; ``horizon_at`` None when a writer held the bucket's lock: migration
     0013), ``aged_count``, how many of ``jobs`` (the first ones) came from the aging arm,
-    and ``aging_seconds``, the queue's aging bound that claim used (None: none).
+    ``aging_seconds``, the queue's aging bound that claim used (None: none), and
+    ``due_until``, the claim's ``now()`` (the end of its due range; database clock).
     """
 
     jobs: list[ClaimedJob]
@@ -134,6 +135,7 @@ class ClaimResult:
     horizon_epoch: int | None = None
     aged_count: int = 0
     aging_seconds: float | None = None
+    due_until: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,10 @@ GRANT UPDATE (dedupe_until) ON {schema}.jobs TO {producer};
 GRANT UPDATE (has_children) ON {schema}.jobs TO {producer};
 GRANT SELECT, INSERT ON {schema}.job_dependencies TO {producer};
 GRANT SELECT ON {schema}.migrations TO {producer};
+-- Every enqueue statement calls claim_stamp (and claim_backdate for a run_at in the past),
+-- the claim-floor protocol of migration 0013: EXECUTE stays granted to PUBLIC on both (a
+-- lock and an epoch bump, which can cost a claimer a walk from the start, nothing more),
+-- and claim_backdate runs as the schema's owner: no grant here.
 -- What its jobs returned (App.result, App.wait_result): the producer asked for the work
 GRANT SELECT ON {schema}.job_results TO {producer};
 

@@ -144,9 +144,10 @@ def drain(app: Any, queues: "str | Sequence[str] | None" = None, *, skip_backoff
     ``skip_backoff``: False (default) leaves a retried or snoozed job scheduled for its
     backoff or snooze delay, as a worker would, and the drain ends when nothing is due.
     True makes it due at once, so the drain runs it again (until it succeeds or is dead):
-    right after the fenced write, one ``UPDATE ... SET run_at = now()`` of that row in the
-    app's schema, only while it is still pending under the same lease token
-    (statement ``testing_run_now``, pgworker/sql/queries/testing.sql).
+    right after the fenced write, one ``UPDATE`` of that row's run_at to the clock (as a
+    retry's, under its queue's claim lock: migration 0013) in the app's schema, only while
+    it is still pending under the same lease token (statement ``testing_run_now``,
+    pgworker/sql/queries/testing.sql).
 
     ``with_recursion``: True (default) also runs jobs enqueued while the drain runs (by
     handlers). False hands them back unrun: claimed, then released at the end without

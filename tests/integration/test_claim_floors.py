@@ -220,6 +220,56 @@ def test_a_job_enqueued_late_in_a_long_transaction_is_found(app: App, pg_dsn: st
         claimer.close()
 
 
+def _plain(app: App, n: int) -> None:
+    app.enqueue_many([{"task": "t", "payload": {"i": i}, "queue": QUEUE} for i in range(n)])
+
+
+def test_a_parent_locked_by_a_dependents_enqueue_across_claims_is_found(app: App, pg_dsn: str):
+    """An enqueue with depends_on locks its parents until it commits (job_parents_lock):
+    a claim skips a locked parent that is claimable, and its floor passes it. The lock's
+    epoch bump makes the next claim walk from the start."""
+    parent = app.enqueue("t", {"parent": True}, queue=QUEUE)
+    _plain(app, 4)
+    claimer = FloorClaimer(app, pg_dsn)
+    try:
+        claimer.horizon()
+        with psycopg.connect(pg_dsn) as producer:
+            app.enqueue("t", {"child": True}, queue=QUEUE, depends_on=[parent], conn=producer)
+            taken = [j.id for j in claimer.claim(10)]
+            assert parent not in taken and len(taken) == 4  # skipped while locked
+            _plain(app, 1)
+            claimer.claim(10)  # the floors move on past the parent
+        claimer.horizon()
+        assert parent in [j.id for j in claimer.claim(10)]
+    finally:
+        claimer.close()
+
+
+def test_a_periodic_job_for_a_past_slot_is_found(app: App, conn: psycopg.Connection, pg_dsn: str):
+    """A schedule's job has its slot for run_at, behind the floors once claims moved on:
+    schedule_fire bumps the epoch."""
+    _plain(app, 3)
+    claimer = FloorClaimer(app, pg_dsn)
+    try:
+        claimer.horizon()
+        assert len(claimer.claim(10)) == 3
+        _plain(app, 2)
+        assert len(claimer.claim(10)) == 2
+        assert claimer.floors.used()
+        now = conn.execute("SELECT now()").fetchone()[0]
+        slot = now - timedelta(hours=1)
+        app.store.register_schedule(conn, name="hourly", task="t", queue=QUEUE, cron="0 * * * *", timezone="UTC",
+                                    missed="latest", initial_slot=slot - timedelta(hours=1), next_slot=slot)
+        advanced, job_id = app.store.fire_schedule(conn, name="hourly", slot=slot, next_slot=now, skipped=0,
+                                                   enqueue=True, task="t", queue=QUEUE, payload_json="{}",
+                                                   priority=0, max_attempts=5)
+        assert advanced and job_id
+        claimer.horizon()
+        assert [j.id for j in claimer.claim(10)] == [job_id]
+    finally:
+        claimer.close()
+
+
 def _subplan_buffers(node: dict, names: tuple[str, ...]) -> int:
     if node.get("Subplan Name") in names:
         return int(node.get("Shared Hit Blocks", 0)) + int(node.get("Shared Read Blocks", 0))

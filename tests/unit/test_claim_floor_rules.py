@@ -122,10 +122,49 @@ def test_an_epoch_change_drops_the_floors_and_asks_for_a_claim_at_once():
     # the new horizon counts: the next claim moves the floors again, capped at 300
     f.learn("q", result([job(2, 0, 400)], 5, 500.0, epoch=8))
     assert f.params("q")["floor_at"] == [at(300)]
-    # a horizon not granted keeps the epoch: no drop (the empty claim ran to the end: every
-    # priority's floor is the horizon before it, 500)
-    assert f.learn("q", result([], 5, None, epoch=99)) is False
+    # an empty claim that ran to the end: every priority's floor is the horizon before it
+    assert f.learn("q", result([], 5, 600.0, epoch=8)) is False
     assert f.params("q")["floor_default"] == at(500) and f.used()
+
+
+def test_an_epoch_change_drops_the_floors_even_when_the_horizon_is_not_granted():
+    """A writer of the bucket in flight keeps the horizon from being granted, but the bump
+    is seen at once: the floors go, and every claim is exact until a granted horizon
+    makes the new epoch the baseline."""
+    f = floors_with_horizon(t=100.0, epoch=3)
+    f.params("q")
+    f.learn("q", result([job(1, 0, 50)], 5, 200.0, epoch=3))
+    assert f.params("q")["floor_default"] == at(100)
+    assert f.learn("q", result([], 5, None, epoch=4)) is True  # not granted, but bumped
+    assert f.params("q") == NONE
+    for _ in range(3):  # still not granted: nothing is kept, every claim from the start
+        assert f.learn("q", result([job(2, 0, 60)], 5, None, epoch=4)) is False
+        assert f.params("q") == NONE
+    f.learn("q", result([], 5, 300.0, epoch=4))  # granted: the new baseline
+    f.params("q")
+    f.learn("q", result([job(3, 0, 250)], 5, 400.0, epoch=4))
+    assert f.params("q")["floor_at"] == [at(250)]
+
+
+def test_floors_are_capped_at_the_claims_own_now():
+    """A claim's due range ends at its now(): a floor never passes it, whatever the
+    horizon (a claim in a transaction that began before the horizon)."""
+    f = floors_with_horizon(t=100.0)
+    f.params("q")
+    f.learn("q", ClaimResult(jobs=[], allowance=5, horizon_at=at(200), horizon_epoch=1, due_until=at(80)))
+    assert f.params("q")["floor_default"] == at(80)
+
+
+def test_a_drop_forgets_that_floors_were_used():
+    """Drain mode drops floors and claims again when a round used them: a queue the next
+    round does not claim (rate limited) must not keep it spinning."""
+    f = floors_with_horizon(t=100.0)
+    f.params("q")
+    f.learn("q", result([], 5, 200.0))
+    f.params("q")
+    assert f.used()
+    f.drop()
+    assert not f.used()
 
 
 def test_floors_are_dropped_every_reset_interval_and_never_with_zero():

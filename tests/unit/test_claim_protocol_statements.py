@@ -25,7 +25,6 @@ EXEMPT = {
     "job_cancel_finish": "running jobs only, to cancelled",
     "job_complete": "running jobs to succeeded; the children it locks wait for this parent (blocked), "
                     "and the dependency trigger bumps the epoch of those it unblocks",
-    "job_commit_read_back": "a running job of the handler's own",
     "job_effect_done": "a running job of the handler's own",
     "job_step_record": "a running job of the handler's own",
     "job_progress": "a running job of the handler's own",

@@ -76,8 +76,8 @@ SELECT name FROM {schema}.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 -- held. NULL everywhere (App.claim, a claimer's first claim or after a drop) is the scan
 -- from the start. The final SELECT returns the queue's horizon (claim_horizon: the epoch
 -- and the time of a granted try of the queue's bucket lock, or a NULL time), which the
--- claimer's next floors are capped with, and how many jobs the aging arm took and its
--- bound, which say how far each arm ran. The arms lock FOR NO KEY UPDATE, the lock the
+-- claimer's next floors are capped with, how many jobs the aging arm took and its
+-- bound, which say how far each arm ran, and now(), where the due ranges ended. The arms lock FOR NO KEY UPDATE, the lock the
 -- update takes anyway: a row held FOR KEY SHARE (a foreign key's check) is not skipped.
 --
 -- Each claimed job gets attempts + 1, a new fencing token and a lease measured from
@@ -247,7 +247,7 @@ SELECT a.paused, a.limited, a.n AS allowance,
             THEN (1 - (a.tokens - (SELECT count(*) FROM claimed))) / a.rate_per_second
        END AS retry_after_seconds,
        h.at AS horizon_at, h.epoch AS horizon_epoch, (SELECT count(*) FROM aged) AS aged_count,
-       a.aging_seconds,
+       a.aging_seconds, now() AS due_until,
        c.id, c.queue, c.task, c.payload, c.priority, c.attempts, c.max_attempts, c.lease_token,
        c.lease_expires_at, c.run_at, c.created_at, c.trace_context, c.ordering_key, c.dedupe_key,
        c.wait_seconds, c.unblock_wait_seconds

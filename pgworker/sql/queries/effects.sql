@@ -8,8 +8,15 @@
 -- lost: whether that transaction committed is read from the row, never guessed. FOR
 -- SHARE waits for a transaction still holding the row (the handler's, if its server
 -- session has not finished yet), so the version read is the one that transaction left
--- (lock_timeout bounds the wait: then the caller cannot tell and says so).
-SELECT state::text, lease_token FROM {schema}.jobs WHERE id = %(id)s FOR SHARE;
+-- (lock_timeout bounds the wait: then the caller cannot tell and says so). A claim skips
+-- the row while it is held: if it is claimable by then (reaped meanwhile), its queue's
+-- claim epoch is bumped (migration 0013).
+WITH read AS (
+    SELECT state::text AS state, lease_token, queue, blocked FROM {schema}.jobs WHERE id = %(id)s FOR SHARE
+), backdated AS (
+    SELECT {schema}.claim_backdate(ARRAY(SELECT queue FROM read WHERE state = 'pending' AND NOT blocked)) AS n
+)
+SELECT state, lease_token FROM read WHERE (SELECT n FROM backdated) >= 0;
 
 -- name: job_step_get
 -- A job's recorded step or effect by name (any attempt's): what ctx.step / ctx.effect

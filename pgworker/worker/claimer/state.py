@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...claim_floors import ClaimFloors
+
 
 class ClaimerState:
     """The attributes of :class:`~.loop.Claimer` its halves use (see its ``__init__``)."""
@@ -33,7 +35,7 @@ class ClaimerState:
     empty_until: dict[str, float]
     retry_at: dict[str, float]
     limited_queues: set[str]
-    floors: Any
+    floors: ClaimFloors
     epoch_bumps: set[str]
     peer_jobs: Any
     _slot_policies: dict[str, tuple[float, int, int]]
