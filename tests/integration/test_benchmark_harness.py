@@ -57,7 +57,7 @@ def test_smallest_benchmark_case_runs_end_to_end(pg_dsn, tmp_path):
         assert 0 < startup["first_claim_seconds"]["median"] <= startup["every_claimer_seconds"]["median"], n
     snap = results["snapshot growth"]
     assert snap["reached"]["median"] == 200 and snap["at_100_claim_ms"]["median"] > 0
-    assert snap["at_200_buffers"]["median"] > 0
+    assert snap["at_200_buffers"]["median"] > 0 and snap["at_200_start_buffers"]["median"] > 0
     for key in ("enqueue single", "enqueue_many", "enqueue_many 100", "ref insert loop", "ref pgbench 100 rows",
                 "insert plain loop", "insert pgbench 100 rows", "insert pgbench plain", "insert pgbench job_insert"):
         assert results[key]["jobs_per_second"]["median"] > 0, key
