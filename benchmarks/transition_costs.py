@@ -76,7 +76,7 @@ SET state = 'running', attempts = j.attempts + 1, lease_token = j.lease_token + 
     started_at = statement_timestamp(), heartbeat_at = statement_timestamp(), cancel_requested_at = NULL
 FROM c WHERE j.id = c.id
 RETURNING NULL::boolean, NULL::boolean, NULL::integer, NULL::float8,
-          NULL::timestamptz, NULL::bigint, NULL::bigint, NULL::float8, NULL::timestamptz, j.id, j.queue, j.task, j.payload, j.priority,
+          NULL::timestamptz, NULL::bigint, NULL::boolean, NULL::bigint, NULL::float8, NULL::timestamptz, j.id, j.queue, j.task, j.payload, j.priority,
           j.attempts, j.max_attempts, j.lease_token, j.lease_expires_at, j.run_at, j.created_at, j.trace_context,
           j.ordering_key, j.dedupe_key, extract(epoch FROM statement_timestamp() - j.run_at)::float8
 """

@@ -18,7 +18,9 @@ A floor is safe because of the protocol of migration 0013 (its header says it wh
   job without changing it, bumps the bucket's epoch under that lock (``claim_backdate``);
 - every claim returns its horizon: the epoch, then the clock T, then the bucket's lock
   tried exclusively (``claim_horizon``). Granted, every writer that locked before T has
-  committed, and every later one stamps after T.
+  committed, and every later one stamps after T. Not granted (writers in flight), T is the
+  start of the oldest writer's transaction: every job a writer stamps is stamped after
+  it (None when a writer's start cannot be read).
 
 So after a claim, given T from an earlier claim (taken before this claim's snapshot; and
 never past the claim's own ``now()``, where its due range ends, which the claim returns),
@@ -136,7 +138,8 @@ class ClaimFloors:
 
         The epoch is compared whether or not the horizon was granted (a bump is seen at
         once); only a granted horizon becomes the baseline (its T and epoch), since only
-        then is every bump it counts committed."""
+        then is every bump it counts committed. One not granted, while the epoch is the
+        baseline's, moves T on to its time, the oldest writer's start."""
         qf = self._of(queue)
         changed = qf.horizon_epoch is not None and result.horizon_epoch != qf.horizon_epoch
         dropped = False
@@ -147,7 +150,12 @@ class ClaimFloors:
             t = qf.horizon_at if result.due_until is None else min(qf.horizon_at, result.due_until)
             self._move(qf, result, t)
         if result.horizon_at is not None:
-            qf.horizon_at, qf.horizon_epoch = result.horizon_at, result.horizon_epoch
+            if result.horizon_granted:
+                qf.horizon_at, qf.horizon_epoch = result.horizon_at, result.horizon_epoch
+            elif not changed and qf.horizon_at is not None:
+                # writers in flight, none has bumped the epoch: each stamps after its
+                # transaction's start, the oldest of which is horizon_at (both bounds hold)
+                qf.horizon_at = max(qf.horizon_at, result.horizon_at)
         return dropped
 
     @staticmethod

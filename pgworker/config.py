@@ -218,8 +218,9 @@ class Settings:
     claim_floor_reset_seconds: float = field(default=CLAIM_FLOOR_RESET_SECONDS, metadata=_env(
         "PGWORKER_CLAIM_FLOOR_RESET_SECONDS", float,
         help="How often a claimer forgets where its claims start (its floors, docs/architecture.md): the "
-             "longest a job another session locked and released unchanged may wait more; 0 starts every "
-             "claim from the start of its queue's range (exact, slower under a held snapshot)."))
+             "longest a job another session locked and released unchanged (an operator's SELECT ... FOR "
+             "UPDATE) may be passed over; lower it if tools of yours do that often; 0 starts every claim "
+             "from the start of its queue's range (exact, slower while an old snapshot is held)."))
     queue_concurrency: tuple[tuple[str, int], ...] = field(default=(), metadata=_env(
         "PGWORKER_QUEUE_CONCURRENCY", _queue_counts, unit="QUEUE=N, comma-separated", default_text="none",
         help="Per-pod limits: at most N jobs of a queue held at once by this pod's claimers ('emails=2,reports=1')."))
@@ -308,9 +309,9 @@ class Settings:
                               "set PGWORKER_RESULT_MAX_BYTES")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be 0-65535 (0: no server), got {self.metrics_port}; set PGWORKER_METRICS_PORT")
-        if not 0 <= self.claim_floor_reset_seconds <= 86400:
-            raise ConfigError(f"claim_floor_reset_seconds must be between 0 and 86400, got "
-                              f"{self.claim_floor_reset_seconds}; set PGWORKER_CLAIM_FLOOR_RESET_SECONDS")
+        if not self.claim_floor_reset_seconds >= 0:
+            raise ConfigError(f"claim_floor_reset_seconds must be seconds >= 0 (0: every claim from the start), "
+                              f"got {self.claim_floor_reset_seconds}; set PGWORKER_CLAIM_FLOOR_RESET_SECONDS")
         if self.priority_aging_seconds is not None and not self.priority_aging_seconds > 0:
             raise ConfigError("priority_aging_seconds must be > 0 (or unset for strict priority); "
                               "set PGWORKER_PRIORITY_AGING_SECONDS")
@@ -379,7 +380,13 @@ class Settings:
                 try:
                     values[f.name] = f.metadata["parse"](environ[env])
                 except ValueError as exc:
-                    raise ConfigError(f"{env}={environ[env]!r} is invalid: {exc}") from None
+                    expected = {float: "a number", int: "a whole number"}.get(f.metadata["parse"])
+                    if expected and f.name.endswith("_seconds"):
+                        expected += " of seconds, like 10 or 0.5 (no unit)"
+                    elif expected and f.name.endswith("_bytes"):
+                        expected += " of bytes (no unit)"
+                    hint = f"; expected {expected}" if expected else ""
+                    raise ConfigError(f"{env}={environ[env]!r} is invalid: {exc}{hint}") from None
         values.update({k: v for k, v in overrides.items() if v is not None})
         unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
         if unknown:

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 
 from .errors import ConfigError, DatabaseReadOnly, DatabaseRefused, DatabaseUnavailable
-from .names import dsn_password, redact, redact_dsn
+from .names import dsn_password, one_line, redact, redact_dsn
 
 log = logging.getLogger("pgworker.db")
 
@@ -74,7 +74,7 @@ def connect(dsn: str | None, *, application_name: str = "pgworker", autocommit: 
     except psycopg.OperationalError as exc:
         # one line: libpq's message spans several, and a log line or describe_failure
         # keeps the first
-        text = " ".join(redact(str(exc).strip(), dsn_password(dsn), dsn).split())
+        text = one_line(redact(str(exc).strip(), dsn_password(dsn), dsn))
         refused = refusal_fix(text)
         if refused:
             # the fix first: a log line or /readyz may cut the server's long text

@@ -118,10 +118,11 @@ class ClaimResult:
     left unclaimed, the seconds until the next token arrives (None otherwise: nothing
     waits for a token).
 
-    For the claimer's floors (:mod:`pgworker.claim_floors`): ``horizon_at`` and
-    ``horizon_epoch``, the claim's horizon for its queue (database clock and epoch of the
-    queue's bucket; ``horizon_at`` None when a writer held the bucket's lock: migration
-    0013), ``aged_count``, how many of ``jobs`` (the first ones) came from the aging arm,
+    For the claimer's floors (:mod:`pgworker.claim_floors`): ``horizon_at``,
+    ``horizon_epoch`` and ``horizon_granted``, the claim's horizon for its queue (database
+    clock and epoch of the queue's bucket; not granted when writers held the bucket's
+    lock, and then ``horizon_at`` is the oldest holder's transaction start, or None when
+    it cannot be read: migration 0013), ``aged_count``, how many of ``jobs`` (the first ones) came from the aging arm,
     ``aging_seconds``, the queue's aging bound that claim used (None: none), and
     ``due_until``, the claim's ``now()`` (the end of its due range; database clock).
     """
@@ -133,6 +134,7 @@ class ClaimResult:
     retry_after_seconds: float | None = None
     horizon_at: datetime | None = None
     horizon_epoch: int | None = None
+    horizon_granted: bool = False
     aged_count: int = 0
     aging_seconds: float | None = None
     due_until: datetime | None = None

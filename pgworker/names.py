@@ -146,6 +146,12 @@ def _userinfo_password(dsn: str) -> str | None:
     return userinfo.partition(":")[2] or None
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line: its lines joined with "; " (libpq's "Connection refused" and
+    "Is the server running ...?" are two sentences), runs of white space folded."""
+    return "; ".join(" ".join(line.split()) for line in text.splitlines() if line.strip())
+
+
 def redact(text: str, *secrets: str | None) -> str:
     """Return ``text`` with DSN passwords, keyword secrets (password=, api_key:, 'secret':
     ...), HTTP Bearer/Basic credentials and the given secrets replaced by asterisks."""

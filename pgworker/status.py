@@ -62,7 +62,9 @@ class StatusReport:
         """One row per queue and live state holding jobs, then one per finished state of
         the whole table (``queue`` None): ``queue``, ``state``, ``jobs``,
         ``oldest_due_age_seconds`` (due rows), ``expired_leases`` (running rows),
-        ``paused``, ``estimated`` (True when ``jobs`` is the planner's estimate)."""
+        ``paused``, ``estimated`` (True when ``jobs`` is the planner's estimate), and for a
+        finished state of a table never analyzed ``more_than`` (``jobs`` is then only the
+        count's limit, which it exceeds)."""
         paused = {q["name"] for q in self.queues if q.get("paused_at") is not None}
         rows = []
         for f in self.figures:
@@ -78,8 +80,11 @@ class StatusReport:
                              "paused": f["queue"] in paused, "estimated": False})
         for f in self.finished:
             if f["jobs"]:
-                rows.append({"queue": None, "state": f["state"], "jobs": f["jobs"], "oldest_due_age_seconds": None,
-                             "expired_leases": None, "paused": False, "estimated": f["estimated"]})
+                row = {"queue": None, "state": f["state"], "jobs": f["jobs"], "oldest_due_age_seconds": None,
+                       "expired_leases": None, "paused": False, "estimated": f["estimated"]}
+                if f.get("more_than"):
+                    row["more_than"] = True
+                rows.append(row)
         return rows
 
     def totals(self) -> dict[str, int]:
@@ -98,8 +103,11 @@ def status_reads(app: Any, conn: psycopg.Connection) -> StatusReport:
     for row in store.finished_counts(conn, limit=FINISHED_COUNT_LIMIT + 1):
         if row["counted"] <= FINISHED_COUNT_LIMIT:
             finished.append({"state": row["state"], "jobs": row["counted"], "estimated": False})
+        elif row["estimated"] is None:  # more than the limit, and never analyzed: no estimate at all
+            finished.append({"state": row["state"], "jobs": FINISHED_COUNT_LIMIT, "estimated": True,
+                             "more_than": True})
         else:  # more than the limit: the estimate, never below what was counted
-            jobs = max(row["estimated"] or 0, row["counted"])
+            jobs = max(row["estimated"], row["counted"])
             finished.append({"state": row["state"], "jobs": jobs, "estimated": True})
     return StatusReport(figures=figures, finished=finished, queues=store.list_queues(conn),
                         blocked=store.dead_blocked_keys(conn),

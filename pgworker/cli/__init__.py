@@ -74,10 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if not isinstance(exc, psycopg.Error):
             raise
-        from ..names import dsn_password, redact
+        from ..names import dsn_password, one_line, redact
 
         dsn = getattr(args, "dsn", None) or os.environ.get("PGWORKER_DSN")
-        text = redact(" ".join(str(exc).split()), dsn_password(dsn), dsn)
+        text = redact(one_line(str(exc)), dsn_password(dsn), dsn)
         hint = ("; this role may not do that. Operator commands (jobs show, dead replay, cancel, prune, queue "
                 "pause/resume/set) run as the schema's owner (the role that ran `pgworker migrate`); what the "
                 "producer and worker roles may do: `pgworker sql grants`"

@@ -27,8 +27,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     live = [r for r in rows if r["queue"] is not None]
     emit(args, live, ["queue", "state", "jobs", "oldest_due_age_seconds", "expired_leases"])
-    done = [{"state": r["state"], "jobs": f"~{r['jobs']:,}" if r["estimated"] else f"{r['jobs']:,}"}
-            for r in rows if r["queue"] is None]
+    done = [{"state": r["state"], "jobs": _finished_jobs(r)} for r in rows if r["queue"] is None]
     if done:
         print(f"\nfinished jobs, all queues (counted up to {FINISHED_COUNT_LIMIT:,} a state, past that ~ the "
               "planner's estimate; by queue: pgworker_jobs_finished_total):")
@@ -116,3 +115,11 @@ def _unused_queue_warning(app: Any, args: argparse.Namespace) -> str | None:
             if args.queue_command == "pause" else f"`pgworker queue delete {name}`")
     return (f"warning: queue {args.name!r} has no pending, running or dead jobs, none among the jobs that "
             f"finished last, no schedule and no history of settings, and {tasks}: a typo? Undo with {undo}")
+
+
+def _finished_jobs(row: dict[str, Any]) -> str:
+    """A finished state's count as `status` prints it: exact, ~estimated, or only a lower
+    bound when the table was never analyzed (autovacuum off: docs/deploy.md)."""
+    if row.get("more_than"):
+        return f">{row['jobs']:,} (not estimated: ANALYZE has not run on the jobs table)"
+    return f"~{row['jobs']:,}" if row["estimated"] else f"{row['jobs']:,}"

@@ -13,7 +13,7 @@ from .keyed import KeyedTransitions
 
 # job_claim's rows: the queue's verdict and horizon in the first CLAIM_GATE_COLUMNS
 # columns, then the job (ClaimedJob's fields in order; id first, lease_token eighth).
-CLAIM_GATE_COLUMNS = 9
+CLAIM_GATE_COLUMNS = 10
 CLAIM_ID_COLUMN, CLAIM_TOKEN_COLUMN = CLAIM_GATE_COLUMNS, CLAIM_GATE_COLUMNS + 7
 # The claim's floor parameters when the caller keeps none: every scan from the start.
 NO_FLOORS: Mapping[str, Any] = {"floor_priorities": None, "floor_at": None, "floor_id": None,
@@ -74,7 +74,8 @@ class LifecycleStatements(KeyedTransitions):
         jobs = [ClaimedJob(*row[CLAIM_GATE_COLUMNS:]) for row in rows if row[CLAIM_ID_COLUMN] is not None]
         return ClaimResult(jobs=jobs, paused=first[0], limited=first[1], allowance=first[2],
                            retry_after_seconds=first[3], horizon_at=first[4], horizon_epoch=first[5],
-                           aged_count=first[6], aging_seconds=first[7], due_until=first[8])
+                           horizon_granted=first[6], aged_count=first[7], aging_seconds=first[8],
+                           due_until=first[9])
 
     def renew(self, conn: psycopg.Connection, leases: Sequence[Lease], *,
               lease_seconds: float) -> FenceReport:

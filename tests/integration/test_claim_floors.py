@@ -184,6 +184,7 @@ def test_a_job_enqueued_by_a_transaction_open_across_claims_is_found(app: App, p
         app.enqueue_many([{"task": "t", "payload": {"i": i}, "queue": QUEUE} for i in range(3)])
         claimer.horizon()
         with psycopg.connect(pg_dsn) as producer:  # a transaction: its job is stamped now, committed later
+            begun = producer.execute("SELECT now()").fetchone()[0]
             app.enqueue("t", {"late": True}, queue=QUEUE, conn=producer)
             late = producer.execute(sql.SQL("SELECT max(id) FROM {}").format(
                 sql.Identifier(app.settings.schema, "jobs"))).fetchone()[0]
@@ -191,9 +192,38 @@ def test_a_job_enqueued_by_a_transaction_open_across_claims_is_found(app: App, p
                 app.enqueue_many([{"task": "t", "payload": {"i": i}, "queue": QUEUE} for i in range(2)])
                 taken = claimer.claim(10)
                 assert taken and late not in [j.id for j in taken]
-                assert claimer.conn.execute(sql.SQL("SELECT at FROM {}.claim_horizon(%s)").format(
-                    sql.Identifier(app.settings.schema)), [QUEUE]).fetchone()[0] is None  # its lock is held
+                # its lock is held: the horizon is not granted, its time the producer's start
+                at, granted = claimer.conn.execute(sql.SQL("SELECT at, granted FROM {}.claim_horizon(%s)").format(
+                    sql.Identifier(app.settings.schema)), [QUEUE]).fetchone()
+                assert not granted and at == begun
         assert claimer.floors.used()
+        assert [j.id for j in claimer.claim(10)] == [late]
+    finally:
+        claimer.close()
+
+
+def test_floors_follow_writers_in_flight_to_the_oldest_ones_start(app: App, pg_dsn: str):
+    """Producers always in flight keep the horizon from being granted; its time is then
+    the oldest writer's transaction start, and the floors move on to it (not beyond):
+    a stream of short producer transactions does not freeze them. The writer's own job,
+    stamped after its start, is found once it commits."""
+    claimer = FloorClaimer(app, pg_dsn)
+    try:
+        _plain(app, 3)
+        claimer.horizon()
+        baseline = claimer.floors._queues[QUEUE].horizon_at
+        _plain(app, 5)  # committed after the baseline horizon
+        with psycopg.connect(pg_dsn) as producer:
+            begun = producer.execute("SELECT now()").fetchone()[0]
+            app.enqueue("t", {"in flight": True}, queue=QUEUE, conn=producer)
+            late = producer.execute(sql.SQL("SELECT max(id) FROM {}").format(
+                sql.Identifier(app.settings.schema, "jobs"))).fetchone()[0]
+            _plain(app, 5)  # committed while the producer is in flight
+            assert len(claimer.claim(8)) == 8  # the horizon: not granted, the producer's start
+            qf = claimer.floors._queues[QUEUE]
+            assert qf.horizon_at == begun > baseline
+            assert len(claimer.claim(10)) == 5
+            assert claimer.floors.params(QUEUE)["floor_default"] == begun  # moved on, to its start only
         assert [j.id for j in claimer.claim(10)] == [late]
     finally:
         claimer.close()
@@ -323,21 +353,25 @@ def test_claims_from_floors_stay_flat_under_a_held_snapshot(app: App, conn: psyc
 
 def test_the_horizon_stamp_and_epoch(app: App, pg_dsn: str):
     s = sql.Identifier(app.settings.schema)
+    horizon = sql.SQL("SELECT at, epoch, granted FROM {}.claim_horizon(%s)").format(s)
     with psycopg.connect(pg_dsn, autocommit=True) as a, psycopg.connect(pg_dsn) as b:
-        at, epoch = a.execute(sql.SQL("SELECT at, epoch FROM {}.claim_horizon('x')").format(s)).fetchone()
-        assert at is not None and epoch == 0
+        at, epoch, granted = a.execute(horizon, ["x"]).fetchone()
+        assert at is not None and epoch == 0 and granted
+        begun = b.execute("SELECT now()").fetchone()[0]
         stamp = b.execute(sql.SQL("SELECT {}.claim_stamp(ARRAY['x'])").format(s)).fetchone()[0]
-        assert stamp > at
-        # b holds x's bucket lock until it ends: no horizon for x (nor for a queue of its bucket)
-        assert a.execute(sql.SQL("SELECT at FROM {}.claim_horizon('x')").format(s)).fetchone()[0] is None
+        assert stamp > at and stamp > begun
+        # b holds x's bucket lock until it ends: the horizon for x (and any queue of its
+        # bucket) is not granted, its time b's start (every job b stamps is stamped after)
+        assert a.execute(horizon, ["x"]).fetchone() == (begun, 0, False)
         other = next(q for q in (f"q{i}" for i in range(100))
                      if a.execute("SELECT hashtext(%s) & 15 <> hashtext('x') & 15", [q]).fetchone()[0])
-        assert a.execute(sql.SQL("SELECT at FROM {}.claim_horizon(%s)").format(s), [other]).fetchone()[0] is not None
+        assert a.execute(horizon, [other]).fetchone()[2] is True
         assert b.execute(sql.SQL("SELECT {}.claim_backdate(ARRAY['x', 'x'])").format(s)).fetchone()[0] == 2
-        # the bump is seen at once (a sequence), the horizon only once b has ended
+        # the bump is seen at once (a sequence); granted only once b has ended
+        assert a.execute(horizon, ["x"]).fetchone()[1:] == (2, False)
         b.commit()
-        at2, epoch2 = a.execute(sql.SQL("SELECT at, epoch FROM {}.claim_horizon('x')").format(s)).fetchone()
-        assert at2 is not None and epoch2 == 2
+        at2, epoch2, granted2 = a.execute(horizon, ["x"]).fetchone()
+        assert at2 is not None and epoch2 == 2 and granted2
         # the session lock of the horizon is never left behind
         assert a.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
                          ).fetchone()[0] == 0

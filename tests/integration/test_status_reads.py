@@ -163,3 +163,26 @@ def test_status_counts_jobs_waiting_for_their_parents(app, conn, pg_dsn):
         rows = status_reads(app, c).state_rows()
     assert {(r["queue"], r["state"], r["jobs"]) for r in rows} == {
         ("default", "scheduled", 1), ("children", "waiting_on_parents", 1)}
+
+
+def test_status_says_more_than_the_limit_when_the_table_was_never_analyzed(app, conn):
+    """Past the counting limit the finished states come from the planner's statistics; a
+    table never analyzed (autovacuum off) has none: `status` says more than the limit
+    and why, not a made-up estimate (a new user read "~10,001" for 61,753)."""
+    from pgworker.cli.queues import _finished_jobs
+    from pgworker.status import FINISHED_COUNT_LIMIT, status_reads
+
+    ident = sql.Identifier(app.settings.schema)
+    conn.execute(sql.SQL("ALTER TABLE {}.jobs SET (autovacuum_enabled = false)").format(ident))
+    conn.execute(sql.SQL("INSERT INTO {}.jobs (queue, task, payload, state, finished_at) "
+                         "SELECT 'default', 't', '{{}}', 'succeeded', now() FROM generate_series(1, %s)")
+                 .format(ident), [FINISHED_COUNT_LIMIT + 50])
+    assert conn.execute(sql.SQL("SELECT reltuples FROM pg_class WHERE oid = '{}.jobs'::regclass")
+                        .format(ident)).fetchone()[0] < 0  # never analyzed
+    report = status_reads(app, conn)
+    [row] = [r for r in report.state_rows() if r["queue"] is None]
+    assert row["more_than"] and row["jobs"] == FINISHED_COUNT_LIMIT
+    assert _finished_jobs(row) == f">{FINISHED_COUNT_LIMIT:,} (not estimated: ANALYZE has not run on the jobs table)"
+    conn.execute(sql.SQL("ANALYZE {}.jobs").format(ident))
+    [row] = [r for r in status_reads(app, conn).state_rows() if r["queue"] is None]
+    assert not row.get("more_than") and _finished_jobs(row).startswith("~")

@@ -25,9 +25,11 @@ def job(i: int, priority: int, run_at: float) -> ClaimedJob:
 
 
 def result(jobs: list[ClaimedJob], allowance: int, horizon: float | None, epoch: int = 1, aged: int = 0,
-           aging: float | None = None) -> ClaimResult:
+           aging: float | None = None, granted: bool | None = None) -> ClaimResult:
+    """A claim's result; its horizon granted unless said (None: not granted, no time)."""
     return ClaimResult(jobs=jobs, allowance=allowance, horizon_at=None if horizon is None else at(horizon),
-                       horizon_epoch=epoch, aged_count=aged, aging_seconds=aging)
+                       horizon_epoch=epoch, horizon_granted=horizon is not None if granted is None else granted,
+                       aged_count=aged, aging_seconds=aging)
 
 
 class Clock:
@@ -151,7 +153,8 @@ def test_floors_are_capped_at_the_claims_own_now():
     horizon (a claim in a transaction that began before the horizon)."""
     f = floors_with_horizon(t=100.0)
     f.params("q")
-    f.learn("q", ClaimResult(jobs=[], allowance=5, horizon_at=at(200), horizon_epoch=1, due_until=at(80)))
+    f.learn("q", ClaimResult(jobs=[], allowance=5, horizon_at=at(200), horizon_epoch=1, horizon_granted=True,
+                             due_until=at(80)))
     assert f.params("q")["floor_default"] == at(80)
 
 
@@ -224,3 +227,28 @@ def test_at_most_max_priorities_are_kept_the_highest_ones():
     p = f.params("q")
     assert p["floor_priorities"] == list(range(20, 20 - MAX_PRIORITIES, -1))
     assert p["floor_default"] == at(100)  # the priorities let go fall back to it: still safe
+
+
+def test_a_horizon_not_granted_moves_the_cap_to_the_oldest_writers_start():
+    """Writers in flight (producers enqueueing all the time): the horizon's time is the
+    oldest holder's transaction start. With the epoch unchanged the cap moves on to it (never
+    back), so floors follow the queue; the epoch is not taken as a baseline."""
+    f = floors_with_horizon(t=100.0, epoch=5)
+    f.params("q")
+    f.learn("q", result([job(1, 0, 150)], 5, 140.0, epoch=5, granted=False))  # capped at 100 still
+    assert f.params("q")["floor_default"] == at(100)
+    f.learn("q", result([job(2, 0, 190)], 5, 120.0, epoch=5, granted=False))  # the cap is now 140
+    assert f.params("q")["floor_default"] == at(140)
+    f.learn("q", result([job(3, 0, 250)], 5, 260.0, epoch=5, granted=False))  # 120 is older: the cap stays 140
+    assert f.params("q")["floor_default"] == at(140)
+    f.learn("q", result([job(4, 0, 300)], 5, 280.0, epoch=5, granted=False))  # capped at 260
+    assert f.params("q")["floor_default"] == at(260)
+    # a bump seen at a horizon not granted: drop, and neither the cap nor the epoch moves
+    assert f.learn("q", result([], 5, 400.0, epoch=6, granted=False)) is True
+    assert f.params("q") == NONE
+    f.learn("q", result([job(5, 0, 300)], 5, 410.0, epoch=6, granted=False))
+    assert f.params("q") == NONE  # still the old baseline: every claim exact until a grant
+    f.learn("q", result([], 5, 420.0, epoch=6))  # granted: the new baseline
+    f.params("q")
+    f.learn("q", result([job(6, 0, 450)], 5, 500.0, epoch=6))
+    assert f.params("q")["floor_at"] == [at(420)]

@@ -379,3 +379,13 @@ def test_a_malformed_dsn_is_shown_with_only_its_password_masked(dsn, shown, why,
     assert err.startswith(f"error: malformed DSN {shown}: ") and why in err, err
     assert "s3cret" not in err and err.count("\n") == 1, err  # one line
     assert "use a URI like postgresql://user@host:5432/db" in err and "key=value pairs like" in err
+
+
+def test_one_line_keeps_the_sentences_of_a_multi_line_message_apart():
+    from pgworker.names import one_line
+
+    libpq = ('connection to server at "127.0.0.1", port 5999 failed: Connection refused\n'
+             '\tIs the server running on that host and accepting TCP/IP connections?\n')
+    assert one_line(libpq) == ('connection to server at "127.0.0.1", port 5999 failed: Connection refused; '
+                               'Is the server running on that host and accepting TCP/IP connections?')
+    assert one_line("a  b\n\n  c ") == "a b; c" and one_line("") == ""

@@ -22,7 +22,9 @@
 --     claim's snapshot sees its jobs), and every later one stamps its jobs after T. So
 --     after the next claim, no job below T can appear that it did not see: the floors a
 --     claimer computes are capped at T (the claimer's previous T, taken before its scan).
---     Not granted (a writer is in flight): T does not move this time.
+--     Not granted (writers in flight): T is the start of the oldest holder's transaction
+--     (each stamps after it), read from pg_locks and pg_stat_activity, or NULL where a
+--     holder's start is hidden; the epoch is then not a baseline.
 --   * claim_backdate(queues): a statement that makes a job claimable with an older run_at
 --     (a released job keeps its place, an ordering key's next job or a dependent is
 --     unblocked, an enqueue with a run_at in the past, a periodic job for a past slot), or
@@ -96,10 +98,16 @@ END $$;
 
 -- A claim's horizon for its queue's bucket: the epoch, then the time, then the exclusive
 -- lock tried and released in one expression (no interrupt is served between the two
--- calls, so the session lock cannot be left behind). at is NULL when a writer held the
--- lock. The epoch is read first: a bump between the read and the lock shows as a change
--- at the next horizon, one claim later, never as none.
-CREATE FUNCTION {schema}.claim_horizon(queue text, OUT at timestamptz, OUT epoch bigint)
+-- calls, so the session lock cannot be left behind). The epoch is read first: a bump
+-- between the read and the lock shows as a change at the next horizon, one claim later,
+-- never as none. granted: no writer held the lock. When writers held it (a producer's
+-- open transaction that enqueued, a stream of producers), every job they stamp is
+-- stamped after their transaction began: at is then the oldest such start (pg_locks,
+-- pg_stat_activity), or NULL when a holder's start cannot be read (a prepared
+-- transaction, or the schema's owner may not see another role's sessions: the
+-- pg_read_all_stats role lets it). A horizon not granted never makes its epoch the
+-- claimer's baseline (a holder may have bumped it and not committed yet).
+CREATE FUNCTION {schema}.claim_horizon(queue text, OUT at timestamptz, OUT epoch bigint, OUT granted boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
 DECLARE
     key integer := 'claim_epoch_0'::regclass::oid::integer;
@@ -107,8 +115,16 @@ DECLARE
 BEGIN
     epoch := coalesce(pg_sequence_last_value(('claim_epoch_' || bucket)::regclass), 0);
     at := clock_timestamp();
-    IF NOT (pg_try_advisory_lock(key, bucket) AND pg_advisory_unlock(key, bucket)) THEN
-        at := NULL;
+    granted := pg_try_advisory_lock(key, bucket) AND pg_advisory_unlock(key, bucket);
+    IF NOT granted THEN
+        SELECT CASE WHEN count(*) = 0 THEN at
+                    WHEN bool_and(a.xact_start IS NOT NULL) THEN least(at, min(a.xact_start)) END,
+               count(*) = 0
+        INTO at, granted
+        FROM pg_locks AS l
+        LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+        WHERE l.locktype = 'advisory' AND l.classid = key::oid AND l.objid = bucket::oid
+          AND l.objsubid = 2 AND l.granted AND l.pid IS DISTINCT FROM pg_backend_pid();
     END IF;
 END $$;
 

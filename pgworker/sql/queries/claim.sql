@@ -74,8 +74,8 @@ SELECT name FROM {schema}.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 -- without reading their rows) and one for the aging arm (%(floor_aged)s); each range scan
 -- starts there, one descent past the entries of jobs claimed since a snapshot that is still
 -- held. NULL everywhere (App.claim, a claimer's first claim or after a drop) is the scan
--- from the start. The final SELECT returns the queue's horizon (claim_horizon: the epoch
--- and the time of a granted try of the queue's bucket lock, or a NULL time), which the
+-- from the start. The final SELECT returns the queue's horizon (claim_horizon: the epoch,
+-- a time, and whether the try of the queue's bucket lock was granted), which the
 -- claimer's next floors are capped with, how many jobs the aging arm took and its
 -- bound, which say how far each arm ran, and now(), where the due ranges ended. The arms lock FOR NO KEY UPDATE, the lock the
 -- update takes anyway: a row held FOR KEY SHARE (a foreign key's check) is not skipped.
@@ -246,8 +246,8 @@ SELECT a.paused, a.limited, a.n AS allowance,
                       LIMIT 1) IS NOT NULL
             THEN (1 - (a.tokens - (SELECT count(*) FROM claimed))) / a.rate_per_second
        END AS retry_after_seconds,
-       h.at AS horizon_at, h.epoch AS horizon_epoch, (SELECT count(*) FROM aged) AS aged_count,
-       a.aging_seconds, now() AS due_until,
+       h.at AS horizon_at, h.epoch AS horizon_epoch, h.granted AS horizon_granted,
+       (SELECT count(*) FROM aged) AS aged_count, a.aging_seconds, now() AS due_until,
        c.id, c.queue, c.task, c.payload, c.priority, c.attempts, c.max_attempts, c.lease_token,
        c.lease_expires_at, c.run_at, c.created_at, c.trace_context, c.ordering_key, c.dedupe_key,
        c.wait_seconds, c.unblock_wait_seconds
