@@ -79,7 +79,9 @@ def test_a_killed_fork_server_costs_the_pod_its_claimers_never_two_on_one_table(
                    60, message="both claimers run a long job")
         (server,) = w.fork_server_pids()
         os.kill(server, signal.SIGKILL)
-        new = wait_until(lambda: len(w.claimer_pids()) == 2 and w.claimer_pids(), 60,
+        # replacements: other pids (until the kill lands, the old claimers are still the
+        # dying server's children, and read as the pod's claimers)
+        new = wait_until(lambda: len(pids := w.claimer_pids()) == 2 and set(pids).isdisjoint(old) and pids, 60,
                          message=lambda: f"replacement claimers; log:\n{w.logs()[-3000:]}")
         assert [p for p in old if _running(p)] == [], "an orphaned claimer runs beside its replacement"
         assert set(new).isdisjoint(old) and w.fork_server_pids() not in ([], [server])

@@ -202,7 +202,10 @@ def test_a_paused_queue_stops_being_claimed(browser, site):
                          "AND state = 'succeeded'")[0][0] == 1, timeout=30, message="the first job")
     _open(browser, site, "/")
     _click(browser, 'tr[data-queue="pausable"] button.pause')
-    assert "paused" in _text(browser, 'tr[data-queue="pausable"]')
+    # the click returns before the next page has loaded, and the old page's row is present
+    # meanwhile: wait for the row to say so (it read the old row once, on a loaded machine)
+    wait_until(lambda: "paused" in _text(browser, 'tr[data-queue="pausable"]'), timeout=15,
+               message=lambda: f"the row after the pause: {_text(browser, 'tr[data-queue=pausable]')!r}")
     held = site.app.enqueue("paused_queue_job", None, any_task=True, queue="pausable")
     probe = site.app.enqueue("quick", None, any_task=True)
     site.wait_state(probe, "succeeded")  # the worker claims other queues meanwhile...
