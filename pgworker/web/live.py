@@ -11,6 +11,7 @@ stream breaks, is simply as fresh as its last load.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import threading
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -106,12 +107,28 @@ async def overview_stream(broadcaster: Broadcaster, disconnected: Callable[[], A
         broadcaster.unsubscribe(entry)
 
 
+def fingerprint(value: Any) -> str:
+    """A short digest of what a live row stream compares (``poll_stream``'s ``read()``),
+    which its page renders into the stream's URL (``seen``)."""
+    return hashlib.sha256(repr(value).encode()).hexdigest()[:16]
+
+
 async def poll_stream(read: Callable[[], Awaitable[Any]], disconnected: Callable[[], Awaitable[bool]], *,
-                      until: Callable[[Any], bool]) -> AsyncIterator[str]:
+                      until: Callable[[Any], bool], seen: str | None = None,
+                      reconnected: bool = False) -> AsyncIterator[str]:
     """SSE frames for one row (a job, a bulk operation): 'refresh' when ``read()`` changes;
-    ends after the change that makes ``until(value)`` true (a finished job)."""
+    ends after the change that makes ``until(value)`` true (a finished job).
+
+    The page was rendered before this stream's first read: a change in between (a job
+    cancelled while its page loaded after the cancel's redirect) was never sent, and the
+    page showed the old state for good. So the page puts the :func:`fingerprint` of what
+    it rendered in the stream's URL (``seen``), and a new stream whose first read differs
+    opens with a 'refresh' (id 0). A reconnection (the browser sends Last-Event-ID:
+    ``reconnected``) gets none: its URL's ``seen`` is the page's first render."""
     yield "retry: 3000\n\n"
     last = await read()
+    if seen is not None and not reconnected and fingerprint(last) != seen:
+        yield "id: 0\nevent: refresh\ndata: {}\n\n"
     quiet = 0.0
     while not await disconnected():
         await asyncio.sleep(POLL_SECONDS)

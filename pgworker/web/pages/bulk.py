@@ -16,7 +16,7 @@ from starlette.routing import Route
 from ... import bulk
 from ...errors import ConfigError
 from ...jobfilter import JobFilter
-from ..live import poll_stream
+from ..live import fingerprint, poll_stream
 from .jobs import NEWEST
 
 #: The confirmation's count of a dead group stops here (the dead set is indexed).
@@ -99,7 +99,13 @@ def operation_data(ctx: Any, op_id: int) -> dict[str, Any] | None:
         sample = ctx.store.bulk_operation_jobs_of(c, op_id, limit=20)
     span = max(op["max_id"], 1)
     return {"op": op, "filter": JobFilter.from_json(op["filter"]), "sample": sample,
-            "progress": 100.0 if op["state"] == "done" else min(100.0, 100.0 * op["cursor_id"] / span)}
+            "progress": 100.0 if op["state"] == "done" else min(100.0, 100.0 * op["cursor_id"] / span),
+            "live_seen": fingerprint(live_value(op))}
+
+
+def live_value(op: dict[str, Any]) -> tuple[Any, ...]:
+    """What an open operation page follows: its state and cursor."""
+    return (op["state"], op["cursor_id"])
 
 
 async def operation(request: Request) -> Response:
@@ -119,10 +125,12 @@ async def operation_events(request: Request) -> Response:
 
     async def read() -> Any:
         with_conn = await ctx.db(operation_data, ctx, op_id)
-        return None if with_conn is None else (with_conn["op"]["state"], with_conn["op"]["cursor_id"])
+        return None if with_conn is None else live_value(with_conn["op"])
 
     return StreamingResponse(poll_stream(read, request.is_disconnected,
-                                         until=lambda v: v is None or v[0] != "running"),
+                                         until=lambda v: v is None or v[0] != "running",
+                                         seen=request.query_params.get("seen"),
+                                         reconnected="last-event-id" in request.headers),
                              media_type="text/event-stream", headers={"X-Accel-Buffering": "no"})
 
 

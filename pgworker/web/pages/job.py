@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from ..live import poll_stream
+from ..live import fingerprint, poll_stream
 from ..render import pretty, redact
 from .job_sections import dependencies_section, progress_section, result_section
 
@@ -77,7 +77,14 @@ def job_data(ctx: Any, job_id: int) -> dict[str, Any] | None:
     for template, loader in SECTIONS:
         data.update(loader(ctx, job))
         data["sections"].append(template)
+    data["live_seen"] = fingerprint(live_value(job))
     return data
+
+
+def live_value(job: dict[str, Any]) -> tuple[Any, ...]:
+    """What an open job page follows: its state, lease, attempts and progress."""
+    return (job["state"], job["lease_token"], job["heartbeat_at"], job["attempts"], job["cancel_requested_at"],
+            job["run_at"], len(job["events"]), job.get("progress_at"))
 
 
 def _lease(job: dict[str, Any], now: datetime, ctx: Any) -> dict[str, Any] | None:
@@ -130,12 +137,11 @@ async def job_events(request: Request) -> Response:
 
     async def read() -> Any:
         job = await ctx.db(ctx.app.get_job, job_id)
-        if job is None:
-            return None
-        return (job["state"], job["lease_token"], job["heartbeat_at"], job["attempts"], job["cancel_requested_at"],
-                job["run_at"], len(job["events"]), job.get("progress_at"))
+        return None if job is None else live_value(job)
 
-    return StreamingResponse(poll_stream(read, request.is_disconnected, until=lambda v: v is None or v[0] in FINISHED),
+    return StreamingResponse(poll_stream(read, request.is_disconnected, until=lambda v: v is None or v[0] in FINISHED,
+                                         seen=request.query_params.get("seen"),
+                                         reconnected="last-event-id" in request.headers),
                              media_type="text/event-stream", headers={"X-Accel-Buffering": "no"})
 
 

@@ -14,10 +14,13 @@
     return live.querySelector("input[name=ids]:checked") !== null;
   }
 
-  var pending = false;
+  var pending = false, again = false;
   function refresh() {
     var live = document.getElementById("live");
-    if (!live || busy(live) || pending) return;
+    if (!live || busy(live)) return;
+    // a refresh while one is being fetched is not dropped: that fetch may have read the
+    // page before the change it announces (a job's last change, after which no other comes)
+    if (pending) { again = true; return; }
     pending = true;
     fetch(window.location.href, { headers: { "X-Pgworker-Partial": "1" }, credentials: "same-origin" })
       .then(function (response) { return response.ok ? response.text() : null; })
@@ -28,7 +31,10 @@
         if (fresh && current && !busy(current)) current.replaceWith(document.importNode(fresh, true));
       })
       .catch(function () { /* the page stays as it was loaded */ })
-      .then(function () { pending = false; });
+      .then(function () {
+        pending = false;
+        if (again) { again = false; refresh(); }
+      });
   }
 
   var source = document.body.getAttribute("data-live");
