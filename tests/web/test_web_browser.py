@@ -99,9 +99,20 @@ def _text(driver, css, timeout=15):
 
 
 def _click(driver, css):
+    """Click the first element matching ``css``. A running job's page refreshes on every
+    lease renewal (heartbeat_at is part of what it follows), so the element found may be
+    swapped out before the click lands: a stale element is found again, as a user's next
+    click would land on the new button."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    driver.find_element(By.CSS_SELECTOR, css).click()
+    for _ in range(10):
+        try:
+            driver.find_element(By.CSS_SELECTOR, css).click()
+            return
+        except StaleElementReferenceException:
+            time.sleep(0.1)
+    raise AssertionError(f"{css} kept being replaced before it could be clicked")
 
 
 def _no_alert(driver):
@@ -176,6 +187,35 @@ def test_a_running_job_cancelled_from_its_page_is_stopped_by_its_worker(browser,
     site.wait_state(job, "cancelled", timeout=40)
     # the open page follows by itself (SSE from the job's row), no reload
     wait_until(lambda: _text(browser, "#job-state") == "cancelled", timeout=20, message="the live update")
+
+
+def test_a_reason_typed_on_a_running_jobs_page_survives_its_live_refreshes(browser, site):
+    """A running job's page refreshes on each lease renewal; a reason the operator typed
+    and then left (clicked elsewhere) was wiped by the next refresh."""
+    job = site.app.enqueue("runs_until_cancelled", None, any_task=True)
+    site.wait_state(job, "running")
+    _open(browser, site, f"/jobs/{job}")
+    beat = lambda: q(site.conn, site.schema, "SELECT heartbeat_at FROM {s}.jobs WHERE id = %s", job)[0][0]  # noqa: E731
+
+    def refreshed_twice(mark):
+        browser.execute_script("document.getElementById('live').dataset.mark = arguments[0]", mark)
+        first = beat()
+        wait_until(lambda: beat() != first, timeout=20, message="a lease renewal")
+        second = beat()
+        wait_until(lambda: beat() != second, timeout=20, message="a second lease renewal")
+        time.sleep(3)  # the stream polls every 2 s
+        return browser.execute_script("return document.getElementById('live').dataset.mark || null") is None
+
+    assert refreshed_twice("untouched"), "the page did not refresh on renewals: this test could not fail"
+    browser.find_element("css selector", "#reason-cancel").send_keys("stuck on the <b>old</b> API")
+    browser.execute_script("document.activeElement.blur()")
+    assert not refreshed_twice("typed"), "a refresh replaced the page under a typed reason"
+    assert browser.find_element("css selector", "#reason-cancel").get_attribute("value") == "stuck on the <b>old</b> API"
+    _click(browser, "#action-cancel")
+    browser.switch_to.alert.accept()
+    site.wait_state(job, "cancelled", timeout=40)
+    wait_until(lambda: "stuck on the <b>old</b> API" in _text(browser, "#history"), timeout=20,
+               message="the reason in the job's history")
 
 
 def test_a_job_cancelled_from_its_page_with_a_reason_shows_it_in_its_audit_trail(browser, site):

@@ -1,7 +1,7 @@
 /* pgworker console: progressive enhancement only. Every page works without this file.
    - live updates: a page with data-live="<SSE url>" fetches itself again on each
-     "refresh" event and swaps its <main id="live">, unless the operator is typing in it
-     or has a <details> open there;
+     "refresh" event and swaps its <main id="live">, unless the operator is typing in it,
+     has typed into a field there and left it, or has a <details> open there;
    - forms with data-confirm="question" ask before submitting;
    - a checkbox with data-select-all ticks every ids checkbox. */
 (function () {
@@ -11,6 +11,9 @@
     var active = document.activeElement;
     if (active && live.contains(active) && /^(INPUT|SELECT|TEXTAREA)$/.test(active.tagName)) return true;
     if (live.querySelector("details[open]")) return true;
+    // a reason typed and left (the operator clicked elsewhere) is not wiped by a refresh
+    var fields = live.querySelectorAll("textarea, input:not([type]), input[type=text], input[type=search]");
+    for (var i = 0; i < fields.length; i++) if (fields[i].value !== fields[i].defaultValue) return true;
     return live.querySelector("input[name=ids]:checked") !== null;
   }
 
