@@ -317,6 +317,34 @@ def test_drain_processes_due_work_and_leaves_later_work(env, pg_dsn, conn):
     assert summary["left"] == 0 and 3500 < summary["next_due_seconds"] <= 3600, summary
 
 
+def test_a_drain_run_names_due_jobs_it_left_because_another_transaction_locked_them(env, pg_dsn, conn):
+    """A claim skips a row another transaction holds locked (an operator's open
+    SELECT ... FOR UPDATE, say): the run drains everything else, exits 0 and counts the
+    job as left, and its log says why and where to look; the next run takes it."""
+    import psycopg
+
+    schema = env.settings.schema
+    env.enqueue_many([("record", i) for i in range(5)])
+    held = env.enqueue("record", {"held": True})
+    with psycopg.connect(pg_dsn) as operator:
+        operator.execute(sql.SQL("SELECT id FROM {}.jobs WHERE id = %s FOR UPDATE").format(sql.Identifier(schema)),
+                         (held,))
+        with Worker(pg_dsn, schema, "--drain", "--concurrency", "2") as w:
+            assert w.wait(60) == 0
+            summary = json.loads(w.stdout().strip().splitlines()[-1])
+            logs = w.logs()
+        assert summary["succeeded"] == 5 and summary["left"] == 1 and summary["result"] == "succeeded", summary
+        assert "1 due job(s) left at exit, 1 of them locked by another transaction" in logs, logs[-2000:]
+        assert "pg_locks" in logs
+        operator.rollback()
+    assert q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", held) == [("pending",)]
+    with Worker(pg_dsn, schema, "--drain", "--concurrency", "2") as w:
+        assert w.wait(60) == 0
+        summary = json.loads(w.stdout().strip().splitlines()[-1])
+        assert "left at exit" not in w.logs()
+    assert summary["succeeded"] == 1 and summary["left"] == 0, summary
+
+
 def test_drain_runs_work_that_becomes_due_while_another_job_runs(env, pg_dsn, conn):
     """A drain run has no LISTEN; its idle claimer is still woken by the fallback poll, so
     a job that becomes due while a long one runs starts at once, not after the long one
@@ -354,7 +382,9 @@ def test_drain_deadline_with_due_work_left_exits_75(env, pg_dsn, conn):
                 "--max-duration", "2", "--shutdown-grace", "1") as w:
         assert w.wait(60) == 75
         summary = json.loads(w.stdout().strip().splitlines()[-1])
-    assert summary["result"] == "deadline" and summary["left"] >= 1
+        logs = w.logs()
+    assert summary["result"] == "deadline" and summary["left"] >= 1, logs[-3000:]
+    assert "due job(s) left at exit (the run reached --max-duration)" in logs, logs[-3000:]
     assert not q(conn, schema, "SELECT 1 FROM {s}.jobs WHERE state = 'running'")  # settled, not stranded
     # the job longer than the run spent its attempt (SHUTDOWN): runs after runs end it dead,
     # visible, instead of releasing it forever

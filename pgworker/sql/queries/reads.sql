@@ -150,6 +150,26 @@ SELECT count(*) FROM {schema}.jobs
 WHERE queue = ANY(%(queues)s::text[]) AND state = 'pending' AND NOT blocked AND run_at <= now()
   AND queue NOT IN (SELECT name FROM {schema}.queues WHERE paused_at IS NOT NULL);
 
+-- name: jobs_due_locked
+-- Of the due, claimable jobs in these queues (jobs_due_count's; at most %(limit)s looked
+-- at), how many another transaction holds locked, so that a claim skips them (an
+-- operator's open SELECT ... FOR UPDATE, say): the rows a SKIP LOCKED probe at the claim's
+-- lock strength could not take. Run in a transaction that is rolled back (its own
+-- locks go with it); drain mode asks it only when due jobs are left at exit.
+SELECT count(*) - count(free.id) FROM (
+    SELECT id FROM {schema}.jobs
+    WHERE queue = ANY(%(queues)s::text[]) AND state = 'pending' AND NOT blocked AND run_at <= now()
+      AND queue NOT IN (SELECT name FROM {schema}.queues WHERE paused_at IS NOT NULL)
+    ORDER BY id LIMIT %(limit)s
+) AS due
+LEFT JOIN (
+    SELECT id FROM {schema}.jobs
+    WHERE queue = ANY(%(queues)s::text[]) AND state = 'pending' AND NOT blocked AND run_at <= now()
+      AND queue NOT IN (SELECT name FROM {schema}.queues WHERE paused_at IS NOT NULL)
+    ORDER BY id LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+) AS free USING (id);
+
 -- name: jobs_next_due
 -- Seconds until the earliest job of these queues that is not due yet becomes due (NULL:
 -- none), paused queues excepted: a drain run's summary says when work comes next (a

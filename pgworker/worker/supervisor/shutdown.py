@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from ..drain import report as report_drain
 from ..settler import SHUTDOWN, settlements
@@ -17,6 +18,9 @@ log = logging.getLogger("pgworker.supervisor")
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_DRAIN_DEADLINE = 75  # EX_TEMPFAIL: the deadline passed with due work left; run again
+# How many of the due jobs left at a drain run's exit are probed for another
+# transaction's row lock (the probe locks and releases each one it looks at).
+LOCKED_PROBE_LIMIT = 1000
 
 
 class Shutdown(SupervisorState):
@@ -74,6 +78,8 @@ class Shutdown(SupervisorState):
             with self.connect("pgworker:supervisor") as conn:
                 self.summary.left = self.store.due_count(conn, self.queues)
                 self.summary.next_due_seconds = self.store.next_due_seconds(conn, self.queues)
+                if self.summary.left > 0:
+                    self._say_why_left(conn)
         except Exception as exc:  # noqa: BLE001
             log.error("could not count the jobs left: %s", type(exc).__name__)
             self.summary.left = -1
@@ -85,3 +91,27 @@ class Shutdown(SupervisorState):
         if self.deadline_hit and self.summary.left:
             return EXIT_DRAIN_DEADLINE
         return EXIT_OK
+
+    def _say_why_left(self, conn: Any) -> None:
+        """Log the due jobs a drain run leaves, and how many of them another transaction
+        held locked: a claim skips a locked row, so an operator's forgotten
+        ``SELECT ... FOR UPDATE`` left them in silence (the summary's "left" alone)."""
+        left = self.summary.left
+        try:
+            locked = self.store.due_locked_count(conn, self.queues, limit=LOCKED_PROBE_LIMIT)
+        except Exception as exc:  # noqa: BLE001 - the count of what is left stands
+            log.warning("drain: %d due job(s) left at exit (could not probe their locks: %s); the next run "
+                        "takes them", left, type(exc).__name__)
+            return
+        shown = f"{locked}{'+' if locked >= LOCKED_PROBE_LIMIT else ''}"
+        why = (f", {shown} of them locked by another transaction (a claim skips a locked row: pg_locks "
+               f"and pg_stat_activity show who holds it, often an open session's SELECT ... FOR UPDATE)"
+               if locked else f" ({self._left_unlocked_because()})")
+        log.warning("drain: %d due job(s) left at exit%s; the next run takes them", left, why)
+
+    def _left_unlocked_because(self) -> str:
+        if self.received:
+            return "the run was stopped by a signal"
+        if self.deadline_hit:
+            return "the run reached --max-duration"
+        return "due in the run's last moments, or held back by a queue's limit"
