@@ -218,6 +218,31 @@ def test_a_reason_typed_on_a_running_jobs_page_survives_its_live_refreshes(brows
                message="the reason in the job's history")
 
 
+def test_a_refresh_held_back_while_the_operator_typed_runs_once_they_stop(browser, site):
+    """A job's last change comes once and its stream then ends: a refresh skipped while
+    a reason was typed left the page saying 'running' for good after the job finished."""
+    from selenium.webdriver.common.keys import Keys
+
+    job = site.app.enqueue("runs_until_cancelled", None, any_task=True)
+    site.wait_state(job, "running")
+    _open(browser, site, f"/jobs/{job}")
+    field = browser.find_element("css selector", "#reason-cancel")
+    field.send_keys("on second thought")
+    browser.execute_script("document.activeElement.blur()")
+    site.app.cancel(job, actor="t")  # elsewhere: the API, another operator
+    site.wait_state(job, "cancelled", timeout=40)
+    # the stream's poll (2 s) sends its last refresh and ends; the browser reconnects 3 s
+    # later and that stream's first read, unlike the page's render, sends one more: both
+    # held back
+    time.sleep(8)
+    assert _text(browser, "#job-state") == "running", "the refresh was not held back: this test could not fail"
+    field = browser.find_element("css selector", "#reason-cancel")
+    field.send_keys(Keys.CONTROL, "a")
+    field.send_keys(Keys.BACK_SPACE)
+    browser.execute_script("document.activeElement.blur()")
+    wait_until(lambda: _text(browser, "#job-state") == "cancelled", timeout=10, message="the held-back refresh")
+
+
 def test_a_job_cancelled_from_its_page_with_a_reason_shows_it_in_its_audit_trail(browser, site):
     """The cancel form's reason field reaches App.cancel and comes back as text."""
     job = site.app.enqueue("quick", {"later": True}, any_task=True, delay=3600)

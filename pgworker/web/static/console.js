@@ -1,7 +1,8 @@
 /* pgworker console: progressive enhancement only. Every page works without this file.
    - live updates: a page with data-live="<SSE url>" fetches itself again on each
      "refresh" event and swaps its <main id="live">, unless the operator is typing in it,
-     has typed into a field there and left it, or has a <details> open there;
+     has typed into a field there and left it, or has a <details> open there (the refresh
+     then runs once they are not);
    - forms with data-confirm="question" ask before submitting;
    - a checkbox with data-select-all ticks every ids checkbox. */
 (function () {
@@ -17,10 +18,15 @@
     return live.querySelector("input[name=ids]:checked") !== null;
   }
 
-  var pending = false, again = false;
+  // deferred: a refresh came while the operator was busy. It runs once they are not
+  // (focus leaves the field, the typed text is cleared, the <details> closed, the rows
+  // unticked): a job's last change comes once, and its stream then ends.
+  var pending = false, again = false, deferred = false;
   function refresh() {
     var live = document.getElementById("live");
-    if (!live || busy(live)) return;
+    if (!live) return;
+    if (busy(live)) { deferred = true; return; }
+    deferred = false;
     // a refresh while one is being fetched is not dropped: that fetch may have read the
     // page before the change it announces (a job's last change, after which no other comes)
     if (pending) { again = true; return; }
@@ -31,7 +37,9 @@
         if (!html) return;
         var fresh = new DOMParser().parseFromString(html, "text/html").getElementById("live");
         var current = document.getElementById("live");
-        if (fresh && current && !busy(current)) current.replaceWith(document.importNode(fresh, true));
+        if (!fresh || !current) return;
+        if (busy(current)) deferred = true;
+        else current.replaceWith(document.importNode(fresh, true));
       })
       .catch(function () { /* the page stays as it was loaded */ })
       .then(function () {
@@ -39,6 +47,18 @@
         if (again) { again = false; refresh(); }
       });
   }
+
+  function resume() {
+    if (!deferred) return;
+    var live = document.getElementById("live");
+    if (live && !busy(live)) refresh();
+  }
+  // after the event's default action (focus moved, text changed, details toggled)
+  function resumeSoon() { window.setTimeout(resume, 0); }
+  document.addEventListener("focusout", resumeSoon);
+  document.addEventListener("input", resumeSoon);
+  document.addEventListener("change", resumeSoon);
+  document.addEventListener("toggle", resumeSoon, true);  // toggle does not bubble
 
   var source = document.body.getAttribute("data-live");
   if (source && window.EventSource) {
