@@ -135,13 +135,15 @@ class ReadStatements(StoreBase):
     def due_count(self, conn: psycopg.Connection, queues: Sequence[str]) -> int:
         return self._exec(conn, "jobs_due_count", {"queues": list(queues)}).fetchone()[0]
 
-    def due_locked_count(self, conn: psycopg.Connection, queues: Sequence[str], *, limit: int = 1000) -> int:
+    def due_locked_count(self, conn: psycopg.Connection, queues: Sequence[str], *, limit: int = 100) -> int:
         """How many of the first ``limit`` due, claimable jobs of ``queues`` another
         transaction holds locked (a claim skips them: ``FOR NO KEY UPDATE SKIP LOCKED``).
         The probe takes row locks, so it runs in a transaction of its own that is rolled
         back; ``conn`` must not be in a transaction of the caller's."""
         with conn.transaction(force_rollback=True):
-            return self._exec(conn, "jobs_due_locked", {"queues": list(queues), "limit": limit}).fetchone()[0]
+            locked = self._exec(conn, "jobs_due_locked", {"queues": list(queues), "limit": limit}).fetchone()[0]
+            self._exec(conn, "claim_backdate_queues", {"queues": sorted(set(queues))})
+            return int(locked)
 
     def next_due_seconds(self, conn: psycopg.Connection, queues: Sequence[str]) -> float | None:
         """Seconds until the earliest not-yet-due job of ``queues`` is due (paused queues

@@ -334,7 +334,7 @@ def test_a_drain_run_names_due_jobs_it_left_because_another_transaction_locked_t
             summary = json.loads(w.stdout().strip().splitlines()[-1])
             logs = w.logs()
         assert summary["succeeded"] == 5 and summary["left"] == 1 and summary["result"] == "succeeded", summary
-        assert "1 due job(s) left at exit, 1 of them locked by another transaction" in logs, logs[-2000:]
+        assert "1 due job(s) left at exit; 1 held locked by another transaction" in logs, logs[-2000:]
         assert "pg_locks" in logs
         operator.rollback()
     assert q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", held) == [("pending",)]
@@ -384,7 +384,7 @@ def test_drain_deadline_with_due_work_left_exits_75(env, pg_dsn, conn):
         summary = json.loads(w.stdout().strip().splitlines()[-1])
         logs = w.logs()
     assert summary["result"] == "deadline" and summary["left"] >= 1, logs[-3000:]
-    assert "due job(s) left at exit (the run reached --max-duration)" in logs, logs[-3000:]
+    assert "due job(s) left at exit (the run reached --max-duration; none held locked)" in logs, logs[-3000:]
     assert not q(conn, schema, "SELECT 1 FROM {s}.jobs WHERE state = 'running'")  # settled, not stranded
     # the job longer than the run spent its attempt (SHUTDOWN): runs after runs end it dead,
     # visible, instead of releasing it forever

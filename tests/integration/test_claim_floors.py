@@ -375,3 +375,25 @@ def test_the_horizon_stamp_and_epoch(app: App, pg_dsn: str):
         # the session lock of the horizon is never left behind
         assert a.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
                          ).fetchone()[0] == 0
+
+
+def test_the_drain_exit_probe_counts_rows_another_transaction_locks_and_bumps_the_epoch(app: App, pg_dsn: str):
+    """A drain run's exit probe (Store.due_locked_count) locks due rows for a moment: a
+    claim running then skips them, so it bumps the epoch as a claim that locked jobs
+    without taking them does, and it leaves no lock behind."""
+    s = sql.Identifier(app.settings.schema)
+    horizon = sql.SQL("SELECT epoch FROM {}.claim_horizon(%s)").format(s)
+    first, held, _third = [app.enqueue("t", {"i": i}, queue=QUEUE) for i in range(3)]
+    with psycopg.connect(pg_dsn, autocommit=True) as a, psycopg.connect(pg_dsn) as operator:
+        operator.execute(sql.SQL("SELECT 1 FROM {}.jobs WHERE id = %s FOR UPDATE").format(s), [held])
+        epoch = a.execute(horizon, [QUEUE]).fetchone()[0]
+        assert app.store.due_locked_count(a, [QUEUE]) == 1
+        assert a.execute(horizon, [QUEUE]).fetchone()[0] == epoch + 1
+        assert app.store.due_locked_count(a, [QUEUE], limit=1) == 0  # only the first due job, by id, probed
+        assert a.execute("SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype <> 'virtualxid' "
+                         "AND relation IS DISTINCT FROM 'pg_locks'::regclass").fetchone()[0] == 0
+        assert a.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        operator.rollback()
+        assert app.store.due_locked_count(a, [QUEUE]) == 0
+    taken = {j.id for j in app.claim(QUEUE, limit=10)}
+    assert {first, held} <= taken and len(taken) == 3

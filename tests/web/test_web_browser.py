@@ -115,6 +115,21 @@ def _click(driver, css):
     raise AssertionError(f"{css} kept being replaced before it could be clicked")
 
 
+def _type(driver, css, *keys):
+    """Send ``keys`` to the first element matching ``css``, found again when a live
+    refresh swapped it out first (as :func:`_click`)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    for _ in range(10):
+        try:
+            driver.find_element(By.CSS_SELECTOR, css).send_keys(*keys)
+            return
+        except StaleElementReferenceException:
+            time.sleep(0.1)
+    raise AssertionError(f"{css} kept being replaced before it could be typed into")
+
+
 def _no_alert(driver):
     from selenium.common.exceptions import NoAlertPresentException
 
@@ -207,7 +222,7 @@ def test_a_reason_typed_on_a_running_jobs_page_survives_its_live_refreshes(brows
         return browser.execute_script("return document.getElementById('live').dataset.mark || null") is None
 
     assert refreshed_twice("untouched"), "the page did not refresh on renewals: this test could not fail"
-    browser.find_element("css selector", "#reason-cancel").send_keys("stuck on the <b>old</b> API")
+    _type(browser, "#reason-cancel", "stuck on the <b>old</b> API")
     browser.execute_script("document.activeElement.blur()")
     assert not refreshed_twice("typed"), "a refresh replaced the page under a typed reason"
     assert browser.find_element("css selector", "#reason-cancel").get_attribute("value") == "stuck on the <b>old</b> API"
@@ -226,8 +241,7 @@ def test_a_refresh_held_back_while_the_operator_typed_runs_once_they_stop(browse
     job = site.app.enqueue("runs_until_cancelled", None, any_task=True)
     site.wait_state(job, "running")
     _open(browser, site, f"/jobs/{job}")
-    field = browser.find_element("css selector", "#reason-cancel")
-    field.send_keys("on second thought")
+    _type(browser, "#reason-cancel", "on second thought")
     browser.execute_script("document.activeElement.blur()")
     site.app.cancel(job, actor="t")  # elsewhere: the API, another operator
     site.wait_state(job, "cancelled", timeout=40)
@@ -236,9 +250,8 @@ def test_a_refresh_held_back_while_the_operator_typed_runs_once_they_stop(browse
     # held back
     time.sleep(8)
     assert _text(browser, "#job-state") == "running", "the refresh was not held back: this test could not fail"
-    field = browser.find_element("css selector", "#reason-cancel")
-    field.send_keys(Keys.CONTROL, "a")
-    field.send_keys(Keys.BACK_SPACE)
+    _type(browser, "#reason-cancel", Keys.CONTROL, "a")
+    _type(browser, "#reason-cancel", Keys.BACK_SPACE)
     browser.execute_script("document.activeElement.blur()")
     wait_until(lambda: _text(browser, "#job-state") == "cancelled", timeout=10, message="the held-back refresh")
 

@@ -153,9 +153,12 @@ WHERE queue = ANY(%(queues)s::text[]) AND state = 'pending' AND NOT blocked AND 
 -- name: jobs_due_locked
 -- Of the due, claimable jobs in these queues (jobs_due_count's; at most %(limit)s looked
 -- at), how many another transaction holds locked, so that a claim skips them (an
--- operator's open SELECT ... FOR UPDATE, say): the rows a SKIP LOCKED probe at the claim's
--- lock strength could not take. Run in a transaction that is rolled back (its own
--- locks go with it); drain mode asks it only when due jobs are left at exit.
+-- operator's open SELECT ... FOR UPDATE or UPDATE, say): the rows a SKIP LOCKED probe at
+-- the claim's lock strength could not take. Run in a transaction that is rolled back (its
+-- own locks go with it) and that then bumps the queues' claim epoch (claim_backdate), as
+-- a claim that locked jobs without taking them does: a claim that skipped a row the probe
+-- held must not keep a floor past it (pgworker.claim_floors). Drain mode asks it only
+-- when due jobs are left at exit.
 SELECT count(*) - count(free.id) FROM (
     SELECT id FROM {schema}.jobs
     WHERE queue = ANY(%(queues)s::text[]) AND state = 'pending' AND NOT blocked AND run_at <= now()

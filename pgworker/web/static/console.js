@@ -1,14 +1,19 @@
 /* pgworker console: progressive enhancement only. Every page works without this file.
    - live updates: a page with data-live="<SSE url>" fetches itself again on each
      "refresh" event and swaps its <main id="live">, unless the operator is typing in it,
-     has typed into a field there and left it, or has a <details> open there (the refresh
-     then runs once they are not);
+     has typed into a field there and left it, has a <details> open there or is pressing
+     a button (the refresh then runs once they are not); a page that comes back without
+     data-live (its job finished) closes its stream;
    - forms with data-confirm="question" ask before submitting;
    - a checkbox with data-select-all ticks every ids checkbox. */
 (function () {
   "use strict";
 
+  // a button held down: a swap between its press and its release would lose the click
+  var pressing = false;
+
   function busy(live) {
+    if (pressing) return true;
     var active = document.activeElement;
     if (active && live.contains(active) && /^(INPUT|SELECT|TEXTAREA)$/.test(active.tagName)) return true;
     if (live.querySelector("details[open]")) return true;
@@ -35,11 +40,15 @@
       .then(function (response) { return response.ok ? response.text() : null; })
       .then(function (html) {
         if (!html) return;
-        var fresh = new DOMParser().parseFromString(html, "text/html").getElementById("live");
+        var doc = new DOMParser().parseFromString(html, "text/html");
+        var fresh = doc.getElementById("live");
         var current = document.getElementById("live");
         if (!fresh || !current) return;
-        if (busy(current)) deferred = true;
-        else current.replaceWith(document.importNode(fresh, true));
+        if (busy(current)) { deferred = true; return; }
+        current.replaceWith(document.importNode(fresh, true));
+        // a page that no longer follows anything (its job finished): stop the stream,
+        // which would otherwise reconnect and poll for a change that never comes
+        if (events && !doc.body.getAttribute("data-live")) events.close();
       })
       .catch(function () { /* the page stays as it was loaded */ })
       .then(function () {
@@ -55,14 +64,19 @@
   }
   // after the event's default action (focus moved, text changed, details toggled)
   function resumeSoon() { window.setTimeout(resume, 0); }
+  document.addEventListener("pointerdown", function () { pressing = true; }, true);
+  function released() { pressing = false; resumeSoon(); }
+  document.addEventListener("pointerup", released, true);
+  document.addEventListener("pointercancel", released, true);
   document.addEventListener("focusout", resumeSoon);
   document.addEventListener("input", resumeSoon);
   document.addEventListener("change", resumeSoon);
   document.addEventListener("toggle", resumeSoon, true);  // toggle does not bubble
 
+  var events = null;
   var source = document.body.getAttribute("data-live");
   if (source && window.EventSource) {
-    var events = new EventSource(source, { withCredentials: true });
+    events = new EventSource(source, { withCredentials: true });
     events.addEventListener("refresh", refresh);
   }
 

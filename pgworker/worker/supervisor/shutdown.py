@@ -20,7 +20,7 @@ EXIT_ERROR = 1
 EXIT_DRAIN_DEADLINE = 75  # EX_TEMPFAIL: the deadline passed with due work left; run again
 # How many of the due jobs left at a drain run's exit are probed for another
 # transaction's row lock (the probe locks and releases each one it looks at).
-LOCKED_PROBE_LIMIT = 1000
+LOCKED_PROBE_LIMIT = 100
 
 
 class Shutdown(SupervisorState):
@@ -103,10 +103,13 @@ class Shutdown(SupervisorState):
             log.warning("drain: %d due job(s) left at exit (could not probe their locks: %s); the next run "
                         "takes them", left, type(exc).__name__)
             return
-        shown = f"{locked}{'+' if locked >= LOCKED_PROBE_LIMIT else ''}"
-        why = (f", {shown} of them locked by another transaction (a claim skips a locked row: pg_locks "
-               f"and pg_stat_activity show who holds it, often an open session's SELECT ... FOR UPDATE)"
-               if locked else f" ({self._left_unlocked_because()})")
+        probed = "" if left <= LOCKED_PROBE_LIMIT else f" of the first {LOCKED_PROBE_LIMIT} probed"
+        if locked:
+            why = (f"; {locked}{probed} held locked by another transaction, which a claim skips (an open "
+                   "session's SELECT ... FOR UPDATE or UPDATE, or another worker's claim at that moment: "
+                   "pg_locks and pg_stat_activity show the holder)")
+        else:
+            why = f" ({self._left_unlocked_because()}; none{probed} held locked)"
         log.warning("drain: %d due job(s) left at exit%s; the next run takes them", left, why)
 
     def _left_unlocked_because(self) -> str:
