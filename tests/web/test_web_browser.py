@@ -82,52 +82,39 @@ def _open(driver, site, path, shot=None):
     return driver
 
 
-def _text(driver, css, timeout=15):
-    """The text of the first element matching ``css``, waiting for it to appear (a click
-    that submits a form returns before the next page has loaded)."""
+def _on_fresh(driver, css, act, timeout=0.0):
+    """``act(element)`` on the first element matching ``css`` (waiting up to ``timeout``
+    seconds for it to appear: a click that submits a form returns before the next page
+    has loaded). A running job's page refreshes on every lease renewal (heartbeat_at is
+    part of what it follows), so the element found may be swapped out before ``act``
+    lands: a stale element is found again, as a user's next click would land on the new
+    button."""
     from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
-    for _ in range(10):  # a live update may swap the element out between finding and reading it
+    for _ in range(10):
         try:
-            return WebDriverWait(driver, timeout).until(ec.presence_of_element_located((By.CSS_SELECTOR, css))).text
+            found = (WebDriverWait(driver, timeout).until(ec.presence_of_element_located((By.CSS_SELECTOR, css)))
+                     if timeout else driver.find_element(By.CSS_SELECTOR, css))
+            return act(found)
         except StaleElementReferenceException:
             time.sleep(0.1)
     raise AssertionError(f"{css} kept being replaced")
 
 
-def _click(driver, css):
-    """Click the first element matching ``css``. A running job's page refreshes on every
-    lease renewal (heartbeat_at is part of what it follows), so the element found may be
-    swapped out before the click lands: a stale element is found again, as a user's next
-    click would land on the new button."""
-    from selenium.common.exceptions import StaleElementReferenceException
-    from selenium.webdriver.common.by import By
+def _text(driver, css, timeout=15):
+    """The text of the first element matching ``css``, waiting for it to appear."""
+    return _on_fresh(driver, css, lambda e: e.text, timeout)
 
-    for _ in range(10):
-        try:
-            driver.find_element(By.CSS_SELECTOR, css).click()
-            return
-        except StaleElementReferenceException:
-            time.sleep(0.1)
-    raise AssertionError(f"{css} kept being replaced before it could be clicked")
+
+def _click(driver, css):
+    _on_fresh(driver, css, lambda e: e.click())
 
 
 def _type(driver, css, *keys):
-    """Send ``keys`` to the first element matching ``css``, found again when a live
-    refresh swapped it out first (as :func:`_click`)."""
-    from selenium.common.exceptions import StaleElementReferenceException
-    from selenium.webdriver.common.by import By
-
-    for _ in range(10):
-        try:
-            driver.find_element(By.CSS_SELECTOR, css).send_keys(*keys)
-            return
-        except StaleElementReferenceException:
-            time.sleep(0.1)
-    raise AssertionError(f"{css} kept being replaced before it could be typed into")
+    _on_fresh(driver, css, lambda e: e.send_keys(*keys))
 
 
 def _no_alert(driver):
