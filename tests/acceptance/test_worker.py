@@ -543,6 +543,40 @@ def test_the_dead_job_line_of_an_unknown_task(env, pg_dsn, conn, tmp_path):
         "it, then replay the job")
 
 
+CLAIMERS_FAIL_APP = """
+import multiprocessing
+
+import pgworker
+
+if multiprocessing.current_process().name != "MainProcess":  # imports in the supervisor only
+    raise RuntimeError("this image lacks a driver the tasks need")
+
+app = pgworker.App()
+
+
+@app.task(name="alpha")
+def alpha(payload):
+    return None
+"""
+
+
+def test_a_drain_run_whose_claimers_fail_at_start_up_exits_1_at_once(env, pg_dsn, conn, tmp_path):
+    """A claimer whose set-up fails (the app raises on import in the claimer only) was
+    restarted every 30 s until the CronJob's deadline: a drain run now stops at once,
+    exits 1 and reports "failed", and its job waits for the next run untouched."""
+    schema = env.settings.schema
+    (tmp_path / "claimers_fail.py").write_text(CLAIMERS_FAIL_APP)
+    job = env.enqueue("alpha", any_task=True)
+    with Worker(pg_dsn, schema, "--drain", "--concurrency", "2", app=f"{tmp_path / 'claimers_fail.py'}:app") as w:
+        assert w.wait(60) == 1, w.logs()[-3000:]
+        summary = json.loads(w.stdout().strip().splitlines()[-1])
+        logs = w.logs()
+    assert "this image lacks a driver" in logs and "a drain run does not restart it" in logs, logs[-3000:]
+    assert "restarting in" not in logs
+    assert summary["result"] == "failed" and summary["processed"] == 0 and summary["left"] == 1, summary
+    assert q(conn, schema, "SELECT state::text, attempts FROM {s}.jobs WHERE id = %s", job) == [("pending", 0)]
+
+
 def test_async_handlers_and_their_timeout(env, pg_dsn, conn):
     schema = env.settings.schema
     ok = env.enqueue("async_echo")

@@ -60,6 +60,7 @@ class Supervisor(Tick, Settlement, Shutdown):
         self.received: list[int] = []
         self.stop_deadline = 0.0
         self.deadline_hit = False
+        self.start_failure: str | None = None
         self.connect = worker_connect(self.settings)
         self.health = HealthState()
         self.metrics: Any = None

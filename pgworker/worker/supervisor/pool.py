@@ -86,8 +86,8 @@ class ClaimerPool:
             self.spawn(h)
 
     def spawn(self, h: ClaimerHandle) -> None:
+        h.started_at = time.monotonic()  # before: the claimer's first beat must come after it
         h.process = self.start_process(h)
-        h.started_at = time.monotonic()
         h.kill_reasons = {}
 
     def sentinels(self) -> list[Any]:
@@ -134,6 +134,13 @@ class ClaimerPool:
             except SlotTableBusy:
                 continue
         return held, in_transit
+
+    @staticmethod
+    def failed_at_start(h: ClaimerHandle, exitcode: int | None) -> bool:
+        """The claimer exited with an error of its own (not a signal, not a recycle)
+        before its loop first ran: its set-up failed (the app module raised on import in
+        the claimer, say), and a replacement would fail the same way."""
+        return exitcode is not None and exitcode > 0 and h.table.header.loop_at < h.started_at
 
     def schedule_restart(self, h: ClaimerHandle, exitcode: int | None, pid: int | None, held: int) -> None:
         now = time.monotonic()

@@ -31,6 +31,7 @@ class Settlement(SupervisorState):
 
     def _claimer_gone(self, h: ClaimerHandle) -> None:
         exitcode, pid = h.process.exitcode, h.process.pid
+        failed_at_start = self.pool.failed_at_start(h, exitcode)
         try:
             held, in_transit = self.pool.held_by(h)
         except SlotTableBusy:
@@ -49,8 +50,16 @@ class Settlement(SupervisorState):
         if self.pod_limits is not None:
             self.pod_limits.drop_claimer(h.index)  # its jobs are being settled: no longer the pod's
         self.summary.add(h.table.reset_for_replacement())
-        if not stopping:
-            self.pool.schedule_restart(h, exitcode, pid, len(held))
+        if stopping:
+            return
+        if self.drain and failed_at_start:
+            # a drain run is a CronJob's: restarting it every 30 s until the Job's deadline
+            # would hide the failure; the run stops and exits 1
+            self.start_failure = (f"claimer {h.index} (pid {pid}) exited with code {exitcode} before its first "
+                                  "claim (its error is in the log above)")
+            log.error("%s; a drain run does not restart it: the run stops and exits 1", self.start_failure)
+            return
+        self.pool.schedule_restart(h, exitcode, pid, len(held))
 
     def _settle_now(self, items: list[Any]) -> None:
         """At shutdown, settle on a connection of its own: the services are stopping."""

@@ -87,7 +87,11 @@ class Shutdown(SupervisorState):
             self.summary.result = "deadline" if self.summary.left else "succeeded"
         if self.received:
             self.summary.result = "interrupted"
+        elif self.start_failure:
+            self.summary.result = "failed"
         report_drain(self.summary, self.pushgateway_url, self.settings.schema)
+        if self.start_failure and not self.received:
+            return EXIT_ERROR
         if self.deadline_hit and self.summary.left:
             return EXIT_DRAIN_DEADLINE
         return EXIT_OK
@@ -115,6 +119,8 @@ class Shutdown(SupervisorState):
     def _left_unlocked_because(self) -> str:
         if self.received:
             return "the run was stopped by a signal"
+        if self.start_failure:
+            return "a claimer failed at start-up"
         if self.deadline_hit:
             return "the run reached --max-duration"
         return "due in the run's last moments, or held back by a queue's limit"

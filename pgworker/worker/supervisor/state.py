@@ -20,6 +20,7 @@ class SupervisorState:
     max_duration: float | None
     run_started: float
     deadline_hit: bool
+    start_failure: str | None  # drain mode: why a claimer's set-up failed (the run then fails)
     stop_deadline: float
     app: Any
     store: Any

@@ -23,6 +23,8 @@ class Tick(SupervisorState):
         """Why a running pod stops now (a signal, the drain deadline, drained), or None."""
         if self.received:
             return f"signal {signal.Signals(self.received[0]).name}"
+        if self.start_failure:
+            return "a claimer failed at start-up"
         if self.max_duration is not None and now - self.run_started > self.max_duration:
             self.deadline_hit = True
             return "drain deadline"
