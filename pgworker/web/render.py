@@ -48,7 +48,16 @@ def age(seconds: Any) -> str:
 
 
 def dt(value: Any) -> str:
-    """A timestamp in UTC, to the second: '2026-12-01 09:30:05Z'; '-' for None."""
+    """A timestamp in UTC, to the second: '2026-12-01 09:30:05Z'; '-' for None. An ISO
+    8601 string (a time stored in JSON: an attempt's error) is read first; any other
+    value is shown as it is."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return value
+        if value.tzinfo is None:
+            return value.strftime("%Y-%m-%d %H:%M:%S")  # no zone given: not claimed to be UTC
     if not isinstance(value, datetime):
         return "-" if value is None else str(value)
     return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")

@@ -157,3 +157,41 @@ def test_the_page_shows_result_progress_and_dependencies_escaped(app, pg_dsn, co
 
 def server_job(app):
     return app.enqueue("quick", {"n": 1}, any_task=True)
+
+
+def _error(attempt, at, code="UPSTREAM"):
+    return {"attempt": attempt, "at": at, "code": code, "message": f"attempt {attempt} <b>failed</b>", "worker": "w1"}
+
+
+def test_the_attempts_of_a_replayed_job_are_set_apart_and_its_times_read_alike(app, pg_dsn, conn):
+    """A new user read 'Attempt 3, 2, 1, 3, 2, 1' with nothing between the two runs, an
+    ISO time under each attempt beside the page's '2026-12-05 10:24:35Z' elsewhere, and
+    'No traceback stored' under every attempt (none ever is)."""
+    job = app.enqueue("t", {}, any_task=True)
+    history = [_error(1, "2026-12-05T10:20:01.5+00:00"), _error(2, "2026-12-05T10:21:02.25+00:00"),
+               _error(1, "2026-12-05T10:24:35.390848+00:00"), _error(2, "not a time <i>x</i>")]
+    conn.execute(sql.SQL("UPDATE {}.jobs SET errors = %s::jsonb WHERE id = %s").format(
+        sql.Identifier(app.settings.schema)), [json.dumps(history), job])
+    with ConsoleServer(pg_dsn, app.settings.schema).wait_ready() as server:
+        page = server.get(f"/jobs/{job}").text
+    section = page[page.index('id="attempts"'):]
+    section = section[:section.index("</section>")]
+    assert section.count("Earlier, before the job was replayed") == 1
+    newest_first = [int(part.split("<", 1)[0]) for part in section.split("Attempt ")[1:]]
+    assert newest_first == [2, 1, 2, 1]
+    assert section.index("Attempt 1") < section.index("Earlier") < section.rindex("Attempt 2")
+    assert "2026-12-05 10:24:35Z" in section and "2026-12-05 10:20:01Z" in section and "T10:24" not in section
+    assert "not a time &lt;i&gt;x&lt;/i&gt;" in section  # shown as it is, escaped
+    assert "No traceback stored" not in section and section.count("Tracebacks are not stored") == 1
+    assert "a job keeps its last 10 (PGWORKER_ERROR_HISTORY_ENTRIES)" in section
+
+
+def test_a_running_jobs_page_offers_no_second_cancel(app, pg_dsn, conn):
+    job = app.enqueue("t", {}, any_task=True)
+    [claimed] = app.claim("default", limit=1)
+    assert claimed.id == job
+    with ConsoleServer(pg_dsn, app.settings.schema).wait_ready() as server:
+        assert 'id="action-cancel"' in server.get(f"/jobs/{job}").text
+        app.cancel(job, actor="t")
+        page = server.get(f"/jobs/{job}").text
+    assert 'id="action-cancel"' not in page and "Cancel requested" in page

@@ -71,9 +71,12 @@ def job_data(ctx: Any, job_id: int) -> dict[str, Any] | None:
     actions = [a for a in ACTIONS_BY_STATE.get(job["state"], ()) if ctx.can(a)]
     if "retry" in actions and not (job["run_at"] > now):
         actions.remove("retry")  # due already: nothing to bring forward
+    if "cancel" in actions and job["cancel_requested_at"] is not None:
+        actions.remove("cancel")  # requested already: the lease section says when
     data = {"job": job, "payload_text": pretty(payload, cfg.payload_max_chars), "lease": _lease(job, now, ctx),
             "attempts": list(reversed(job["errors"] or [])), "trace": _trace(job.get("trace_context"), cfg.trace_url),
-            "actions": actions, "now": now, "sections": []}
+            "actions": actions, "now": now, "sections": [],
+            "history_entries": ctx.app.settings.error_history_entries}
     for template, loader in SECTIONS:
         data.update(loader(ctx, job))
         data["sections"].append(template)
