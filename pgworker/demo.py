@@ -144,6 +144,16 @@ def main(args: argparse.Namespace) -> int:
         worker = subprocess.Popen(cmd, env=env, stderr=log_file)
         tty = sys.stdout.isatty()
         last_print = 0.0
+
+        def give_up(message: str) -> int:
+            # what the user needs after a failed demo too: a kept embedded PostgreSQL
+            # otherwise runs on unnoticed (--keep), and the empty outputs folder stays
+            print(f"\nerror: {message}", file=sys.stderr)
+            if not args.keep:
+                shutil.rmtree(out_dir, ignore_errors=True)
+            print(closing_hint(embedded, schema, keep=args.keep, leftovers=(out_dir, log_path)), file=sys.stderr)
+            return 1
+
         try:
             while True:
                 time.sleep(0.25)
@@ -156,12 +166,10 @@ def main(args: argparse.Namespace) -> int:
                 if finished >= distinct:
                     break
                 if worker.poll() is not None:
-                    print(f"\nerror: the worker exited early with code {worker.returncode}; its log "
-                          f"({log_path}) ends with:\n{_tail(log_path)}", file=sys.stderr)
-                    return 1
+                    return give_up(f"the worker exited early with code {worker.returncode}; its log ({log_path}) "
+                                   f"ends with:\n{_tail(log_path)}")
                 if now - started > DEMO_TIMEOUT_SECONDS:
-                    print("\nerror: the demo did not finish in time", file=sys.stderr)
-                    return 1
+                    return give_up(f"the demo did not finish in time; the worker's log: {log_path}")
         finally:
             if worker.poll() is None:
                 worker.send_signal(signal.SIGTERM)

@@ -12,6 +12,8 @@ import os
 import sys
 import time
 
+from .errors import ConfigError
+
 STABLE_KEYS = ("action", "queue", "job_id", "attempt", "lease_token", "task", "worker")
 # A failed attempt's record also carries ``traceback``: the handler's frames (see
 # pgworker.worker.claimer.executor.handler_traceback), printed after the line.
@@ -49,10 +51,24 @@ class TextFormatter(logging.Formatter):
         return text
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMATS = ("text", "json")
+
+
 def setup_logging(level: int | str | None = None, fmt: str | None = None) -> None:
-    """Configure the root logger once for a pgworker process (stderr)."""
+    """Configure the root logger once for a pgworker process (stderr). ``level``: a
+    logging level or one of :data:`LOG_LEVELS` (any case); ``fmt``: one of
+    :data:`LOG_FORMATS`; each defaults to its environment variable, then INFO / text.
+    Raises :class:`~pgworker.errors.ConfigError` naming the values it takes (an unknown
+    level was a traceback from the logging module, an unknown format fell back to text)."""
     level = level or os.environ.get("PGWORKER_LOG_LEVEL", "INFO")
     fmt = fmt or os.environ.get("PGWORKER_LOG_FORMAT", "text")
+    if not isinstance(level, int) and str(level).upper() not in LOG_LEVELS:
+        raise ConfigError(f"log level {str(level)[:40]!r} (--log-level or PGWORKER_LOG_LEVEL) is not one of "
+                          f"{', '.join(LOG_LEVELS)}")
+    if fmt not in LOG_FORMATS:
+        raise ConfigError(f"log format {str(fmt)[:40]!r} (--log-format or PGWORKER_LOG_FORMAT) is not one of "
+                          f"{', '.join(LOG_FORMATS)}")
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())

@@ -141,9 +141,8 @@ class ReadStatements(StoreBase):
         The probe takes row locks, so it runs in a transaction of its own that is rolled
         back; ``conn`` must not be in a transaction of the caller's."""
         with conn.transaction(force_rollback=True):
-            locked = self._exec(conn, "jobs_due_locked", {"queues": list(queues), "limit": limit}).fetchone()[0]
-            self._exec(conn, "claim_backdate_queues", {"queues": sorted(set(queues))})
-            return int(locked)
+            return int(self._exec(conn, "jobs_due_locked", {"queues": sorted(set(queues)),
+                                                            "limit": limit}).fetchone()[0])
 
     def next_due_seconds(self, conn: psycopg.Connection, queues: Sequence[str]) -> float | None:
         """Seconds until the earliest not-yet-due job of ``queues`` is due (paused queues

@@ -87,3 +87,26 @@ def test_with_a_server_of_ones_own_the_hint_names_the_schema(tmp_path, pg_dsn, s
     shown = subprocess.run([sys.executable, "-m", "pgworker.cli", "jobs", "show", job, "--schema", schema],
                            env=dict(os.environ, PGWORKER_DSN=pg_dsn), capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0 and "PAYLOAD_INVALID" in shown.stdout, shown.stderr
+
+
+def test_a_failed_demo_says_how_to_stop_what_it_kept_and_leaves_nothing_else(tmp_path):
+    """The worker exits early (here: a log level it refuses, passed on from the user's
+    environment): the demo printed only the error, and with --keep its embedded PostgreSQL
+    ran on unnoticed; without --keep an empty outputs folder stayed behind."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGWORKER_")}
+    env.update(TMPDIR=str(tmp_path), PGWORKER_LOG_LEVEL="NOPE")
+    run = [sys.executable, "-m", "pgworker.cli", "demo", "--jobs", "20", "--concurrency", "1"]
+    kept = subprocess.run(run + ["--keep"], env=env, capture_output=True, text=True, timeout=240)
+    assert kept.returncode == 1, kept.stdout + kept.stderr
+    assert "the worker exited early with code 1" in kept.stderr
+    assert "log level 'NOPE' (--log-level or PGWORKER_LOG_LEVEL) is not one of" in kept.stderr  # not a traceback
+    assert "Traceback" not in kept.stderr
+    stop = kept.stderr.rstrip().splitlines()[-1].strip()
+    assert "cleanup()" in stop, kept.stderr
+    datadir = next(tmp_path.glob("pgworker-demo-pg-*"))
+    stopped = subprocess.run(stop, shell=True, capture_output=True, text=True, timeout=60)
+    assert stopped.returncode == 0, stopped.stderr
+    assert not datadir.exists() and not list(tmp_path.glob("pgworker-demo-out-*"))
+    plain = subprocess.run(run, env=env, capture_output=True, text=True, timeout=240)
+    assert plain.returncode == 1 and "the embedded PostgreSQL was deleted at exit" in plain.stderr, plain.stderr
+    assert not list(tmp_path.glob("pgworker-demo-pg-*")) and not list(tmp_path.glob("pgworker-demo-out-*"))

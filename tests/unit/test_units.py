@@ -389,3 +389,13 @@ def test_one_line_keeps_the_sentences_of_a_multi_line_message_apart():
     assert one_line(libpq) == ('connection to server at "127.0.0.1", port 5999 failed: Connection refused; '
                                'Is the server running on that host and accepting TCP/IP connections?')
     assert one_line("a  b\n\n  c ") == "a b; c" and one_line("") == ""
+
+
+def test_an_unknown_log_level_or_format_names_the_values_it_takes(monkeypatch):
+    from pgworker.logs import setup_logging
+
+    with pytest.raises(ConfigError, match=r"log level 'verbose' .* is not one of DEBUG, INFO, WARNING, ERROR"):
+        setup_logging("verbose", "text")
+    monkeypatch.setenv("PGWORKER_LOG_FORMAT", "xml")
+    with pytest.raises(ConfigError, match=r"log format 'xml' \(--log-format or PGWORKER_LOG_FORMAT\)"):
+        setup_logging("info")

@@ -155,11 +155,11 @@ WHERE queue = ANY(%(queues)s::text[]) AND state = 'pending' AND NOT blocked AND 
 -- at), how many another transaction holds locked, so that a claim skips them (an
 -- operator's open SELECT ... FOR UPDATE or UPDATE, say): the rows a SKIP LOCKED probe at
 -- the claim's lock strength could not take. Run in a transaction that is rolled back (its
--- own locks go with it) and that then bumps the queues' claim epoch (claim_backdate), as
--- a claim that locked jobs without taking them does: a claim that skipped a row the probe
--- held must not keep a floor past it (pgworker.claim_floors). Drain mode asks it only
--- when due jobs are left at exit.
-SELECT count(*) - count(free.id) FROM (
+-- own locks go with it); the statement then bumps the queues' claim epoch (claim_backdate,
+-- after the rows are counted: the aggregate's one row), as a claim that locked jobs without
+-- taking them does: a claim that skipped a row the probe held must not keep a floor past
+-- it (pgworker.claim_floors). Drain mode asks it only when due jobs are left at exit.
+SELECT count(*) - count(free.id), {schema}.claim_backdate(%(queues)s::text[]) FROM (
     SELECT id FROM {schema}.jobs
     WHERE queue = ANY(%(queues)s::text[]) AND state = 'pending' AND NOT blocked AND run_at <= now()
       AND queue NOT IN (SELECT name FROM {schema}.queues WHERE paused_at IS NOT NULL)
