@@ -73,7 +73,7 @@ class AsyncProducer:
         """``conn`` if given (the caller's transaction), else a pooled autocommit async
         connection. Database failures become pgworker's errors (DatabaseUnavailable, ...)."""
         require_async(conn, sync_call)
-        with database_errors(self.core.settings):
+        with database_errors(self.core.settings, look_around=False):
             if conn is not None:
                 yield conn
                 return
@@ -88,7 +88,7 @@ class AsyncProducer:
         """Open the async pool now rather than at the first call: in a web app's lifespan
         startup, so that a wrong DSN or an unreachable server fails the start with
         :class:`DatabaseUnavailable` instead of the first request. Idempotent."""
-        with database_errors(self.core.settings):
+        with database_errors(self.core.settings, look_around=False):
             await self._get_apool()
 
     async def aclose(self) -> None:

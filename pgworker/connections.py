@@ -4,6 +4,7 @@ after idling, and pgworker's own errors for what goes wrong while one is in use.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 import re
 import time
@@ -94,11 +95,34 @@ def require_async(conn: object, sync_call: str) -> None:
 _ROLE_MISSING = re.compile(r'role ".*" does not exist$')
 
 
-def _schema_not_migrated(settings: Settings, exc: psycopg.Error) -> SchemaNotMigrated:
+def _schema_not_migrated(settings: Settings, exc: psycopg.Error, *, look_around: bool) -> SchemaNotMigrated:
+    found = _pgworker_schemas(settings) if look_around else ""
     return SchemaNotMigrated(
-        f"pgworker's schema {settings.schema!r} is missing or incomplete ({exc.diag.message_primary}): "
+        f"pgworker's schema {settings.schema!r} is missing or incomplete ({exc.diag.message_primary}){found}: "
         f"if your jobs live in another schema, name it (--schema, PGWORKER_SCHEMA); otherwise run "
         f"`pgworker migrate` (or App.migrate()) with the same DSN and schema")
+
+
+def _pgworker_schemas(settings: Settings) -> str:
+    """'; pgworker schemas in this database: 'a', 'b' (did you mean 'a'?)' for the error
+    above (a schema named in another case, or with a typo), or '' when they cannot be
+    read: a best-effort look on a connection of its own (the failed one may be in the
+    caller's aborted transaction)."""
+    from . import sql as sqlfiles
+
+    try:
+        with contextlib.closing(db.connect(settings.dsn, application_name="pgworker:hint",
+                                           connect_timeout=3)) as conn:
+            query = sqlfiles.render(sqlfiles.query_templates()["pgworker_schemas"], settings.schema)
+            names = [row[0] for row in conn.execute(query)]
+    except Exception:  # noqa: BLE001 - a hint, never a second failure
+        return ""
+    if not names:
+        return "; this database holds no pgworker schema"
+    same = [n for n in names if n.lower() == settings.schema.lower()]
+    close = same or difflib.get_close_matches(settings.schema, names, n=1, cutoff=0.6)
+    listed = ", ".join(repr(n) for n in names[:10]) + (", ..." if len(names) > 10 else "")
+    return f"; pgworker schemas in this database: {listed}" + (f" (did you mean {close[0]!r}?)" if close else "")
 
 
 #: What to do about a statement the server gave up on (DatabaseBusy), by SQLSTATE.
@@ -114,21 +138,23 @@ BUSY_HINTS = {
 
 
 @contextlib.contextmanager
-def database_errors(settings: Settings) -> Iterator[None]:
+def database_errors(settings: Settings, *, look_around: bool = True) -> Iterator[None]:
     """Turn the database's failures inside the block into pgworker's errors: a missing
     schema, an unreachable or read-only server, a pooler without prepared statements, a
     statement the server gave up on (a lock or statement timeout, a deadlock: DatabaseBusy,
-    never DatabaseUnavailable: the server is reachable)."""
+    never DatabaseUnavailable: the server is reachable). ``look_around``: a missing
+    schema's error lists the database's pgworker schemas (a blocking connection: False
+    from the async API, which never blocks its event loop)."""
     try:
         yield
     except psycopg.errors.UndefinedObject as exc:
         if _ROLE_MISSING.match(exc.diag.message_primary or ""):  # GRANT ... TO a role never created
             raise ConfigError(f"{exc.diag.message_primary}: create the role first (CREATE ROLE name LOGIN), "
                               "or name an existing one") from None
-        raise _schema_not_migrated(settings, exc) from None
+        raise _schema_not_migrated(settings, exc, look_around=look_around) from None
     except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName,
             psycopg.errors.UndefinedFunction) as exc:
-        raise _schema_not_migrated(settings, exc) from None
+        raise _schema_not_migrated(settings, exc, look_around=look_around) from None
     except psycopg.OperationalError as exc:
         if db.failure_kind(exc) == "statement" and exc.sqlstate in BUSY_HINTS:
             # the server answered: a timeout or a conflict is not an unreachable database

@@ -220,6 +220,19 @@ def _check_versions(app, schema, conn):
         app.migrate()
 
 
+def test_a_schema_named_in_another_case_gets_the_one_that_exists(pg_dsn, schema):
+    """`PGWORKER_SCHEMA=NewUser_A pgworker status` said only that "NewUser_A.jobs" does
+    not exist, beside the database's newuser_a (a new user's trial)."""
+    with App(settings=App(pg_dsn).settings.replace(schema=schema)) as app:
+        app.migrate()
+    with App(settings=App(pg_dsn).settings.replace(schema=schema.upper())) as wrong:
+        with pytest.raises(SchemaNotMigrated) as info:
+            wrong.list_jobs()
+    message = str(info.value)
+    assert f"(did you mean {schema!r}?)" in message and "pgworker schemas in this database: " in message, message
+    assert "pgworker migrate" in message
+
+
 def test_broken_and_unreachable_dsns_never_show_the_password():
     with pytest.raises(ConfigError) as info:
         App("postgresql://app:hunter2@localhost:5432/db?sslmode=nonsense&bogus_option=1").enqueue("t")

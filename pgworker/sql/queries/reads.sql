@@ -203,6 +203,15 @@ LIMIT %(limit)s;
 -- The database clock (schedules compute their slots against it, not the worker's clock).
 SELECT statement_timestamp();
 
+-- name: pgworker_schemas
+-- The schemas of this database that hold pgworker's tables (its migrations and jobs), for
+-- the error that names a schema which is not one (a typo, another case): at most 50.
+SELECT n.nspname FROM pg_namespace n
+WHERE EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'migrations')
+  AND EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'jobs')
+ORDER BY n.nspname
+LIMIT 50;
+
 -- name: schema_version_get
 -- The highest applied migration, or NULL when the schema has none.
 SELECT max(version) FROM {schema}.migrations;
