@@ -103,20 +103,34 @@ def _schema_not_migrated(settings: Settings, exc: psycopg.Error, *, look_around:
         f"`pgworker migrate` (or App.migrate()) with the same DSN and schema")
 
 
+# The schemas a DSN's database holds, by DSN: (monotonic time read, names). A producer
+# or a console page that keeps failing on a missing schema looks once a minute.
+_SCHEMAS_SEEN: dict[str, tuple[float, list[str]]] = {}
+SCHEMAS_SEEN_SECONDS = 60.0
+
+
 def _pgworker_schemas(settings: Settings) -> str:
     """'; pgworker schemas in this database: 'a', 'b' (did you mean 'a'?)' for the error
     above (a schema named in another case, or with a typo), or '' when they cannot be
     read: a best-effort look on a connection of its own (the failed one may be in the
-    caller's aborted transaction)."""
+    caller's aborted transaction), bounded by a 3 s connect and statement timeout, and
+    kept for a minute per DSN."""
     from . import sql as sqlfiles
 
-    try:
-        with contextlib.closing(db.connect(settings.dsn, application_name="pgworker:hint",
-                                           connect_timeout=3)) as conn:
-            query = sqlfiles.render(sqlfiles.query_templates()["pgworker_schemas"], settings.schema)
-            names = [row[0] for row in conn.execute(query)]
-    except Exception:  # noqa: BLE001 - a hint, never a second failure
-        return ""
+    key = settings.dsn or ""
+    seen = _SCHEMAS_SEEN.get(key)
+    if seen is not None and time.monotonic() - seen[0] < SCHEMAS_SEEN_SECONDS:
+        names = seen[1]
+    else:
+        try:
+            with contextlib.closing(db.connect(settings.dsn, application_name="pgworker:hint", connect_timeout=3,
+                                               prepare=settings.prepared_statements)) as conn:
+                conn.execute("SET statement_timeout = 3000")
+                query = sqlfiles.render(sqlfiles.query_templates()["pgworker_schemas"], settings.schema)
+                names = [row[0] for row in conn.execute(query)]
+        except Exception:  # noqa: BLE001 - a hint, never a second failure
+            return ""
+        _SCHEMAS_SEEN[key] = (time.monotonic(), names)
     if not names:
         return "; this database holds no pgworker schema"
     same = [n for n in names if n.lower() == settings.schema.lower()]

@@ -144,6 +144,7 @@ def main(args: argparse.Namespace) -> int:
         worker = subprocess.Popen(cmd, env=env, stderr=log_file)
         tty = sys.stdout.isatty()
         last_print = 0.0
+        failure: str | None = None
 
         def give_up(message: str) -> int:
             # what the user needs after a failed demo too: a kept embedded PostgreSQL
@@ -166,10 +167,12 @@ def main(args: argparse.Namespace) -> int:
                 if finished >= distinct:
                     break
                 if worker.poll() is not None:
-                    return give_up(f"the worker exited early with code {worker.returncode}; its log ({log_path}) "
-                                   f"ends with:\n{_tail(log_path)}")
+                    failure = (f"the worker exited early with code {worker.returncode}; its log ({log_path}) "
+                               f"ends with:\n{_tail(log_path)}")
+                    break
                 if now - started > DEMO_TIMEOUT_SECONDS:
-                    return give_up(f"the demo did not finish in time; the worker's log: {log_path}")
+                    failure = f"the demo did not finish in time; the worker's log: {log_path}"
+                    break
         finally:
             if worker.poll() is None:
                 worker.send_signal(signal.SIGTERM)
@@ -178,6 +181,8 @@ def main(args: argparse.Namespace) -> int:
                 except subprocess.TimeoutExpired:
                     worker.kill()
             log_file.close()
+        if failure is not None:  # the worker has stopped: nothing writes to the outputs any more
+            return give_up(failure)
         elapsed = time.time() - started
         if tty:
             print()

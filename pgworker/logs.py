@@ -63,9 +63,11 @@ def setup_logging(level: int | str | None = None, fmt: str | None = None) -> Non
     level was a traceback from the logging module, an unknown format fell back to text)."""
     level = level or os.environ.get("PGWORKER_LOG_LEVEL", "INFO")
     fmt = fmt or os.environ.get("PGWORKER_LOG_FORMAT", "text")
-    if not isinstance(level, int) and str(level).upper() not in LOG_LEVELS:
+    # any name the logging module knows (WARN, FATAL, NOTSET, uvicorn's TRACE too)
+    if not isinstance(level, int) and not isinstance(logging.getLevelName(str(level).upper()), int):
         raise ConfigError(f"log level {str(level)[:40]!r} (--log-level or PGWORKER_LOG_LEVEL) is not one of "
                           f"{', '.join(LOG_LEVELS)}")
+    fmt = str(fmt).lower()
     if fmt not in LOG_FORMATS:
         raise ConfigError(f"log format {str(fmt)[:40]!r} (--log-format or PGWORKER_LOG_FORMAT) is not one of "
                           f"{', '.join(LOG_FORMATS)}")

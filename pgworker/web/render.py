@@ -54,10 +54,11 @@ def dt(value: Any) -> str:
     if isinstance(value, str):
         try:
             value = datetime.fromisoformat(value)
-        except ValueError:
-            return value
-        if value.tzinfo is None:
-            return value.strftime("%Y-%m-%d %H:%M:%S")  # no zone given: not claimed to be UTC
+            if value.tzinfo is None:
+                return value.strftime("%Y-%m-%d %H:%M:%S")  # no zone given: not claimed to be UTC
+            return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+        except (ValueError, OverflowError):  # not a time, or one UTC cannot hold (year 1 at +01:00)
+            return str(value)
     if not isinstance(value, datetime):
         return "-" if value is None else str(value)
     return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")

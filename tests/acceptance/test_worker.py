@@ -567,12 +567,13 @@ def test_a_drain_run_whose_claimers_fail_at_start_up_exits_1_at_once(env, pg_dsn
     schema = env.settings.schema
     (tmp_path / "claimers_fail.py").write_text(CLAIMERS_FAIL_APP)
     job = env.enqueue("alpha", any_task=True)
-    with Worker(pg_dsn, schema, "--drain", "--concurrency", "2", app=f"{tmp_path / 'claimers_fail.py'}:app") as w:
+    with Worker(pg_dsn, schema, "--drain", "--concurrency", "1", app=f"{tmp_path / 'claimers_fail.py'}:app") as w:
         assert w.wait(60) == 1, w.logs()[-3000:]
         summary = json.loads(w.stdout().strip().splitlines()[-1])
         logs = w.logs()
     assert "this image lacks a driver" in logs and "a drain run does not restart it" in logs, logs[-3000:]
     assert "restarting in" not in logs
+    assert logs.count("RuntimeError: this image lacks a driver") == 1, logs[-3000:]  # no replacement started
     assert summary["result"] == "failed" and summary["processed"] == 0 and summary["left"] == 1, summary
     assert q(conn, schema, "SELECT state::text, attempts FROM {s}.jobs WHERE id = %s", job) == [("pending", 0)]
 

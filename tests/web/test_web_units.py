@@ -134,3 +134,24 @@ def test_the_chart_and_the_formats():
     assert chart.covered_minutes(rows, limit=5) == 3 and chart.covered_minutes(rows, limit=100) is None
     assert (age(4), age(200), age(7300), age(None)) == ("4s", "3m 20s", "2h 1m", "-")
     assert capped(10_000, 10_000) == "10,000+" and capped(42, 10_000) == "42"
+
+
+def test_a_time_stored_as_text_reads_as_the_pages_others_and_never_fails_the_page():
+    from pgworker.web.render import dt
+
+    assert dt("2026-12-05T10:24:35.390848+00:00") == "2026-12-05 10:24:35Z"
+    assert dt("2026-12-05T11:24:35+01:00") == "2026-12-05 10:24:35Z"
+    assert dt("2026-12-05T10:24:35") == "2026-12-05 10:24:35"  # no zone: not claimed to be UTC
+    assert dt("0001-01-01T00:00:00+01:00") == "0001-01-01 00:00:00+01:00"  # before UTC's year 1
+    assert dt("not a time") == "not a time" and dt(None) == "-"
+
+
+def test_the_runs_of_an_error_history_are_found_whatever_was_written():
+    from pgworker.web.pages.job import attempt_runs
+
+    history = [{"attempt": 1}, {"attempt": 2}, {"attempt": 1}, {"attempt": "2"}]
+    assert [(e.get("attempt"), e["earlier_run"]) for e in attempt_runs(history)] == [
+        ("2", False), (1, False), (2, True), (1, False)]
+    odd = attempt_runs([{"attempt": None}, "a bare string", {"attempt": [1]}, {"attempt": 10**400}, 7])
+    assert [e["earlier_run"] for e in odd] == [False] * 5 and odd[3]["message"] == "a bare string"
+    assert attempt_runs(None) == [] and attempt_runs({"not": "a list"}) == []

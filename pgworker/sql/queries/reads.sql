@@ -205,9 +205,11 @@ SELECT statement_timestamp();
 
 -- name: pgworker_schemas
 -- The schemas of this database that hold pgworker's tables (its migrations and jobs), for
--- the error that names a schema which is not one (a typo, another case): at most 50.
+-- the error that names a schema which is not one (a typo, another case): at most 50, and
+-- only those this role may use (not another tenant's).
 SELECT n.nspname FROM pg_namespace n
-WHERE EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'migrations')
+WHERE has_schema_privilege(n.oid, 'USAGE')
+  AND EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'migrations')
   AND EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'jobs')
 ORDER BY n.nspname
 LIMIT 50;

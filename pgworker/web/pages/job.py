@@ -74,7 +74,7 @@ def job_data(ctx: Any, job_id: int) -> dict[str, Any] | None:
     if "cancel" in actions and job["cancel_requested_at"] is not None:
         actions.remove("cancel")  # requested already: the lease section says when
     data = {"job": job, "payload_text": pretty(payload, cfg.payload_max_chars), "lease": _lease(job, now, ctx),
-            "attempts": list(reversed(job["errors"] or [])), "trace": _trace(job.get("trace_context"), cfg.trace_url),
+            "attempts": attempt_runs(job["errors"]), "trace": _trace(job.get("trace_context"), cfg.trace_url),
             "actions": actions, "now": now, "sections": [],
             "history_entries": ctx.app.settings.error_history_entries}
     for template, loader in SECTIONS:
@@ -82,6 +82,25 @@ def job_data(ctx: Any, job_id: int) -> dict[str, Any] | None:
         data["sections"].append(template)
     data["live_seen"] = fingerprint(live_value(job))
     return data
+
+
+def attempt_runs(errors: Any) -> list[dict[str, Any]]:
+    """A job's error history for its page, newest first, each entry with ``earlier_run``:
+    True where the run before a replay (or attempts given back) begins, so that 3, 2, 1,
+    3, 2, 1 reads as two runs. An entry that is not an object (a row written by hand) is
+    shown as its text; an attempt that is not a number marks no run."""
+    out: list[dict[str, Any]] = []
+    previous: int | None = None
+    for entry in reversed(errors if isinstance(errors, list) else []):
+        if not isinstance(entry, dict):
+            entry = {"message": str(entry)[:2000]}
+        try:
+            attempt: int | None = int(entry.get("attempt"))  # type: ignore[arg-type]
+        except (TypeError, ValueError, OverflowError):
+            attempt = None
+        out.append({**entry, "earlier_run": previous is not None and attempt is not None and attempt >= previous})
+        previous = attempt if attempt is not None else previous
+    return out
 
 
 def live_value(job: dict[str, Any]) -> tuple[Any, ...]:

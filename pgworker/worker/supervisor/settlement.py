@@ -58,6 +58,7 @@ class Settlement(SupervisorState):
             self.start_failure = (f"claimer {h.index} (pid {pid}) exited with code {exitcode} before its first "
                                   "claim (its error is in the log above)")
             log.error("%s; a drain run does not restart it: the run stops and exits 1", self.start_failure)
+            h.restart_at = float("inf")  # restart_due runs later in this same tick
             return
         self.pool.schedule_restart(h, exitcode, pid, len(held))
 
