@@ -145,16 +145,6 @@ def main(args: argparse.Namespace) -> int:
         tty = sys.stdout.isatty()
         last_print = 0.0
         failure: str | None = None
-
-        def give_up(message: str) -> int:
-            # what the user needs after a failed demo too: a kept embedded PostgreSQL
-            # otherwise runs on unnoticed (--keep), and the empty outputs folder stays
-            print(f"\nerror: {message}", file=sys.stderr)
-            if not args.keep:
-                shutil.rmtree(out_dir, ignore_errors=True)
-            print(closing_hint(embedded, schema, keep=args.keep, leftovers=(out_dir, log_path)), file=sys.stderr)
-            return 1
-
         try:
             while True:
                 time.sleep(0.25)
@@ -181,8 +171,15 @@ def main(args: argparse.Namespace) -> int:
                 except subprocess.TimeoutExpired:
                     worker.kill()
             log_file.close()
-        if failure is not None:  # the worker has stopped: nothing writes to the outputs any more
-            return give_up(failure)
+        if failure is not None:
+            # the worker has stopped (nothing writes to the outputs any more). Say what a
+            # kept embedded PostgreSQL needs to be stopped (--keep; it ran on unnoticed),
+            # and leave no empty outputs folder behind
+            print(f"\nerror: {failure}", file=sys.stderr)
+            if not args.keep:
+                shutil.rmtree(out_dir, ignore_errors=True)
+            print(closing_hint(embedded, schema, keep=args.keep, leftovers=(out_dir, log_path)), file=sys.stderr)
+            return 1
         elapsed = time.time() - started
         if tty:
             print()

@@ -143,12 +143,16 @@ FROM (VALUES
                                          ORDER BY finished_at LIMIT %(limit)s) AS x))
 ) AS f (state, counted);
 
+-- fragment: due_claimable
+-- The jobs of %(queues)s that are due and claimable, paused queues excepted: a WHERE
+-- condition on {schema}.jobs (jobs_due_count and jobs_due_locked).
+queue = ANY(%(queues)s::text[]) AND state = 'pending' AND NOT blocked AND run_at <= now()
+  AND queue NOT IN (SELECT name FROM {schema}.queues WHERE paused_at IS NOT NULL)
+
 -- name: jobs_due_count
 -- Due, claimable jobs in these queues, paused queues excepted (drain mode: is there
 -- work left that a claim could take?).
-SELECT count(*) FROM {schema}.jobs
-WHERE queue = ANY(%(queues)s::text[]) AND state = 'pending' AND NOT blocked AND run_at <= now()
-  AND queue NOT IN (SELECT name FROM {schema}.queues WHERE paused_at IS NOT NULL);
+SELECT count(*) FROM {schema}.jobs WHERE {due_claimable};
 
 -- name: jobs_due_locked
 -- Of the due, claimable jobs in these queues (jobs_due_count's; at most %(limit)s looked
@@ -160,15 +164,11 @@ WHERE queue = ANY(%(queues)s::text[]) AND state = 'pending' AND NOT blocked AND 
 -- taking them does: a claim that skipped a row the probe held must not keep a floor past
 -- it (pgworker.claim_floors). Drain mode asks it only when due jobs are left at exit.
 SELECT count(*) - count(free.id), {schema}.claim_backdate(%(queues)s::text[]) FROM (
-    SELECT id FROM {schema}.jobs
-    WHERE queue = ANY(%(queues)s::text[]) AND state = 'pending' AND NOT blocked AND run_at <= now()
-      AND queue NOT IN (SELECT name FROM {schema}.queues WHERE paused_at IS NOT NULL)
+    SELECT id FROM {schema}.jobs WHERE {due_claimable}
     ORDER BY id LIMIT %(limit)s
 ) AS due
 LEFT JOIN (
-    SELECT id FROM {schema}.jobs
-    WHERE queue = ANY(%(queues)s::text[]) AND state = 'pending' AND NOT blocked AND run_at <= now()
-      AND queue NOT IN (SELECT name FROM {schema}.queues WHERE paused_at IS NOT NULL)
+    SELECT id FROM {schema}.jobs WHERE {due_claimable}
     ORDER BY id LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
 ) AS free USING (id);
