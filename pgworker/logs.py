@@ -55,19 +55,27 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LOG_FORMATS = ("text", "json")
 
 
+def log_level_number(level: int | str) -> int:
+    """``level`` as the logging module's number: an int as it is, or any level name the
+    logging module knows, in any case (DEBUG ... CRITICAL, and WARN, FATAL, NOTSET).
+    Raises :class:`~pgworker.errors.ConfigError` naming the usual ones."""
+    if isinstance(level, int):
+        return level
+    number = logging.getLevelName(str(level).upper())
+    if not isinstance(number, int):
+        raise ConfigError(f"log level {str(level)[:40]!r} (--log-level or PGWORKER_LOG_LEVEL) is not one of "
+                          f"{', '.join(LOG_LEVELS)}")
+    return number
+
+
 def setup_logging(level: int | str | None = None, fmt: str | None = None) -> None:
     """Configure the root logger once for a pgworker process (stderr). ``level``: a
     logging level or one of :data:`LOG_LEVELS` (any case); ``fmt``: one of
     :data:`LOG_FORMATS`; each defaults to its environment variable, then INFO / text.
     Raises :class:`~pgworker.errors.ConfigError` naming the values it takes (an unknown
     level was a traceback from the logging module, an unknown format fell back to text)."""
-    level = level or os.environ.get("PGWORKER_LOG_LEVEL", "INFO")
-    fmt = fmt or os.environ.get("PGWORKER_LOG_FORMAT", "text")
-    # any name the logging module knows (WARN, FATAL, NOTSET, uvicorn's TRACE too)
-    if not isinstance(level, int) and not isinstance(logging.getLevelName(str(level).upper()), int):
-        raise ConfigError(f"log level {str(level)[:40]!r} (--log-level or PGWORKER_LOG_LEVEL) is not one of "
-                          f"{', '.join(LOG_LEVELS)}")
-    fmt = str(fmt).lower()
+    level = log_level_number(level or os.environ.get("PGWORKER_LOG_LEVEL", "INFO"))
+    fmt = str(fmt or os.environ.get("PGWORKER_LOG_FORMAT", "text")).lower()
     if fmt not in LOG_FORMATS:
         raise ConfigError(f"log format {str(fmt)[:40]!r} (--log-format or PGWORKER_LOG_FORMAT) is not one of "
                           f"{', '.join(LOG_FORMATS)}")
@@ -78,4 +86,4 @@ def setup_logging(level: int | str | None = None, fmt: str | None = None) -> Non
         handler.setFormatter(TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level if isinstance(level, int) else str(level).upper())
+    root.setLevel(level)

@@ -94,12 +94,11 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 
 def cmd_web(args: argparse.Namespace) -> int:
-    from ..logs import setup_logging
-
     from ..web import require_extra
     from ..web.config import WebConfig
 
     require_extra()  # names the fix when the 'web' extra is not installed
+    from ..logs import log_level_number, setup_logging
     from ..web.standalone import serve
 
     setup_logging(args.log_level, "text")
@@ -112,7 +111,7 @@ def cmd_web(args: argparse.Namespace) -> int:
     if args.root_path and not args.root_path.startswith("/"):
         raise ConfigError(f"--root-path {args.root_path!r} must start with '/', e.g. /pgworker")
     return serve(app, host=args.host, port=args.port, config=config, root_path=args.root_path.rstrip("/"),
-                 log_level=args.log_level.lower())
+                 log_level=log_level_number(args.log_level))  # a number: uvicorn knows only its own names
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

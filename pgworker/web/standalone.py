@@ -55,7 +55,7 @@ def build(app: Any, *, host: str, config: WebConfig, env: Mapping[str, str] | No
 
 
 def serve(app: Any, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, config: WebConfig | None = None,
-          root_path: str = "", log_level: str = "info") -> int:
+          root_path: str = "", log_level: int | str = "info") -> int:
     """Run the console until SIGINT/SIGTERM; returns the exit code."""
     import uvicorn
 

@@ -578,6 +578,22 @@ def test_a_drain_run_whose_claimers_fail_at_start_up_exits_1_at_once(env, pg_dsn
     assert q(conn, schema, "SELECT state::text, attempts FROM {s}.jobs WHERE id = %s", job) == [("pending", 0)]
 
 
+def test_a_drain_run_whose_claimers_exit_0_at_start_up_fails_too(env, pg_dsn, conn, tmp_path):
+    """sys.exit() while the app module imports in a claimer: code 0 read as a recycle,
+    and the claimers were replaced in a tight, silent loop (88 in 5 s: a trial)."""
+    schema = env.settings.schema
+    (tmp_path / "claimers_exit.py").write_text(CLAIMERS_FAIL_APP.replace(
+        'raise RuntimeError("this image lacks a driver the tasks need")', "raise SystemExit(0)"))
+    job = env.enqueue("alpha", any_task=True)
+    with Worker(pg_dsn, schema, "--drain", "--concurrency", "1", app=f"{tmp_path / 'claimers_exit.py'}:app") as w:
+        assert w.wait(60) == 1, w.logs()[-3000:]
+        summary = json.loads(w.stdout().strip().splitlines()[-1])
+        logs = w.logs()
+    assert "exited with code 0 before its first claim" in logs and "a drain run does not restart it" in logs, logs
+    assert summary["result"] == "failed" and summary["left"] == 1, summary
+    assert q(conn, schema, "SELECT state::text, attempts FROM {s}.jobs WHERE id = %s", job) == [("pending", 0)]
+
+
 def test_async_handlers_and_their_timeout(env, pg_dsn, conn):
     schema = env.settings.schema
     ok = env.enqueue("async_echo")

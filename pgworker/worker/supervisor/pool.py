@@ -137,14 +137,16 @@ class ClaimerPool:
 
     @staticmethod
     def failed_at_start(h: ClaimerHandle, exitcode: int | None) -> bool:
-        """The claimer exited with an error of its own (not a signal, not a recycle)
-        before its loop first ran: its set-up failed (the app module raised on import in
-        the claimer, say), and a replacement would fail the same way."""
-        return exitcode is not None and exitcode > 0 and h.table.header.loop_at < h.started_at
+        """The claimer exited of its own accord (not by a signal) before its loop first
+        ran: its set-up failed (the app module raised on import in the claimer, or called
+        sys.exit(), say), and a replacement would fail the same way. Even with code 0 this
+        is no recycle: a claimer recycles only after jobs, from its loop."""
+        return exitcode is not None and exitcode >= 0 and h.table.header.loop_at < h.started_at
 
-    def schedule_restart(self, h: ClaimerHandle, exitcode: int | None, pid: int | None, held: int) -> None:
+    def schedule_restart(self, h: ClaimerHandle, exitcode: int | None, pid: int | None, held: int, *,
+                         failed_at_start: bool = False) -> None:
         now = time.monotonic()
-        if exitcode == 0:
+        if exitcode == 0 and not failed_at_start:
             # recycled (max jobs or memory per child), however soon: not a crash, no backoff
             h.restart_at = now
             h.restarts.reset()

@@ -56,11 +56,11 @@ class Settlement(SupervisorState):
             # a drain run is a CronJob's: restarting it every 30 s until the Job's deadline
             # would hide the failure; the run stops and exits 1
             self.start_failure = (f"claimer {h.index} (pid {pid}) exited with code {exitcode} before its first "
-                                  "claim (its error is in the log above)")
+                                  "claim (its error, if it raised one, is in the log above)")
             log.error("%s; a drain run does not restart it: the run stops and exits 1", self.start_failure)
             h.restart_at = float("inf")  # restart_due runs later in this same tick
             return
-        self.pool.schedule_restart(h, exitcode, pid, len(held))
+        self.pool.schedule_restart(h, exitcode, pid, len(held), failed_at_start=failed_at_start)
 
     def _settle_now(self, items: list[Any]) -> None:
         """At shutdown, settle on a connection of its own: the services are stopping."""
