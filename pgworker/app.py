@@ -18,7 +18,9 @@ from . import declare, graphs, lifecycle, producer, results
 from .admin import Admin
 from .aio import AsyncProducer
 from .config import Settings
+from .connections import with_schema_hint
 from .core import Core
+from .errors import SchemaNotMigrated
 from .jobs import ClaimedJob, Lease, ReapResult
 from .jobspec import JobSpec
 from .migrate import MigrationReport, migrate
@@ -188,9 +190,13 @@ class App(AsyncProducer, Admin):
 
     def check_schema(self) -> int:
         """Raise :class:`SchemaNotMigrated` / :class:`SchemaTooNew` unless the database is
-        on this pgworker's schema version; returns the version."""
-        with self.connection() as conn:
-            return self.store.check_schema_version(conn)
+        on this pgworker's schema version; returns the version. A schema absent by that
+        name gets the database's pgworker schemas named (a typo, another case)."""
+        try:
+            with self.connection() as conn:
+                return self.store.check_schema_version(conn)
+        except SchemaNotMigrated as exc:
+            raise with_schema_hint(self.settings, exc) from None
 
     # -- producing ------------------------------------------------------------------
 

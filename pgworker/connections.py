@@ -96,7 +96,7 @@ _ROLE_MISSING = re.compile(r'role ".*" does not exist$')
 
 
 def _schema_not_migrated(settings: Settings, exc: psycopg.Error, *, look_around: bool) -> SchemaNotMigrated:
-    found = _pgworker_schemas(settings) if look_around else ""
+    found = pgworker_schemas_hint(settings) if look_around else ""
     return SchemaNotMigrated(
         f"pgworker's schema {settings.schema!r} is missing or incomplete ({exc.diag.message_primary}){found}: "
         f"if your jobs live in another schema, name it (--schema, PGWORKER_SCHEMA); otherwise run "
@@ -109,7 +109,17 @@ _SCHEMAS_SEEN: dict[str, tuple[float, list[str]]] = {}
 SCHEMAS_SEEN_SECONDS = 60.0
 
 
-def _pgworker_schemas(settings: Settings) -> str:
+def with_schema_hint(settings: Settings, exc: SchemaNotMigrated) -> SchemaNotMigrated:
+    """``exc`` with the database's pgworker schemas named (:func:`pgworker_schemas_hint`)
+    when no schema of that name exists; ``exc`` itself otherwise."""
+    if not exc.absent:
+        return exc
+    hinted = SchemaNotMigrated(f"{exc}{pgworker_schemas_hint(settings)}")
+    hinted.absent = True
+    return hinted
+
+
+def pgworker_schemas_hint(settings: Settings) -> str:
     """'; pgworker schemas in this database: 'a', 'b' (did you mean 'a'?)' for the error
     above (a schema named in another case, or with a typo), or '' when they cannot be
     read: a best-effort look on a connection of its own (the failed one may be in the

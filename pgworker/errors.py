@@ -68,12 +68,21 @@ class PoolerError(ConfigError):
     a session; the message names the setting to change."""
 
 
+class MissingGrants(ConfigError):
+    """The role lacks privileges a worker needs on the schema; the message lists them and
+    names ``pgworker sql grants --worker ROLE --apply``."""
+
+
 class SchemaVersionError(PgworkerError):
     """The database schema does not match this version of pgworker."""
 
 
 class SchemaNotMigrated(SchemaVersionError):
-    """The pgworker schema is missing or behind; run `pgworker migrate`."""
+    """The pgworker schema is missing or behind; run `pgworker migrate`. ``absent``: no
+    pgworker schema by that name at all (a typo or another case is likelier than an
+    unmigrated database)."""
+
+    absent = False
 
 
 class SchemaTooNew(SchemaVersionError):

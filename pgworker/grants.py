@@ -66,3 +66,75 @@ def apply(conn: psycopg.Connection, statements: list[sql.Composed]) -> None:
     with conn.transaction():
         for s in statements:
             conn.execute(s)
+
+
+# One GRANT of grants.sql: its privileges, the object's kind and the object.
+_GRANT = re.compile(r"^GRANT (?P<privs>.+?) ON (?:(?P<kind>SCHEMA|SEQUENCE|FUNCTION) )?(?P<objects>\{schema\}.*?) "
+                    r"TO \{\w+\}$", re.DOTALL)
+_OBJECT = re.compile(r"\{schema\}(?:\.\w+(?:\([^)]*\))?)?")
+_PRIVILEGE = re.compile(r"(?P<name>[A-Z]+)(?: \((?P<columns>[^)]*)\))?")
+
+
+def _checks(kind: str) -> list[tuple[str, str, str, str | None]]:
+    """The privileges a ``kind`` block of grants.sql gives, as (object kind, object
+    template, privilege, column or None), one per privilege and column. Raises
+    ValueError on a statement this reader does not know (a test reads every block)."""
+    out: list[tuple[str, str, str, str | None]] = []
+    for statement in _blocks()[kind]:
+        m = _GRANT.match(" ".join(statement.split()))
+        if m is None:
+            raise ValueError(f"grants.sql: cannot read {statement!r}")
+        obj_kind = (m.group("kind") or "TABLE").lower()
+        objects = _OBJECT.findall(m.group("objects"))
+        if ", ".join(objects) != m.group("objects"):
+            raise ValueError(f"grants.sql: cannot read the objects of {statement!r}")
+        for obj in objects:
+            for p in _PRIVILEGE.finditer(m.group("privs")):
+                columns = [c.strip() for c in (p.group("columns") or "").split(",") if c.strip()]
+                for column in columns or [None]:
+                    out.append((obj_kind, obj, p.group("name"), column))
+    return out
+
+
+def missing_privileges(conn: psycopg.Connection, schema: str, kind: str = "worker",
+                       skip: frozenset[str] = frozenset()) -> list[str]:
+    """What the connected role lacks of what ``pgworker sql grants --<kind>`` gives on
+    ``schema``, one entry per privilege and object, as ['UPDATE (state, run_at, attempts,
+    lease_owner, and 13 more) ON jobs', 'USAGE ON jobs_id_seq', ...] (empty when it has it all: an
+    owner or a superuser always has). ``skip``: objects not to check, by name (e.g. the
+    pruner's functions when pruning is off). Read with PostgreSQL's has_*_privilege
+    functions: one statement, nothing is written. The schema must be migrated (a missing
+    object raises psycopg's UndefinedTable / UndefinedFunction)."""
+    check_schema_name(schema)
+    functions = {"schema": "has_schema_privilege", "sequence": "has_sequence_privilege",
+                 "function": "has_function_privilege", "table": "has_table_privilege"}
+    labels: list[tuple[str, str, str | None]] = []
+    terms: list[sql.Composable] = []
+    params: list[str] = []
+    for obj_kind, template, privilege, column in _checks(kind):
+        name = template.split(".", 1)[1] if "." in template else ""
+        if name.split("(")[0] in skip:
+            continue
+        # a schema goes by its plain name; a table, sequence or function by its quoted one
+        target = schema if obj_kind == "schema" else sql.SQL(template).format(
+            schema=sql.Identifier(schema)).as_string(conn)
+        if column is not None:
+            terms.append(sql.SQL("has_column_privilege(%s, %s, %s)"))
+            params += [target, column, privilege]
+        else:
+            terms.append(sql.SQL("{}(%s, %s)").format(sql.Identifier(functions[obj_kind])))
+            params += [target, privilege]
+        labels.append((privilege, f"SCHEMA {schema}" if obj_kind == "schema" else name.split("(")[0], column))
+    row = conn.execute(sql.SQL("SELECT ARRAY[{}]").format(sql.SQL(", ").join(terms)), params).fetchone()
+    lacking: dict[tuple[str, str], list[str]] = {}  # (privilege, object) -> its columns lacking
+    for (privilege, where, column), ok in zip(labels, row[0] if row else []):
+        if not ok:
+            lacking.setdefault((privilege, where), []).extend([column] if column else [])
+    return [f"{privilege}{_columns(columns)} ON {where}" for (privilege, where), columns in lacking.items()]
+
+
+def _columns(columns: list[str], shown: int = 4) -> str:
+    if not columns:
+        return ""
+    more = f", and {len(columns) - shown} more" if len(columns) > shown else ""
+    return f" ({', '.join(columns[:shown])}{more})"

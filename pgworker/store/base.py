@@ -89,9 +89,11 @@ class StoreBase:
         version = self.schema_version(conn)
         if version is None or version < known:
             at = "absent" if version is None else f"at version {version}"
-            raise SchemaNotMigrated(
+            behind = SchemaNotMigrated(
                 f"the pgworker schema {self.schema!r} is {at}; this pgworker needs version {known}: "
                 f"run `pgworker migrate` (or App.migrate()) with the same DSN and schema")
+            behind.absent = version is None
+            raise behind
         if version > known:
             raise SchemaTooNew(
                 f"the pgworker schema {self.schema!r} is at version {version}, newer than this "

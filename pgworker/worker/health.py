@@ -22,6 +22,7 @@ log = logging.getLogger("pgworker.health")
 SUPERVISION_STALL_SECONDS = 30.0
 UNAVAILABLE = "database unavailable"
 READ_ONLY = "database is read-only (a standby?): waiting for a writable primary"
+GRANTS = "missing grants"
 PREPARED = "prepared statements fail behind a pooler: set PGWORKER_PREPARED_STATEMENTS=false"
 
 
@@ -53,7 +54,8 @@ class HealthState:
 
     def db_failed(self, kind: str, detail: str = "") -> None:
         """What /readyz says while the database is away or read-only (``kind`` from
-        :func:`pgworker.db.failure_kind`; ``detail`` a password-free reason)."""
+        :func:`pgworker.db.failure_kind`), or the role lacks the worker's grants (``kind``
+        'grants'); ``detail`` a password-free reason."""
         if self.reason == "shutting down":
             return
         if kind == "read-only":
@@ -64,6 +66,9 @@ class HealthState:
             self.reason = f"{UNAVAILABLE}: {detail}" if detail else UNAVAILABLE
         elif kind == "prepared-statements":
             self.reason = PREPARED
+        elif kind == "grants":  # connected, but claims would be refused
+            self.connected = True
+            self.reason = f"{GRANTS}: {detail}"
 
     @property
     def alive(self) -> bool:
@@ -85,7 +90,7 @@ class HealthState:
             return self.reason if self.reason.startswith(UNAVAILABLE) else UNAVAILABLE
         if not self.writable:
             return self.reason if "read-only" in self.reason else "database is read-only"
-        if self.reason.startswith("prepared statements"):
+        if self.reason.startswith(("prepared statements", GRANTS)):
             return self.reason
         if not self.schema_ok:
             return "schema version not checked"

@@ -6,15 +6,21 @@ import logging
 import time
 from typing import Any
 
+import psycopg
+
 from ..config import Settings
+from ..connections import with_schema_hint
 from ..db import POOLED, connect, describe_failure
-from ..errors import DatabaseRefused, DatabaseUnavailable, PoolerError
+from ..errors import DatabaseRefused, DatabaseUnavailable, MissingGrants, PoolerError, SchemaNotMigrated
+from ..grants import missing_privileges
 from .service import Backoff
 
 log = logging.getLogger("pgworker.supervisor")
 
 DRAIN_DATABASE_WAIT_SECONDS = 60.0  # a drain run without --max-duration gives up on the database after this
 DATABASE_WAIT_LOG_SECONDS = 60.0    # while waiting for the database, say so again this often
+# what the worker's grants give that only the pruner uses (PGWORKER_PRUNE=false needs none)
+PRUNER_OBJECTS = frozenset({"delete_finished_jobs", "delete_queue_events", "queue_events"})
 
 
 def wait_for_database(settings: Settings, store: Any, health: Any, received: list[int], *, drain: bool,
@@ -27,7 +33,10 @@ def wait_for_database(settings: Settings, store: Any, health: Any, received: lis
     Raises :class:`SchemaVersionError` for a schema of another version,
     :class:`PoolerError` when LISTEN would go through a pooler, and
     :class:`DatabaseRefused`, in drain mode, when the server refuses the DSN for good (no
-    such database or role, credentials refused): waiting out the deadline cannot help."""
+    such database or role, credentials refused): waiting out the deadline cannot help;
+    :class:`MissingGrants`, in drain mode, when the role lacks a privilege of the worker's
+    grants (``pgworker sql grants --worker``; an always-on worker waits for them, logging
+    and /readyz naming what is missing)."""
     backoff = Backoff()
     limit = max_duration if max_duration is not None else DRAIN_DATABASE_WAIT_SECONDS
     deadline = time.monotonic() + (limit if drain else float("inf"))
@@ -36,8 +45,25 @@ def wait_for_database(settings: Settings, store: Any, health: Any, received: lis
         try:
             with connect(settings.dsn, application_name="pgworker:supervisor",
                          prepare=settings.prepared_statements) as conn:
-                store.check_schema_version(conn)
+                try:
+                    store.check_schema_version(conn)
+                except SchemaNotMigrated as exc:
+                    raise with_schema_hint(settings, exc) from None
+                except psycopg.errors.InsufficientPrivilege:  # no USAGE on the schema, or no SELECT on migrations
+                    lacking = _grants_message(conn.info.user, settings, ["USAGE ON SCHEMA and SELECT ON migrations"])
+                else:
+                    lacking = _lacking_grants(conn, settings)
                 pooled = conn in POOLED
+            if lacking:
+                if drain:  # as a refusal: the next run tries again, waiting cannot grant
+                    raise MissingGrants(f"{lacking}; a drain run does not wait for grants")
+                health.db_failed("grants", lacking)
+                if time.monotonic() >= next_log:
+                    log.error("%s; checking again with backoff (said again every %.0f s while it lasts)",
+                              lacking, DATABASE_WAIT_LOG_SECONDS, extra={"action": "grants_missing"})
+                    next_log = time.monotonic() + DATABASE_WAIT_LOG_SECONDS
+                _sleep(backoff.next(), health, received)
+                continue
             if pooled and health.listen_required and not settings.listen_dsn:
                 raise PoolerError(
                     "PGWORKER_DSN goes through a connection pooler, and LISTEN needs a session of "
@@ -66,6 +92,23 @@ def wait_for_database(settings: Settings, store: Any, health: Any, received: lis
                 return False
             _sleep(backoff.next(), health, received)
     return False
+
+
+def _lacking_grants(conn: psycopg.Connection, settings: Settings) -> str:
+    """'' when the role has what a worker does, else the error naming what it lacks and
+    the fix (without it, every claim failed and was retried in silence until a drain
+    run's deadline)."""
+    lacking = missing_privileges(conn, settings.schema, "worker",
+                                 skip=frozenset() if settings.prune else PRUNER_OBJECTS)
+    return _grants_message(conn.info.user, settings, lacking) if lacking else ""
+
+
+def _grants_message(role: str, settings: Settings, lacking: list[str]) -> str:
+    pruner = any(item.endswith(f" ON {name}") for item in lacking for name in PRUNER_OBJECTS)
+    prune = " (with PGWORKER_PRUNE=false a worker needs none of the pruner's)" if pruner else ""
+    return (f"role {role!r} lacks privileges a worker needs on schema {settings.schema!r}: {'; '.join(lacking)}. "
+            f"As the schema's owner, apply the worker's grants: `pgworker sql grants --worker {role} "
+            f"--schema {settings.schema} --apply`{prune}, or run the worker as the owner")
 
 
 def _sleep(seconds: float, health: Any, received: list[int]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 
 import psycopg
@@ -191,3 +192,44 @@ def test_grants_refuse_a_missing_role_and_name_the_fix(granted):
     assert out.returncode == 1 and "nobody-here" in out.stderr and "Traceback" not in out.stderr, out.stderr
     # the fix is to create the role, not to migrate (a missing role once read as a missing schema)
     assert "create the role first" in out.stderr and "migrate" not in out.stderr, out.stderr
+
+
+def test_a_role_without_the_workers_grants_is_told_so_at_start(granted):
+    """A role that can read the schema but not claim (a trial: a drain run retried every
+    refused claim in silence until --max-duration and exited 75): a drain run exits 1 at
+    once naming what the role lacks and `pgworker sql grants --worker ROLE --apply`; an
+    always-on worker waits, /readyz naming the same, and claims once the grants exist."""
+    granted.execute('CREATE ROLE "reader" LOGIN')
+    granted.execute(f'GRANT USAGE ON SCHEMA "{SCHEMA}" TO "reader"')
+    granted.execute(f'GRANT SELECT ON ALL TABLES IN SCHEMA "{SCHEMA}" TO "reader"')
+    owner, dsn = granted.dsn("owner"), granted.dsn("reader")
+    app = _app(owner)
+    job = app.enqueue("noop")
+    drain = subprocess.run([sys.executable, "-m", "pgworker.cli", "run", "--drain", "--max-duration", "60",
+                            "--app", ACCEPTANCE_APP, "--dsn", dsn, "--schema", SCHEMA],
+                           capture_output=True, text=True, timeout=120)
+    said = drain.stdout + drain.stderr
+    assert drain.returncode == 1, said
+    assert '"result": "failed"' in drain.stdout and "Traceback" not in said, said
+    assert "role 'reader' lacks privileges a worker needs" in said and "UPDATE (state," in said, said
+    assert "pgworker sql grants --worker reader --schema app jobs --apply" in said, said
+    assert app.get_job(job)["state"] == "pending"
+    port = free_port()
+    with Worker(dsn, SCHEMA, "--concurrency", "1", "--poll-interval", "0.5s", "--metrics-port", str(port)) as w:
+        def readyz() -> str:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+                    return r.read().decode()
+            except urllib.error.HTTPError as exc:
+                return exc.read().decode()
+            except OSError:
+                return ""
+        wait_until(lambda: "missing grants: role 'reader'" in readyz(), 30, message=lambda: w.logs()[-3000:])
+        assert app.get_job(job)["state"] == "pending"
+        out = cli("sql", "grants", "--worker", "reader", "--apply", dsn=owner)
+        assert out.returncode == 0, out.stderr
+        wait_until(lambda: app.get_job(job)["state"] == "succeeded", 60, message=lambda: w.logs()[-3000:])
+        assert readyz().strip() == "ready"
+        assert w.stop() == 0
+        assert w.logs().count("lacks privileges a worker needs") == 1  # said once, not per retry
+    app.close()

@@ -234,6 +234,11 @@ def test_a_schema_named_in_another_case_gets_the_one_that_exists(pg_dsn, schema)
     message = str(info.value)
     assert f"(did you mean {schema!r}?)" in message and "pgworker schemas in this database: " in message, message
     assert "pgworker migrate" in message
+    # the start of `pgworker run` and `pgworker web` (App.check_schema) names it too
+    with App(settings=App(pg_dsn).settings.replace(schema=schema.upper())) as wrong:
+        with pytest.raises(SchemaNotMigrated) as info:
+            wrong.check_schema()
+    assert f"(did you mean {schema!r}?)" in str(info.value) and info.value.absent, info.value
 
 
 def test_broken_and_unreachable_dsns_never_show_the_password():

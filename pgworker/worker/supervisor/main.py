@@ -12,7 +12,7 @@ from typing import Any
 
 from ... import tracing
 from ...config import Settings
-from ...errors import DatabaseRefused, PoolerError, SchemaVersionError
+from ...errors import DatabaseRefused, MissingGrants, PoolerError, SchemaVersionError
 from ..forkserver import claimer_context
 from ..drain import RunSummary, before_claiming, report as report_drain
 from ..claimer import ClaimerSpec, claimer_main
@@ -135,7 +135,7 @@ class Supervisor(Tick, Settlement, Shutdown):
                     report_drain(self.summary, self.pushgateway_url, self.settings.schema)
                     return EXIT_OK if self.received else EXIT_ERROR
                 return EXIT_OK
-        except (SchemaVersionError, PoolerError, DatabaseRefused) as exc:
+        except (SchemaVersionError, PoolerError, DatabaseRefused, MissingGrants) as exc:
             log.error("%s", exc)
             if self.drain:
                 self.summary.result = "failed"
