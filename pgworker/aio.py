@@ -19,11 +19,12 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Self, Sequence
 
 import psycopg
+from psycopg.types.json import set_json_loads
 
 from . import db
 from .config import Settings
 from .connections import POOL_CHECK_IDLE_SECONDS, POOL_MAX_SIZE, database_errors, require_async, unreachable
-from .jobs import ReplayResult
+from .jobs import ReplayResult, safe_json_loads
 from .names import check_queue_name, checked_cancel_reason
 from .dependencies import enqueue_graph_plan, has_dependencies
 from .jobspec import JobSpec, specs_from
@@ -233,6 +234,7 @@ async def open_async_pool(s: Settings, name: str) -> Any:
             pooled = row is not None and row[0] != conn.info.backend_pid
         if pooled or not s.prepared_statements:
             conn.prepare_threshold = None
+        set_json_loads(safe_json_loads, conn)  # as the sync pool: a hand-written value is shown, not a failure
 
     async def check(conn: psycopg.AsyncConnection) -> None:
         last = getattr(conn, "_pgworker_returned_at", 0.0)

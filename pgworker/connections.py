@@ -11,10 +11,12 @@ import time
 from typing import Any, Iterator
 
 import psycopg
+from psycopg.types.json import set_json_loads
 
 from . import db
 from .config import Settings
 from .errors import ConfigError, DatabaseBusy, DatabaseReadOnly, DatabaseUnavailable, PoolerError, SchemaNotMigrated
+from .jobs import safe_json_loads
 from .names import dsn_password, redact, redact_dsn
 
 POOL_MAX_SIZE = 4
@@ -34,6 +36,8 @@ def open_pool(s: Settings, name: str) -> Any:
         # behind a transaction-mode pooler, prepared statements would go missing
         if db.detect_pooler(conn) or not s.prepared_statements:
             conn.prepare_threshold = None
+        # a JSON value Python cannot decode (written by hand) is shown, not a failed read
+        set_json_loads(safe_json_loads, conn)
 
     def check(conn: psycopg.Connection) -> None:
         last = getattr(conn, "_pgworker_returned_at", 0.0)

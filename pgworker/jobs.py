@@ -235,17 +235,21 @@ class ReapResult:
 
 
 class UndecodablePayload:
-    """Stands in for a stored JSON value Python cannot decode (nested deeper than the
-    interpreter's recursion limit, which PostgreSQL's own limit exceeds: about 1,000
-    levels against tens of thousands). The job fails with PAYLOAD_INVALID instead of
-    every claim of its queue failing."""
+    """Stands in for a stored JSON value Python cannot decode: nested deeper than the
+    interpreter's recursion limit (PostgreSQL's own limit exceeds it: about 1,000 levels
+    against tens of thousands), or an integer of more than 4,300 digits (Python's
+    int-to-string conversion limit). Only a value written into the table by hand (or by a
+    producer that lifted ``sys.set_int_max_str_digits``) can be one: pgworker refuses both
+    at enqueue. A claimed job's fails with PAYLOAD_INVALID
+    instead of every claim of its queue failing; a job read for display (``get_job``, the
+    console, ``pgworker jobs show``) shows it as this object's text."""
 
     def __init__(self, reason: str, size: int) -> None:
         self.reason = reason
         self.size = size
 
     def __repr__(self) -> str:
-        return f"<undecodable payload of {self.size} bytes: {self.reason}>"
+        return f"<undecodable JSON of {self.size} bytes: {self.reason}>"
 
 
 _decode = json.JSONDecoder().decode
@@ -253,7 +257,8 @@ _decode = json.JSONDecoder().decode
 
 def safe_json_loads(data: "str | bytes") -> Any:
     """``json.loads`` that returns :class:`UndecodablePayload` instead of raising, for the
-    claim's result rows (psycopg ``set_json_loads`` on the claimer's connection). PostgreSQL
+    claim's result rows (psycopg ``set_json_loads`` on the claimer's connection) and the
+    App's pooled connections (one hand-written value must not fail a whole page). PostgreSQL
     sends UTF-8 (a jsonb's text is always valid UTF-8), so bytes are decoded directly
     rather than through ``json.loads``' encoding detection."""
     try:
@@ -261,6 +266,9 @@ def safe_json_loads(data: "str | bytes") -> Any:
     except RecursionError:
         return UndecodablePayload("nested too deeply for Python's JSON decoder", len(data))
     except ValueError as exc:
+        if "integer string conversion" in str(exc):  # valid JSON, beyond Python's int limit
+            return UndecodablePayload("an integer of more than 4,300 digits (Python's int conversion limit)",
+                                      len(data))
         return UndecodablePayload(f"invalid JSON: {exc}", len(data))
 
 

@@ -32,7 +32,9 @@ import psycopg
 from psycopg import sql
 
 from . import db
-from .errors import DatabaseUnavailable, JobDidNotSucceed, JobNotFound, ResultLost, ResultNotReady, ResultTimeout
+from .errors import (DatabaseUnavailable, JobDidNotSucceed, JobNotFound, PayloadError, ResultLost, ResultNotReady,
+                     ResultTimeout)
+from .jobs import UndecodablePayload
 from .names import redact_dsn, schema_flag
 from .store.plan import arun
 
@@ -105,6 +107,8 @@ def _settled(job_id: int, row: dict[str, Any] | None, schema: str) -> tuple[bool
         if row["has_result"] and row["result"] is None:
             raise ResultLost(f"job {job_id} succeeded but its result was lost (its claimer died before "
                              "writing it, and it was too large for shared memory)")
+        if isinstance(row["result"], UndecodablePayload):  # written by hand: a handler's result always decodes
+            raise PayloadError(f"job {job_id}'s stored result cannot be decoded: {row['result'].reason}")
         return True, row["result"] if row["has_result"] else None
     if state in ("dead", "cancelled"):
         raise JobDidNotSucceed(f"job {job_id} ended {state} ({row['last_error_code'] or 'no error code'}); "

@@ -9,6 +9,8 @@ import re
 from datetime import datetime, timedelta
 from typing import Any, Sequence
 
+from ..jobs import UndecodablePayload
+
 
 # What a terminal acts on rather than shows: C0 (line breaks, tab, ESC...), DEL, C1 (a
 # VT220 reads U+009B as CSI), the Unicode line and paragraph separators, lone surrogates.
@@ -36,6 +38,8 @@ def _jsonable(v: Any) -> Any:
         return v.isoformat()
     if isinstance(v, timedelta):
         return v.total_seconds()
+    if isinstance(v, UndecodablePayload):  # a value written by hand that Python cannot decode
+        return repr(v)
     return v
 
 
