@@ -227,13 +227,13 @@ async def open_async_pool(s: Settings, name: str) -> Any:
     async def configure(conn: psycopg.AsyncConnection) -> None:
         # behind a transaction-mode pooler, prepared statements would go missing (the
         # same test as db.detect_pooler: the backend pid libpq got differs from the server's)
-        pooled = False
-        if s.prepared_statements:
-            cur = await conn.execute("SELECT pg_backend_pid()")
-            row = await cur.fetchone()
-            pooled = row is not None and row[0] != conn.info.backend_pid
+        cur = await conn.execute("SELECT pg_backend_pid()")
+        row = await cur.fetchone()
+        pooled = row is not None and row[0] != conn.info.backend_pid
         if pooled or not s.prepared_statements:
             conn.prepare_threshold = None
+        if not pooled:  # as the sync pool's (connections.bound_lock_waits)
+            await conn.execute("SELECT set_config('lock_timeout', %s, false)", [f"{int(s.lock_timeout_seconds * 1000)}ms"])
         set_json_loads(safe_json_loads, conn)  # as the sync pool: a hand-written value is shown, not a failure
 
     async def check(conn: psycopg.AsyncConnection) -> None:

@@ -232,8 +232,9 @@ class Settings:
              "(set it on the role behind a transaction pooler)."))
     lock_timeout_seconds: float = field(default=LOCK_TIMEOUT_SECONDS, metadata=_env(
         "PGWORKER_LOCK_TIMEOUT_SECONDS", float,
-        help="`lock_timeout` of every worker session: no statement waits longer for a lock; maintenance "
-             "never waits at all (it skips a locked ordering key)."))
+        help="`lock_timeout` of every worker session and of the App's pooled connections (producers, operator "
+             "commands, the console): no statement waits longer for a lock (it fails with DatabaseBusy); "
+             "maintenance never waits at all (it skips a locked ordering key)."))
     prune: bool = field(default=True, metadata=_env(
         "PGWORKER_PRUNE", _bool,
         help="Delete finished jobs past their retention (every prune interval; once at the start of a drain run)."))

@@ -33,9 +33,12 @@ def open_pool(s: Settings, name: str) -> Any:
     # the DSN's form is checked by the probe's db.connect below, before anything is opened
 
     def configure(conn: psycopg.Connection) -> None:
+        pooled = db.detect_pooler(conn)
         # behind a transaction-mode pooler, prepared statements would go missing
-        if db.detect_pooler(conn) or not s.prepared_statements:
+        if pooled or not s.prepared_statements:
             conn.prepare_threshold = None
+        if not pooled:  # (a session setting would not stick there: the role's applies)
+            bound_lock_waits(conn, s.lock_timeout_seconds)
         # a JSON value Python cannot decode (written by hand) is shown, not a failed read
         set_json_loads(safe_json_loads, conn)
 
@@ -61,6 +64,15 @@ def open_pool(s: Settings, name: str) -> Any:
             f"{redact(str(exc), dsn_password(s.dsn), s.dsn)}; check the DSN (--dsn or PGWORKER_DSN) and that "
             "the server is running") from None
     return pool
+
+
+def bound_lock_waits(conn: psycopg.Connection, lock_timeout_seconds: float) -> None:
+    """Set the session's ``lock_timeout`` (PGWORKER_LOCK_TIMEOUT_SECONDS, 5 s by default;
+    0: wait for ever) on an App's pooled connection: a producer's call, an operator
+    command or a console page behind a lock it cannot get (a migration's, a ``VACUUM
+    FULL``'s, a forgotten ``LOCK TABLE``) raises :class:`DatabaseBusy` naming the fix,
+    instead of hanging with no word (``pgworker jobs list`` once did)."""
+    conn.execute("SELECT set_config('lock_timeout', %s, false)", [f"{int(lock_timeout_seconds * 1000)}ms"])
 
 
 @contextlib.contextmanager

@@ -110,6 +110,14 @@ def main(args: argparse.Namespace) -> int:
                 drop_schema(conn, schema)  # the demo's own schema: start clean
         report = app.migrate()
         print(f"migrated to schema version {report.version_after}", flush=True)
+        if schema != DEMO_SCHEMA and app.list_jobs(limit=1):
+            # its progress and summary count every job of the schema: an earlier run's
+            # (or your app's) would be counted as this run's, and their dedupe keys refuse its
+            print(f"error: schema {schema!r} already holds jobs (an earlier demo's, or your app's), which the demo "
+                  f"would count as its own: name a new schema (--schema), or drop this one if it is a demo's "
+                  f"(DROP SCHEMA \"{schema}\" CASCADE) and run again; without --schema the demo uses "
+                  f"{DEMO_SCHEMA!r}, which it empties itself", file=sys.stderr)
+            return 1
 
         out_dir = tempfile.mkdtemp(prefix="pgworker-demo-out-")
         endpoint = WebhookEndpoint()

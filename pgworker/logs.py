@@ -52,15 +52,19 @@ class TextFormatter(logging.Formatter):
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+TRACE_LEVEL = 5  # uvicorn's TRACE_LOG_LEVEL
 LOG_FORMATS = ("text", "json")
 
 
 def log_level_number(level: int | str) -> int:
     """``level`` as the logging module's number: an int as it is, or any level name the
-    logging module knows, in any case (DEBUG ... CRITICAL, and WARN, FATAL, NOTSET).
+    logging module knows, in any case (DEBUG ... CRITICAL, and WARN, FATAL, NOTSET), or
+    uvicorn's TRACE (5: every ASGI message of `pgworker web`).
     Raises :class:`~pgworker.errors.ConfigError` naming the usual ones."""
     if isinstance(level, int):
         return level
+    if str(level).upper() == "TRACE":  # uvicorn's level below DEBUG (its TRACE_LOG_LEVEL), for `pgworker web`
+        return TRACE_LEVEL
     number = logging.getLevelName(str(level).upper())
     if not isinstance(number, int):
         raise ConfigError(f"log level {str(level)[:40]!r} (--log-level or PGWORKER_LOG_LEVEL) is not one of "

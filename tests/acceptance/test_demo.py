@@ -87,6 +87,13 @@ def test_with_a_server_of_ones_own_the_hint_names_the_schema(tmp_path, pg_dsn, s
     shown = subprocess.run([sys.executable, "-m", "pgworker.cli", "jobs", "show", job, "--schema", schema],
                            env=dict(os.environ, PGWORKER_DSN=pg_dsn), capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0 and "PAYLOAD_INVALID" in shown.stdout, shown.stderr
+    # a second run in the same schema counted the first run's jobs as its own: refused, naming the fix
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGWORKER_")}
+    again = subprocess.run([sys.executable, "-m", "pgworker.cli", "demo", "--jobs", "20", "--schema", schema],
+                           env=dict(env, PGWORKER_DSN=pg_dsn, TMPDIR=str(tmp_path)), capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 1 and f"schema {schema!r} already holds jobs" in again.stderr, again.stderr
+    assert "--schema" in again.stderr and "Traceback" not in again.stderr
 
 
 def test_a_failed_demo_says_how_to_stop_what_it_kept_and_leaves_nothing_else(tmp_path):

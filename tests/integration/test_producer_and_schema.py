@@ -305,3 +305,35 @@ def test_enqueue_many_keeps_the_fold_of_a_repeated_hour(app, conn, path):
              for i in range(n)]
     ids = app.enqueue_many(specs)
     assert run_ats(conn, app, ids) == [FALL_BACK_UTC[i % 2] for i in range(n)]
+
+
+def test_the_apps_own_connections_wait_for_a_lock_no_longer_than_lock_timeout(pg_dsn, schema):
+    """`pgworker jobs list` hung with no word while a migration (any ACCESS EXCLUSIVE lock)
+    held the jobs table: the App's pooled connections set no lock_timeout. They now set
+    PGWORKER_LOCK_TIMEOUT_SECONDS, as a worker's sessions do: the call raises DatabaseBusy
+    naming the fix; the async pool alike. A caller's own connection keeps its settings."""
+    import asyncio
+
+    from pgworker import DatabaseBusy
+
+    settings = App(pg_dsn).settings.replace(schema=schema, lock_timeout_seconds=0.5)
+    with App(settings=settings) as app, psycopg.connect(pg_dsn) as holder:
+        app.migrate()
+        job = app.enqueue("t")
+        holder.execute(sql.SQL("LOCK TABLE {}.jobs IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(schema)))
+        with pytest.raises(DatabaseBusy, match="another session holds a lock.*PGWORKER_LOCK_TIMEOUT_SECONDS"):
+            app.get_job(job)
+
+        async def read_async():
+            try:
+                await app.aget_job(job)
+            finally:
+                await app.aclose()
+        with pytest.raises(DatabaseBusy, match="another session holds a lock"):
+            asyncio.run(read_async())
+        with app.connection() as c:
+            assert c.execute("SHOW lock_timeout").fetchone()[0] == "500ms"
+        holder.rollback()
+        assert app.get_job(job)["state"] == "pending"
+    with psycopg.connect(pg_dsn) as own:
+        assert own.execute("SHOW lock_timeout").fetchone()[0] == "0"

@@ -399,7 +399,7 @@ def test_an_unknown_log_level_or_format_names_the_values_it_takes(monkeypatch):
     from pgworker.logs import log_level_number
 
     # the names the logging module knows, in any case, as numbers (uvicorn takes only those)
-    assert [log_level_number(v) for v in ("warn", "FATAL", "notset", "Info", 15)] == [30, 50, 0, 20, 15]
+    assert [log_level_number(v) for v in ("warn", "FATAL", "notset", "Info", 15, "trace")] == [30, 50, 0, 20, 15, 5]
     monkeypatch.setenv("PGWORKER_LOG_FORMAT", "xml")
     with pytest.raises(ConfigError, match=r"log format 'xml' \(--log-format or PGWORKER_LOG_FORMAT\)"):
         setup_logging("info")
