@@ -174,13 +174,16 @@ class FenceReport:
 
 @dataclass(frozen=True)
 class FailRequest:
-    """One failed attempt to record: retry after ``delay_seconds`` unless permanent."""
+    """One failed attempt to record: retry after ``delay_seconds`` unless permanent.
+    ``traceback``: where the handler raised (bounded, redacted text), kept in the error
+    history entry beside the message; None: none kept."""
 
     lease: Lease
     code: str
     message: str
     delay_seconds: float
     permanent: bool = False
+    traceback: str | None = None
 
 
 class ReapCandidate(NamedTuple):

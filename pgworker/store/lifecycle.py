@@ -165,7 +165,7 @@ class LifecycleStatements(KeyedTransitions):
             "delays": [_delay(r.delay_seconds) for r in requests],
             "permanent": [bool(r.permanent) for r in requests],
             "codes": [r.code for r in requests], "messages": [r.message for r in requests],
-            "keep": self.error_history_entries},
+            "tracebacks": [r.traceback or None for r in requests], "keep": self.error_history_entries},
             keys, lambda r: r[3] if r[2] == "cancelled" or (r[2] == "dead" and not r[4]) else None)
         return FenceReport.build("fail", leases, rows, detail_column=2)
 

@@ -295,9 +295,7 @@ def _run_one(app: Any, conn: psycopg.Connection, executor: Executor, table: Slot
         if executor.interrupted:  # Ctrl-C in the handler: the job back to pending, unspent; the test run stops
             write_outcomes(app.store, conn, [Write(job.lease, RELEASE, job.ordering_key)])
             raise KeyboardInterrupt
-        report = write_outcomes(app.store, conn, [Write(job.lease, out.kind, job.ordering_key, out.code,
-                                                        out.message, out.delay, out.permanent,
-                                                        out.result)])[out.kind]
+        report = write_outcomes(app.store, conn, [out.write()])[out.kind]
     finally:
         table.empty_job(slot, job.id)
     accepted = job.id in report.accepted

@@ -65,12 +65,18 @@ class Outcome:
     permanent: bool = False
     span: Any = None
     result: str | None = None  # COMPLETE: the handler's return value as JSON (None: nothing to store)
+    traceback: str | None = None  # FAIL: where the handler raised, kept in the error history
     decided_at: float = field(default_factory=time.monotonic)
     retries: int = 0  # writes attempted before (a connection failed, or a statement was refused for now)
 
     @property
     def kind_name(self) -> str:
         return KIND_NAMES[self.kind]
+
+    def write(self) -> "Write":
+        """The fenced write of this outcome (the claimer's completer, the test drain)."""
+        return Write(self.job.lease, self.kind, self.job.ordering_key, self.code, self.message, self.delay,
+                     self.permanent, self.result, self.traceback)
 
 
 def bounded_delay(value: Any, job: ClaimedJob, what: str, fallback: float) -> float:
@@ -133,6 +139,7 @@ class Write(NamedTuple):
     delay: float = 0.0
     permanent: bool = False
     result: Any = None
+    traceback: str | None = None  # FAIL: where the handler raised (executor.stored_traceback)
 
 
 # How a success's result is kept in its slot (the slot's code field says which; the
@@ -213,8 +220,8 @@ def _write_kind(store: Store, conn: psycopg.Connection, kind: int, items: Sequen
     if kind == COMPLETE:
         return store.complete(conn, leases, keys, [w.result for w in items])
     if kind == FAIL:
-        return store.fail(conn, [FailRequest(w.lease, w.code or "ERROR", w.message, w.delay, w.permanent)
-                                 for w in items], keys)
+        return store.fail(conn, [FailRequest(w.lease, w.code or "ERROR", w.message, w.delay, w.permanent,
+                                             w.traceback) for w in items], keys)
     if kind == SNOOZE:
         return store.snooze(conn, leases, [w.delay for w in items], keys)
     if kind == CANCEL:

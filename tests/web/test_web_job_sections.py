@@ -170,6 +170,8 @@ def test_the_attempts_of_a_replayed_job_are_set_apart_and_its_times_read_alike(a
     job = app.enqueue("t", {}, any_task=True)
     history = [_error(1, "2026-12-05T10:20:01.5+00:00"), _error(2, "2026-12-05T10:21:02.25+00:00"),
                _error(1, "2026-12-05T10:24:35.390848+00:00"), _error(2, "not a time <i>x</i>")]
+    history[-1]["traceback"] = 'File "/app/tasks.py", line 9, in send\n  raise Boom("<script>x</script>")'
+
     conn.execute(sql.SQL("UPDATE {}.jobs SET errors = %s::jsonb WHERE id = %s").format(
         sql.Identifier(app.settings.schema)), [json.dumps(history), job])
     with ConsoleServer(pg_dsn, app.settings.schema).wait_ready() as server:
@@ -182,7 +184,10 @@ def test_the_attempts_of_a_replayed_job_are_set_apart_and_its_times_read_alike(a
     assert section.index("Attempt 1") < section.index("Earlier") < section.rindex("Attempt 2")
     assert "2026-12-05 10:24:35Z" in section and "2026-12-05 10:20:01Z" in section and "T10:24" not in section
     assert "not a time &lt;i&gt;x&lt;/i&gt;" in section  # shown as it is, escaped
-    assert "No traceback stored" not in section and section.count("Tracebacks are not stored") == 1
+    assert "No traceback stored" not in section and section.count("An exception's traceback is kept") == 1
+    # the newest attempt's traceback, escaped, folded; the others have none
+    assert section.count('<details class="traceback">') == 1
+    assert 'raise Boom(&#34;&lt;script&gt;x&lt;/script&gt;&#34;)' in section and "<script>x" not in section
     assert "a job keeps its last 10 (PGWORKER_ERROR_HISTORY_ENTRIES)" in section
 
 

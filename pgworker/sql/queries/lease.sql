@@ -145,7 +145,8 @@ WHERE (SELECT count(pg_notify(%(results_channel)s, '')) FROM (SELECT 1 FROM done
 -- (the task's backoff, computed and bounded by the caller; the stamp under its queue's
 -- bucket lock, migration 0013), to dead when the failure is permanent or its attempts
 -- are spent, or to cancelled when a cancellation was requested. Fenced by id + state +
--- token. The error joins a history bounded to %(keep)s entries.
+-- token. The error joins a history bounded to %(keep)s entries, with the handler's
+-- traceback when the worker kept one.
 UPDATE {schema}.jobs AS j
 SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'::{schema}.job_state
                  WHEN f.permanent OR j.attempts >= j.max_attempts THEN 'dead'::{schema}.job_state
@@ -159,10 +160,10 @@ SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'::{schem
     last_error_code = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'CANCELLED' ELSE f.code END,
     errors = {schema}.bounded_append(j.errors, jsonb_build_object(
         'attempt', j.attempts, 'at', now(), 'code', f.code, 'message', f.message,
-        'worker', j.lease_owner), %(keep)s)
+        'worker', j.lease_owner) || jsonb_strip_nulls(jsonb_build_object('traceback', f.traceback)), %(keep)s)
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(delays)s::float8[],
-            %(permanent)s::boolean[], %(codes)s::text[], %(messages)s::text[])
-     AS f(id, token, delay, permanent, code, message)
+            %(permanent)s::boolean[], %(codes)s::text[], %(messages)s::text[], %(tracebacks)s::text[])
+     AS f(id, token, delay, permanent, code, message, traceback)
 WHERE j.id = f.id AND j.state::text = 'running' AND j.lease_token = f.token
 RETURNING j.id, j.lease_token, j.state::text AS state, j.ordering_key, j.dead_blocks_key;
 

@@ -44,7 +44,7 @@ from ...names import bounded_text, schema_flag
 from ..shm import layout as s
 from ..shm.slots import SlotTable
 from ..lease import outcome_bounds
-from ..outcome import (COMMITTED, FAIL, OUTCOME_INVALID, TIMEOUT_SQLSTATES, Outcome, Write, already_written,
+from ..outcome import (COMMITTED, FAIL, OUTCOME_INVALID, TIMEOUT_SQLSTATES, Outcome, already_written,
                        write_outcomes, written_outcome)
 from ..service import Backoff
 from .connection import ClaimerConnection
@@ -192,7 +192,7 @@ class Completer:
         later. Raises psycopg errors only when the connection is lost."""
         self.refusal = None
         try:
-            return write_outcomes(self.store, conn, [_write(o) for o in batch], bounds=self.bounds), []
+            return write_outcomes(self.store, conn, [o.write() for o in batch], bounds=self.bounds), []
         except psycopg.Error as exc:
             if connection_lost(exc, conn):
                 raise
@@ -207,7 +207,7 @@ class Completer:
         later: list[Outcome] = []
         for o in batch:
             try:
-                report = write_outcomes(self.store, conn, [_write(o)], bounds=self.bounds)[o.kind]
+                report = write_outcomes(self.store, conn, [o.write()], bounds=self.bounds)[o.kind]
             except psycopg.Error as exc:
                 if connection_lost(exc, conn):
                     raise
@@ -236,7 +236,7 @@ class Completer:
         o.message = f"the attempt's outcome could not be stored ({text}); recorded as a failure instead"
         o.delay = task.retry.delay(o.job.attempt) if task is not None else 1.0
         try:
-            return write_outcomes(self.store, conn, [_write(o)], bounds=self.bounds)[FAIL]
+            return write_outcomes(self.store, conn, [o.write()], bounds=self.bounds)[FAIL]
         except psycopg.Error as again:
             if connection_lost(again, conn):
                 raise
@@ -247,7 +247,7 @@ class Completer:
     def _confirm(self, conn: psycopg.Connection, unsure: list[Outcome]) -> set[int]:
         """After a connection failed mid-write, the refused rows that are our own earlier
         write, committed before the reply was lost (the shared rule: already_written)."""
-        return already_written(self.store, conn, [_write(o) for o in unsure])
+        return already_written(self.store, conn, [o.write() for o in unsure])
 
     def _db_now(self, conn: psycopg.Connection) -> float | None:
         """The database clock (Unix seconds), read when a write of the batch was refused,
@@ -319,10 +319,6 @@ class Completer:
                            "lease_token": o.job.lease_token})
         tracing.settle_span(o.job, o.kind_name, False, parent=o.span, worker_id=self.worker_id,
                             start_time=started_ns, overrun_seconds=overrun)
-
-
-def _write(o: Outcome) -> Write:
-    return Write(o.job.lease, o.kind, o.job.ordering_key, o.code, o.message, o.delay, o.permanent, o.result)
 
 
 def _merge(reports: dict[int, FenceReport], kind: int, report: FenceReport) -> None:

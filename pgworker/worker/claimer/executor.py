@@ -295,19 +295,33 @@ class Executor:
         delay = policy_delay if failure.retry_after is None else \
             bounded_delay(failure.retry_after, job, "retry delay", policy_delay)
         dead = permanent or job.attempt >= job.max_attempts
-        if not isinstance(error, (Permanent, Retry)):
+        trace = ""
+        if not isinstance(error, (Permanent, Retry)):  # a deliberate outcome: its message says it all
+            # a timeout's frames are pgworker's own: nothing to show
+            trace = "" if isinstance(error, HandlerTimeout) else handler_traceback(error, self.secrets)
             log.warning("job %s (%s) attempt %s/%s failed: %s: %s", job.id, job.task, job.attempt,
                         job.max_attempts, code, _one_line(message[:200]),
-                        extra={"action": "job_failed", "job_id": job.id, "queue": job.queue,
-                               # a timeout's frames are pgworker's own: nothing to show
-                               "traceback": "" if isinstance(error, HandlerTimeout) else
-                               handler_traceback(error, self.secrets)})
+                        extra={"action": "job_failed", "job_id": job.id, "queue": job.queue, "traceback": trace})
         return Outcome(job, slot, FAIL, "dead" if dead else "retried", elapsed, code=code, message=message,
-                       delay=delay, permanent=permanent)
+                       delay=delay, permanent=permanent, traceback=stored_traceback(trace))
 
 
 TRACEBACK_FRAMES = 20
 TRACEBACK_LINE_CHARS = 300
+#: The most of a traceback kept in a job's error history entry (its innermost frames):
+#: with PGWORKER_ERROR_HISTORY_ENTRIES (10) entries, at most ~40 KB a job.
+STORED_TRACEBACK_CHARS = 4000
+
+
+def stored_traceback(trace: str) -> str | None:
+    """``trace`` (from :func:`handler_traceback`) as kept with the job: its innermost
+    lines within STORED_TRACEBACK_CHARS, whole lines, the cut marked; None when empty."""
+    if not trace:
+        return None
+    if len(trace) <= STORED_TRACEBACK_CHARS:
+        return trace
+    kept = trace[-STORED_TRACEBACK_CHARS:]
+    return "… (outer frames cut)\n" + kept[kept.find("\n") + 1:]
 
 
 def handler_traceback(error: BaseException, secrets: Any = ()) -> str:
@@ -318,7 +332,8 @@ def handler_traceback(error: BaseException, secrets: Any = ()) -> str:
     source line can be megabytes; redaction of a long run is not linear), with control
     characters and line breaks escaped so that a file or function name cannot forge log
     lines. "" when the frames cannot be read: the attempt's outcome never depends on it.
-    The database and spans keep the message only."""
+    The job's error history keeps its innermost lines too (:func:`stored_traceback`);
+    spans keep the message only."""
     try:
         frames = traceback.extract_tb(error.__traceback__, limit=-TRACEBACK_FRAMES)
         lines = []
