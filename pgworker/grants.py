@@ -61,11 +61,24 @@ def render(statements: list[sql.Composed], conn: psycopg.Connection | None = Non
     return "\n".join(s.as_string(conn).strip() + ";" for s in statements)
 
 
-def apply(conn: psycopg.Connection, statements: list[sql.Composed]) -> None:
-    """Run the statements in one transaction (as the schema's owner)."""
+def apply(conn: psycopg.Connection, statements: list[sql.Composed], schema: str | None = None,
+          roles: dict[str, str | None] | None = None) -> None:
+    """Run the statements in one transaction (as the schema's owner), then, given
+    ``schema``, check that each role of ``roles`` ({kind: role or None}) holds its block. Raises :class:`ConfigError`
+    naming what a role still lacks: PostgreSQL only warns ("no privileges were granted")
+    when the connected role may not grant, so without the check a GRANT run as another
+    role said "granted" and granted nothing."""
     with conn.transaction():
         for s in statements:
             conn.execute(s)
+    for kind, role in (roles or {}).items():
+        lacking = missing_privileges(conn, schema, kind, role=role) if role and schema else []
+        if lacking:
+            raise ConfigError(
+                f"role {conn.info.user!r} could not grant {kind} {role!r} what it needs on schema {schema!r} "
+                f"(PostgreSQL granted only what this role may pass on); still missing: {'; '.join(lacking)}. "
+                f"Run `pgworker sql grants ... --apply` as the schema's owner (the role that ran "
+                f"`pgworker migrate`: --dsn with its DSN), or print the SQL without --apply for the owner to run")
 
 
 # One GRANT of grants.sql: its privileges, the object's kind and the object.
@@ -97,8 +110,8 @@ def _checks(kind: str) -> list[tuple[str, str, str, str | None]]:
 
 
 def missing_privileges(conn: psycopg.Connection, schema: str, kind: str = "worker",
-                       skip: frozenset[str] = frozenset()) -> list[str]:
-    """What the connected role lacks of what ``pgworker sql grants --<kind>`` gives on
+                       skip: frozenset[str] = frozenset(), role: str | None = None) -> list[str]:
+    """What the connected role (or ``role``) lacks of what ``pgworker sql grants --<kind>`` gives on
     ``schema``, one entry per privilege and object, as ['UPDATE (state, run_at, attempts,
     lease_owner, and 13 more) ON jobs', 'USAGE ON jobs_id_seq', ...] (empty when it has it all: an
     owner or a superuser always has). ``skip``: objects not to check, by name (e.g. the
@@ -118,12 +131,14 @@ def missing_privileges(conn: psycopg.Connection, schema: str, kind: str = "worke
         # a schema goes by its plain name; a table, sequence or function by its quoted one
         target = schema if obj_kind == "schema" else sql.SQL(template).format(
             schema=sql.Identifier(schema)).as_string(conn)
+        who = [] if role is None else [role]
         if column is not None:
-            terms.append(sql.SQL("has_column_privilege(%s, %s, %s)"))
-            params += [target, column, privilege]
+            terms.append(sql.SQL("has_column_privilege({}%s, %s, %s)").format(sql.SQL("%s, " if who else "")))
+            params += [*who, target, column, privilege]
         else:
-            terms.append(sql.SQL("{}(%s, %s)").format(sql.Identifier(functions[obj_kind])))
-            params += [target, privilege]
+            terms.append(sql.SQL("{}({}%s, %s)").format(sql.Identifier(functions[obj_kind]),
+                                                      sql.SQL("%s, " if who else "")))
+            params += [*who, target, privilege]
         labels.append((privilege, f"SCHEMA {schema}" if obj_kind == "schema" else name.split("(")[0], column))
     row = conn.execute(sql.SQL("SELECT ARRAY[{}]").format(sql.SQL(", ").join(terms)), params).fetchone()
     lacking: dict[tuple[str, str], list[str]] = {}  # (privilege, object) -> its columns lacking

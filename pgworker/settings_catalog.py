@@ -53,8 +53,10 @@ TASK_OPTIONS: dict[str, tuple[str, str]] = {
     "queue": ("name", "The queue its jobs go to, unless `enqueue(queue=...)` says otherwise."),
     "max_attempts": ("attempts", "Attempts before a job is dead (1 to 1,000,000)."),
     "retry": ("RetryPolicy", "The backoff between attempts: see Retries."),
-    "timeout": ("seconds", "An attempt running longer fails with TIMEOUT (an async handler is cancelled, "
-                "a sync one's claimer process replaced)."),
+    "timeout": ("seconds", "An attempt running longer fails with TIMEOUT: an async handler is cancelled at "
+                "the limit; a sync one, which cannot be interrupted, has its claimer process replaced once it "
+                "runs 2 s past the limit (a sync handler that returns within those 2 s succeeds: its work is "
+                "done)."),
     "max_runtime": ("seconds", "The lease is not renewed past this age (default: the worker's "
                     "`max_runtime_seconds`)."),
     "renew": ("`alive` or `progress`", "Renew the lease while the claimer lives, or only while the handler "

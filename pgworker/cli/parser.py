@@ -336,6 +336,8 @@ def unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, extr
         close = difflib.get_close_matches(option, known, n=1, cutoff=0.6)
         if close and close[0] != option:
             hints.append(f"did you mean {close[0]}?")
+    if "--app" in known:  # `pgworker run myapp.tasks:app`: the app goes in --app
+        hints += [f"the app goes in --app: --app {shlex.quote(a)}" for a in stray if re.fullmatch(r"[\w.]+:[\w.]+", a)]
     listed = f"`{command.prog} --help` lists its options" if command is not parser else "`pgworker --help`"
     command.error(f"unrecognized arguments: {' '.join(extras)}" + "".join(f"; {h}" for h in hints) + f" ({listed})")
 

@@ -86,7 +86,8 @@ def cmd_sql(args: argparse.Namespace) -> int:
         return 0
     app = _make_app(args)
     with app.connection() as conn:
-        grants.apply(conn, statements)
+        grants.apply(conn, statements, schema, {"producer": args.producer, "worker": args.worker,
+                                                "viewer": args.viewer})
     print(f"granted on schema {schema!r}: " + ", ".join(
         f"{kind} {role!r}" for kind, role in (("producer", args.producer), ("worker", args.worker),
                                               ("viewer", args.viewer)) if role))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 import time
 from typing import Any
@@ -50,7 +51,9 @@ def wait_for_database(settings: Settings, store: Any, health: Any, received: lis
                 except SchemaNotMigrated as exc:
                     raise with_schema_hint(settings, exc) from None
                 except psycopg.errors.InsufficientPrivilege:  # no USAGE on the schema, or no SELECT on migrations
-                    lacking = _grants_message(conn.info.user, settings, ["USAGE ON SCHEMA and SELECT ON migrations"])
+                    lacking = _grants_message(conn.info.user, settings, [
+                        "USAGE ON SCHEMA or SELECT ON migrations, at least (what else it lacks cannot be read "
+                        "without them)"])
                 else:
                     lacking = _lacking_grants(conn, settings)
                 pooled = conn in POOLED
@@ -92,6 +95,22 @@ def wait_for_database(settings: Settings, store: Any, health: Any, received: lis
                 return False
             _sleep(backoff.next(), health, received)
     return False
+
+
+def warn_unknown_queues(app: Any) -> None:
+    """Log a warning for each queue of --queues (PGWORKER_QUEUES) that none of the app's
+    tasks uses: a typo there ('i0' for 'io') left a worker idle in silence (a drain run
+    reported success with the jobs still due). Not an error: jobs enqueued with
+    ``queue=`` of any name are legitimate."""
+    configured = app.settings.queues
+    task_queues = sorted({"default", *(t.queue for t in app.tasks.values())})
+    for queue in configured or ():
+        if queue in task_queues:
+            continue
+        close = difflib.get_close_matches(queue, task_queues, n=1, cutoff=0.5)
+        log.warning("queue %r (--queues, PGWORKER_QUEUES) is no queue of the app's tasks (%s): this worker "
+                    "takes from it only jobs enqueued there with queue=...%s", queue, ", ".join(task_queues),
+                    f"; did you mean {close[0]!r}?" if close else "", extra={"action": "queue_unknown"})
 
 
 def _lacking_grants(conn: psycopg.Connection, settings: Settings) -> str:

@@ -93,6 +93,11 @@ def test_a_producer_can_enqueue_and_read_state_and_nothing_else(granted):
                         c.execute('SELECT payload FROM "app jobs".jobs')
                 else:
                     app.get_job(one)
+        # the exception psycopg raised, with the fix beside it (a new user's trial: a raw
+        # InsufficientPrivilege where the CLI names `pgworker sql grants`)
+        with pytest.raises(errors.InsufficientPrivilege) as refusal:
+            app.cancel(one)
+        assert any("sql grants --producer" in n and "schema's owner" in n for n in refusal.value.__notes__)
     finally:
         app.close()
     # the read-only views an application shows its users work for the producer too
@@ -192,6 +197,14 @@ def test_grants_refuse_a_missing_role_and_name_the_fix(granted):
     assert out.returncode == 1 and "nobody-here" in out.stderr and "Traceback" not in out.stderr, out.stderr
     # the fix is to create the role, not to migrate (a missing role once read as a missing schema)
     assert "create the role first" in out.stderr and "migrate" not in out.stderr, out.stderr
+    # run as a role that may not grant (PGWORKER_DSN left at the worker's), PostgreSQL only
+    # warns and grants nothing: it said "granted" (a new user's trial); now an error naming the owner
+    granted.execute('CREATE ROLE "newcomer" LOGIN')
+    out = cli("sql", "grants", "--producer", "newcomer", "--apply", dsn=granted.dsn("worker"))
+    assert out.returncode == 1 and "granted on schema" not in out.stdout, out.stdout + out.stderr
+    assert "role 'worker' could not grant producer 'newcomer'" in out.stderr and "schema's owner" in out.stderr
+    out = cli("sql", "grants", "--producer", "newcomer", "--apply", dsn=granted.dsn("owner"))
+    assert out.returncode == 0 and "granted on schema" in out.stdout, out.stderr
 
 
 def test_a_role_without_the_workers_grants_is_told_so_at_start(granted):

@@ -311,10 +311,13 @@ def test_drain_processes_due_work_and_leaves_later_work(env, pg_dsn, conn):
     with Worker(pg_dsn, schema, "--drain", "--concurrency", "2") as w:
         assert w.wait(60) == 0
         summary = json.loads(w.stdout().strip().splitlines()[-1])
+        logs = w.logs()
     assert summary["succeeded"] == 50 and summary["result"] == "succeeded"
     assert q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", later) == [("pending",)]
-    # "left": 0 is not "all done": the summary says when the next job falls due
+    # "left": 0 is not "all done": the summary says when the next job falls due, and the log in words
     assert summary["left"] == 0 and 3500 < summary["next_due_seconds"] <= 3600, summary
+    assert re.search(r"drain: nothing due is left; the next job .* is due in 3[56]\d\d\.\d s, for the next run", logs), \
+        logs[-2000:]
 
 
 def test_a_drain_run_names_due_jobs_it_left_because_another_transaction_locked_them(env, pg_dsn, conn):
@@ -410,6 +413,17 @@ def test_drain_exits_when_a_rate_limited_queue_has_nothing_due(env, pg_dsn, conn
         assert w.wait(60) == 0, w.logs()[-2000:]
         summary = json.loads(w.stdout().strip().splitlines()[-1])
     assert (summary["result"], summary["processed"], summary["left"]) == ("succeeded", 0, 0)
+
+
+def test_a_queue_no_task_uses_is_named_at_start(env, pg_dsn):
+    """`--queues i0` for 'io' left a new user's worker idle and its drain run reported
+    success: a queue of --queues that none of the app's tasks uses is named, with the
+    closest task queue (a warning: jobs enqueued there with queue=... are legitimate)."""
+    with Worker(pg_dsn, env.settings.schema, "--drain", "--concurrency", "1", "--queues", "limitd,default") as w:
+        assert w.wait(60) == 0, w.logs()[-2000:]
+        logs = w.logs()
+    assert "queue 'limitd' (--queues, PGWORKER_QUEUES) is no queue of the app's tasks" in logs, logs[-2000:]
+    assert "did you mean 'limited'?" in logs and "queue 'default' (--queues" not in logs
 
 
 def test_drain_due_jobs_waiting_for_tokens_are_work_left(env, pg_dsn, conn):

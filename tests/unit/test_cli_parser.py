@@ -129,7 +129,10 @@ def test_other_unrecognized_arguments_name_the_command_and_the_closest_option(ca
             (["run", "--concurency", "2"], "pgworker run: error: unrecognized arguments: --concurency 2; "
                                            "did you mean --concurrency? (`pgworker run --help` lists its options)\n"),
             (["jobs", "list", "--stat=dead"], "pgworker jobs list: error: unrecognized arguments: --stat=dead; "
-                                              "did you mean --state? (`pgworker jobs list --help` lists its options)\n")):
+                                              "did you mean --state? (`pgworker jobs list --help` lists its options)\n"),
+            # the app given as the worker's argument (a new user's trial)
+            (["run", "myapp.tasks:app"], "pgworker run: error: unrecognized arguments: myapp.tasks:app; the app goes "
+                                         "in --app: --app myapp.tasks:app (`pgworker run --help` lists its options)\n")):
         with pytest.raises(SystemExit) as exit_:
             cli.main(argv)
         err = capsys.readouterr().err

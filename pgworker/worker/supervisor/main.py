@@ -23,7 +23,7 @@ from ..podlimits import PodQueueLimits
 from ..service import worker_connect
 from ..settler import Settler
 from ..shm.wakeups import PodSignals
-from ..startup import wait_for_database
+from ..startup import wait_for_database, warn_unknown_queues
 from ..stats import StatsSource
 from .pool import ClaimerHandle, ClaimerPool
 from .services import lease_terms, start_services
@@ -127,6 +127,7 @@ class Supervisor(Tick, Settlement, Shutdown):
         n = self.settings.concurrency
         log.info("pgworker %s: %s claimer%s on queues %s (schema %r)%s", _version(), n, "" if n == 1 else "s",
                  ", ".join(self.queues), self.settings.schema, ", drain mode" if self.drain else "")
+        warn_unknown_queues(self.app)
         try:
             if not wait_for_database(self.settings, self.store, self.health, self.received, drain=self.drain,
                                      max_duration=self.max_duration):

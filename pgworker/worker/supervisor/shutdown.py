@@ -80,6 +80,10 @@ class Shutdown(SupervisorState):
                 self.summary.next_due_seconds = self.store.next_due_seconds(conn, self.queues)
                 if self.summary.left > 0:
                     self._say_why_left(conn)
+                elif self.summary.next_due_seconds is not None:  # a new user read "succeeded" as "all done"
+                    log.info("drain: nothing due is left; the next job (a retry's backoff, a snooze, or one "
+                             "scheduled later) is due in %.1f s, for the next run (next_due_seconds)",
+                             self.summary.next_due_seconds, extra={"action": "drain_next_due"})
         except Exception as exc:  # noqa: BLE001
             log.error("could not count the jobs left: %s", type(exc).__name__)
             self.summary.left = -1
