@@ -330,8 +330,9 @@ def _merge(reports: dict[int, FenceReport], kind: int, report: FenceReport) -> N
                                 {**old.details, **report.details})
 
 
-#: The most of a dead job's message its log line quotes (an UNKNOWN_TASK message fits whole).
-DEAD_LOG_MESSAGE_CHARS = 400
+#: The most of a dead job's message its log line quotes: pgworker's own fit whole (an
+#: UNKNOWN_TASK's; an EFFECT_UNCERTAIN's with its two commands, which 400 cut).
+DEAD_LOG_MESSAGE_CHARS = 800
 
 
 def _log_dead(o: Outcome, schema_flag: str) -> None:
