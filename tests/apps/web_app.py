@@ -54,6 +54,16 @@ def yearly_report(payload, ctx):
     return None
 
 
+def _deliver(payload):
+    # the source line, HTML and script included, is what the stored traceback quotes
+    raise ConnectionError("</pre><script>window.__pwned = 2</script> upstream closed the connection")
+
+
+@app.task(name="breaks", max_attempts=1)
+def breaks(payload, ctx):
+    _deliver(payload)
+
+
 @app.task(name=HOSTILE_TASK, queue=HOSTILE_QUEUE, max_attempts=1)
 def hostile(payload, ctx):
     raise pgworker.Permanent(HOSTILE_MESSAGE)

@@ -45,6 +45,7 @@ def test_a_failed_attempt_keeps_its_traceback_and_a_deliberate_one_does_not(app)
     assert boom_entry["message"].endswith("upstream said no to 7")  # the message stays where it was
     assert "in boom" in trace and trace.rstrip().endswith('raise ValueError(f"upstream said no to {n}")')
     assert trace.index("in boom") < trace.index("in _inner_failure")  # innermost frame last
+    assert trace.startswith('File "') and "pgworker/worker/claimer" not in trace  # the user's frames, from the handler
     assert "upstream said no" not in trace.replace('raise ValueError(f"upstream said no to {n}")', "")
 
     assert "traceback" not in deliberate_entry and deliberate_entry["code"] == "PERMANENT"

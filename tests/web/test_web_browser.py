@@ -73,13 +73,18 @@ def _open(driver, site, path, shot=None):
     logs = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert not logs, f"browser console errors on {path}: {logs}"
     if shot:
-        target = os.path.join(site.shots, f"{shot}.png")
-        browser_mod.full_screenshot(driver, target)
-        if SHOTS:
-            os.makedirs(SHOTS, exist_ok=True)
-            shutil.copy(target, os.path.join(SHOTS, f"{shot}.png"))
-        driver.set_window_size(1400, 900)
+        _shot(driver, site, shot)
     return driver
+
+
+def _shot(driver, site, name):
+    """The page as it is now, whole, into the test's folder (and the docs' with SHOTS)."""
+    target = os.path.join(site.shots, f"{name}.png")
+    browser_mod.full_screenshot(driver, target)
+    if SHOTS:
+        os.makedirs(SHOTS, exist_ok=True)
+        shutil.copy(target, os.path.join(SHOTS, f"{name}.png"))
+    driver.set_window_size(1400, 900)
 
 
 def _on_fresh(driver, css, act, timeout=0.0):
@@ -370,6 +375,23 @@ def test_hostile_names_and_messages_stay_inert(browser, site):
     assert "<script>alert('error')</script>" in _text(browser, "#attempts")
     assert "window.__pwned = 1" in _text(browser, "#payload-json")
     _no_alert(browser)
+
+
+def test_a_failed_attempts_traceback_is_folded_under_it_and_inert(browser, site):
+    """A real worker's attempt raised ConnectionError in a helper whose source line holds
+    HTML and script: the job page folds the stored traceback under the attempt's message,
+    opens it on a click, and shows it as text."""
+    job = site.app.enqueue("breaks", {"to": "https://example.com/hook"}, any_task=True)
+    site.wait_state(job, "dead")
+    _open(browser, site, f"/jobs/{job}")
+    assert not _on_fresh(browser, "details.traceback", lambda e: e.get_attribute("open"))  # folded
+    _click(browser, "details.traceback summary")
+    shown = _text(browser, "details.traceback pre")
+    assert "in breaks" in shown and "in _deliver" in shown, shown
+    assert 'raise ConnectionError("</pre><script>window.__pwned = 2</script> upstream closed' in shown, shown
+    assert browser.execute_script("return window.__pwned === undefined")
+    _no_alert(browser)
+    _shot(browser, site, "job-traceback")
 
 
 def test_result_progress_and_dependencies_are_shown_inert_and_redacted(browser, site):

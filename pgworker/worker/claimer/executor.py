@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import logging
+import os
 import time
 import traceback
 from typing import Any, Iterable
@@ -307,6 +308,7 @@ class Executor:
 
 
 TRACEBACK_FRAMES = 20
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__))  # the claimer's modules: their frames open every traceback
 TRACEBACK_LINE_CHARS = 300
 #: The most of a traceback kept in a job's error history entry (its innermost frames):
 #: with PGWORKER_ERROR_HISTORY_ENTRIES (10) entries, at most ~40 KB a job.
@@ -335,7 +337,10 @@ def handler_traceback(error: BaseException, secrets: Any = ()) -> str:
     The job's error history keeps its innermost lines too (:func:`stored_traceback`);
     spans keep the message only."""
     try:
-        frames = traceback.extract_tb(error.__traceback__, limit=-TRACEBACK_FRAMES)
+        tb = error.__traceback__
+        while tb is not None and tb.tb_next is not None and _own(tb.tb_frame.f_code.co_filename):
+            tb = tb.tb_next  # the executor's own frame that called the handler: not the user's code
+        frames = traceback.extract_tb(tb, limit=-TRACEBACK_FRAMES)
         lines = []
         for f in frames:
             lines.append(f'File "{f.filename}", line {f.lineno}, in {f.name}')
@@ -344,6 +349,10 @@ def handler_traceback(error: BaseException, secrets: Any = ()) -> str:
         return "\n".join(redact(_log_text(line[:TRACEBACK_LINE_CHARS]), *secrets) for line in lines)
     except Exception:  # noqa: BLE001 - a loader or linecache failing must not cost the outcome
         return ""
+
+
+def _own(filename: str) -> bool:
+    return os.path.dirname(os.path.abspath(filename)) == _OWN_DIR
 
 
 def _log_text(text: str) -> str:
