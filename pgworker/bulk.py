@@ -97,6 +97,10 @@ def apply_batch(store: "Store", conn: psycopg.Connection) -> dict[str, Any] | No
             op = store.bulk_operation_claim(conn)
             if op is None:
                 return None
+            if not isinstance(op["filter"], dict):  # written by hand: not a filter, or undecodable
+                store.bulk_operation_fail(conn, op["id"], bounded_text(
+                    f"its recorded filter cannot be read: {op['filter']!r}", ERROR_MAX_CHARS))
+                return store.bulk_operation_get(conn, op["id"])
             rows = store.bulk_operation_candidates(conn, job_filter=op["filter"], after=op["cursor_id"],
                                                    max_id=op["max_id"], limit=op["batch_size"])
             states = APPLIES_TO[op["kind"]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import logging
 import os
 import re
 import time
@@ -18,6 +19,8 @@ from .config import Settings
 from .errors import ConfigError, DatabaseBusy, DatabaseReadOnly, DatabaseUnavailable, PoolerError, SchemaNotMigrated
 from .jobs import safe_json_loads
 from .names import dsn_password, redact, redact_dsn
+
+log = logging.getLogger("pgworker")
 
 POOL_MAX_SIZE = 4
 # A pooled connection idle for longer than this is checked before use, so a server
@@ -37,8 +40,10 @@ def open_pool(s: Settings, name: str) -> Any:
         # behind a transaction-mode pooler, prepared statements would go missing
         if pooled or not s.prepared_statements:
             conn.prepare_threshold = None
-        if not pooled:  # (a session setting would not stick there: the role's applies)
+        if not pooled:
             bound_lock_waits(conn, s.lock_timeout_seconds)
+        else:
+            pooled_lock_waits_note()
         # a JSON value Python cannot decode (written by hand) is shown, not a failed read
         set_json_loads(safe_json_loads, conn)
 
@@ -67,12 +72,26 @@ def open_pool(s: Settings, name: str) -> Any:
 
 
 def bound_lock_waits(conn: psycopg.Connection, lock_timeout_seconds: float) -> None:
-    """Set the session's ``lock_timeout`` (PGWORKER_LOCK_TIMEOUT_SECONDS, 5 s by default;
-    0: wait for ever) on an App's pooled connection: a producer's call, an operator
+    """Set the session's ``lock_timeout`` (PGWORKER_LOCK_TIMEOUT_SECONDS, 5 s by default)
+    on an App's pooled connection: a producer's call, an operator
     command or a console page behind a lock it cannot get (a migration's, a ``VACUUM
     FULL``'s, a forgotten ``LOCK TABLE``) raises :class:`DatabaseBusy` naming the fix,
     instead of hanging with no word (``pgworker jobs list`` once did)."""
-    conn.execute("SELECT set_config('lock_timeout', %s, false)", [f"{int(lock_timeout_seconds * 1000)}ms"])
+    conn.execute("SELECT set_config('lock_timeout', %s, false)", [db.milliseconds(lock_timeout_seconds)])
+
+
+_POOLED_NOTED: list[bool] = []
+
+
+def pooled_lock_waits_note() -> None:
+    """Say once per process that behind a transaction pooler the App's lock waits are the
+    role's to bound (a session's lock_timeout would not stick, or would leak into other
+    clients' transactions)."""
+    if not _POOLED_NOTED:
+        _POOLED_NOTED.append(True)
+        log.warning("behind a connection pooler, the App's calls wait for locks as long as the role's "
+                    "lock_timeout allows (a session setting would not stick): set it on the role, e.g. "
+                    "ALTER ROLE ... SET lock_timeout = '5s'", extra={"action": "pooler_lock_timeout"})
 
 
 @contextlib.contextmanager

@@ -330,6 +330,12 @@ def worker_params(lease_seconds: float) -> dict[str, Any]:
 _timeouts_warned = False
 
 
+def milliseconds(seconds: float) -> str:
+    """A timeout setting's value for ``set_config``: whole milliseconds, at least 1 (0 is
+    PostgreSQL's "no timeout": ``int(0.0004 * 1000)`` once turned a 0.4 ms bound off)."""
+    return f"{max(1, int(seconds * 1000))}ms"
+
+
 def set_session_timeouts(conn: psycopg.Connection, *, statement_timeout: float, lock_timeout: float) -> None:
     """Bound every statement of this session (``statement_timeout``) and every lock wait
     (``lock_timeout``), in seconds (PostgreSQL docs 20.11.1). Session settings are lost
@@ -344,7 +350,7 @@ def set_session_timeouts(conn: psycopg.Connection, *, statement_timeout: float, 
                         "ALTER ROLE ... SET lock_timeout = '5s')", extra={"action": "pooler_timeouts"})
         return
     conn.execute("SELECT set_config('statement_timeout', %s, false), set_config('lock_timeout', %s, false)",
-                 [f"{int(statement_timeout * 1000)}ms", f"{int(lock_timeout * 1000)}ms"])
+                 [milliseconds(statement_timeout), milliseconds(lock_timeout)])
 
 
 def use_generic_plans(conn: psycopg.Connection) -> bool:

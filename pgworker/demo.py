@@ -108,16 +108,17 @@ def main(args: argparse.Namespace) -> int:
 
             with contextlib.closing(app.connect()) as conn:
                 drop_schema(conn, schema)  # the demo's own schema: start clean
-        report = app.migrate()
-        print(f"migrated to schema version {report.version_after}", flush=True)
-        if schema != DEMO_SCHEMA and app.list_jobs(limit=1):
+        if schema != DEMO_SCHEMA and _holds_jobs(app, schema):
             # its progress and summary count every job of the schema: an earlier run's
-            # (or your app's) would be counted as this run's, and their dedupe keys refuse its
+            # (or your app's) would be counted as this run's, and their dedupe keys refuse
+            # its. Checked before migrating: a schema of yours is left as it was.
             print(f"error: schema {schema!r} already holds jobs (an earlier demo's, or your app's), which the demo "
                   f"would count as its own: name a new schema (--schema), or drop this one if it is a demo's "
-                  f"(DROP SCHEMA \"{schema}\" CASCADE) and run again; without --schema the demo uses "
+                  f"({drop_statement(schema)}) and run again; without --schema the demo uses "
                   f"{DEMO_SCHEMA!r}, which it empties itself", file=sys.stderr)
             return 1
+        report = app.migrate()
+        print(f"migrated to schema version {report.version_after}", flush=True)
 
         out_dir = tempfile.mkdtemp(prefix="pgworker-demo-out-")
         endpoint = WebhookEndpoint()
@@ -224,6 +225,27 @@ def pgworker_command() -> str:
     return script  # absolute: it works from any directory, as the stop command does
 
 
+def drop_statement(schema: str) -> str:
+    """The SQL that drops ``schema``, its name quoted as PostgreSQL reads it."""
+    from psycopg import sql
+
+    return f"DROP SCHEMA {sql.Identifier(schema).as_string(None)} CASCADE"
+
+
+def _holds_jobs(app: App, schema: str) -> bool:
+    """Whether ``schema`` has a jobs table with a row in it, read without migrating (a
+    schema at an older version is not touched)."""
+    from psycopg import sql
+
+    with app.connection() as conn:
+        row = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                           [sql.Identifier(schema, "jobs").as_string(None)]).fetchone()
+        if not row or not row[0]:
+            return False
+        found = conn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(sql.Identifier(schema, "jobs")))
+        return bool(found.fetchone()[0])  # type: ignore[index]
+
+
 def closing_hint(embedded: EmbeddedPostgres | None, schema: str, *, keep: bool, example: int | None = None,
                  console: tuple[str, int] | None = None, leftovers: tuple[str, ...] = ()) -> str:
     """How to look at the demo's jobs afterwards (the worker log names their ids; ``example``
@@ -235,8 +257,10 @@ def closing_hint(embedded: EmbeddedPostgres | None, schema: str, *, keep: bool, 
     web = (f"\nthe web console keeps running too: {console[0]} (the demo's jobs{f', job {job}' if example else ''})"
            if console else "")
     if embedded is None:
-        return (f"its jobs stay in schema {schema!r} of your database until the next demo: "
-                f"`{command} jobs show {job} --schema {schema}` (same DSN) shows one"
+        until = ("until the next demo" if schema == DEMO_SCHEMA else
+                 f"until you drop it ({drop_statement(schema)}; a demo refuses a schema that holds jobs)")
+        return (f"its jobs stay in schema {schema!r} of your database {until}: "
+                f"`{command} jobs show {job} --schema {shlex.quote(schema)}` (same DSN) shows one"
                 + (f"{web}\nstop it with\n  kill {console[1]}" if console else ""))
     if not keep:
         return ("the embedded PostgreSQL was deleted at exit, and the jobs in that log with it; "

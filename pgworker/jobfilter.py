@@ -75,7 +75,10 @@ class JobFilter:
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> "JobFilter":
-        """The filter a bulk operation recorded (:meth:`to_json`'s output)."""
+        """The filter a bulk operation recorded (:meth:`to_json`'s output). Raises
+        ValueError for one that is not an object (a row written by hand)."""
+        if not isinstance(value, Mapping):
+            raise ValueError(f"the recorded filter is not an object: {str(value)[:200]}")
         known = {f.name for f in fields(cls)}
         kw = {k: v for k, v in value.items() if k in known}
         for k in ("created_after", "created_before"):

@@ -24,8 +24,8 @@ from opentelemetry import trace
 
 from .. import tracing
 from ..connections import POOL_CHECK_IDLE_SECONDS
-from ..db import (CONNECT_TIMEOUT_SECONDS, KEEPALIVE_KWARGS, check_dsn, close_quietly, worker_connection,
-                  worker_params)
+from ..db import (CONNECT_TIMEOUT_SECONDS, KEEPALIVE_KWARGS, check_dsn, close_quietly, milliseconds,
+                  worker_connection, worker_params)
 from ..errors import DatabaseUnavailable
 from ..names import dsn_password, redact
 
@@ -78,7 +78,7 @@ class HandlerConnections:
             if not s.prepared_statements:
                 a.prepare_threshold = None
             await a.execute("SELECT set_config('statement_timeout', %s, false), set_config('lock_timeout', %s, false)",
-                            [f"{int(s.statement_timeout_seconds * 1000)}ms", f"{int(s.lock_timeout_seconds * 1000)}ms"])
+                            [milliseconds(s.statement_timeout_seconds), milliseconds(s.lock_timeout_seconds)])
             self.aconn, self.aloop = a, loop
         return a
 

@@ -34,7 +34,7 @@ from .pages.jobs import check_list_keys, jobs_data
 from .pages.overview import overview_data
 from .pages.schedules import schedules_data
 from .pages.workers import workers_data
-from .render import jsonable
+from .render import dumps
 
 QUEUE_VERBS = {"pause": "pause", "resume": "resume", "limits": "set_limits"}
 #: The body keys each job action reads: a reason is kept where the App keeps one (a
@@ -45,7 +45,7 @@ JOB_ACTION_KEYS: dict[str, tuple[str, ...]] = {"cancel": ("reason",), "discard":
 
 class Json(JSONResponse):
     def render(self, content: Any) -> bytes:
-        return json.dumps(content, default=jsonable, ensure_ascii=False, separators=(",", ":")).encode()
+        return dumps(content, separators=(",", ":")).encode()
 
 
 def _filter_out(data: dict[str, Any]) -> dict[str, Any]:
@@ -189,6 +189,9 @@ async def _body(request: Request, known: tuple[str, ...], *, what: str) -> dict[
         return {}
     try:
         body = json.loads(raw)
+    except RecursionError:
+        raise ConfigError("the request body is nested too deeply to read (an action's body is a flat JSON "
+                          "object); nothing was changed") from None
     except ValueError:
         raise ConfigError("the request body is not JSON: send an object with Content-Type: application/json "
                           "(curl: -H 'Content-Type: application/json' -d '{...}'), or no body; nothing was "

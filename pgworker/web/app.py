@@ -17,7 +17,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 
-from ..errors import ConfigError, DatabaseUnavailable, PgworkerError, QueuePaused
+from ..errors import ConfigError, DatabaseBusy, DatabaseUnavailable, PgworkerError, QueuePaused
 from ..names import dsn_password, redact
 from . import api
 from .auth import Authenticate, Credentials, Permits, role_permits
@@ -94,7 +94,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _pgworker_error(request: Request, exc: Exception) -> Response:
-    if isinstance(exc, DatabaseUnavailable):
+    if isinstance(exc, (DatabaseUnavailable, DatabaseBusy)):  # the server is away or a lock is held: try again
         return _page(request, 503, str(exc))
     status = 409 if isinstance(exc, QueuePaused) else 400 if isinstance(exc, (ConfigError, ValueError)) else 500
     return _page(request, status, str(exc))

@@ -11,8 +11,10 @@ import time
 from typing import Any
 
 import psycopg
+from psycopg.types.json import set_json_loads
 
 from .. import bulk
+from ..jobs import safe_json_loads
 from ..worker.service import Service, worker_connect
 
 #: A pass applies batches for at most this long, then yields (and reports progress).
@@ -53,6 +55,9 @@ class BulkApplier(Service):
             self.close()
 
     def run_once(self, conn: psycopg.Connection) -> None:
+        # an operation's filter Python cannot decode (written by hand) fails that operation
+        # (bulk.apply_batch), instead of failing every pass and holding up the ones after it
+        set_json_loads(safe_json_loads, conn)
         deadline = time.monotonic() + PASS_SECONDS
         self.more = False
         while time.monotonic() < deadline and not self.stop.is_set():

@@ -22,6 +22,8 @@ def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.PackageLoader("pgworker.web", "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(age=age, dt=dt, num=num, capped=capped, pretty=pretty)
+    # |tojson of a value Python could not decode (UndecodablePayload) shows its text, not a 500
+    env.policies["json.dumps_kwargs"] = {"sort_keys": True, "default": jsonable}
     env.globals.update(qs=qs, reason_max=CANCEL_REASON_MAX_CHARS)
     return env
 
@@ -85,9 +87,34 @@ def qs(**params: Any) -> str:
     return "?" + urlencode(kept) if kept else ""
 
 
+SHOWN_DEPTH = 100  # nesting shown of a value too deep to encode on the web's stack
+
+
+def shallow(value: Any, depth: int = 0) -> Any:
+    """``value`` with what is nested deeper than SHOWN_DEPTH replaced by a note: for a
+    value that decoded on a worker's stack but is too deep to encode on the console's
+    (json.dumps raised RecursionError; a payload nested ~970 levels was a 500)."""
+    if isinstance(value, (dict, list)) and depth >= SHOWN_DEPTH:
+        return f"<nested deeper than {SHOWN_DEPTH} levels: not shown>"
+    if isinstance(value, dict):
+        return {k: shallow(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shallow(v, depth + 1) for v in value]
+    return value
+
+
+def dumps(value: Any, **options: Any) -> str:
+    """``json.dumps`` with :func:`jsonable` for what JSON lacks, and :func:`shallow` when
+    the value is too deep to encode whole."""
+    try:
+        return json.dumps(value, default=jsonable, ensure_ascii=False, **options)
+    except RecursionError:
+        return json.dumps(shallow(value), default=jsonable, ensure_ascii=False, **options)
+
+
 def pretty(value: Any, max_chars: int = 20_000) -> str:
     """JSON, indented, cut at ``max_chars`` with a note of how much was left out."""
-    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=jsonable)
+    text = dumps(value, indent=2, sort_keys=True)
     if len(text) > max_chars:
         return text[:max_chars] + f"\n… ({len(text) - max_chars:,} more characters not shown)"
     return text

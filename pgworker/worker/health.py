@@ -23,6 +23,7 @@ SUPERVISION_STALL_SECONDS = 30.0
 UNAVAILABLE = "database unavailable"
 READ_ONLY = "database is read-only (a standby?): waiting for a writable primary"
 GRANTS = "missing grants"
+BUSY = "database busy"
 PREPARED = "prepared statements fail behind a pooler: set PGWORKER_PREPARED_STATEMENTS=false"
 
 
@@ -54,8 +55,9 @@ class HealthState:
 
     def db_failed(self, kind: str, detail: str = "") -> None:
         """What /readyz says while the database is away or read-only (``kind`` from
-        :func:`pgworker.db.failure_kind`), or the role lacks the worker's grants (``kind``
-        'grants'); ``detail`` a password-free reason."""
+        :func:`pgworker.db.failure_kind`), the role lacks the worker's grants (``kind``
+        'grants'), or a lock holds the start's schema check (``kind`` 'busy'); ``detail`` a
+        password-free reason."""
         if self.reason == "shutting down":
             return
         if kind == "read-only":
@@ -66,9 +68,9 @@ class HealthState:
             self.reason = f"{UNAVAILABLE}: {detail}" if detail else UNAVAILABLE
         elif kind == "prepared-statements":
             self.reason = PREPARED
-        elif kind == "grants":  # connected, but claims would be refused
+        elif kind in ("grants", "busy"):  # connected, but claims would be refused, or a lock holds the start
             self.connected = True
-            self.reason = f"{GRANTS}: {detail}"
+            self.reason = f"{GRANTS if kind == 'grants' else BUSY}: {detail}"
 
     @property
     def alive(self) -> bool:
@@ -90,7 +92,7 @@ class HealthState:
             return self.reason if self.reason.startswith(UNAVAILABLE) else UNAVAILABLE
         if not self.writable:
             return self.reason if "read-only" in self.reason else "database is read-only"
-        if self.reason.startswith(("prepared statements", GRANTS)):
+        if self.reason.startswith(("prepared statements", GRANTS, BUSY)):
             return self.reason
         if not self.schema_ok:
             return "schema version not checked"

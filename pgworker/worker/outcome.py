@@ -20,6 +20,7 @@ from typing import Any, Iterator, NamedTuple, Sequence
 
 import psycopg
 
+from ..db import milliseconds
 from ..jobs import MAX_DELAY_SECONDS, RESULT_LOST, ClaimedJob, FailRequest, FenceReport, Lease
 from ..names import bounded_text
 from ..store import Store
@@ -183,8 +184,7 @@ def bounded(conn: psycopg.Connection, bounds: WriteBounds | None) -> Iterator[No
         return
     with conn.transaction():
         conn.execute("SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
-                     [f"{max(1, int(bounds.lock_seconds * 1000))}ms",
-                      f"{max(1, int(bounds.statement_seconds * 1000))}ms"])
+                     [milliseconds(bounds.lock_seconds), milliseconds(bounds.statement_seconds)])
         yield
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import shlex
 import time
 from typing import Any
 
@@ -11,9 +12,10 @@ import psycopg
 
 from ..config import Settings
 from ..connections import with_schema_hint
-from ..db import POOLED, connect, describe_failure
+from ..db import POOLED, connect, describe_failure, set_session_timeouts
 from ..errors import DatabaseRefused, DatabaseUnavailable, MissingGrants, PoolerError, SchemaNotMigrated
 from ..grants import missing_privileges
+from .outcome import TIMEOUT_SQLSTATES
 from .service import Backoff
 
 log = logging.getLogger("pgworker.supervisor")
@@ -44,27 +46,33 @@ def wait_for_database(settings: Settings, store: Any, health: Any, received: lis
     next_log = 0.0
     while not received:
         try:
+            kind = "grants"
             with connect(settings.dsn, application_name="pgworker:supervisor",
                          prepare=settings.prepared_statements) as conn:
+                # bounded: a migration's lock on the schema's tables once held a drain run
+                # here, silent and deaf to SIGTERM, for as long as the lock lasted
+                set_session_timeouts(conn, statement_timeout=settings.statement_timeout_seconds,
+                                     lock_timeout=settings.lock_timeout_seconds)
                 try:
-                    store.check_schema_version(conn)
-                except SchemaNotMigrated as exc:
-                    raise with_schema_hint(settings, exc) from None
-                except psycopg.errors.InsufficientPrivilege:  # no USAGE on the schema, or no SELECT on migrations
-                    lacking = _grants_message(conn.info.user, settings, [
-                        "USAGE ON SCHEMA or SELECT ON migrations, at least (what else it lacks cannot be read "
-                        "without them)"])
-                else:
-                    lacking = _lacking_grants(conn, settings)
+                    waiting = _schema_and_grants(conn, settings, store)
+                except psycopg.OperationalError as exc:
+                    if exc.sqlstate not in TIMEOUT_SQLSTATES:
+                        raise
+                    kind, waiting = "busy", (
+                        f"checking the schema gave up waiting ({describe_failure(exc)}): another session holds "
+                        "a lock on the schema's tables (a migration running? pg_locks, pg_stat_activity)")
                 pooled = conn in POOLED
-            if lacking:
-                if drain:  # as a refusal: the next run tries again, waiting cannot grant
-                    raise MissingGrants(f"{lacking}; a drain run does not wait for grants")
-                health.db_failed("grants", lacking)
+            if waiting:
+                if drain and kind == "grants":  # as a refusal: the next run tries again, waiting cannot grant
+                    raise MissingGrants(f"{waiting}; a drain run does not wait for grants")
+                health.db_failed(kind, waiting)
                 if time.monotonic() >= next_log:
                     log.error("%s; checking again with backoff (said again every %.0f s while it lasts)",
-                              lacking, DATABASE_WAIT_LOG_SECONDS, extra={"action": "grants_missing"})
+                              waiting, DATABASE_WAIT_LOG_SECONDS, extra={"action": f"start_{kind}"})
                     next_log = time.monotonic() + DATABASE_WAIT_LOG_SECONDS
+                if time.monotonic() > deadline:
+                    log.error("drain run gave up: the schema could not be checked for %.0f s", limit)
+                    return False
                 _sleep(backoff.next(), health, received)
                 continue
             if pooled and health.listen_required and not settings.listen_dsn:
@@ -113,21 +121,41 @@ def warn_unknown_queues(app: Any) -> None:
                     f"; did you mean {close[0]!r}?" if close else "", extra={"action": "queue_unknown"})
 
 
+def _schema_and_grants(conn: psycopg.Connection, settings: Settings, store: Any) -> str:
+    """Check the schema's version (raises as :func:`wait_for_database` says), then the
+    worker's grants: '' when both are right, else what the role lacks and the fix."""
+    try:
+        store.check_schema_version(conn)
+    except SchemaNotMigrated as exc:
+        raise with_schema_hint(settings, exc) from None
+    except psycopg.errors.InsufficientPrivilege:  # no USAGE on the schema, or no SELECT on migrations
+        return _grants_message(_role(conn), settings, [
+            "USAGE ON SCHEMA or SELECT ON migrations, at least (what else it lacks cannot be read without them)"])
+    return _lacking_grants(conn, settings)
+
+
+def _role(conn: psycopg.Connection) -> str:
+    """The role privileges are checked for: current_user (a login role's `SET role` default
+    makes it another than the DSN's user)."""
+    row = conn.execute("SELECT current_user").fetchone()
+    return str(row[0]) if row else conn.info.user
+
+
 def _lacking_grants(conn: psycopg.Connection, settings: Settings) -> str:
     """'' when the role has what a worker does, else the error naming what it lacks and
     the fix (without it, every claim failed and was retried in silence until a drain
     run's deadline)."""
     lacking = missing_privileges(conn, settings.schema, "worker",
                                  skip=frozenset() if settings.prune else PRUNER_OBJECTS)
-    return _grants_message(conn.info.user, settings, lacking) if lacking else ""
+    return _grants_message(_role(conn), settings, lacking) if lacking else ""
 
 
 def _grants_message(role: str, settings: Settings, lacking: list[str]) -> str:
     pruner = any(item.endswith(f" ON {name}") for item in lacking for name in PRUNER_OBJECTS)
     prune = " (with PGWORKER_PRUNE=false a worker needs none of the pruner's)" if pruner else ""
     return (f"role {role!r} lacks privileges a worker needs on schema {settings.schema!r}: {'; '.join(lacking)}. "
-            f"As the schema's owner, apply the worker's grants: `pgworker sql grants --worker {role} "
-            f"--schema {settings.schema} --apply`{prune}, or run the worker as the owner")
+            f"As the schema's owner, apply the worker's grants: `pgworker sql grants --worker {shlex.quote(role)} "
+            f"--schema {shlex.quote(settings.schema)} --apply`{prune}, or run the worker as the owner")
 
 
 def _sleep(seconds: float, health: Any, received: list[int]) -> None:

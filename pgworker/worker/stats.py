@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import psycopg
 
 from ..config import Settings
-from ..db import connect
+from ..db import connect, milliseconds
 
 
 class StatsSource:
@@ -35,7 +35,7 @@ class StatsSource:
                                         prepare=self.settings.prepared_statements, connect_timeout=timeout)
                 with self.conn.transaction():
                     self.conn.execute("SELECT set_config('statement_timeout', %s, true)",
-                                      [f"{int(timeout * 1000)}ms"])
+                                      [milliseconds(timeout)])
                     return self.store.queue_stats(self.conn, queues)
             except Exception:
                 if self.conn is not None and (self.conn.broken or self.conn.closed):

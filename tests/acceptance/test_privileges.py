@@ -225,7 +225,7 @@ def test_a_role_without_the_workers_grants_is_told_so_at_start(granted):
     assert drain.returncode == 1, said
     assert '"result": "failed"' in drain.stdout and "Traceback" not in said, said
     assert "role 'reader' lacks privileges a worker needs" in said and "UPDATE (state," in said, said
-    assert "pgworker sql grants --worker reader --schema app jobs --apply" in said, said
+    assert "pgworker sql grants --worker reader --schema 'app jobs' --apply" in said, said  # pasted as printed
     assert app.get_job(job)["state"] == "pending"
     port = free_port()
     with Worker(dsn, SCHEMA, "--concurrency", "1", "--poll-interval", "0.5s", "--metrics-port", str(port)) as w:

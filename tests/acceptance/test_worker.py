@@ -574,6 +574,35 @@ def alpha(payload):
 """
 
 
+def test_a_lock_on_the_schema_at_start_is_named_and_neither_hangs_nor_deafens(env, pg_dsn, conn):
+    """A migration's lock on the migrations table held a drain run's start-up check for
+    as long as it lasted, with no word and deaf to SIGTERM (a break-it trial). The check
+    now waits at most lock_timeout a try, says why, gives up at the run's deadline, and
+    a signal stops a worker waiting so."""
+    import psycopg
+    from psycopg import sql
+
+    schema = env.settings.schema
+    job = env.enqueue("record", 1)
+    bounds = {"PGWORKER_LOCK_TIMEOUT_SECONDS": "0.5"}
+    with psycopg.connect(pg_dsn) as holder:
+        holder.execute(sql.SQL("LOCK TABLE {}.migrations IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(schema)))
+        with Worker(pg_dsn, schema, "--drain", "--max-duration", "4", "--concurrency", "1", env=bounds) as w:
+            assert w.wait(60) == 1, w.logs()[-3000:]
+            logs = w.logs()
+            summary = json.loads(w.stdout().strip().splitlines()[-1])
+        assert "checking the schema gave up waiting (statement failed (lock timeout" in logs, logs[-3000:]
+        assert "another session holds a lock on the schema's tables" in logs and summary["result"] == "failed"
+        assert logs.count("checking the schema gave up waiting") == 1  # said once, not per try
+        with Worker(pg_dsn, schema, "--concurrency", "1", env=bounds) as w:
+            wait_until(lambda: "checking the schema gave up waiting" in w.logs(), 30, message=lambda: w.logs()[-3000:])
+            started = time.monotonic()
+            assert w.stop(30) == 0, w.logs()[-3000:]
+            assert time.monotonic() - started < 10  # the lock is still held: the signal was heard
+        holder.rollback()
+    assert q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", job) == [("pending",)]
+
+
 def test_a_drain_run_whose_claimers_fail_at_start_up_exits_1_at_once(env, pg_dsn, conn, tmp_path):
     """A claimer whose set-up fails (the app raises on import in the claimer only) was
     restarted every 30 s until the CronJob's deadline: a drain run now stops at once,

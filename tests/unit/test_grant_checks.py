@@ -34,3 +34,11 @@ def test_a_statement_the_reader_does_not_know_is_refused(monkeypatch):
     monkeypatch.setattr(grants, "_blocks", lambda: {"worker": ["GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {worker}"]})
     with pytest.raises(ValueError, match="cannot read"):
         grants._checks("worker")
+
+
+def test_a_timeout_setting_never_rounds_to_postgresqls_no_timeout():
+    """PGWORKER_LOCK_TIMEOUT_SECONDS=0.0004 became '0ms': no timeout at all (a trial's
+    `jobs list` then waited for ever behind a lock)."""
+    from pgworker.db import milliseconds
+
+    assert [milliseconds(s) for s in (0.0004, 0.001, 0.5, 5, 30.25)] == ["1ms", "1ms", "500ms", "5000ms", "30250ms"]

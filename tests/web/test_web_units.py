@@ -154,4 +154,9 @@ def test_the_runs_of_an_error_history_are_found_whatever_was_written():
         ("2", False), (1, False), (2, True), (1, False)]
     odd = attempt_runs([{"attempt": None}, "a bare string", {"attempt": [1]}, {"attempt": 10**400}, 7])
     assert [e["earlier_run"] for e in odd] == [False] * 5 and odd[3]["message"] == "a bare string"
-    assert attempt_runs(None) == [] and attempt_runs({"not": "a list"}) == []
+    assert attempt_runs(None) == []
+    # a history that is not a list (written by hand, or JSON Python cannot decode) is shown, not hidden
+    assert attempt_runs({"not": "a list"}) == [{"message": "{'not': 'a list'}", "earlier_run": False}]
+    from pgworker.jobs import UndecodablePayload
+    [shown] = attempt_runs(UndecodablePayload("nested too deeply", 6000))
+    assert shown["message"] == "<undecodable JSON of 6000 bytes: nested too deeply>"

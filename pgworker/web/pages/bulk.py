@@ -98,9 +98,24 @@ def operation_data(ctx: Any, op_id: int) -> dict[str, Any] | None:
             return None
         sample = ctx.store.bulk_operation_jobs_of(c, op_id, limit=20)
     span = max(op["max_id"], 1)
-    return {"op": op, "filter": JobFilter.from_json(op["filter"]), "sample": sample,
+    return {"op": op, "filter": _recorded(op["filter"]), "sample": sample,
             "progress": 100.0 if op["state"] == "done" else min(100.0, 100.0 * op["cursor_id"] / span),
             "live_seen": fingerprint(live_value(op))}
+
+
+class UnreadableFilter(str):
+    """What the page shows for a recorded filter that does not read as one (written by
+    hand: not an object, or JSON Python cannot decode): its text, said to be unreadable."""
+
+    def describe(self) -> str:
+        return f"unreadable ({self})"
+
+
+def _recorded(value: Any) -> "JobFilter | UnreadableFilter":
+    try:
+        return JobFilter.from_json(value)
+    except (TypeError, ValueError) as exc:
+        return UnreadableFilter(str(exc)[:300])
 
 
 def live_value(op: dict[str, Any]) -> tuple[Any, ...]:

@@ -91,7 +91,9 @@ def attempt_runs(errors: Any) -> list[dict[str, Any]]:
     shown as its text; an attempt that is not a number marks no run."""
     out: list[dict[str, Any]] = []
     previous: int | None = None
-    for entry in reversed(errors if isinstance(errors, list) else []):
+    if errors is not None and not isinstance(errors, list):  # written by hand, or undecodable: shown, not hidden
+        errors = [{"message": str(errors)[:2000]}]
+    for entry in reversed(errors or []):
         if not isinstance(entry, dict):
             entry = {"message": str(entry)[:2000]}
         try:
