@@ -230,8 +230,8 @@ def database_errors(settings: Settings, *, look_around: bool = True) -> Iterator
             f"database error: {redact(str(exc), dsn_password(settings.dsn), settings.dsn)}; "
             "the job state is unknown only if the failure came after the statement was sent") from None
     except psycopg.Error as exc:
-        if exc.sqlstate == "42501":  # the same exception (callers may catch it), with the fix beside it
-            exc.add_note(PRIVILEGE_NOTE)
+        if exc.sqlstate == "42501" and PRIVILEGE_NOTE not in getattr(exc, "__notes__", ()):
+            exc.add_note(PRIVILEGE_NOTE)  # the same exception (callers may catch it), with the fix beside it
         if db.failure_kind(exc) == "read-only":
             raise DatabaseReadOnly(
                 "the server is read-only (a standby after a failover, or default_transaction_read_only "

@@ -115,7 +115,7 @@ def missing_privileges(conn: psycopg.Connection, schema: str, kind: str = "worke
                        skip: frozenset[str] = frozenset(), role: str | None = None) -> list[str]:
     """What the connected role (or ``role``) lacks of what ``pgworker sql grants --<kind>`` gives on
     ``schema``, one entry per privilege and object, as ['UPDATE (state, run_at, attempts,
-    lease_owner, and 13 more) ON jobs', 'USAGE ON jobs_id_seq', ...] (empty when it has it all: an
+    lease_owner, and 14 more) ON jobs', 'USAGE ON jobs_id_seq', ...] (empty when it has it all: an
     owner or a superuser always has). ``skip``: objects not to check, by name (e.g. the
     pruner's functions when pruning is off). Read with PostgreSQL's has_*_privilege
     functions: one statement, nothing is written. The schema must be migrated (a missing
@@ -142,6 +142,8 @@ def missing_privileges(conn: psycopg.Connection, schema: str, kind: str = "worke
                                                       sql.SQL("%s, " if who else "")))
             params += [*who, target, privilege]
         labels.append((privilege, f"SCHEMA {schema}" if obj_kind == "schema" else name.split("(")[0], column))
+    if not terms:  # everything skipped (ARRAY[] has no type)
+        return []
     row = conn.execute(sql.SQL("SELECT ARRAY[{}]").format(sql.SQL(", ").join(terms)), params).fetchone()
     lacking: dict[tuple[str, str], list[str]] = {}  # (privilege, object) -> its columns lacking
     for (privilege, where, column), ok in zip(labels, row[0] if row else []):

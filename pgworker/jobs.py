@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
+import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, NamedTuple, Sequence
@@ -241,9 +242,9 @@ class UndecodablePayload:
     """Stands in for a stored JSON value Python cannot decode: nested deeper than the
     interpreter's recursion limit (PostgreSQL's own limit exceeds it: about 1,000 levels
     against tens of thousands), or an integer of more than 4,300 digits (Python's
-    int-to-string conversion limit). Only a value written into the table by hand (or by a
-    producer that lifted ``sys.set_int_max_str_digits``) can be one: pgworker refuses both
-    at enqueue. A claimed job's fails with PAYLOAD_INVALID
+    int-to-string conversion limit). pgworker's enqueue refuses both, so only a value
+    written into the table by hand, or by a producer that lifted
+    ``sys.set_int_max_str_digits`` where the worker did not, can be one. A claimed job's fails with PAYLOAD_INVALID
     instead of every claim of its queue failing; a job read for display (``get_job``, the
     console, ``pgworker jobs show``) shows it as this object's text."""
 
@@ -270,8 +271,8 @@ def safe_json_loads(data: "str | bytes") -> Any:
         return UndecodablePayload("nested too deeply for Python's JSON decoder", len(data))
     except ValueError as exc:
         if "integer string conversion" in str(exc):  # valid JSON, beyond Python's int limit
-            return UndecodablePayload("an integer of more than 4,300 digits (Python's int conversion limit)",
-                                      len(data))
+            return UndecodablePayload(f"an integer of more than {sys.get_int_max_str_digits():,} digits (Python's "
+                                      "int conversion limit, sys.set_int_max_str_digits)", len(data))
         return UndecodablePayload(f"invalid JSON: {exc}", len(data))
 
 

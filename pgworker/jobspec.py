@@ -9,6 +9,7 @@ import difflib
 import json
 import math
 import re
+import sys
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
 
@@ -125,8 +126,9 @@ def serialize_payload(payload: Any, max_bytes: int) -> str:
                            "int, float, bool or None, dataclasses or pydantic models of them (sets as lists, bytes as base64 text)") from None
     except ValueError as exc:
         if "integer string conversion" in str(exc):
-            raise PayloadError("payload holds an integer of more than 4,300 digits, beyond Python's int "
-                               "conversion limit (a worker could not read it back): send it as a string") from None
+            raise PayloadError(f"payload holds an integer of more than {sys.get_int_max_str_digits():,} digits, "
+                               "beyond Python's int conversion limit (a worker could not read it back): send it "
+                               "as a string") from None
         raise PayloadError(f"payload is not valid JSON: {exc}; replace NaN and infinities "
                            "with null or a string") from None
     except RecursionError:

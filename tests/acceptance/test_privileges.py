@@ -246,3 +246,31 @@ def test_a_role_without_the_workers_grants_is_told_so_at_start(granted):
         assert w.stop() == 0
         assert w.logs().count("lacks privileges a worker needs") == 1  # said once, not per retry
     app.close()
+
+
+def test_a_role_granted_less_on_purpose_runs_and_is_told_what_will_fail(granted):
+    """A deployment that granted less than grants.sql on purpose (no scheduler, no durable
+    steps) kept working before the start-up check: what only some features need is a
+    warning naming them, not a refusal; what the scheduler needs is not asked for when
+    it is off (PGWORKER_SCHEDULES=false)."""
+    granted.execute('CREATE ROLE "lean" LOGIN')
+    out = cli("sql", "grants", "--worker", "lean", "--apply", dsn=granted.dsn("owner"))
+    assert out.returncode == 0, out.stderr
+    granted.execute(f'REVOKE INSERT, UPDATE ON "{SCHEMA}".schedules, "{SCHEMA}".job_steps FROM "lean"')
+    app = _app(granted.dsn("owner"))
+    job = app.enqueue("noop")
+
+    def drain(**env):
+        import os
+
+        return subprocess.run([sys.executable, "-m", "pgworker.cli", "run", "--drain", "--app", ACCEPTANCE_APP,
+                               "--dsn", granted.dsn("lean"), "--schema", SCHEMA], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, **env})
+    run = drain()
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "role 'lean' lacks what some features need" in run.stderr and "the scheduler" in run.stderr, run.stderr
+    assert "ctx.step and ctx.effect" in run.stderr and "pgworker sql grants --worker lean" in run.stderr
+    assert app.get_job(job)["state"] == "succeeded"
+    quiet = drain(PGWORKER_SCHEDULES="false")
+    assert quiet.returncode == 0 and "the scheduler" not in quiet.stderr and "ctx.step" in quiet.stderr, quiet.stderr
+    app.close()

@@ -422,7 +422,7 @@ def test_a_queue_no_task_uses_is_named_at_start(env, pg_dsn):
     with Worker(pg_dsn, env.settings.schema, "--drain", "--concurrency", "1", "--queues", "limitd,default") as w:
         assert w.wait(60) == 0, w.logs()[-2000:]
         logs = w.logs()
-    assert "queue 'limitd' (--queues, PGWORKER_QUEUES) is no queue of the app's tasks" in logs, logs[-2000:]
+    assert "queue 'limitd' (--queues, PGWORKER_QUEUES) is no queue of the app's tasks or schedules" in logs, logs[-2000:]
     assert "did you mean 'limited'?" in logs and "queue 'default' (--queues" not in logs
 
 

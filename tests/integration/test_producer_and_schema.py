@@ -335,5 +335,6 @@ def test_the_apps_own_connections_wait_for_a_lock_no_longer_than_lock_timeout(pg
             assert c.execute("SHOW lock_timeout").fetchone()[0] == "500ms"
         holder.rollback()
         assert app.get_job(job)["state"] == "pending"
-    with psycopg.connect(pg_dsn) as own:
+    with psycopg.connect(pg_dsn, autocommit=True) as own, App(settings=settings) as again:
+        again.enqueue("t", conn=own)  # a caller's connection goes through the App as it is
         assert own.execute("SHOW lock_timeout").fetchone()[0] == "0"

@@ -8,7 +8,7 @@ import pytest
 
 from pgworker import Permanent
 from pgworker.testing import drain
-from pgworker.worker.claimer.executor import STORED_TRACEBACK_CHARS, TRACEBACK_FRAMES, stored_traceback
+from pgworker.worker.claimer.tracebacks import STORED_TRACEBACK_CHARS, TRACEBACK_FRAMES, stored_traceback
 
 pytestmark = pytest.mark.integration
 

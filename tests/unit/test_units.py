@@ -243,7 +243,7 @@ def test_a_failed_attempts_traceback_follows_its_log_line_in_both_formats():
     import logging
 
     from pgworker.logs import JsonFormatter, TextFormatter
-    from pgworker.worker.claimer.executor import handler_traceback
+    from pgworker.worker.claimer.tracebacks import handler_traceback
 
     def handler(message):
         raise RuntimeError(message)
@@ -317,7 +317,7 @@ def test_a_traceback_is_bounded_escaped_and_never_fails_the_outcome():
     claimer (WORKER_DIED)."""
     import time
 
-    from pgworker.worker.claimer.executor import TRACEBACK_LINE_CHARS, handler_traceback
+    from pgworker.worker.claimer.tracebacks import TRACEBACK_LINE_CHARS, handler_traceback
 
     long_line = "blob = " + repr("ab" * 15_000) + "; raise ValueError('long line')"
     namespace: dict = {}

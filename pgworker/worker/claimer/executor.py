@@ -30,9 +30,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import logging
-import os
 import time
-import traceback
 from typing import Any, Iterable
 
 from ... import tracing
@@ -45,6 +43,7 @@ from ...tasks import Task
 from ...effects.connections import EffectResources, HandlerConnections
 from ...results import ResultRefused, encode_result
 from ..shm.layout import MESSAGE_BYTES
+from .tracebacks import escape_line_breaks, handler_traceback, stored_traceback
 from ..shm.slots import SlotTable
 from ..outcome import (CANCEL, COMMITTED, COMPLETE, FAIL, RESULT_IN_SLOT, RESULT_NOT_IN_SLOT, SNOOZE, TIMEOUT, Outcome,
                       bounded_code, bounded_delay, bounded_message)
@@ -301,68 +300,10 @@ class Executor:
             # a timeout's frames are pgworker's own: nothing to show
             trace = "" if isinstance(error, HandlerTimeout) else handler_traceback(error, self.secrets)
             log.warning("job %s (%s) attempt %s/%s failed: %s: %s", job.id, job.task, job.attempt,
-                        job.max_attempts, code, _one_line(message[:200]),
+                        job.max_attempts, code, escape_line_breaks(message[:200]),
                         extra={"action": "job_failed", "job_id": job.id, "queue": job.queue, "traceback": trace})
         return Outcome(job, slot, FAIL, "dead" if dead else "retried", elapsed, code=code, message=message,
                        delay=delay, permanent=permanent, traceback=stored_traceback(trace))
-
-
-TRACEBACK_FRAMES = 20
-_OWN_DIR = os.path.dirname(os.path.abspath(__file__))  # the claimer's modules: their frames open every traceback
-TRACEBACK_LINE_CHARS = 300
-#: The most of a traceback kept in a job's error history entry (its innermost frames):
-#: with PGWORKER_ERROR_HISTORY_ENTRIES (10) entries, at most ~40 KB a job.
-STORED_TRACEBACK_CHARS = 4000
-
-
-def stored_traceback(trace: str) -> str | None:
-    """``trace`` (from :func:`handler_traceback`) as kept with the job: its innermost
-    lines within STORED_TRACEBACK_CHARS, whole lines, the cut marked; None when empty."""
-    if not trace:
-        return None
-    if len(trace) <= STORED_TRACEBACK_CHARS:
-        return trace
-    kept = trace[-STORED_TRACEBACK_CHARS:]
-    return "… (outer frames cut)\n" + kept[kept.find("\n") + 1:]
-
-
-def handler_traceback(error: BaseException, secrets: Any = ()) -> str:
-    """Where a handler's exception was raised, for the worker log: the innermost
-    ``TRACEBACK_FRAMES`` frames, two lines each (file, line, function; the source line),
-    without the exception's message (the log line before it carries that, bounded and
-    escaped). Each line is cut to ``TRACEBACK_LINE_CHARS`` before it is redacted (a
-    source line can be megabytes; redaction of a long run is not linear), with control
-    characters and line breaks escaped so that a file or function name cannot forge log
-    lines. "" when the frames cannot be read: the attempt's outcome never depends on it.
-    The job's error history keeps its innermost lines too (:func:`stored_traceback`);
-    spans keep the message only."""
-    try:
-        tb = error.__traceback__
-        while tb is not None and tb.tb_next is not None and _own(tb.tb_frame.f_code.co_filename):
-            tb = tb.tb_next  # the executor's own frame that called the handler: not the user's code
-        frames = traceback.extract_tb(tb, limit=-TRACEBACK_FRAMES)
-        lines = []
-        for f in frames:
-            lines.append(f'File "{f.filename}", line {f.lineno}, in {f.name}')
-            if f.line:
-                lines.append("  " + f.line.strip())
-        return "\n".join(redact(_log_text(line[:TRACEBACK_LINE_CHARS]), *secrets) for line in lines)
-    except Exception:  # noqa: BLE001 - a loader or linecache failing must not cost the outcome
-        return ""
-
-
-def _own(filename: str) -> bool:
-    return os.path.dirname(os.path.abspath(filename)) == _OWN_DIR
-
-
-def _log_text(text: str) -> str:
-    """One printable line: line breaks escaped, other control characters replaced."""
-    return bounded_text(_one_line(text), len(text) + 2)
-
-
-def _one_line(text: str) -> str:
-    """Text for a log line: line breaks escaped, so an error message cannot forge lines."""
-    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 async def _guarded(coro: Any) -> Any:
