@@ -262,7 +262,20 @@ def claim_latency(metrics_dir: str) -> tuple[float, int]:
 
 
 def claim_totals(metrics_dir: str) -> tuple[float, float]:
-    """(seconds spent in claims, claims) of the bench queue, from the claimers' metric files."""
+    """(seconds spent in claims, claims) of the bench queue, from the claimers' metric files.
+    A file listed and then removed before it is read (a claimer's, merged away as the run
+    ends: a CI run's snapshot growth failed so) is read again from the start, a few times."""
+    for attempt in range(5):
+        try:
+            return _claim_totals(metrics_dir)
+        except FileNotFoundError:
+            if attempt == 4:
+                raise
+            time.sleep(0.05)
+    raise AssertionError("unreachable")
+
+
+def _claim_totals(metrics_dir: str) -> tuple[float, float]:
     from prometheus_client import CollectorRegistry
     from prometheus_client.multiprocess import MultiProcessCollector
 
