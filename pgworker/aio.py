@@ -23,8 +23,8 @@ from psycopg.types.json import set_json_loads
 
 from . import db
 from .config import Settings
-from .connections import (POOL_CHECK_IDLE_SECONDS, POOL_MAX_SIZE, database_errors, pooled_lock_waits_note,
-                          require_async, unreachable)
+from .connections import (LOCK_TIMEOUT_SQL, POOL_CHECK_IDLE_SECONDS, POOL_MAX_SIZE, database_errors,
+                          pooled_lock_waits_note, require_async, unreachable)
 from .jobs import ReplayResult, safe_json_loads
 from .names import check_queue_name, checked_cancel_reason
 from .dependencies import enqueue_graph_plan, has_dependencies
@@ -234,7 +234,7 @@ async def open_async_pool(s: Settings, name: str) -> Any:
         if pooled or not s.prepared_statements:
             conn.prepare_threshold = None
         if not pooled:  # as the sync pool's (connections.bound_lock_waits)
-            await conn.execute("SELECT set_config('lock_timeout', %s, false)", [db.milliseconds(s.lock_timeout_seconds)])
+            await conn.execute(LOCK_TIMEOUT_SQL, [db.milliseconds(s.lock_timeout_seconds)])
         else:
             pooled_lock_waits_note()
         set_json_loads(safe_json_loads, conn)  # as the sync pool: a hand-written value is shown, not a failure

@@ -71,13 +71,16 @@ def open_pool(s: Settings, name: str) -> Any:
     return pool
 
 
+LOCK_TIMEOUT_SQL = "SELECT set_config('lock_timeout', %s, false)"  # the sync and the async pools'
+
+
 def bound_lock_waits(conn: psycopg.Connection, lock_timeout_seconds: float) -> None:
     """Set the session's ``lock_timeout`` (PGWORKER_LOCK_TIMEOUT_SECONDS, 5 s by default)
     on an App's pooled connection: a producer's call, an operator
     command or a console page behind a lock it cannot get (a migration's, a ``VACUUM
     FULL``'s, a forgotten ``LOCK TABLE``) raises :class:`DatabaseBusy` naming the fix,
     instead of hanging with no word (``pgworker jobs list`` once did)."""
-    conn.execute("SELECT set_config('lock_timeout', %s, false)", [db.milliseconds(lock_timeout_seconds)])
+    conn.execute(LOCK_TIMEOUT_SQL, [db.milliseconds(lock_timeout_seconds)])
 
 
 _POOLED_NOTED: list[bool] = []

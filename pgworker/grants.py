@@ -74,13 +74,18 @@ def apply(conn: psycopg.Connection, statements: list[sql.Composed], schema: str 
     for kind, role in (roles or {}).items():
         lacking = missing_privileges(conn, schema, kind, role=role) if role and schema else []
         if lacking:
-            row = conn.execute("SELECT current_user").fetchone()
-            grantor = row[0] if row else conn.info.user
             raise ConfigError(
-                f"role {grantor!r} could not grant {kind} {role!r} what it needs on schema {schema!r} "
+                f"role {current_role(conn)!r} could not grant {kind} {role!r} what it needs on schema {schema!r} "
                 f"(PostgreSQL granted only what this role may pass on); still missing: {'; '.join(lacking)}. "
                 f"Run `pgworker sql grants ... --apply` as the schema's owner (the role that ran "
                 f"`pgworker migrate`: --dsn with its DSN), or print the SQL without --apply for the owner to run")
+
+
+def current_role(conn: psycopg.Connection) -> str:
+    """The role privileges are checked and granted as: current_user (a login role whose
+    `SET role` default names another makes it differ from the DSN's user)."""
+    row = conn.execute("SELECT current_user").fetchone()
+    return str(row[0]) if row else conn.info.user
 
 
 # One GRANT of grants.sql: its privileges, the object's kind and the object.

@@ -14,7 +14,7 @@ from ..config import Settings
 from ..connections import with_schema_hint
 from ..db import POOLED, connect, describe_failure, set_session_timeouts
 from ..errors import DatabaseRefused, DatabaseUnavailable, MissingGrants, PoolerError, SchemaNotMigrated
-from ..grants import missing_privileges
+from ..grants import current_role, missing_privileges
 from .outcome import TIMEOUT_SQLSTATES
 from .service import Backoff
 
@@ -142,16 +142,9 @@ def _schema_and_grants(conn: psycopg.Connection, settings: Settings, store: Any)
     except SchemaNotMigrated as exc:
         raise with_schema_hint(settings, exc) from None
     except psycopg.errors.InsufficientPrivilege:  # no USAGE on the schema, or no SELECT on migrations
-        return _grants_message(_role(conn), settings, [
+        return _grants_message(current_role(conn), settings, [
             "USAGE ON SCHEMA or SELECT ON migrations, at least (what else it lacks cannot be read without them)"]), ""
     return _lacking_grants(conn, settings)
-
-
-def _role(conn: psycopg.Connection) -> str:
-    """The role privileges are checked for: current_user (a login role's `SET role` default
-    makes it another than the DSN's user)."""
-    row = conn.execute("SELECT current_user").fetchone()
-    return str(row[0]) if row else conn.info.user
 
 
 def _lacking_grants(conn: psycopg.Connection, settings: Settings) -> tuple[str, str]:
@@ -163,7 +156,7 @@ def _lacking_grants(conn: psycopg.Connection, settings: Settings) -> tuple[str, 
     lacking = missing_privileges(conn, settings.schema, "worker", skip=frozenset(skip))
     if not lacking:
         return "", ""
-    role = _role(conn)
+    role = current_role(conn)
     needed = [item for item in lacking if _feature(item) is None]
     optional = [item for item in lacking if _feature(item) is not None]
     features = sorted({str(_feature(item)) for item in optional})
