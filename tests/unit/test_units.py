@@ -403,3 +403,32 @@ def test_an_unknown_log_level_or_format_names_the_values_it_takes(monkeypatch):
     monkeypatch.setenv("PGWORKER_LOG_FORMAT", "xml")
     with pytest.raises(ConfigError, match=r"log format 'xml' \(--log-format or PGWORKER_LOG_FORMAT\)"):
         setup_logging("info")
+
+
+def test_a_traceback_line_cut_inside_a_password_keeps_none_of_it_and_dropped_frames_are_counted():
+    """A source line of ~300 characters ending in a DSN was cut inside its password before
+    redaction, so 'carol:LONGLINE' was logged and stored (a trial); 20 frames of a deep
+    recursion read as the whole story."""
+    from pgworker.worker.claimer.tracebacks import TRACEBACK_FRAMES, handler_traceback
+
+    pad = " " * (300 - len("  raise RuntimeError('x');dsn='postgresql://carol:LONGLINE"))
+    source = f"def f():\n    raise RuntimeError('x');{pad}dsn='postgresql://carol:LONGLINEPASSWORD@db/x'\n"
+    namespace: dict = {}
+    exec(compile(source, "/tmp/secret_line.py", "exec"), namespace)
+    try:
+        namespace["f"]()
+    except RuntimeError as exc:
+        tb = handler_traceback(exc)
+    assert "LONGLINE" not in tb and "carol:" not in tb.replace("carol:********", ""), tb
+
+    def deep(n):
+        if n == 0:
+            raise ValueError("bottom")
+        deep(n - 1)
+    try:
+        deep(50)
+    except ValueError as exc:
+        tb = handler_traceback(exc)
+    first = tb.splitlines()[0]
+    assert first.startswith("… (") and first.endswith("outer frame(s) not shown)"), first
+    assert tb.count("in deep") == TRACEBACK_FRAMES

@@ -13,6 +13,7 @@ from ...names import bounded_text, redact
 TRACEBACK_FRAMES = 20
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__))  # the claimer's modules: their frames open every traceback
 TRACEBACK_LINE_CHARS = 300
+REDACT_CHARS = 1000  # how much of a line is redacted before it is cut to TRACEBACK_LINE_CHARS
 #: The most of a traceback kept in a job's error history entry (its innermost frames):
 #: with PGWORKER_ERROR_HISTORY_ENTRIES (10) entries, at most ~40 KB a job.
 STORED_TRACEBACK_CHARS = 4000
@@ -44,12 +45,15 @@ def handler_traceback(error: BaseException, secrets: Any = ()) -> str:
         while tb is not None and tb.tb_next is not None and _own(tb.tb_frame.f_code.co_filename):
             tb = tb.tb_next  # the executor's own frame that called the handler: not the user's code
         frames = traceback.extract_tb(tb, limit=-TRACEBACK_FRAMES)
-        lines = []
+        outer = sum(1 for _ in traceback.walk_tb(tb)) - len(frames)
+        lines = [f"… ({outer} outer frame(s) not shown)"] if outer > 0 else []
         for f in frames:
             lines.append(f'File "{f.filename}", line {f.lineno}, in {f.name}')
             if f.line:
                 lines.append("  " + f.line.strip())
-        return "\n".join(redact(_log_text(line[:TRACEBACK_LINE_CHARS]), *secrets) for line in lines)
+        # redacted before the cut (a cut inside a DSN's password left its start unredacted:
+        # a trial), within REDACT_CHARS first so that redaction stays cheap on a huge line
+        return "\n".join(redact(_log_text(line[:REDACT_CHARS]), *secrets)[:TRACEBACK_LINE_CHARS] for line in lines)
     except Exception:  # noqa: BLE001 - a loader or linecache failing must not cost the outcome
         return ""
 
