@@ -102,7 +102,12 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                                  for r in job[side]]
             if isinstance(job.get("progress"), (int, float)):
                 job["progress"] = percent(job["progress"])
+        tracebacks = [] if args.json else _tracebacks_apart(job)
         emit(args, job)
+        for attempt, lines in tracebacks:
+            print(f"\ntraceback of attempt {attempt} (innermost frame last):")
+            for line in lines:
+                print(f"  {line}")
         return 0
     if args.graph is not None and args.queue is not None:
         raise ConfigError("--graph lists one graph's jobs whatever their queue: give --graph or --queue")
@@ -161,6 +166,22 @@ def _note_limit(args: argparse.Namespace, more: bool) -> None:
     like every job there is. Not with --json (its output is data alone)."""
     if more and not args.json:
         print(f"(showing the first {args.limit}, newest first; --limit N for more)", file=sys.stderr)
+
+
+def _tracebacks_apart(job: dict[str, Any]) -> list[tuple[Any, list[str]]]:
+    """Take each stored traceback out of the job's error history, to be printed after the
+    record as lines (inside the history's JSON it would be one escaped line); returns
+    (attempt, lines), each line made visible (a source line cannot print escapes)."""
+    out: list[tuple[Any, list[str]]] = []
+    errors = job.get("errors")
+    if not isinstance(errors, list):
+        return out
+    for entry in errors:
+        if isinstance(entry, dict) and isinstance(entry.get("traceback"), str):
+            trace = entry.pop("traceback")
+            out.append((entry.get("attempt", "?"), [visible(line) for line in trace.splitlines()]))
+            entry["traceback"] = f"(printed below, attempt {entry.get('attempt', '?')})"
+    return out
 
 
 def error_shown(row: dict[str, Any]) -> str | None:

@@ -63,3 +63,96 @@ def test_a_long_traceback_keeps_its_innermost_whole_lines():
     body = kept.split("\n", 1)[1]
     assert body.startswith(("File ", "  call_"))  # whole lines only
     assert stored_traceback("") is None and stored_traceback("File x") == "File x"
+
+
+def test_jobs_show_prints_a_stored_traceback_as_lines(app, pg_dsn, capsys):
+    from pgworker.cli import main
+
+    @app.task(name="boom", max_attempts=1)
+    def boom(payload, ctx):
+        _inner_failure(payload)
+
+    job = app.enqueue("boom", 3)
+    assert drain(app).dead == 1
+    flags = ["--dsn", pg_dsn, "--schema", app.settings.schema]
+    assert main(["jobs", "show", str(job), *flags]) == 0
+    out = capsys.readouterr().out
+    record, _, printed = out.partition("\ntraceback of attempt 1 (innermost frame last):\n")
+    assert '"traceback": "(printed below, attempt 1)"' in record and "\\n" not in record, record
+    lines = printed.splitlines()
+    assert lines[-1] == '    raise ValueError(f"upstream said no to {n}")', lines
+    assert any(line.startswith('  File "') and line.endswith("in _inner_failure") for line in lines), lines
+    assert main(["jobs", "show", str(job), "--json", *flags]) == 0  # scripts keep the stored text
+    shown = __import__("json").loads(capsys.readouterr().out)
+    assert shown["errors"][-1]["traceback"] == app.get_job(job)["errors"][-1]["traceback"]
+
+
+class _UpstreamDown(Exception):
+    pass
+
+
+def _fetch(url: str) -> None:
+    raise ConnectionError(f"cannot reach {url}")
+
+
+def test_a_chained_exception_keeps_its_cause_first_as_python_prints_it(app):
+    @app.task(name="chained", max_attempts=1)
+    def chained(payload, ctx):
+        try:
+            _fetch("postgresql://svc:hunter2-secret@db.internal/app")
+        except ConnectionError as exc:
+            raise _UpstreamDown("the report service is down") from exc
+
+    @app.task(name="during", max_attempts=1)
+    def during(payload, ctx):
+        try:
+            {}["missing"]
+        except KeyError:
+            raise RuntimeError("while handling")  # noqa: B904 - the implicit chain is the case
+
+    @app.task(name="suppressed", max_attempts=1)
+    def suppressed(payload, ctx):
+        try:
+            {}["missing"]
+        except KeyError:
+            raise RuntimeError("on purpose") from None
+
+    ids = [app.enqueue("chained"), app.enqueue("during"), app.enqueue("suppressed")]
+    assert drain(app).dead == 3
+    chained_trace, during_trace, suppressed_trace = (app.get_job(i)["errors"][-1]["traceback"] for i in ids)
+
+    cause_at = chained_trace.index("ConnectionError: cannot reach postgresql://svc:********@db.internal/app")
+    link_at = chained_trace.index("The above exception was the direct cause of the following exception:")
+    assert chained_trace.index("in _fetch") < cause_at < link_at < chained_trace.rindex("in chained")
+    assert "hunter2" not in chained_trace  # the cause's message is redacted as the log's
+    assert chained_trace.rstrip().endswith('raise _UpstreamDown("the report service is down") from exc')
+    assert "KeyError: 'missing'" in during_trace
+    assert "During handling of the above exception, another exception occurred:" in during_trace
+    assert "KeyError" not in suppressed_trace and "above exception" not in suppressed_trace
+
+
+def test_a_cause_chain_is_bounded_and_a_cycle_ends():
+    from pgworker.worker.claimer.tracebacks import CAUSE_LINKS, handler_traceback
+
+    def raise_chain(n: int) -> None:
+        if n == 0:
+            raise ValueError("root")
+        try:
+            raise_chain(n - 1)
+        except ValueError as inner:
+            raise ValueError(f"level {n}") from inner
+
+    try:
+        raise_chain(10)
+    except ValueError as exc:
+        deep = exc
+    trace = handler_traceback(deep)
+    assert trace.count("direct cause") == CAUSE_LINKS and "ValueError: level 9" in trace
+    assert "ValueError: root" not in trace  # beyond CAUSE_LINKS
+
+    a, b = ValueError("a"), ValueError("b")
+    a.__cause__, b.__cause__ = b, a
+    try:
+        raise a
+    except ValueError as exc:
+        assert handler_traceback(exc).count("direct cause") == 1  # b, then the cycle back to a ends

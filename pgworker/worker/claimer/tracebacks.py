@@ -17,6 +17,12 @@ REDACT_CHARS = 1000  # how much of a line is redacted before it is cut to TRACEB
 #: The most of a traceback kept in a job's error history entry (its innermost frames):
 #: with PGWORKER_ERROR_HISTORY_ENTRIES (10) entries, at most ~40 KB a job.
 STORED_TRACEBACK_CHARS = 4000
+#: How many exceptions of a chain (``raise ... from exc``, or raised while handling one)
+#: are shown before the raised one, and the innermost frames shown of each.
+CAUSE_LINKS = 3
+CAUSE_FRAMES = 5
+_DIRECT_CAUSE = "The above exception was the direct cause of the following exception:"
+_DURING_HANDLING = "During handling of the above exception, another exception occurred:"
 
 
 def stored_traceback(trace: str) -> str | None:
@@ -34,28 +40,74 @@ def handler_traceback(error: BaseException, secrets: Any = ()) -> str:
     """Where a handler's exception was raised, for the worker log: the innermost
     ``TRACEBACK_FRAMES`` frames, two lines each (file, line, function; the source line),
     without the exception's message (the log line before it carries that, bounded and
-    escaped). Each line is cut to ``TRACEBACK_LINE_CHARS`` before it is redacted (a
-    source line can be megabytes; redaction of a long run is not linear), with control
-    characters and line breaks escaped so that a file or function name cannot forge log
-    lines. "" when the frames cannot be read: the attempt's outcome never depends on it.
+    escaped). Before them, as Python prints them, the exceptions it was raised from or
+    while handling (up to ``CAUSE_LINKS``, first cause first): each one's innermost
+    ``CAUSE_FRAMES`` frames, its type and message, and the sentence linking it. Each line
+    is redacted within its first ``REDACT_CHARS`` (a source line can be megabytes;
+    redaction of a long run is not linear), then cut to ``TRACEBACK_LINE_CHARS``, with
+    control characters and line breaks escaped so that a file or function name cannot
+    forge log lines. "" when the frames cannot be read: the attempt's outcome never depends on it.
     The job's error history keeps its innermost lines too (:func:`stored_traceback`);
     spans keep the message only."""
     try:
+        lines: list[str] = []
+        for cause, link in _causes(error):  # the first cause first, as Python prints them
+            lines += _frame_lines(cause.__traceback__, CAUSE_FRAMES)
+            lines += [_summary(cause), "", link, ""]
         tb = error.__traceback__
         while tb is not None and tb.tb_next is not None and _own(tb.tb_frame.f_code.co_filename):
             tb = tb.tb_next  # the executor's own frame that called the handler: not the user's code
-        frames = traceback.extract_tb(tb, limit=-TRACEBACK_FRAMES)
-        outer = sum(1 for _ in traceback.walk_tb(tb)) - len(frames)
-        lines = [f"… ({outer} outer frame(s) not shown)"] if outer > 0 else []
-        for f in frames:
-            lines.append(f'File "{f.filename}", line {f.lineno}, in {f.name}')
-            if f.line:
-                lines.append("  " + f.line.strip())
+        lines += _frame_lines(tb, TRACEBACK_FRAMES)
         # redacted before the cut (a cut inside a DSN's password left its start unredacted:
         # a trial), within REDACT_CHARS first so that redaction stays cheap on a huge line
         return "\n".join(redact(_log_text(line[:REDACT_CHARS]), *secrets)[:TRACEBACK_LINE_CHARS] for line in lines)
     except Exception:  # noqa: BLE001 - a loader or linecache failing must not cost the outcome
         return ""
+
+
+def _causes(error: BaseException) -> list[tuple[BaseException, str]]:
+    """The exceptions ``error`` was raised from or while handling, nearest last, at most
+    CAUSE_LINKS, each with Python's sentence for the link (``raise ... from None`` shows
+    none, as in Python's own traceback)."""
+    chain: list[tuple[BaseException, str]] = []
+    seen = {id(error)}
+    current = error
+    while len(chain) < CAUSE_LINKS:
+        if current.__cause__ is not None:
+            nxt, link = current.__cause__, _DIRECT_CAUSE
+        elif current.__context__ is not None and not current.__suppress_context__:
+            nxt, link = current.__context__, _DURING_HANDLING
+        else:
+            break
+        if id(nxt) in seen:  # a cycle of causes
+            break
+        seen.add(id(nxt))
+        chain.append((nxt, link))
+        current = nxt
+    return chain[::-1]
+
+
+def _frame_lines(tb: Any, limit: int) -> list[str]:
+    """Two lines a frame (file, line, function; the source line), innermost ``limit``."""
+    frames = traceback.extract_tb(tb, limit=-limit)
+    outer = sum(1 for _ in traceback.walk_tb(tb)) - len(frames)
+    lines = [f"… ({outer} outer frame(s) not shown)"] if outer > 0 else []
+    for f in frames:
+        lines.append(f'File "{f.filename}", line {f.lineno}, in {f.name}')
+        if f.line:
+            lines.append("  " + f.line.strip())
+    return lines
+
+
+def _summary(error: BaseException) -> str:
+    """A cause's type and message (the raised exception's own message is the log line's and
+    the error history's ``message``; a cause's is only here)."""
+    try:
+        message = str(error)
+    except Exception:  # noqa: BLE001 - a failing __str__ must not cost the traceback
+        message = "<message could not be read>"
+    name = type(error).__qualname__
+    return f"{name}: {message}" if message else name
 
 
 def _own(filename: str) -> bool:
