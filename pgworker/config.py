@@ -148,7 +148,8 @@ class Settings:
     max_batch_size: int = field(default=MAX_BATCH_SIZE, metadata=_env(
         "PGWORKER_MAX_BATCH_SIZE", int, unit="jobs", help="Largest batch a claim takes (1-10000)."))
     max_payload_bytes: int = field(default=MAX_PAYLOAD_BYTES, metadata=_env(
-        "PGWORKER_MAX_PAYLOAD_BYTES", int, help="Largest payload accepted at enqueue, as UTF-8 JSON."))
+        "PGWORKER_MAX_PAYLOAD_BYTES", int, help="Largest payload accepted at enqueue, as UTF-8 JSON "
+        "(nested at most 500 levels deep, a fixed limit: pgworker.jobspec.MAX_PAYLOAD_DEPTH)."))
     error_history_entries: int = field(default=ERROR_HISTORY_ENTRIES, metadata=_env(
         "PGWORKER_ERROR_HISTORY_ENTRIES", int, unit="attempts",
         help="Failed attempts kept in a job's error history (1-1000); older ones are dropped."))

@@ -23,6 +23,13 @@ from .tasks import (DEFAULT_MAX_ATTEMPTS, ORDERING_ON_DEAD, Task, check_dedupe_w
 # An escaped NUL (an odd number of backslashes before u0000): PostgreSQL's jsonb
 # rejects it ("unsupported Unicode escape sequence").
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+#: How deep a payload's JSON may nest. Python's JSON decoder recurses once a level, within
+#: the interpreter's recursion limit (1,000) less the frames already on the stack, so a
+#: payload the producer could just encode (~990 levels) failed to decode on the worker, a
+#: few dozen frames deeper, and ended dead (PAYLOAD_INVALID): refused at enqueue instead.
+MAX_PAYLOAD_DEPTH = 500
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 # One encoder for every payload: json.dumps with options builds a new one per call.
 # ``default``: dataclasses, pydantic models, enums, datetimes... as JSON (pgworker.payloads),
 # called only for values JSON has no form for, so plain payloads cost nothing more.
@@ -116,7 +123,7 @@ def serialize_payload(payload: Any, max_bytes: int) -> str:
     converted (:func:`pgworker.payloads.to_json_value`). Refused: values JSON cannot carry
     (sets, bytes, other objects), NaN and infinities (not
     JSON, RFC 8259 section 6), NUL characters and lone surrogates (PostgreSQL ``jsonb``
-    cannot store them), nesting deeper than Python's recursion limit, and payloads
+    cannot store them), nesting deeper than ``MAX_PAYLOAD_DEPTH`` (500) levels, and payloads
     larger than ``max_bytes`` in UTF-8.
     """
     try:
@@ -143,10 +150,28 @@ def serialize_payload(payload: Any, max_bytes: int) -> str:
         raise PayloadError(f"payload is {size} bytes of JSON, over the limit of {max_bytes}; "
                            "store large data elsewhere and enqueue a reference to it "
                            "(or raise PGWORKER_MAX_PAYLOAD_BYTES)")
+    depth = json_depth(text) if text.count("[") + text.count("{") > MAX_PAYLOAD_DEPTH else 0
+    if depth > MAX_PAYLOAD_DEPTH:
+        raise PayloadError(f"payload nests {depth} levels deep, over the limit of {MAX_PAYLOAD_DEPTH} that a "
+                           "worker can decode; flatten it (a list of records rather than records nested "
+                           "in one another)")
     if "\\u0000" in text and _JSON_NUL.search(text):
         raise PayloadError("payload contains a NUL character (\\u0000), which PostgreSQL jsonb "
                            "cannot store; remove it or encode the data as base64")
     return text
+
+
+def json_depth(text: str) -> int:
+    """How deep the arrays and objects of valid JSON ``text`` nest (0 for a scalar)."""
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    depth = deepest = 0
+    for c in brackets:
+        if c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
 
 
 def _delay_seconds(delay: "float | timedelta | None") -> float:
