@@ -3,7 +3,8 @@
 /healthz never touches the database: it fails only when the supervisor's loop stopped
 ticking (a stuck supervisor). /readyz reads flags the services and claimers set: the
 database reachable and writable, the schema at this pgworker's version, the LISTEN
-connection up (when LISTEN is on), and every claimer able to write its outcomes.
+connection up (when LISTEN is on), and every claimer able to claim and to write its
+outcomes.
 """
 
 from __future__ import annotations

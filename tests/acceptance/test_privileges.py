@@ -274,3 +274,36 @@ def test_a_role_granted_less_on_purpose_runs_and_is_told_what_will_fail(granted)
     quiet = drain(PGWORKER_SCHEDULES="false")
     assert quiet.returncode == 0 and "the scheduler" not in quiet.stderr and "ctx.step" in quiet.stderr, quiet.stderr
     app.close()
+
+
+def test_grants_revoked_while_a_worker_runs_make_it_unready_until_granted_again(granted):
+    """The start's grants check cannot see grants revoked later: the claims fail (logged
+    once per outage), and /readyz once said ready all along. It now names the claimer that
+    cannot claim, why and the fix, after 10 s of failed claims, and is ready again once the
+    grants are back; the job waiting meanwhile runs."""
+    granted.execute('CREATE ROLE "revoked" LOGIN')
+    owner, dsn = granted.dsn("owner"), granted.dsn("revoked")
+    assert cli("sql", "grants", "--worker", "revoked", "--apply", dsn=owner).returncode == 0
+    app = _app(owner)
+    port = free_port()
+    with Worker(dsn, SCHEMA, "--concurrency", "1", "--poll-interval", "0.5s", "--metrics-port", str(port)) as w:
+        def readyz() -> str:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+                    return r.read().decode()
+            except urllib.error.HTTPError as exc:
+                return exc.read().decode()
+            except OSError:
+                return ""
+        wait_until(lambda: readyz().strip() == "ready", 30, message=lambda: w.logs()[-3000:])
+        granted.execute(f'REVOKE UPDATE ON "{SCHEMA}".jobs FROM "revoked"')
+        job = app.enqueue("noop")
+        said = wait_until(lambda: "cannot claim jobs" in (r := readyz()) and r, 60, message=lambda: w.logs()[-3000:])
+        assert "claimer 0 cannot claim jobs for" in said and "permission denied for table jobs" in said, said
+        assert "pgworker sql grants --worker ROLE" in said, said
+        assert app.get_job(job)["state"] == "pending"
+        assert cli("sql", "grants", "--worker", "revoked", "--apply", dsn=owner).returncode == 0
+        wait_until(lambda: app.get_job(job)["state"] == "succeeded", 60, message=lambda: w.logs()[-3000:])
+        wait_until(lambda: readyz().strip() == "ready", 30, message=readyz)
+        assert w.stop() == 0
+    app.close()

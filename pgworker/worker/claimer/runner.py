@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 
 from ... import tracing
+from ...db import describe_failure
 from ...jobs import ClaimedJob
 from ...tasks import RENEW_ON_PROGRESS
 from ..lease import hard_limit, start_cutoff
@@ -20,6 +21,14 @@ from ..shm import layout as s
 from .state import ClaimerState
 
 log = logging.getLogger("pgworker.lease")
+
+# What /readyz adds to a claim refused for want of a privilege (grants revoked while the
+# worker runs: the start's check passed)
+_GRANTS_HINT = "; the schema's owner grants what `pgworker sql grants --worker ROLE` lists"
+
+
+def _privilege(exc: BaseException) -> bool:
+    return isinstance(exc, psycopg.errors.InsufficientPrivilege)
 
 
 class Runner(ClaimerState):
@@ -60,9 +69,11 @@ class Runner(ClaimerState):
             self.floors.drop(queue)
             self.epoch_bumps.add(queue)
             self.metrics.claim_error(queue)
+            self.table.claim_health(describe_failure(exc) + (_GRANTS_HINT if _privilege(exc) else ""))
             self.db.failed(exc, "claim")
             return None
         self.db.ok()
+        self.table.claim_health(None)
         # Next time, a queue with a global limit goes straight to the locked claim.
         (self.limited_queues.add if result.limited else self.limited_queues.discard)(queue)
         if result.retry_after_seconds is not None and len(jobs) < limit:

@@ -1,5 +1,5 @@
-"""A claimer's header in its slot table: its loop beat, idle flag, outcome counts and
-write health. The claimer writes them; the supervisor reads them (the loop-stall gauge,
+"""A claimer's header in its slot table: its loop beat, idle flag, outcome counts, and
+the health of its claims and outcome writes. The claimer writes them; the supervisor reads them (the loop-stall gauge,
 the drain summary, /readyz). The wake-up fields (``idle``, ``hint_queue``) are also
 written by whoever wakes it (:mod:`.wakeups`)."""
 
@@ -46,18 +46,36 @@ class HeaderAccess:
     def write_health(self, failure: str | None) -> None:
         """Record whether outcome writes succeed (None) or fail, and why: the supervisor's
         /readyz names a claimer that cannot write outcomes."""
-        h = self.header
-        if failure is None:
-            h.write_failing_since = 0.0
-        else:
-            if not h.write_failing_since:
-                h.write_failing_since = time.monotonic()
-            h.write_failure = fit(failure, WRITE_FAILURE_BYTES)
+        self._health("write", failure)
 
     def write_failing(self) -> tuple[float, str] | None:
         """(monotonic start, reason) of the current run of failed outcome writes, or None."""
+        return self._failing("write")
+
+    def claim_health(self, failure: str | None) -> None:
+        """Record whether claims succeed (None) or fail, and why: the supervisor's /readyz
+        names a claimer that cannot claim (its role's grants revoked while it runs, say,
+        which the start's grants check cannot see)."""
+        self._health("claim", failure)
+
+    def claim_failing(self) -> tuple[float, str] | None:
+        """(monotonic start, reason) of the current run of failed claims, or None."""
+        return self._failing("claim")
+
+    def _health(self, what: str, failure: str | None) -> None:
         h = self.header
-        since = h.write_failing_since
+        since = getattr(h, f"{what}_failing_since")
+        if failure is None:
+            if since:
+                setattr(h, f"{what}_failing_since", 0.0)
+            return
+        if not since:
+            setattr(h, f"{what}_failing_since", time.monotonic())
+        setattr(h, f"{what}_failure", fit(failure, WRITE_FAILURE_BYTES))
+
+    def _failing(self, what: str) -> tuple[float, str] | None:
+        h = self.header
+        since = getattr(h, f"{what}_failing_since")
         if not since:
             return None
-        return since, bytes(h.write_failure).decode("utf-8", "replace")
+        return since, bytes(getattr(h, f"{what}_failure")).decode("utf-8", "replace")

@@ -85,6 +85,8 @@ class Header(ctypes.Structure):
         ("jobs_done", ctypes.c_int64),
         ("write_failing_since", ctypes.c_double),  # monotonic start of a run of failed outcome writes (0: ok)
         ("write_failure", ctypes.c_char * WRITE_FAILURE_BYTES),  # why the last outcome write failed
+        ("claim_failing_since", ctypes.c_double),  # monotonic start of a run of failed claims (0: ok)
+        ("claim_failure", ctypes.c_char * WRITE_FAILURE_BYTES),  # why the last claim failed
         # outcome counts, for the drain summary
         ("succeeded", ctypes.c_int64),
         ("retried", ctypes.c_int64),

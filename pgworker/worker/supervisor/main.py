@@ -33,7 +33,7 @@ from .tick import Tick
 
 log = logging.getLogger("pgworker.supervisor")
 
-OUTCOME_WRITE_STALL_SECONDS = 10.0  # /readyz fails when a claimer's outcome writes fail for this long
+CLAIMER_STALL_SECONDS = 10.0  # /readyz fails when a claimer's outcome writes, or claims, fail for this long
 
 
 class Supervisor(Tick, Settlement, Shutdown):
@@ -150,7 +150,7 @@ class Supervisor(Tick, Settlement, Shutdown):
             self.pod_limits = PodQueueLimits(limits, n, self.mp)
         self.pool = ClaimerPool(mp=self.mp, count=n, capacity=self.settings.max_batch_size,
                                 start_process=self._start_claimer)
-        self.health.claimer_problem = lambda: self.pool.write_problem(OUTCOME_WRITE_STALL_SECONDS)
+        self.health.claimer_problem = lambda: self.pool.claimer_problem(CLAIMER_STALL_SECONDS)
         self.settler, self.services = start_services(self)
         self.pool.start()
         self.phase = "running"

@@ -236,14 +236,17 @@ class ClaimerPool:
             if h.process is not None:
                 _kill(h.process.pid, signal.SIGKILL)
 
-    def write_problem(self, stall_seconds: float) -> str | None:
-        """A claimer whose outcome writes have failed for longer than ``stall_seconds``."""
+    def claimer_problem(self, stall_seconds: float) -> str | None:
+        """A claimer whose outcome writes, or claims, have failed for longer than
+        ``stall_seconds``, said for /readyz; None when there is none."""
         now = time.monotonic()
         for h in self.handles:
-            failing = h.table.write_failing()
-            if h.process is not None and failing is not None and now - failing[0] > stall_seconds:
-                since, reason = failing
-                return f"claimer {h.index} cannot write job outcomes for {now - since:.0f} s ({reason})"
+            if h.process is None:
+                continue
+            for failing, what in ((h.table.write_failing(), "write job outcomes"), (h.table.claim_failing(), "claim jobs")):
+                if failing is not None and now - failing[0] > stall_seconds:
+                    since, reason = failing
+                    return f"claimer {h.index} cannot {what} for {now - since:.0f} s ({reason})"
         return None
 
 
