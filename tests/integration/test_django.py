@@ -77,3 +77,30 @@ def test_manage_commands_and_a_view_enqueueing_in_its_transaction(project, pg_ds
     bare = manage(project)  # no command: an error naming the commands, no traceback
     assert bare.returncode == 1 and "give a pgworker command: migrate, run, status" in bare.stderr
     assert "Traceback" not in bare.stderr
+
+
+def test_a_worker_of_manage_py_runs_handlers_that_use_the_orm(project, pg_dsn, schema, conn):
+    """Handlers importing models (at the top of the tasks module, as a project does) and
+    querying them: the claimers once loaded the app without django.setup() (a trial:
+    "Apps aren't loaded yet", or a claimer that exited before its first claim). A
+    connection that dies under one job does not fail the next: each job starts with
+    Django's close_old_connections, as a request does."""
+    assert manage(project, "migrate").returncode == 0
+    conn.execute(sql.SQL("CREATE TABLE {}.orders (id serial PRIMARY KEY, item text NOT NULL)").format(
+        sql.Identifier(schema)))
+    conn.execute(sql.SQL("INSERT INTO {}.orders (item) VALUES ('book'), ('pen')").format(sql.Identifier(schema)))
+    from pgworker import App
+
+    producer = App(pg_dsn, schema=schema)
+    try:
+        lost = producer.enqueue("lose_connection", None, priority=10, max_attempts=1)
+        ships = [producer.enqueue("ship_order", {"order": n}) for n in (1, 2)]
+        run = manage(dict(project, SHOP_WORKER_APP="shop.tasks:app"), "run", "--drain", "--concurrency", "1",
+                     "--metrics-port", "0", timeout=120)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+        assert producer.get_job(lost)["state"] == "dead", run.stdout[-2000:] + run.stderr[-3000:]
+        assert [producer.get_job(j)["state"] for j in ships] == ["succeeded", "succeeded"], run.stderr[-3000:]
+        assert producer.result(ships[1]) == 2
+    finally:
+        producer.close()
+    assert q(conn, schema, "SELECT item FROM {s}.orders ORDER BY id") == [("shipped: book",), ("shipped: pen",)]

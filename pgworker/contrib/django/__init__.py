@@ -23,7 +23,7 @@ and schema from those settings (see :mod:`.management.commands.pgworker`).
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import psycopg
 
@@ -73,6 +73,19 @@ def get_app() -> pgworker.App:
                 app = pgworker.App(settings=settings)
             _apps[key] = app
     return app
+
+
+def setup_worker_process() -> Callable[[], None]:
+    """In a claimer process started by ``manage.py pgworker run``: ``django.setup()``
+    (the settings from ``DJANGO_SETTINGS_MODULE``, inherited from manage.py), before the
+    app's modules import models; returns what the claimer runs before and after each job,
+    ``django.db.close_old_connections`` (a worker has no request whose end closes a
+    connection that broke, after a PostgreSQL restart say, or outlived ``CONN_MAX_AGE``)."""
+    import django
+    from django.db import close_old_connections
+
+    django.setup()
+    return close_old_connections
 
 
 def connection(using: str | None = None) -> psycopg.Connection:

@@ -31,7 +31,7 @@ import asyncio
 import difflib
 import logging
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from ... import tracing
 from ...context import JobContext
@@ -120,6 +120,9 @@ class Executor:
         # testing.drain hands the job back and stops (a test run must end on Ctrl-C)
         self.interrupted = False
         self.avg_run_seconds: float | None = None
+        # called before and after each handler, in its thread (a Django worker closes the
+        # ORM's connections that broke or outlived CONN_MAX_AGE, as a request's end would)
+        self.around_job: Callable[[], None] | None = None
         # the handlers' own transactions (ctx.transaction()): a connection opened on first use
         self.effects = EffectResources(app.store, app.settings, HandlerConnections(app.settings, worker_id),
                                        worker_id)
@@ -136,6 +139,9 @@ class Executor:
             tracing.record_outcome(span, "dead", LookupError(job.task), UNKNOWN_TASK)
             return self._record(out, span)
         ctx = JobContext(job, self.table, slot, self.effects, app=self.app)
+        around = self.around_job
+        if around is not None:
+            _call_quietly(around)
         token = tracing.attach(span) if traced else None  # the handler's own spans become children
         self.running = True
         t0 = time.perf_counter()
@@ -151,6 +157,8 @@ class Executor:
             error = exc
         elapsed = time.perf_counter() - t0
         self.running = False
+        if around is not None:
+            _call_quietly(around)
         self.interrupted = isinstance(error, KeyboardInterrupt)
         if not ctx.committed:
             _flush_progress(ctx)
@@ -336,6 +344,14 @@ async def _cancellable(coro: Any, ctx: JobContext) -> Any:
                 if lost:
                     raise LeaseLost(job_id=ctx.job_id, lease_token=ctx.lease_token, operation="heartbeat") from None
                 raise JobCancelled(f"job {ctx.job_id} was cancelled; its task was cancelled") from None
+
+
+def _call_quietly(hook: Callable[[], None]) -> None:
+    """Run an ``around_job`` hook; its failure is logged and never costs the job."""
+    try:
+        hook()
+    except Exception:  # noqa: BLE001 - housekeeping around the handler, not the job's outcome
+        log.warning("the hook run around each job failed", exc_info=True)
 
 
 def _flush_progress(ctx: JobContext) -> None:

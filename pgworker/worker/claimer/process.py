@@ -3,6 +3,7 @@ server, :mod:`pgworker.worker.forkserver`, or ``spawn``ed)."""
 
 from __future__ import annotations
 
+import os
 import signal
 from dataclasses import dataclass
 
@@ -13,7 +14,9 @@ from ..shm.slots import SlotTable
 from ..shm.wakeups import PodSignals
 from .loop import Claimer
 
-
+#: Set by ``manage.py pgworker`` (pgworker.contrib.django) for the processes it starts:
+#: each claimer sets Django up before it loads the app, so that handlers can use the ORM.
+DJANGO_WORKER_ENV = "PGWORKER_DJANGO_WORKER"
 
 @dataclass(frozen=True)
 class ClaimerSpec:
@@ -44,11 +47,17 @@ def claimer_main(spec: ClaimerSpec) -> None:
     setup_logging(spec.log_level, spec.log_format)
     # Each claimer sets up its own SDK (spawned processes share no exporter threads).
     provider = tracing.setup_process(spec.settings.tracing, trace_sql=spec.settings.trace_sql)
+    around_job = None
+    if os.environ.get(DJANGO_WORKER_ENV):  # started by `manage.py pgworker run`
+        from ...contrib.django import setup_worker_process
+
+        around_job = setup_worker_process()  # before the app's modules import models
     app = load_app(spec.app_ref)
     app.configure(spec.settings)
     claimer = Claimer(app, spec.settings, spec.index, spec.tables[spec.index], spec.queues, drain=spec.drain,
                       peers=spec.tables, signals=spec.signals, pod_limits=spec.pod_limits,
                       supervisor_pid=spec.supervisor_pid)
+    claimer.executor.around_job = around_job
     try:
         code = claimer.run()
     finally:

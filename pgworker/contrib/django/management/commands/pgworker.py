@@ -30,6 +30,7 @@ class Command(BaseCommand):
 
     def execute(self, *args: Any, **options: Any) -> None:
         from pgworker import cli
+        from pgworker.worker.claimer.process import DJANGO_WORKER_ENV
         from pgworker.contrib.django import _settings, dsn
 
         alias, schema, app_ref = _settings()
@@ -38,6 +39,7 @@ class Command(BaseCommand):
             raise CommandError("give a pgworker command: migrate, run, status, ... (manage.py pgworker --help)")
         os.environ["PGWORKER_DSN"] = dsn(alias)
         os.environ["PGWORKER_SCHEMA"] = schema  # the Django settings win over the environment
+        os.environ[DJANGO_WORKER_ENV] = "1"  # claimers set Django up: handlers may use the ORM
         if argv[0] in ("run", "schedules") and app_ref and not any(a == "--app" or a.startswith("--app=") for a in argv):
             argv[1:1] = ["--app", app_ref]
         code = cli.main(argv)

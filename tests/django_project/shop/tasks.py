@@ -1,0 +1,26 @@
+"""The shop's tasks, importing models at the top as a Django project does: a worker of
+`manage.py pgworker run` must set Django up before it loads this module."""
+
+from django.db import connection
+
+from pgworker import App
+
+from shop.models import Order
+
+app = App()
+
+
+@app.task(name="ship_order")
+def ship_order(payload: dict[str, int]) -> int:
+    order = Order.objects.get(pk=payload["order"])
+    order.item = f"shipped: {order.item}"
+    order.save()
+    return Order.objects.count()
+
+
+@app.task(name="lose_connection", max_attempts=1)
+def lose_connection(payload: None) -> None:
+    """The ORM's connection dies under the handler (as a PostgreSQL restart kills it)."""
+    connection.ensure_connection()
+    connection.connection.close()
+    Order.objects.count()  # raises: the connection is closed
