@@ -82,13 +82,37 @@ class JobContext:
                                                        "queue": self.job.queue, "task": self.job.task})
         return self._logger
 
-    job_id = property(lambda self: self.job.id)
-    attempt = property(lambda self: self.job.attempt)
-    max_attempts = property(lambda self: self.job.max_attempts)
-    queue = property(lambda self: self.job.queue)
-    task = property(lambda self: self.job.task)
-    lease_token = property(lambda self: self.job.lease_token)
-    idempotency_key = property(lambda self: self.job.idempotency_key)
+    @property
+    def job_id(self) -> int:
+        return self.job.id
+
+    @property
+    def attempt(self) -> int:
+        """This attempt's number, from 1."""
+        return self.job.attempt
+
+    @property
+    def max_attempts(self) -> int:
+        return self.job.max_attempts
+
+    @property
+    def queue(self) -> str:
+        return self.job.queue
+
+    @property
+    def task(self) -> str:
+        """The task's name."""
+        return self.job.task
+
+    @property
+    def lease_token(self) -> int:
+        """This attempt's fencing token."""
+        return self.job.lease_token
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable across every attempt (and replay) of this job: pass it to side effects."""
+        return self.job.idempotency_key
 
     @property
     def is_last_attempt(self) -> bool:

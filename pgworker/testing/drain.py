@@ -105,12 +105,29 @@ class DrainResult:
         c = Counter(a.outcome for a in self.attempts)
         return {o: c.get(o, 0) for o in OUTCOMES}
 
-    succeeded = property(lambda self: self.counts["succeeded"])
-    retried = property(lambda self: self.counts["retried"])
-    dead = property(lambda self: self.counts["dead"])
-    cancelled = property(lambda self: self.counts["cancelled"])
-    snoozed = property(lambda self: self.counts["snoozed"])
-    lost = property(lambda self: self.counts["lost"])
+    @property
+    def succeeded(self) -> int:
+        return self.counts["succeeded"]
+
+    @property
+    def retried(self) -> int:
+        return self.counts["retried"]
+
+    @property
+    def dead(self) -> int:
+        return self.counts["dead"]
+
+    @property
+    def cancelled(self) -> int:
+        return self.counts["cancelled"]
+
+    @property
+    def snoozed(self) -> int:
+        return self.counts["snoozed"]
+
+    @property
+    def lost(self) -> int:
+        return self.counts["lost"]
 
     def error_codes(self) -> dict[int, list[str]]:
         """{job id: the error code of each failed attempt, in order} for jobs that failed."""

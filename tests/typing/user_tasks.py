@@ -25,6 +25,27 @@ def bill(inv: Invoice, ctx: pgworker.JobContext) -> None:
         raise pgworker.Permanent("giving up")
 
 
+@app.task(name="keyed")
+def keyed(payload: None, ctx: pgworker.JobContext) -> str:
+    # typed attributes (they were Any): a str and ints returned as such under --strict
+    key: str = ctx.idempotency_key
+    return f"{key}:{ctx.job_id + ctx.attempt + ctx.max_attempts + ctx.lease_token}:{ctx.queue}:{ctx.task}"
+
+
+def job_number(ctx: pgworker.JobContext) -> int:
+    return ctx.job_id  # "Returning Any" under --strict while the attribute was untyped
+
+
+def job_key(ctx: pgworker.JobContext) -> str:
+    return ctx.idempotency_key
+
+
+def drained_dead(app_under_test: pgworker.App) -> int:
+    from pgworker.testing import drain
+
+    return drain(app_under_test).dead + drain(app_under_test).succeeded
+
+
 def enqueue_sync(conn: psycopg.Connection) -> int:
     job_id: int = app.enqueue("bill", Invoice("acme", 1250), conn=conn, dedupe_key="acme:1")
     ids: list[int] = app.enqueue_many([pgworker.JobSpec("bill", Invoice("b", 1))], conn=conn)
