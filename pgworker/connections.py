@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import inspect
 import logging
 import os
 import re
@@ -118,8 +119,10 @@ def require_sync(conn: object, async_call: str | None) -> None:
     attribute 'fetchone'" and a never-awaited coroutine."""
     if isinstance(conn, psycopg.AsyncConnection):
         fix = (f"await app.{async_call}(..., conn=conn)" if async_call
-               else "the App's async call (await app.aenqueue / aenqueue_many / acancel)")
+               else "the call's async form, its name prefixed with 'a' (app.result -> await app.aresult, "
+                    "app.enqueue -> await app.aenqueue)")
         raise TypeError(f"conn is a psycopg.AsyncConnection, but this call is synchronous: use {fix}")
+    _require_psycopg(conn, "psycopg_connection(session)")
 
 
 def require_async(conn: object, sync_call: str) -> None:
@@ -128,6 +131,25 @@ def require_async(conn: object, sync_call: str) -> None:
     if isinstance(conn, psycopg.Connection):
         raise TypeError(f"conn is a synchronous psycopg.Connection, but this call is a coroutine: use "
                         f"app.{sync_call}(..., conn=conn) (no await), or pass a psycopg.AsyncConnection")
+    _require_psycopg(conn, "await async_psycopg_connection(session)")
+
+
+def _require_psycopg(conn: object, sqlalchemy_fix: str) -> None:
+    """TypeError for what is plainly not a psycopg connection, where psycopg would fail
+    later with "'coroutine' object has no attribute 'cursor'": a coroutine (a forgotten
+    await) or a SQLAlchemy or Django object (``sqlalchemy_fix``: the unwrapping call)."""
+    if conn is None or isinstance(conn, (psycopg.Connection, psycopg.AsyncConnection)):
+        return
+    if inspect.iscoroutine(conn):
+        conn.close()  # never awaited: no "was never awaited" warning on top of this error
+        raise TypeError("conn is a coroutine: a call to await was not awaited (conn=await ...)")
+    module = type(conn).__module__ or ""
+    if module.startswith("sqlalchemy"):
+        raise TypeError(f"conn is a SQLAlchemy {type(conn).__name__}: pass the psycopg connection under it, "
+                        f"conn={sqlalchemy_fix} (pgworker.contrib.sqlalchemy)")
+    if module.startswith("django"):
+        raise TypeError(f"conn is a Django {type(conn).__name__}: pass pgworker.contrib.django.connection(), or "
+                        "use pgworker.contrib.django.enqueue")
 
 
 _ROLE_MISSING = re.compile(r'role ".*" does not exist$')

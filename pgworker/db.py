@@ -42,6 +42,10 @@ def malformed_dsn(dsn: str, exc: Exception) -> str:
     said = " ".join(str(exc).split()).replace(dsn, shown)  # libpq's message ends in a newline
     said = redact(said, password)
     head = dsn.lstrip().lower()
+    driver = re.match(r"(postgres(?:ql)?)\+(\w+)://", head)
+    if driver:  # SQLAlchemy's URL: libpq knows no driver suffix
+        return (f"malformed DSN {shown!r}: '{driver.group(1)}+{driver.group(2)}://' is SQLAlchemy's URL form; "
+                f"libpq's has no driver suffix: drop '+{driver.group(2)}' ({driver.group(1)}://...)")
     if "=" not in dsn and not head.startswith(("postgresql://", "postgres://")):
         # libpq read it as key=value pairs, found none, and says only 'missing "="'
         why = (("a URI starts postgresql:// or postgres:// (two slashes)"

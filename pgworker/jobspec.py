@@ -396,6 +396,9 @@ def specs_from(items: Iterable[Any]) -> list[JobSpec]:
             out.append(JobSpec(**item))
         elif isinstance(item, tuple) and len(item) == 2:
             out.append(JobSpec(item[0], item[1]))
+        elif isinstance(item, tuple):
+            raise InvalidJob(f"enqueue_many takes (task, payload) pairs, got a tuple of {len(item)} items; give "
+                             "options as JobSpec(task, payload, delay=...) or a dict of JobSpec's fields")
         else:
             raise InvalidJob(f"enqueue_many takes JobSpec, dict or (task, payload) items, got {type(item).__name__}")
     return out

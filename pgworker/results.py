@@ -121,15 +121,16 @@ def result(core: Core, job_id: int, conn: psycopg.Connection | None = None) -> A
     """See :meth:`pgworker.App.result`."""
     with core.connection(conn) as c:
         row = core.store.job_result(c, job_id)
-    return _ready(job_id, row, core.settings.schema)
+    return _ready(job_id, row, core.settings.schema, "App.wait_result")
 
 
-def _ready(job_id: int, row: dict[str, Any] | None, schema: str) -> Any:
-    """The result of a job_result_get row, or the error saying why there is none yet."""
+def _ready(job_id: int, row: dict[str, Any] | None, schema: str, waiter: str) -> Any:
+    """The result of a job_result_get row, or the error saying why there is none yet
+    (``waiter``: the call that waits for it, sync or async)."""
     finished, value = _settled(job_id, row, schema)
     if not finished:
         raise ResultNotReady(f"job {job_id} is {row['state']}: it has no result yet "  # type: ignore[index]
-                             "(App.wait_result waits for it; "
+                             f"({waiter} waits for it; "
                              f"`pgworker jobs show {job_id}{schema_flag(schema)}` shows how far it is)")
     return value
 
@@ -221,7 +222,7 @@ async def aresult(core: Core, aconnection: AsyncConnectionSource, job_id: int,
     ``conn``, through ``aconnection``: the App's), through the same statement plan."""
     async with aconnection(conn, "result") as c:
         row = await arun(c, core.store.job_result_plan(job_id))
-    return _ready(job_id, row, core.settings.schema)
+    return _ready(job_id, row, core.settings.schema, "await App.await_result")
 
 
 async def await_result(core: Core, job_id: int, *, timeout: float, poll_seconds: float = WAIT_POLL_SECONDS) -> Any:

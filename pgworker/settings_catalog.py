@@ -20,6 +20,8 @@ OTHER_VARIABLES: tuple[tuple[str, str, str, str], ...] = (
      "delete) are recorded as, in `job_events` and `queue_events`; the API's `actor=` wins."),
     ("PGWORKER_DEMO_DIR", "", "set by `pgworker demo`", "The demo worker's output folder (internal to the demo)."),
     ("PGWORKER_DEMO_URL", "", "set by `pgworker demo`", "The demo's webhook endpoint (internal to the demo)."),
+    ("PGWORKER_DJANGO_WORKER", "", "set by `manage.py pgworker`", "Its claimers set Django up before loading "
+     "the app, and close Django's stale connections around each job (internal to the Django integration)."),
 )
 
 #: Variables of the test suite and the benchmarks: (variable, default, meaning).

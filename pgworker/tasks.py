@@ -161,7 +161,7 @@ class Task:
             tp = self.payload_type if self.payload_type is not None else self._annotation
             name = getattr(tp, "__name__", tp)
             raise PayloadError(f"{exc}; nothing was enqueued: give the payload the shape of {name}, the "
-                               f"payload type of the task's handler (a {name} instance, or its fields as a "
+                               f"payload type of the task's handler ({name} instance, or its fields as a "
                                "dict); a worker would end this job dead with PAYLOAD_INVALID") from None
         except Exception:  # noqa: BLE001 - the type's own code failing otherwise (__post_init__): the
             return  # worker would retry it as a handler error, not refuse it for certain; enqueue as before

@@ -98,8 +98,10 @@ def run_effect(ctx: "JobContext", name: str, fn: Callable[[str], Any],
     res = _resources(ctx)
     _check_name(name)
     if ctx._tx.open:
-        raise RuntimeError(f"job {ctx.job_id}: ctx.effect({name!r}) inside ctx.transaction(): an effect's "
-                           "'started' record must commit before its call; call ctx.effect outside the block")
+        # the same code fails the same way on every attempt: permanent, not retried
+        raise StepError(f"job {ctx.job_id}: ctx.effect({name!r}) inside ctx.transaction(): an effect's "
+                        "'started' record must commit before its call; call ctx.effect outside the block",
+                        code="EFFECT_IN_TRANSACTION")
     conn = res.connections.get()
     key = effect_key(ctx, name)
     found = res.store.step_get(conn, ctx.job_id, name)

@@ -200,12 +200,22 @@ def test_an_effect_inside_a_transaction_is_refused(app):
         with ctx.transaction():
             try:
                 ctx.effect("e", lambda key: 1)
-            except RuntimeError as exc:
+            except pgworker.StepError as exc:
                 errors.append(str(exc))
 
+    @app.task(name="wrong_uncaught", max_attempts=5)
+    def wrong_uncaught(payload, ctx):
+        with ctx.transaction():
+            ctx.effect("e", lambda key: 1)
+
     app.enqueue("wrong", {})
-    drain(app)
+    uncaught = app.enqueue("wrong_uncaught", {})
+    result = drain(app, skip_backoff=True)
     assert "outside the block" in errors[0]
+    # the same code fails the same way every time: dead at once, not retried 5 times (a trial)
+    job = app.get_job(uncaught)
+    assert job["state"] == "dead" and job["attempts"] == 1 and job["last_error_code"] == "EFFECT_IN_TRANSACTION"
+    assert result.retried == 0
 
 
 def test_an_operator_resolves_an_uncertain_effect_and_a_clean_replay_forgets_steps(app, conn):

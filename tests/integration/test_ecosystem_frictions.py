@@ -1,0 +1,77 @@
+"""A new user's trial of the Python ecosystem side (SQLAlchemy, asyncio, Django's
+neighbours), against a real PostgreSQL: each mistake it made gets a TypeError or
+ConfigError naming the fix, where psycopg once failed later with "'coroutine' object has
+no attribute 'cursor'" or a message named the wrong call."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import pytest
+
+import pgworker
+from pgworker.contrib.sqlalchemy import async_psycopg_connection, psycopg_connection
+
+pytestmark = pytest.mark.integration
+
+sqlalchemy = pytest.importorskip("sqlalchemy", reason="SQLAlchemy is a test dependency (pip install -e '.[test]')")
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine  # noqa: E402
+from sqlalchemy.orm import Session  # noqa: E402
+
+
+def url(pg_dsn: str) -> str:
+    info = psycopg.conninfo.conninfo_to_dict(pg_dsn)
+    return (f"postgresql+psycopg://{info.get('user', 'postgres')}@{info.get('host', '127.0.0.1')}:"
+            f"{info.get('port', 5432)}/{info.get('dbname', 'test')}")
+
+
+def test_sqlalchemy_objects_passed_where_they_do_not_fit_name_the_fix(app, pg_dsn):
+    engine = sqlalchemy.create_engine(url(pg_dsn))
+    async_engine = create_async_engine(url(pg_dsn))
+    try:
+        with pytest.raises(TypeError, match=r"an Engine holds no transaction to join.*engine.begin\(\)"):
+            psycopg_connection(engine)
+        with pytest.raises(TypeError, match=r"asyncio SQLAlchemy object: use `await async_psycopg_connection"):
+            psycopg_connection(AsyncSession(async_engine))
+        with engine.connect() as sa_conn:
+            with pytest.raises(TypeError, match=r"conn is a SQLAlchemy Connection: .*conn=psycopg_connection"):
+                app.enqueue("t", None, conn=sa_conn, any_task=True)
+        with Session(engine) as session:
+            with pytest.raises(TypeError, match=r"synchronous SQLAlchemy object: use `psycopg_connection"):
+                asyncio.run(async_psycopg_connection(session))
+        with pytest.raises(TypeError, match=r"pass a SQLAlchemy Session or Connection .*not a builtins.str"):
+            psycopg_connection("postgresql://")
+    finally:
+        engine.dispose()
+        asyncio.run(async_engine.dispose())
+    assert app.list_jobs() == []
+
+
+def test_async_mistakes_name_the_right_call(app, pg_dsn):
+    job = app.enqueue("t", None, any_task=True)
+
+    async def main() -> None:
+        aconn = await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True)
+        try:
+            with pytest.raises(TypeError, match=r"app.result -> await app.aresult"):
+                app.result(job, conn=aconn)  # type: ignore[arg-type]
+            forgotten = psycopg.AsyncConnection.connect(pg_dsn)  # no await
+            with pytest.raises(TypeError, match=r"conn is a coroutine: a call to await was not awaited"):
+                await app.aenqueue("t", None, conn=forgotten, any_task=True)  # type: ignore[arg-type]
+            with pytest.raises(pgworker.ResultNotReady, match=r"await App.await_result waits for it"):
+                await app.aresult(job)
+        finally:
+            await aconn.close()
+            await app.aclose()
+
+    asyncio.run(main())
+    with pytest.raises(pgworker.ResultNotReady, match=r"\(App.wait_result waits for it"):
+        app.result(job)
+
+
+def test_a_sqlalchemy_url_as_dsn_and_a_three_item_tuple_name_the_fix(app, pg_dsn):
+    with pytest.raises(pgworker.ConfigError, match=r"SQLAlchemy's URL form; .*drop '\+psycopg'"):
+        pgworker.App(url(pg_dsn))
+    with pytest.raises(pgworker.InvalidJob, match=r"got a tuple of 3 items; give options as JobSpec"):
+        app.enqueue_many([("t", None, {"delay": 5})])
