@@ -87,11 +87,21 @@ class AsyncProducer:
                     pooled._pgworker_returned_at = time.monotonic()
 
     async def aopen(self) -> None:
-        """Open the async pool now rather than at the first call: in a web app's lifespan
-        startup, so that a wrong DSN or an unreachable server fails the start with
-        :class:`DatabaseUnavailable` instead of the first request. Idempotent."""
-        with database_errors(self.core.settings, look_around=False):
-            await self._get_apool()
+        """Open the async pool now rather than at the first call, and check the schema: in
+        a web app's lifespan startup, so that a wrong DSN or an unreachable server fails the
+        start with :class:`DatabaseUnavailable`, and a schema never migrated (or another
+        pgworker's) with :class:`SchemaNotMigrated` / :class:`SchemaTooNew`, instead of the
+        first request. A role that may not read the schema's ``migrations`` table is not
+        checked. Idempotent."""
+        async with self.aconnection() as conn:
+            try:
+                cur = await conn.execute(self.core.store.queries["schema_version_get"])
+                row = await cur.fetchone()
+            except psycopg.errors.InsufficientPrivilege:
+                return  # a producer granted less than grants.sql gives: its first call says what fails
+        problem = self.core.store.version_problem(row[0] if row else None)
+        if problem is not None:
+            raise problem
 
     async def aclose(self) -> None:
         """Close the async pool (safe to call twice, and when it was never opened). The

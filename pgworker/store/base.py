@@ -85,20 +85,28 @@ class StoreBase:
         Raises :class:`SchemaNotMigrated` (run ``pgworker migrate``) or
         :class:`SchemaTooNew` (upgrade pgworker). Returns the version.
         """
-        known = len(sqlfiles.migrations())
         version = self.schema_version(conn)
+        problem = self.version_problem(version)
+        if problem is not None:
+            raise problem
+        return version  # type: ignore[return-value]  # None is a problem
+
+    def version_problem(self, version: int | None) -> SchemaNotMigrated | SchemaTooNew | None:
+        """What is wrong with the applied schema version ``version`` (None: absent) for
+        this code, as the error to raise; None when it is exactly the known version."""
+        known = len(sqlfiles.migrations())
         if version is None or version < known:
             at = "absent" if version is None else f"at version {version}"
             behind = SchemaNotMigrated(
                 f"the pgworker schema {self.schema!r} is {at}; this pgworker needs version {known}: "
                 f"run `pgworker migrate` (or App.migrate()) with the same DSN and schema")
             behind.absent = version is None
-            raise behind
+            return behind
         if version > known:
-            raise SchemaTooNew(
+            return SchemaTooNew(
                 f"the pgworker schema {self.schema!r} is at version {version}, newer than this "
                 f"pgworker knows ({known}): upgrade pgworker before running it against this database")
-        return version
+        return None
 
     def _step(self, name: str, params: dict[str, Any] | None = None, prepare: bool | None = None) -> Exec:
         """The named statement as a plan's step (see :mod:`pgworker.store.plan`)."""

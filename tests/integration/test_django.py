@@ -104,3 +104,19 @@ def test_a_worker_of_manage_py_runs_handlers_that_use_the_orm(project, pg_dsn, s
     finally:
         producer.close()
     assert q(conn, schema, "SELECT item FROM {s}.orders ORDER BY id") == [("shipped: book",), ("shipped: pen",)]
+
+
+def test_an_enqueue_before_migrate_says_how_a_django_project_migrates(project):
+    import django
+
+    from pgworker import SchemaNotMigrated
+    from pgworker.contrib import django as pgworker_django
+
+    django.setup()
+    with pytest.raises(SchemaNotMigrated) as raised:
+        pgworker_django.enqueue("record", {"order": None}, any_task=True)
+    note = " ".join(getattr(raised.value, "__notes__", []))
+    assert "PGWORKER['SCHEMA']" in note and "python manage.py pgworker migrate" in note, note
+    from django.db import connections
+
+    connections.close_all()

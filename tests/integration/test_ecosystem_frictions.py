@@ -75,3 +75,36 @@ def test_a_sqlalchemy_url_as_dsn_and_a_three_item_tuple_name_the_fix(app, pg_dsn
         pgworker.App(url(pg_dsn))
     with pytest.raises(pgworker.InvalidJob, match=r"got a tuple of 3 items; give options as JobSpec"):
         app.enqueue_many([("t", None, {"delay": 5})])
+
+
+def test_aopen_checks_the_schema_as_a_lifespan_start_expects(app, pg_dsn, conn):
+    """The README's FastAPI lifespan opens the App with aopen(): a schema never migrated
+    passed it, and the first request failed (a trial)."""
+    from psycopg import sql
+
+    unmigrated = pgworker.App(pg_dsn, schema=f"{app.settings.schema}_none")
+    behind = pgworker.App(pg_dsn, schema=app.settings.schema)
+
+    async def main() -> None:
+        try:
+            with pytest.raises(pgworker.SchemaNotMigrated, match=r"pgworker migrate"):
+                await unmigrated.aopen()
+            await behind.aopen()  # migrated: opens
+            await behind.aopen()  # idempotent
+        finally:
+            await unmigrated.aclose()
+            await behind.aclose()
+
+    asyncio.run(main())
+    conn.execute(sql.SQL("UPDATE {}.migrations SET version = version + 100 WHERE version = "
+                         "(SELECT max(version) FROM {}.migrations)").format(
+        sql.Identifier(app.settings.schema), sql.Identifier(app.settings.schema)))
+
+    async def too_new() -> None:
+        try:
+            with pytest.raises(pgworker.SchemaTooNew, match=r"upgrade pgworker"):
+                await behind.aopen()
+        finally:
+            await behind.aclose()
+
+    asyncio.run(too_new())

@@ -22,8 +22,9 @@ and schema from those settings (see :mod:`.management.commands.pgworker`).
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import psycopg
 
@@ -108,10 +109,25 @@ def enqueue(task: "str | pgworker.Task", payload: Any = None, *, using: str | No
             **options: Any) -> int:
     """:meth:`pgworker.App.enqueue` on Django's connection ``using``: inside
     ``transaction.atomic()`` the job commits or rolls back with it; outside, it commits at
-    once (Django's autocommit). Returns the job id."""
-    return get_app().enqueue(task, payload, conn=connection(using), **options)
+    once (Django's autocommit). Returns the job id. From an async view, wrap it as Django
+    says of every database call: ``await sync_to_async(enqueue)(...)`` (asgiref)."""
+    with _django_hints():
+        return get_app().enqueue(task, payload, conn=connection(using), **options)
 
 
 def enqueue_many(jobs: Any, *, using: str | None = None, **options: Any) -> list[int]:
     """:meth:`pgworker.App.enqueue_many` on Django's connection ``using``."""
-    return get_app().enqueue_many(jobs, conn=connection(using), **options)
+    with _django_hints():
+        return get_app().enqueue_many(jobs, conn=connection(using), **options)
+
+
+@contextlib.contextmanager
+def _django_hints() -> Iterator[None]:
+    """A missing schema's error says where a Django project sets it and how it migrates
+    (its message speaks of --schema and `pgworker migrate`, the command line's terms)."""
+    try:
+        yield
+    except pgworker.SchemaNotMigrated as exc:
+        exc.add_note(f"In this Django project the schema is PGWORKER['SCHEMA'] in the settings "
+                     f"({_settings()[1]!r}): run `python manage.py pgworker migrate`")
+        raise
