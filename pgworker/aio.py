@@ -28,6 +28,7 @@ from .connections import (LOCK_TIMEOUT_SQL, POOL_CHECK_IDLE_SECONDS, POOL_MAX_SI
 from .jobs import ReplayResult, safe_json_loads
 from .names import check_queue_name, checked_cancel_reason
 from .dependencies import enqueue_graph_plan, has_dependencies
+from .enqueue_options import OnConflict
 from .jobspec import JobSpec, specs_from
 from .operations import _actor
 from .producer import check_on_conflict, enqueue_batch_plan, enqueue_one_plan
@@ -138,7 +139,7 @@ class AsyncProducer:
                        dedupe_key: str | None = None, ordering_key: str | None = None,
                        dedupe_window: "float | timedelta | None" = None, ordering_on_dead: str | None = None,
                        depends_on: "Sequence[int] | None" = None, on_parent_failure: str | None = None,
-                       graph_id: int | None = None, any_task: bool = False, on_conflict: str = "return",
+                       graph_id: int | None = None, any_task: bool = False, on_conflict: OnConflict = "return",
                        conn: psycopg.AsyncConnection | None = None) -> int:
         """:meth:`App.enqueue` as a coroutine: the same options (``depends_on``,
         ``on_parent_failure`` and ``graph_id`` included), checks and errors (those that
@@ -161,7 +162,7 @@ class AsyncProducer:
             return await arun(c, enqueue_one_plan(self.core.store, job, self.core.metrics, on_conflict))
 
     async def aenqueue_many(self, jobs: Iterable["JobSpec | dict[str, Any] | tuple[Any, Any]"], *,
-                            any_task: bool = False, on_conflict: str = "return",
+                            any_task: bool = False, on_conflict: OnConflict = "return",
                             conn: psycopg.AsyncConnection | None = None) -> list[int]:
         """:meth:`App.enqueue_many` as a coroutine: every item validated first (one bad
         item inserts nothing), one statement or COPY (from 1000 jobs without keys), one

@@ -20,6 +20,7 @@ from .aio import AsyncProducer
 from .config import Settings
 from .connections import with_schema_hint
 from .core import Core
+from .enqueue_options import OnConflict
 from .errors import SchemaNotMigrated
 from .jobs import ClaimedJob, Lease, ReapResult
 from .jobspec import JobSpec
@@ -206,7 +207,7 @@ class App(AsyncProducer, Admin):
                 dedupe_key: str | None = None, ordering_key: str | None = None,
                 dedupe_window: "float | timedelta | None" = None, ordering_on_dead: str | None = None,
                 depends_on: "Sequence[int] | None" = None, on_parent_failure: str | None = None,
-                graph_id: int | None = None, any_task: bool = False, on_conflict: str = "return",
+                graph_id: int | None = None, any_task: bool = False, on_conflict: OnConflict = "return",
                 conn: psycopg.Connection | None = None) -> int:
         """Enqueue one job and return its id.
 
@@ -251,7 +252,7 @@ class App(AsyncProducer, Admin):
         return producer.enqueue(self.core, spec, any_task=any_task, on_conflict=on_conflict, conn=conn)
 
     def enqueue_many(self, jobs: Iterable["JobSpec | dict[str, Any] | tuple[Any, Any]"], *,
-                     any_task: bool = False, on_conflict: str = "return",
+                     any_task: bool = False, on_conflict: OnConflict = "return",
                      conn: psycopg.Connection | None = None) -> list[int]:
         """Enqueue many jobs in one transaction and return their ids in input order.
 

@@ -9,9 +9,10 @@ import inspect
 import math
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Unpack
 
 from .config import DEFAULT_QUEUE, MAX_SETTING_SECONDS
+from .enqueue_options import AsyncEnqueueOptions, EnqueueOptions
 from .errors import ConfigError, InvalidJob, InvalidPayload, PayloadError
 from .jobs import UndecodablePayload, safe_json_loads
 from .names import check_queue_name, check_task_name
@@ -196,13 +197,14 @@ class Task:
                 f"task {self.name!r} cannot decode its payload as "
                 f"{getattr(self.payload_type, '__name__', self.payload_type)}: {type(exc).__name__}: {exc}") from exc
 
-    def enqueue(self, payload: Any = None, **options: Any) -> int:
-        """Enqueue a job of this task; see :meth:`pgworker.App.enqueue`."""
+    def enqueue(self, payload: Any = None, **options: Unpack[EnqueueOptions]) -> int:
+        """Enqueue a job of this task; see :meth:`pgworker.App.enqueue` (the same keyword
+        options, typed: :class:`pgworker.enqueue_options.EnqueueOptions`)."""
         if self.app is None:
             raise ConfigError(f"task {self.name!r} is not bound to an App")
         return self.app.enqueue(self, payload, **options)
 
-    async def aenqueue(self, payload: Any = None, **options: Any) -> int:
+    async def aenqueue(self, payload: Any = None, **options: Unpack[AsyncEnqueueOptions]) -> int:
         """Enqueue a job of this task from asyncio; see :meth:`pgworker.App.aenqueue`."""
         if self.app is None:
             raise ConfigError(f"task {self.name!r} is not bound to an App")

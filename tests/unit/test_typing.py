@@ -59,3 +59,16 @@ def test_mypy_still_refuses_a_misspelt_public_name():
     assert done.returncode == 1, done.stdout + done.stderr
     assert 'Module "pgworker" has no attribute "Tsak"' in done.stdout, done.stdout
     assert 'Module has no attribute "Ap"; maybe "App"?' in done.stdout, done.stdout
+
+
+def test_mypy_refuses_misspelt_and_wrong_enqueue_options():
+    """Task.enqueue/aenqueue and the Django helper took **options: Any: `dealy=5` and
+    `on_conflict="explode"` passed mypy --strict and failed at run time (a trial)."""
+    require("mypy")
+    done = mypy(os.path.join("tests", "typing", "fixtures", "misspelt_options.py"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = done.stdout
+    assert 'misspelt_options.py:18: error: Unexpected keyword argument "dealy" for "enqueue" of "Task"' in out, out
+    assert 'misspelt_options.py:19: error: Argument "on_conflict" to "aenqueue" of "Task" has incompatible type' in out
+    assert 'misspelt_options.py:20: error: Argument "on_conflict" to "enqueue" of "App" has incompatible type' in out
+    assert 'misspelt_options.py:21: error: Unexpected keyword argument "dealy" for "enqueue"' in out, out

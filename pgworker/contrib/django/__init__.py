@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Unpack
 
 import psycopg
 
 import pgworker
+from pgworker.enqueue_options import JobOptions, OnConflict
 
 _lock = threading.Lock()
 _apps: dict[tuple[str, str, str | None], pgworker.App] = {}
@@ -106,7 +107,7 @@ def connection(using: str | None = None) -> psycopg.Connection:
 
 
 def enqueue(task: "str | pgworker.Task", payload: Any = None, *, using: str | None = None,
-            **options: Any) -> int:
+            **options: Unpack[JobOptions]) -> int:
     """:meth:`pgworker.App.enqueue` on Django's connection ``using``: inside
     ``transaction.atomic()`` the job commits or rolls back with it; outside, it commits at
     once (Django's autocommit). Returns the job id. From an async view, wrap it as Django
@@ -115,10 +116,11 @@ def enqueue(task: "str | pgworker.Task", payload: Any = None, *, using: str | No
         return get_app().enqueue(task, payload, conn=connection(using), **options)
 
 
-def enqueue_many(jobs: Any, *, using: str | None = None, **options: Any) -> list[int]:
+def enqueue_many(jobs: Any, *, using: str | None = None, any_task: bool = False,
+                 on_conflict: OnConflict = "return") -> list[int]:
     """:meth:`pgworker.App.enqueue_many` on Django's connection ``using``."""
     with _django_hints():
-        return get_app().enqueue_many(jobs, conn=connection(using), **options)
+        return get_app().enqueue_many(jobs, conn=connection(using), any_task=any_task, on_conflict=on_conflict)
 
 
 @contextlib.contextmanager
