@@ -26,6 +26,7 @@ import asyncio
 import json
 import re
 import time
+import warnings
 from typing import TYPE_CHECKING, Any, AsyncContextManager, Callable
 
 import psycopg
@@ -142,9 +143,21 @@ def _check_wait(timeout: float, poll_seconds: float) -> None:
         raise ValueError(f"poll_seconds must be > 0, got {poll_seconds!r}")
 
 
+def _warn_in_event_loop() -> None:
+    """Say so when a blocking wait runs in an event loop's thread: every other coroutine
+    of that loop (an ASGI app's requests) stops for as long as it waits (a trial)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    warnings.warn("App.wait_result blocks this thread's running event loop while it waits: in async code use "
+                  "`await app.await_result(job_id, timeout=...)`", RuntimeWarning, stacklevel=4)
+
+
 def wait_result(core: Core, job_id: int, *, timeout: float, poll_seconds: float = WAIT_POLL_SECONDS) -> Any:
     """See :meth:`pgworker.App.wait_result`."""
     _check_wait(timeout, poll_seconds)
+    _warn_in_event_loop()
     deadline = time.monotonic() + timeout
     # A connection of its own (LISTEN is a session's: PGWORKER_LISTEN_DSN when set, the
     # direct connection a pooler deployment gives the listener), autocommit so each re-read

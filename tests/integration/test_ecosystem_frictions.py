@@ -108,3 +108,21 @@ def test_aopen_checks_the_schema_as_a_lifespan_start_expects(app, pg_dsn, conn):
             await behind.aclose()
 
     asyncio.run(too_new())
+
+
+def test_a_blocking_wait_inside_an_event_loop_warns_naming_await_result(app):
+    """App.wait_result called from a coroutine froze the loop in silence (a trial)."""
+    job = app.enqueue("t", None, any_task=True)
+
+    async def main() -> None:
+        with pytest.warns(RuntimeWarning, match=r"blocks this thread's running event loop.*await app.await_result"):
+            with pytest.raises(pgworker.ResultTimeout):
+                app.wait_result(job, timeout=0.05)
+
+    asyncio.run(main())
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # outside a loop: no warning
+        with pytest.raises(pgworker.ResultTimeout):
+            app.wait_result(job, timeout=0.05)
