@@ -340,3 +340,63 @@ def test_the_lease_watch_marks_an_orphans_jobs_lost_and_a_stopped_supervisors_le
     assert watch.tick(now + 2.0) == 1 and table.flags(waiting, 1) == (True, False)
     assert table.flags(decided, 3) == (False, False)  # its outcome is decided: the fence decides the write
     assert counted == [("q", "lost", 1), ("q", "lost", 1)]
+
+
+def test_a_claimed_slot_is_written_whole_over_what_its_last_job_left():
+    """put_many writes a slot in one struct call (CLAIMED_SLOT): every field must read back
+    through ctypes as the field stores did, and nothing of the slot's previous job (its
+    flags, outcome, code and message) may survive."""
+    table = SlotTable(3, CTX)
+    first = _claim(table, 11, 5)
+    table.start(first, 11)
+    table.decide(first, 11, 2, delay=3.5, permanent=True, code="BOOM", message="it failed")
+    table.mark(first, 11, 5, cancel=True)
+    table.slots[first].lost = 1
+    table.empty_job(first, 11)
+    entries = [lease.SlotEntry(21, 7, 2, 3, 60.0, lease.RENEW_PROGRESS, 4, 1234.5),
+               lease.SlotEntry(22, 8, 1, 1, 30.0, lease.RENEW_ALIVE, -1, 99.0)]
+    slots = table.put_many(entries, claimed_at=42.0)
+    assert slots[0] == first and len(set(slots)) == 2
+    views = {v.job_id: v for v in table.held()}
+    reused = views[21]
+    assert (reused.state, reused.queue_index, reused.token, reused.claimed_at, reused.renewed_at,
+            reused.started_at, reused.progress_at, reused.expires_at, reused.hard_limit, reused.renew_policy,
+            reused.attempt, reused.task_index, reused.moved_to) == (
+        lease.CLAIMED, 2, 7, 42.0, 0.0, 0.0, 0.0, 1234.5, 60.0, lease.RENEW_PROGRESS, 3, 4, -1)
+    assert (reused.lost, reused.outcome, reused.permanent, reused.delay, reused.code, reused.message) == (
+        False, 0, False, 0.0, "", "")
+    assert table.slots[first].cancel == 0
+    assert views[22].order == reused.order + 1 and views[22].task_index == -1 and views[22].expires_at == 99.0
+    with pytest.raises(RuntimeError, match="slot table full"):
+        table.put_many(entries, claimed_at=43.0)  # one slot left for two jobs: nothing recorded
+    assert len(table.held()) == 2
+
+
+def _lock_in_forked_child(table, out):
+    out.put(table.lock.acquire(timeout=2))
+    table.lock.release()
+
+
+def test_a_forked_child_takes_the_lock_on_its_own_descriptor():
+    """The lock forgets the parent's descriptor in a fork hook (it compared os.getpid() on
+    every call): a child forked while the parent holds it must wait for it, not share it."""
+    table = SlotTable(1, CTX)
+    fork = multiprocessing.get_context("fork")
+    out = fork.Queue()
+    import fcntl
+
+    fd = table.lock._own_fd()
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the parent's descriptor holds the flock (its thread lock is free)
+    try:
+        child = fork.Process(target=_lock_in_forked_child, args=(table, out))
+        child.start()
+        # the child's own descriptor waited 2 s and was refused; the parent's, inherited,
+        # would have been granted at once (an flock belongs to the open file a fork shares)
+        assert out.get(timeout=10) is False
+        child.join(10)
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    child = fork.Process(target=_lock_in_forked_child, args=(table, out))
+    child.start()
+    assert out.get(timeout=10) is True
+    child.join(10)

@@ -12,6 +12,7 @@ A slot moves through::
 from __future__ import annotations
 
 import ctypes
+import struct
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -97,6 +98,15 @@ class Header(ctypes.Structure):
         ("lost", ctypes.c_int64),
     ]
 
+
+# A freshly claimed slot written whole, in one call (SlotTable.put_many: a claim's jobs;
+# 22 ctypes field stores a job were most of its cost): every field from ``state`` to
+# ``delay`` in Slot's order and C alignment, then the NULs that empty ``code`` (with its
+# bytes) and ``message``. The checks below fail at import if Slot changes without it.
+CLAIMED_SLOT = struct.Struct("@iiqqqddddddiiiiiiiidB63xB")
+assert Slot.code.offset == CLAIMED_SLOT.size - 1 - CODE_BYTES, "CLAIMED_SLOT no longer matches Slot's fields"
+assert Slot.message.offset == CLAIMED_SLOT.size - 1, "CLAIMED_SLOT no longer matches Slot's fields"
+SLOT_BYTES = ctypes.sizeof(Slot)
 
 OUTCOME_FIELDS = ("succeeded", "retried", "dead", "cancelled", "released", "snoozed", "lost")
 

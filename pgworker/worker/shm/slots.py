@@ -28,8 +28,8 @@ import time
 from typing import Any, Iterable, Iterator, Sequence
 
 from .header import HeaderAccess
-from .layout import (CANCEL_REQUESTED, CLAIMED, CODE_BYTES, DECIDED, EMPTY, HANDED_BACK, LEASE_EXPIRED, LIVE_STATES,
-                     MESSAGE_BYTES, MOVING, NOT_STARTABLE, RUNNING, STARTED, SUPERVISOR, WRITING, Header, Slot,
+from .layout import (CANCEL_REQUESTED, CLAIMED, CLAIMED_SLOT, CODE_BYTES, DECIDED, EMPTY, HANDED_BACK, LEASE_EXPIRED, LIVE_STATES,
+                     MESSAGE_BYTES, MOVING, NOT_STARTABLE, RUNNING, SLOT_BYTES, STARTED, SUPERVISOR, WRITING, Header, Slot,
                      SlotEntry, SlotView, fit, view)
 from .lock import PodLock
 from .wakeups import WakeUp
@@ -71,25 +71,23 @@ class SlotTable(HeaderAccess):
         slot indexes. ``claimed_at`` is when the claim statement was sent (monotonic).
         Raises RuntimeError when the table has fewer free slots than entries (nothing is
         recorded then)."""
-        out: list[int] = []
-        slots = self.slots
+        slots, pack = self.slots, CLAIMED_SLOT.pack_into
         with self.lock:
             free = [i for i in range(self.capacity) if slots[i].state == EMPTY][:len(entries)]
             if len(free) < len(entries):
                 raise RuntimeError("slot table full: a claim took more jobs than the claimer has room for")
             seq = self.header.order_seq
             for i, e in zip(free, entries):
-                s = slots[i]
                 seq += 1
-                s.state, s.queue_index, s.job_id, s.token, s.order = state, e.queue_index, e.job_id, e.token, seq
-                s.claimed_at, s.renewed_at, s.started_at, s.progress_at = claimed_at, 0.0, 0.0, 0.0
-                s.expires_at, s.hard_limit, s.renew_policy = e.expires_at, e.hard_limit, e.renew_policy
-                s.lost = s.cancel = s.outcome = s.permanent = 0
-                s.attempt, s.task_index, s.moved_to, s.delay = e.attempt, e.task_index, -1, 0.0
-                s.code = s.message = b""
-                out.append(i)
+                # state, queue, job, token, order; claimed, renewed, started, progress, expires, hard
+                # limit; renew policy, lost, cancel, attempt, task, moved to, outcome, permanent;
+                # delay; code and message emptied
+                pack(slots, i * SLOT_BYTES, state, e.queue_index, e.job_id, e.token, seq,
+                     claimed_at, 0.0, 0.0, 0.0, e.expires_at, e.hard_limit,
+                     e.renew_policy, 0, 0, e.attempt, e.task_index, -1, 0, 0,
+                     0.0, 0, 0)
             self.header.order_seq = seq
-        return out
+        return free
 
     def start(self, index: int, job_id: int, renewed_after: float = 0.0) -> int:
         """CLAIMED -> RUNNING, starting the job's runtime and progress clocks. Returns
