@@ -357,6 +357,21 @@ def set_session_timeouts(conn: psycopg.Connection, *, statement_timeout: float, 
                  [milliseconds(statement_timeout), milliseconds(lock_timeout)])
 
 
+def read_timestamps_in_utc(conn: psycopg.Connection) -> bool:
+    """Make this session send timestamps in UTC (``TimeZone = 'UTC'``); returns whether it
+    was set. psycopg loads a ``timestamptz`` in the session's zone: for a zone name such as
+    the default 'Etc/UTC' that is a ``ZoneInfo`` conversion, 0.8 µs a value, where 'UTC'
+    is its fixed fast path (0.3 µs); a claim's row carries five (issue 23: 2.5 µs a job in
+    the claimer). The instants are the same; the ``datetime``s a claim returns are UTC.
+    No statement of the claimer's depends on the session's zone (no date_trunc, ::date or
+    day intervals). Not set behind a transaction pooler (a session setting does not
+    stick, and would reach other clients' sessions)."""
+    if conn in POOLED:
+        return False
+    conn.execute("SELECT set_config('TimeZone', 'UTC', false)")
+    return True
+
+
 def use_generic_plans(conn: psycopg.Connection) -> bool:
     """Make this session run its prepared statements on their generic plans
     (``plan_cache_mode = force_generic_plan``); returns whether it was set. For a

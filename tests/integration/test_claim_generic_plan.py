@@ -44,6 +44,20 @@ def test_the_claimers_session_prefers_generic_plans_unless_statements_are_not_pr
         assert conn.execute("SHOW plan_cache_mode").fetchone()[0] == "auto"
 
 
+def test_the_claimers_session_reads_timestamps_in_utc(app, conn):
+    """psycopg converts a timestamptz to the session's zone: a zone name ('Etc/UTC', the
+    default here) costs a ZoneInfo conversion per value, 'UTC' is its fast path (issue
+    23). The claimer's session is UTC; the claim's datetimes are the same instants."""
+    job = app.enqueue("t", None)
+    [(created,)] = conn.execute(sql.SQL("SELECT created_at FROM {}.jobs WHERE id = %s").format(
+        sql.Identifier(app.settings.schema)), [job]).fetchall()
+    with _claimer_conn(app) as claimer:
+        assert claimer.info.parameter_status("TimeZone") == "UTC"
+        [claimed] = app.store.claim(claimer, queue="default", limit=1, **CLAIM)
+    assert claimed.created_at == created and claimed.created_at.tzinfo is timezone.utc
+    assert claimed.lease_expires_at.tzinfo is timezone.utc and claimed.lease_expires_at > datetime.now(timezone.utc)
+
+
 def test_the_claim_is_not_planned_again_after_the_table_grows(app, conn):
     """Left to choose, PostgreSQL made a custom plan for each of the first five claims,
     then, once an ANALYZE of the grown table invalidated the generic plan, compared its new

@@ -20,7 +20,8 @@ import psycopg
 from psycopg.types.json import set_json_loads
 
 from ...config import Settings
-from ...db import POOLED, OutageLog, close_quietly, connect, set_session_timeouts, use_generic_plans, worker_params
+from ...db import (POOLED, OutageLog, close_quietly, connect, read_timestamps_in_utc, set_session_timeouts,
+                   use_generic_plans, worker_params)
 from ...errors import DatabaseUnavailable
 from ...jobs import safe_json_loads
 from ..service import Backoff, drop_connection
@@ -70,6 +71,7 @@ class ClaimerConnection:
                                  lock_timeout=s.lock_timeout_seconds)
             # the claim on its cached plan, never planned again at each call (about 1.3 ms)
             use_generic_plans(conn)
+            read_timestamps_in_utc(conn)  # a claim's five timestamps a job, on psycopg's fast path
             if s.synchronous_commit:
                 if conn in POOLED:
                     log.warning("claimer %s: synchronous_commit is a session setting, which a transaction "
