@@ -166,6 +166,19 @@ def redact(text: str, *secrets: str | None) -> str:
     return text
 
 
+# A URL's user:password whose '@' was cut off (the text was bounded before redaction, so
+# _URL_PASSWORD, which needs the '@', cannot see it): everything after the user's ':'.
+_URL_PASSWORD_CUT = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*):(?P<pw>[^\s@]*)$")
+
+
+def redact_cut(text: str, *secrets: str | None) -> str:
+    """:func:`redact` for text cut from a longer one (bounded before the regex work): a
+    URL's password cut before its '@' is hidden too, whatever follows its ':' to the end
+    (erring towards hiding: a cut 'https://host:8080/...' loses its port)."""
+    text = redact(text, *secrets)
+    return _URL_PASSWORD_CUT.sub(lambda m: f"{m.group('scheme')}:{REDACTED}", text)
+
+
 def redact_dsn(dsn: str | None) -> str:
     """A DSN safe to print: the password replaced by asterisks."""
     if not dsn:

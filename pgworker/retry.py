@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 
 from .errors import ConfigError, InvalidPayload, JobCancelled, LeaseLost, Permanent, PgworkerError, Retry
 from .jobs import MAX_DELAY_SECONDS
-from .names import bounded_text, redact
+from .names import bounded_text, redact, redact_cut
 
 RETRY_BASE_SECONDS = 1.0
 RETRY_FACTOR = 2.0
@@ -120,12 +120,14 @@ def safe_message(exc: BaseException, max_chars: int, secrets: Iterable[str | Non
     """
     try:
         text = str(exc)
-    except Exception:  # an exception whose __str__ raises
+    except BaseException:  # noqa: BLE001 - an __str__ that raises, even SystemExit, must not end the claimer
         text = f"<unprintable {type(exc).__name__}>"
     if not text:
         text = type(exc).__name__
-    # bound before the regex work so a huge message costs little
-    text = text[: max_chars * 4]
+    # bound before the regex work so a huge message costs little (a URL's password cut
+    # before its '@' is hidden all the same: redact_cut)
+    if len(text) > max_chars * 4:
+        return bounded_text(redact_cut(text[: max_chars * 4], *secrets), max_chars)
     return bounded_text(redact(text, *secrets), max_chars)
 
 

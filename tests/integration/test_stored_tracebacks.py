@@ -156,3 +156,56 @@ def test_a_cause_chain_is_bounded_and_a_cycle_ends():
         raise a
     except ValueError as exc:
         assert handler_traceback(exc).count("direct cause") == 1  # b, then the cycle back to a ends
+
+
+def _chained(message: str) -> str:
+    from pgworker.worker.claimer.tracebacks import handler_traceback
+
+    try:
+        try:
+            raise ValueError(message)
+        except ValueError as exc:
+            raise RuntimeError("could not load settings") from exc
+    except RuntimeError as exc:
+        return handler_traceback(exc)
+
+
+def test_a_causes_message_is_redacted_before_its_line_breaks_are_escaped():
+    """A break-it trial: escaped first, 'password:\\n  value' kept its value (the pattern's
+    white space no longer matched the escaped break); a URL's password cut before its '@'
+    at 1,000 characters kept its start; a cause whose __str__ raised SystemExit ended the
+    claimer."""
+    trace = _chained("invalid config near:\n  password:\n    hunter2YAML\n  Authorization: Bearer\n"
+                     "    eyJhbGciOiJIUzI1NiJ9SECRET")
+    assert "hunter2" not in trace and "eyJhbGci" not in trace, trace
+    assert "password:\\n    ********\\n  Authorization: Bearer ********" in trace  # escaped, whole, not cut
+    assert "abcdefghijklmnop" not in _chained("Bearer\nabcdefghijklmnopNL")
+    assert "secret value" not in _chained("api_key:\n'quoted secret value'")
+    cut = _chained("postgresql://u:pw" + "q" * 1200 + "@host/db")
+    assert "pwqq" not in cut and "postgresql://u:********" in cut, cut
+
+    class LoudStr(Exception):
+        def __str__(self) -> str:
+            raise SystemExit(3)
+
+    from pgworker.worker.claimer.tracebacks import handler_traceback
+
+    try:
+        try:
+            raise LoudStr()
+        except LoudStr as exc:
+            raise RuntimeError("outer") from exc
+    except RuntimeError as exc:
+        assert "LoudStr: <message could not be read>" in handler_traceback(exc)
+
+
+def test_the_stored_message_survives_a_str_raising_system_exit_and_a_cut_url():
+    from pgworker.retry import safe_message
+
+    class LoudStr(Exception):
+        def __str__(self) -> str:
+            raise KeyboardInterrupt
+
+    assert safe_message(LoudStr(), 100) == "<unprintable LoudStr>"
+    said = safe_message(ValueError("postgresql://u:pw" + "q" * 5000 + "@host/db"), 1000)
+    assert "pwqq" not in said and "postgresql://u:********" in said, said[:100]

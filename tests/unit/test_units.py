@@ -432,3 +432,37 @@ def test_a_traceback_line_cut_inside_a_password_keeps_none_of_it_and_dropped_fra
     first = tb.splitlines()[0]
     assert first.startswith("… (") and first.endswith("outer frame(s) not shown)"), first
     assert tb.count("in deep") == TRACEBACK_FRAMES
+
+
+def test_json_depth_matches_the_decoded_value_against_brackets_in_strings():
+    """json_depth (the enqueue's nesting limit) against a recursive oracle on random JSON
+    whose strings hold brackets, quotes and backslashes, ASCII-escaped or not."""
+    import json
+    import random
+
+    from pgworker.jobspec import json_depth
+
+    def depth(v: object) -> int:
+        if isinstance(v, list):
+            return 1 + max((depth(x) for x in v), default=0)
+        if isinstance(v, dict):
+            return 1 + max((depth(x) for x in v.values()), default=0)
+        return 0
+
+    rng = random.Random(7)
+
+    def value(levels: int) -> object:
+        if levels == 0 or rng.random() < 0.2:
+            return rng.choice([1, "x]", '{"', "\\", "é[", "\\\"]", None])
+        if rng.random() < 0.5:
+            return [value(levels - 1) for _ in range(rng.randint(0, 3))]
+        return {rng.choice(["]", "a", "{", '"', "\\"]) + str(i): value(levels - 1) for i in range(rng.randint(0, 3))}
+
+    for _ in range(2000):
+        v = value(12)
+        text = json.dumps(v, ensure_ascii=rng.random() < 0.5, separators=(",", ":"))
+        assert json_depth(text, 500) == depth(v), text
+    chain: list = []
+    for _ in range(300):
+        chain = [{"k": chain}]  # 601 levels
+    assert json_depth(json.dumps(chain), 500) == 501  # stops at the limit

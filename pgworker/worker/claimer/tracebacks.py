@@ -8,7 +8,7 @@ import os
 import traceback
 from typing import Any
 
-from ...names import bounded_text, redact
+from ...names import bounded_text, redact, redact_cut
 
 TRACEBACK_FRAMES = 20
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__))  # the claimer's modules: their frames open every traceback
@@ -59,10 +59,17 @@ def handler_traceback(error: BaseException, secrets: Any = ()) -> str:
             tb = tb.tb_next  # the executor's own frame that called the handler: not the user's code
         lines += _frame_lines(tb, TRACEBACK_FRAMES)
         # redacted before the cut (a cut inside a DSN's password left its start unredacted:
-        # a trial), within REDACT_CHARS first so that redaction stays cheap on a huge line
-        return "\n".join(redact(_log_text(line[:REDACT_CHARS]), *secrets)[:TRACEBACK_LINE_CHARS] for line in lines)
+        # a trial), within REDACT_CHARS first so that redaction stays cheap on a huge line,
+        # and before line breaks are escaped ('password:\n  value' kept its value: a trial)
+        return "\n".join(_log_text(_redacted(line, secrets))[:TRACEBACK_LINE_CHARS] for line in lines)
     except Exception:  # noqa: BLE001 - a loader or linecache failing must not cost the outcome
         return ""
+
+
+def _redacted(line: str, secrets: Any) -> str:
+    if len(line) > REDACT_CHARS:
+        return redact_cut(line[:REDACT_CHARS], *secrets)
+    return redact(line, *secrets)
 
 
 def _causes(error: BaseException) -> list[tuple[BaseException, str]]:
@@ -104,7 +111,7 @@ def _summary(error: BaseException) -> str:
     the error history's ``message``; a cause's is only here)."""
     try:
         message = str(error)
-    except Exception:  # noqa: BLE001 - a failing __str__ must not cost the traceback
+    except BaseException:  # noqa: BLE001 - a failing __str__ (even SystemExit) must not cost the traceback or the claimer
         message = "<message could not be read>"
     name = type(error).__qualname__
     return f"{name}: {message}" if message else name
@@ -116,7 +123,8 @@ def _own(filename: str) -> bool:
 
 def _log_text(text: str) -> str:
     """One printable line: line breaks escaped, other control characters replaced."""
-    return bounded_text(escape_line_breaks(text), len(text) + 2)
+    escaped = escape_line_breaks(text)
+    return bounded_text(escaped, len(escaped) + 1)  # never cut here: the caller bounds the line
 
 
 def escape_line_breaks(text: str) -> str:
