@@ -250,7 +250,7 @@ def render() -> str:
         "| path | 200 when | never |",
         "|---|---|---|",
         f"| `/healthz` | the supervisor's loop ticked within the last {_g(SUPERVISION_STALL_SECONDS)} s | touches the database: a database outage must not get the pod restarted |",
-        "| `/readyz` | connected to PostgreSQL and writable, the schema is at this pgworker's version, the worker's role holds what claims and outcomes need (else \"missing grants: ...\" naming them and `pgworker sql grants`), the start's schema check was not held by a lock (else \"database busy: ...\"), the LISTEN connection is up (unless `--no-listen`), and every claimer can claim jobs and write their outcomes (none has failed to for 10 s: a claim refused for want of a privilege, say, when the role's grants are revoked while the worker runs); 503 with the reason otherwise, and from the start of a shutdown | runs a query: it reads flags the supervisor's services and the claimers keep |",
+        "| `/readyz` | connected to PostgreSQL and writable, the schema is at this pgworker's version, the worker's role holds what claims and outcomes need (else \"missing grants: ...\" naming them and `pgworker sql grants`), the start's schema check was not held by a lock (else \"database busy: ...\"), the LISTEN connection is up (unless `--no-listen`), and every claimer can claim jobs and write their outcomes (none has failed to for 10 s: a queue's claims refused for want of a privilege, say, when the role's grants are revoked while the worker runs, or a claimer that cannot connect again); 503 with the reason otherwise, and from the start of a shutdown | runs a query: it reads flags the supervisor's services and the claimers keep |",
         "",
         "## Traces",
         "",

@@ -255,3 +255,40 @@ def test_an_outcome_waiting_on_another_sessions_lock_keeps_its_lease(env, pg_dsn
     starts = q(conn, schema, "SELECT count(*) FROM {s}.ledger WHERE job_id = %s AND event = 'start'", parent)
     assert starts == [(1,)], logs[-3000:]
     assert "fenced out" not in logs and "lease lost" not in logs, logs[-3000:]
+
+
+def test_a_queue_whose_claims_keep_failing_is_named_though_another_queue_claims(env, pg_dsn, conn):
+    """A break-it trial: a lock held on queue a's settings row made every claim of a fail
+    (lock timeout) for half a minute, and /readyz stayed ready: each claim of queue b that
+    went through cleared the claimer's run of failures. Failures are kept per queue now."""
+    import psycopg
+
+    schema = env.settings.schema
+    env.configure_queue("a", concurrency_limit=5)  # its claims lock its settings row first
+    port = free_port()
+
+    class NotUp:
+        status_code, text = 0, ""
+
+    def ready():
+        try:
+            return requests.get(f"http://127.0.0.1:{port}/readyz", timeout=5)
+        except requests.ConnectionError:  # not serving yet
+            return NotUp()
+
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--queues", "a,b", "--metrics-port", str(port),
+                "--metrics-host", "127.0.0.1", *FAST, env={"PGWORKER_LOCK_TIMEOUT_SECONDS": "0.5"}) as w:
+        wait_until(lambda: ready().status_code == 200, 30, message=lambda: w.logs()[-3000:])
+        with psycopg.connect(pg_dsn) as holder:
+            holder.execute(sql.SQL("SELECT 1 FROM {}.queues WHERE name = 'a' FOR UPDATE").format(
+                sql.Identifier(schema)))
+            a_job = env.enqueue("record", "a", queue="a")
+            b_jobs = env.enqueue_many([{"task": "record", "payload": i, "queue": "b"} for i in range(3)])
+            said = wait_until(lambda: "cannot claim jobs" in (r := ready()).text and r.text, 60,
+                              message=lambda: w.logs()[-3000:])
+            assert "queue 'a'" in said and "lock timeout" in said, said
+            assert state(conn, schema, a_job)[0] == "pending"
+        wait_until(lambda: state(conn, schema, a_job)[0] == "succeeded", 30, message=lambda: w.logs()[-3000:])
+        wait_until(lambda: ready().status_code == 200, 30, message=lambda: ready().text)
+        assert all(state(conn, schema, j)[0] == "succeeded" for j in b_jobs)
+        assert w.stop() == 0

@@ -307,3 +307,31 @@ def test_grants_revoked_while_a_worker_runs_make_it_unready_until_granted_again(
         wait_until(lambda: readyz().strip() == "ready", 30, message=readyz)
         assert w.stop() == 0
     app.close()
+
+
+def test_a_claimer_that_cannot_connect_again_makes_the_pod_unready(granted):
+    """A break-it trial: a claimer whose connection dropped and whose role could no longer
+    log in (a rotated password, NOLOGIN, too many clients) was never named: /readyz said
+    ready. Its connect failures now count as failed claims."""
+    granted.execute('CREATE ROLE "relogin" LOGIN')
+    owner, dsn = granted.dsn("owner"), granted.dsn("relogin")
+    assert cli("sql", "grants", "--worker", "relogin", "--apply", dsn=owner).returncode == 0
+    port = free_port()
+    with Worker(dsn, SCHEMA, "--concurrency", "1", "--poll-interval", "0.5s", "--metrics-port", str(port)) as w:
+        def readyz() -> str:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+                    return r.read().decode()
+            except urllib.error.HTTPError as exc:
+                return exc.read().decode()
+            except OSError:
+                return ""
+        wait_until(lambda: readyz().strip() == "ready", 30, message=lambda: w.logs()[-3000:])
+        granted.execute('ALTER ROLE "relogin" NOLOGIN')
+        granted.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE usename = 'relogin' AND application_name LIKE 'pgworker:claimer:%'")
+        said = wait_until(lambda: "cannot claim jobs" in (r := readyz()) and r, 60, message=lambda: w.logs()[-3000:])
+        assert "claimer 0" in said and "connect:" in said and "not permitted to log in" in said, said
+        granted.execute('ALTER ROLE "relogin" LOGIN')
+        wait_until(lambda: readyz().strip() == "ready", 60, message=readyz)
+        assert w.stop() == 0

@@ -20,8 +20,8 @@ import psycopg
 from psycopg.types.json import set_json_loads
 
 from ...config import Settings
-from ...db import (POOLED, OutageLog, close_quietly, connect, read_timestamps_in_utc, set_session_timeouts,
-                   use_generic_plans, worker_params)
+from ...db import (POOLED, OutageLog, close_quietly, connect, describe_failure, read_timestamps_in_utc,
+                   set_session_timeouts, use_generic_plans, worker_params)
 from ...errors import DatabaseUnavailable
 from ...jobs import safe_json_loads
 from ..service import Backoff, drop_connection
@@ -34,8 +34,12 @@ class ClaimerConnection:
     connection (logs once per outage, drops the connection by the runtime's rule, waits
     the backoff); ``ok()`` after a statement went through."""
 
-    def __init__(self, settings: Settings, index: int, should_stop: Callable[[], bool]) -> None:
+    def __init__(self, settings: Settings, index: int, should_stop: Callable[[], bool],
+                 on_connect_failure: Callable[[str], None] | None = None) -> None:
         self.settings = settings
+        # told why a connect failed (the slot table's claim health: /readyz names a claimer
+        # that cannot connect to claim: a rotated password, too many clients, pg_hba)
+        self.on_connect_failure = on_connect_failure
         self.index = index
         self.should_stop = should_stop
         self.lock = threading.RLock()
@@ -57,6 +61,8 @@ class ClaimerConnection:
             except (DatabaseUnavailable, psycopg.Error) as exc:
                 self.close()
                 self.outage.failed(exc, "connect")
+                if self.on_connect_failure is not None:
+                    self.on_connect_failure(f"connect: {describe_failure(exc, self.settings.dsn)}")
         if block:
             self.sleep(self.backoff.next())
         return False

@@ -74,6 +74,9 @@ class Claimer(Planner, Runner):
         self._slot_policies: dict[str, tuple[float, int, int]] = {}
         self.empty_until: dict[str, float] = {}  # queue -> when to ask again (see claim_round)
         self.retry_at: dict[str, float] = {}     # rate-limited queue -> when its next token is due
+        # queue -> when its claims began to fail (monotonic): /readyz names a run of them,
+        # which another queue's claims going through must not hide
+        self.claims_failing: dict[str, float] = {}
         self.limited_queues: set[str] = set()    # queues known to have a global limit
         # where each queue's claims start (pgworker.claim_floors), and the queues whose
         # claim epoch to bump before the next claim (a claim of ours failed)
@@ -97,7 +100,7 @@ class Claimer(Planner, Runner):
         self.supervisor = SupervisorSentinel(self.parent_pid)
         self.pod_limits = pod_limits
         self.metrics: Any = None
-        self.db = ClaimerConnection(settings, index, self.should_stop)
+        self.db = ClaimerConnection(settings, index, self.should_stop, on_connect_failure=table.claim_health)
         self.executor = Executor(app, table, worker_id=self.worker_id,
                                  error_message_max_chars=settings.error_message_max_chars,
                                  secrets=(dsn_password(settings.dsn),))

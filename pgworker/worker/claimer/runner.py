@@ -69,11 +69,16 @@ class Runner(ClaimerState):
             self.floors.drop(queue)
             self.epoch_bumps.add(queue)
             self.metrics.claim_error(queue)
-            self.table.claim_health(describe_failure(exc) + (_GRANTS_HINT if _privilege(exc) else ""))
+            self.claims_failing.setdefault(queue, time.monotonic())
+            self.table.claim_health(f"queue {queue!r}: {describe_failure(exc)}"
+                                    + (_GRANTS_HINT if _privilege(exc) else ""),
+                                    since=min(self.claims_failing.values()))
             self.db.failed(exc, "claim")
             return None
         self.db.ok()
-        self.table.claim_health(None)
+        self.claims_failing.pop(queue, None)
+        if not self.claims_failing:  # else another queue's claims still fail: /readyz keeps saying so
+            self.table.claim_health(None)
         # Next time, a queue with a global limit goes straight to the locked claim.
         (self.limited_queues.add if result.limited else self.limited_queues.discard)(queue)
         if result.retry_after_seconds is not None and len(jobs) < limit:

@@ -34,6 +34,7 @@ class ClaimerState:
     batch: dict[int, tuple[Any, int]]
     empty_until: dict[str, float]
     retry_at: dict[str, float]
+    claims_failing: dict[str, float]
     limited_queues: set[str]
     floors: ClaimFloors
     epoch_bumps: set[str]

@@ -52,25 +52,26 @@ class HeaderAccess:
         """(monotonic start, reason) of the current run of failed outcome writes, or None."""
         return self._failing("write")
 
-    def claim_health(self, failure: str | None) -> None:
-        """Record whether claims succeed (None) or fail, and why: the supervisor's /readyz
-        names a claimer that cannot claim (its role's grants revoked while it runs, say,
-        which the start's grants check cannot see)."""
-        self._health("claim", failure)
+    def claim_health(self, failure: str | None, since: float | None = None) -> None:
+        """Record whether claims succeed (None) or fail, and why, and since when
+        (monotonic; default: now, unless already failing): the supervisor's /readyz names a
+        claimer that cannot claim (its role's grants revoked while it runs, say, which the
+        start's grants check cannot see) or cannot connect to claim."""
+        self._health("claim", failure, since)
 
     def claim_failing(self) -> tuple[float, str] | None:
         """(monotonic start, reason) of the current run of failed claims, or None."""
         return self._failing("claim")
 
-    def _health(self, what: str, failure: str | None) -> None:
+    def _health(self, what: str, failure: str | None, since: float | None = None) -> None:
         h = self.header
-        since = getattr(h, f"{what}_failing_since")
+        failing_since = getattr(h, f"{what}_failing_since")
         if failure is None:
-            if since:
+            if failing_since:
                 setattr(h, f"{what}_failing_since", 0.0)
             return
-        if not since:
-            setattr(h, f"{what}_failing_since", time.monotonic())
+        if since is not None or not failing_since:
+            setattr(h, f"{what}_failing_since", since or time.monotonic())
         setattr(h, f"{what}_failure", fit(failure, WRITE_FAILURE_BYTES))
 
     def _failing(self, what: str) -> tuple[float, str] | None:

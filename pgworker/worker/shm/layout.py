@@ -39,7 +39,7 @@ RENEW_PROGRESS = 1
 
 CODE_BYTES = 64
 MESSAGE_BYTES = 512
-WRITE_FAILURE_BYTES = 200
+WRITE_FAILURE_BYTES = 500  # what /readyz says of a failing claimer: a connect failure names the DSN, then the cause
 
 
 class Slot(ctypes.Structure):
