@@ -95,12 +95,18 @@ def test_a_worker_of_manage_py_runs_handlers_that_use_the_orm(project, pg_dsn, s
     try:
         lost = producer.enqueue("lose_connection", None, priority=10, max_attempts=1)
         ships = [producer.enqueue("ship_order", {"order": n}) for n in (1, 2)]
+        # the same for async handlers, whose ORM calls run in asgiref's thread (a trial)
+        alost = producer.enqueue("alose_connection", None, priority=5, max_attempts=1)
+        acounts = [producer.enqueue("acount_orders", None, priority=4, max_attempts=1) for _ in range(2)]
         run = manage(dict(project, SHOP_WORKER_APP="shop.tasks:app"), "run", "--drain", "--concurrency", "1",
                      "--metrics-port", "0", timeout=120)
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
         assert producer.get_job(lost)["state"] == "dead", run.stdout[-2000:] + run.stderr[-3000:]
         assert [producer.get_job(j)["state"] for j in ships] == ["succeeded", "succeeded"], run.stderr[-3000:]
         assert producer.result(ships[1]) == 2
+        assert producer.get_job(alost)["state"] == "dead"
+        assert [producer.get_job(j)["state"] for j in acounts] == ["succeeded", "succeeded"], run.stderr[-3000:]
+        assert producer.result(acounts[0]) == 2
     finally:
         producer.close()
     assert q(conn, schema, "SELECT item FROM {s}.orders ORDER BY id") == [("shipped: book",), ("shipped: pen",)]

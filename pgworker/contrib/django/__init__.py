@@ -80,14 +80,29 @@ def get_app() -> pgworker.App:
 def setup_worker_process() -> Callable[[], None]:
     """In a claimer process started by ``manage.py pgworker run``: ``django.setup()``
     (the settings from ``DJANGO_SETTINGS_MODULE``, inherited from manage.py), before the
-    app's modules import models; returns what the claimer runs before and after each job,
+    app's modules import models; returns what the claimer runs before and after each job:
     ``django.db.close_old_connections`` (a worker has no request whose end closes a
-    connection that broke, after a PostgreSQL restart say, or outlived ``CONN_MAX_AGE``)."""
+    connection that broke, after a PostgreSQL restart say, or outlived ``CONN_MAX_AGE``),
+    in the handler's thread and in the thread where async handlers' ORM calls run."""
     import django
     from django.db import close_old_connections
 
     django.setup()
-    return close_old_connections
+    try:  # where an async handler's ORM calls run (sync_to_async, thread-sensitive): its own connection
+        from asgiref.sync import SyncToAsync
+
+        orm_thread = getattr(SyncToAsync, "single_thread_executor", None)
+    except ImportError:  # pragma: no cover - asgiref is one of Django's own dependencies
+        orm_thread = None
+
+    def around_job() -> None:
+        close_old_connections()
+        # that thread's connection too (a trial: after it broke, every later async job failed),
+        # once the thread exists (ThreadPoolExecutor starts it at its first task)
+        if orm_thread is not None and getattr(orm_thread, "_threads", True):
+            orm_thread.submit(close_old_connections).result()
+
+    return around_job
 
 
 def connection(using: str | None = None) -> psycopg.Connection:

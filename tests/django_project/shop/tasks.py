@@ -24,3 +24,21 @@ def lose_connection(payload: None) -> None:
     connection.ensure_connection()
     connection.connection.close()
     Order.objects.count()  # raises: the connection is closed
+
+
+@app.task(name="acount_orders")
+async def acount_orders(payload: None) -> int:
+    return await Order.objects.acount()
+
+
+@app.task(name="alose_connection", max_attempts=1)
+async def alose_connection(payload: None) -> None:
+    """The async ORM's connection (in asgiref's thread) dies under the handler."""
+    from asgiref.sync import sync_to_async
+
+    def lose() -> None:
+        connection.ensure_connection()
+        connection.connection.close()
+
+    await sync_to_async(lose)()
+    await Order.objects.acount()  # raises: the connection is closed
