@@ -209,3 +209,27 @@ def test_the_stored_message_survives_a_str_raising_system_exit_and_a_cut_url():
     assert safe_message(LoudStr(), 100) == "<unprintable LoudStr>"
     said = safe_message(ValueError("postgresql://u:pw" + "q" * 5000 + "@host/db"), 1000)
     assert "pwqq" not in said and "postgresql://u:********" in said, said[:100]
+
+
+def test_an_exception_groups_members_are_kept(app):
+    """A break-it trial: an asyncio.TaskGroup's ExceptionGroup kept only its own frames,
+    ending in asyncio's taskgroups.py: what the tasks raised was nowhere."""
+    import asyncio
+
+    async def fetch(n: int) -> None:
+        raise ValueError(f"task {n} failed, api_key: sk-{n}-secret")
+
+    @app.task(name="grouped", max_attempts=1)
+    async def grouped(payload, ctx):
+        async with asyncio.TaskGroup() as tg:
+            for n in range(5):
+                tg.create_task(fetch(n))
+
+    job = app.enqueue("grouped")
+    assert drain(app).dead == 1
+    trace = app.get_job(job)["errors"][-1]["traceback"]
+    assert "+---- sub-exception 1 of 5 ----" in trace and "+---- sub-exception 3 of 5 ----" in trace, trace
+    assert "sub-exception 4" not in trace and "… (2 more sub-exception(s) not shown)" in trace
+    assert "ValueError: task 0 failed, api_key: ********" in trace and "sk-0" not in trace
+    assert 'raise ValueError(f"task {n} failed, api_key: sk-{n}-secret")' not in trace  # the source line, redacted
+    assert "in fetch" in trace

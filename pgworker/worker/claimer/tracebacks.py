@@ -21,6 +21,8 @@ STORED_TRACEBACK_CHARS = 4000
 #: are shown before the raised one, and the innermost frames shown of each.
 CAUSE_LINKS = 3
 CAUSE_FRAMES = 5
+#: How many members of an exception group (an ``asyncio.TaskGroup``'s failures) are shown.
+GROUP_MEMBERS = 3
 _DIRECT_CAUSE = "The above exception was the direct cause of the following exception:"
 _DURING_HANDLING = "During handling of the above exception, another exception occurred:"
 
@@ -42,7 +44,8 @@ def handler_traceback(error: BaseException, secrets: Any = ()) -> str:
     without the exception's message (the log line before it carries that, bounded and
     escaped). Before them, as Python prints them, the exceptions it was raised from or
     while handling (up to ``CAUSE_LINKS``, first cause first): each one's innermost
-    ``CAUSE_FRAMES`` frames, its type and message, and the sentence linking it. Each line
+    ``CAUSE_FRAMES`` frames, its type and message, and the sentence linking it; after them,
+    for an exception group, its first ``GROUP_MEMBERS`` members the same way. Each line
     is redacted within its first ``REDACT_CHARS`` (a source line can be megabytes;
     redaction of a long run is not linear), then cut to ``TRACEBACK_LINE_CHARS``, with
     control characters and line breaks escaped so that a file or function name cannot
@@ -58,6 +61,8 @@ def handler_traceback(error: BaseException, secrets: Any = ()) -> str:
         while tb is not None and tb.tb_next is not None and _own(tb.tb_frame.f_code.co_filename):
             tb = tb.tb_next  # the executor's own frame that called the handler: not the user's code
         lines += _frame_lines(tb, TRACEBACK_FRAMES)
+        if isinstance(error, BaseExceptionGroup):  # an asyncio.TaskGroup's: what its tasks raised
+            lines += _group_lines(error)
         # redacted before the cut (a cut inside a DSN's password left its start unredacted:
         # a trial), within REDACT_CHARS first so that redaction stays cheap on a huge line,
         # and before line breaks are escaped ('password:\n  value' kept its value: a trial)
@@ -92,6 +97,20 @@ def _causes(error: BaseException) -> list[tuple[BaseException, str]]:
         chain.append((nxt, link))
         current = nxt
     return chain[::-1]
+
+
+def _group_lines(group: BaseExceptionGroup[Any]) -> list[str]:
+    """An exception group's first GROUP_MEMBERS members, after the group's own frames as
+    Python prints them: each one's innermost CAUSE_FRAMES frames, type and message."""
+    members = group.exceptions
+    lines: list[str] = []
+    for n, member in enumerate(members[:GROUP_MEMBERS], 1):
+        lines.append(f"+---- sub-exception {n} of {len(members)} ----")
+        lines += _frame_lines(member.__traceback__, CAUSE_FRAMES)
+        lines.append(_summary(member))
+    if len(members) > GROUP_MEMBERS:
+        lines.append(f"… ({len(members) - GROUP_MEMBERS} more sub-exception(s) not shown)")
+    return lines
 
 
 def _frame_lines(tb: Any, limit: int) -> list[str]:
