@@ -3,6 +3,7 @@ after idling, and pgworker's own errors for what goes wrong while one is in use.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import difflib
 import inspect
@@ -135,9 +136,10 @@ def require_async(conn: object, sync_call: str) -> None:
 
 
 def _require_psycopg(conn: object, sqlalchemy_fix: str) -> None:
-    """TypeError for what is plainly not a psycopg connection, where psycopg would fail
-    later with "'coroutine' object has no attribute 'cursor'": a coroutine (a forgotten
-    await) or a SQLAlchemy or Django object (``sqlalchemy_fix``: the unwrapping call)."""
+    """TypeError for anything but a psycopg connection (or None), where psycopg would fail
+    later with "'coroutine' object has no attribute 'cursor'", naming the fix for the
+    usual mistakes: a coroutine or a task (a forgotten await), a SQLAlchemy object
+    (``sqlalchemy_fix``: the unwrapping call), a Django one, a pool, a cursor, a DSN."""
     if conn is None or isinstance(conn, (psycopg.Connection, psycopg.AsyncConnection)):
         return
     if inspect.iscoroutine(conn):
@@ -150,6 +152,18 @@ def _require_psycopg(conn: object, sqlalchemy_fix: str) -> None:
     if module.startswith("django"):
         raise TypeError(f"conn is a Django {type(conn).__name__}: pass pgworker.contrib.django.connection(), or "
                         "use pgworker.contrib.django.enqueue")
+    if module.startswith("psycopg_pool"):
+        raise TypeError(f"conn is a {type(conn).__name__}: pass one of its connections, inside its transaction "
+                        "(`with pool.connection() as conn:`, `async with` for an async pool), or no conn= to use "
+                        "the App's own pool")
+    if isinstance(conn, (psycopg.Cursor, psycopg.AsyncCursor)):
+        raise TypeError("conn is a psycopg cursor: pass its connection, conn=cur.connection")
+    if isinstance(conn, (str, bytes)):
+        raise TypeError("conn is a string: pass a psycopg connection (a DSN goes to App(dsn) or PGWORKER_DSN)")
+    if isinstance(conn, asyncio.Future):
+        raise TypeError(f"conn is an asyncio {type(conn).__name__}: await it, and pass what it returns")
+    raise TypeError(f"conn must be a psycopg connection whose transaction the call joins (or left out: the "
+                    f"App's pool), got a {module}.{type(conn).__name__}")
 
 
 _ROLE_MISSING = re.compile(r'role ".*" does not exist$')

@@ -32,9 +32,14 @@ def _kinds(obj: Any) -> set[str]:
 
 def _not_a_connectable(obj: Any, wanted: str) -> TypeError:
     kinds = _kinds(obj)
+    if "AsyncEngine" in kinds:
+        return TypeError("an AsyncEngine holds no transaction to join: pass an AsyncSession or AsyncConnection "
+                         "inside the transaction (`async with engine.begin() as conn:` ... "
+                         "`conn=await async_psycopg_connection(conn)`, or an AsyncSession's)")
     if kinds & _ENGINE_KINDS:
-        return TypeError(f"an Engine holds no transaction to join: pass a {wanted} inside the transaction "
-                         "(`with engine.begin() as conn:` ... `conn=psycopg_connection(conn)`, or a Session's)")
+        return TypeError("an Engine holds no transaction to join: pass a Session or Connection inside the "
+                         "transaction (`with engine.begin() as conn:` ... `conn=psycopg_connection(conn)`, "
+                         "or a Session's)")
     return TypeError(f"pass a SQLAlchemy {wanted} (inside its transaction), not a "
                      f"{type(obj).__module__}.{type(obj).__name__}")
 
@@ -72,6 +77,8 @@ async def async_psycopg_connection(connectable: Any) -> psycopg.AsyncConnection:
             raise TypeError("this is a synchronous SQLAlchemy object: use `psycopg_connection(...)` (no await) "
                             "and `app.enqueue(...)`")
         raise _not_a_connectable(connectable, "AsyncSession or AsyncConnection")
+    if "async_scoped_session" in _kinds(connectable):
+        connectable = connectable()  # the registry's AsyncSession of the current scope
     sa_conn = await connectable.connection() if hasattr(connectable, "sync_session") else connectable
     fairy = await sa_conn.get_raw_connection()
     raw = fairy.driver_connection

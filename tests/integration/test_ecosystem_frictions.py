@@ -126,3 +126,48 @@ def test_a_blocking_wait_inside_an_event_loop_warns_naming_await_result(app):
         warnings.simplefilter("error")  # outside a loop: no warning
         with pytest.raises(pgworker.ResultTimeout):
             app.wait_result(job, timeout=0.05)
+
+
+def test_other_things_given_as_conn_name_the_fix(app, pg_dsn):
+    """A break-it trial: a pool, a DSN, a cursor and a task still failed inside psycopg."""
+    from psycopg_pool import ConnectionPool
+
+    pool = ConnectionPool(pg_dsn, open=False)
+    with psycopg.connect(pg_dsn) as raw:
+        for given, said in ((pool, r"ConnectionPool: pass one of its connections.*with pool.connection\(\) as conn"),
+                            (pg_dsn, r"conn is a string: pass a psycopg connection \(a DSN goes to App\(dsn\)"),
+                            (raw.cursor(), r"conn is a psycopg cursor: pass its connection, conn=cur.connection"),
+                            (object(), r"conn must be a psycopg connection .* got a builtins.object")):
+            with pytest.raises(TypeError, match=said):
+                app.enqueue("t", None, conn=given, any_task=True)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        task = asyncio.ensure_future(asyncio.sleep(0))
+        with pytest.raises(TypeError, match=r"conn is an asyncio Task: await it"):
+            await app.aenqueue("t", None, conn=task, any_task=True)  # type: ignore[arg-type]
+        await task
+        await app.aclose()
+
+    asyncio.run(main())
+    assert app.list_jobs() == []
+
+
+def test_async_scoped_session_and_async_engine_get_the_async_recipe(app, pg_dsn):
+    from sqlalchemy.ext.asyncio import async_scoped_session, async_sessionmaker
+
+    async def main() -> None:
+        engine = create_async_engine(url(pg_dsn))
+        scoped = async_scoped_session(async_sessionmaker(engine), scopefunc=asyncio.current_task)
+        try:
+            async with scoped.begin():
+                conn = await async_psycopg_connection(scoped)
+                job = await app.aenqueue("t", None, conn=conn, any_task=True)
+            assert (await app.aget_job(job))["state"] == "pending"
+            with pytest.raises(TypeError, match=r"an AsyncEngine holds no transaction .*async with engine.begin"):
+                await async_psycopg_connection(engine)
+        finally:
+            await scoped.remove()
+            await engine.dispose()
+            await app.aclose()
+
+    asyncio.run(main())
