@@ -156,3 +156,10 @@ def own_database(dsn: str) -> Iterator[str]:
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def sqlalchemy_url(dsn: str) -> str:
+    """The SQLAlchemy URL of a libpq DSN, on the psycopg (3) driver."""
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    return (f"postgresql+psycopg://{info.get('user', 'postgres')}@{info.get('host', '127.0.0.1')}:"
+            f"{info.get('port', 5432)}/{info.get('dbname', 'test')}")

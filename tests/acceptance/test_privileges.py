@@ -5,6 +5,7 @@ neither can do more. Payloads are not logged; the metrics endpoint binds where t
 
 from __future__ import annotations
 
+import functools
 import socket
 import subprocess
 import sys
@@ -53,6 +54,17 @@ def granted(cluster):
     applied = cli("sql", "grants", "--producer", "producer", "--worker", "worker", "--apply", dsn=owner)
     assert applied.returncode == 0, applied.stderr
     return cluster
+
+
+def readyz_text(port: int) -> str:
+    """What /readyz on ``port`` says ('' while nothing serves there yet)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+            return r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.read().decode()
+    except OSError:
+        return ""
 
 
 def refused(dsn: str, statement: str) -> bool:
@@ -229,14 +241,7 @@ def test_a_role_without_the_workers_grants_is_told_so_at_start(granted):
     assert app.get_job(job)["state"] == "pending"
     port = free_port()
     with Worker(dsn, SCHEMA, "--concurrency", "1", "--poll-interval", "0.5s", "--metrics-port", str(port)) as w:
-        def readyz() -> str:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
-                    return r.read().decode()
-            except urllib.error.HTTPError as exc:
-                return exc.read().decode()
-            except OSError:
-                return ""
+        readyz = functools.partial(readyz_text, port)
         wait_until(lambda: "missing grants: role 'reader'" in readyz(), 30, message=lambda: w.logs()[-3000:])
         assert app.get_job(job)["state"] == "pending"
         out = cli("sql", "grants", "--worker", "reader", "--apply", dsn=owner)
@@ -287,14 +292,7 @@ def test_grants_revoked_while_a_worker_runs_make_it_unready_until_granted_again(
     app = _app(owner)
     port = free_port()
     with Worker(dsn, SCHEMA, "--concurrency", "1", "--poll-interval", "0.5s", "--metrics-port", str(port)) as w:
-        def readyz() -> str:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
-                    return r.read().decode()
-            except urllib.error.HTTPError as exc:
-                return exc.read().decode()
-            except OSError:
-                return ""
+        readyz = functools.partial(readyz_text, port)
         wait_until(lambda: readyz().strip() == "ready", 30, message=lambda: w.logs()[-3000:])
         granted.execute(f'REVOKE UPDATE ON "{SCHEMA}".jobs FROM "revoked"')
         job = app.enqueue("noop")
@@ -318,14 +316,7 @@ def test_a_claimer_that_cannot_connect_again_makes_the_pod_unready(granted):
     assert cli("sql", "grants", "--worker", "relogin", "--apply", dsn=owner).returncode == 0
     port = free_port()
     with Worker(dsn, SCHEMA, "--concurrency", "1", "--poll-interval", "0.5s", "--metrics-port", str(port)) as w:
-        def readyz() -> str:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
-                    return r.read().decode()
-            except urllib.error.HTTPError as exc:
-                return exc.read().decode()
-            except OSError:
-                return ""
+        readyz = functools.partial(readyz_text, port)
         wait_until(lambda: readyz().strip() == "ready", 30, message=lambda: w.logs()[-3000:])
         granted.execute('ALTER ROLE "relogin" NOLOGIN')
         granted.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "

@@ -10,6 +10,8 @@ import asyncio
 import psycopg
 import pytest
 
+from pg import sqlalchemy_url
+
 import pgworker
 from pgworker.contrib.sqlalchemy import async_psycopg_connection, psycopg_connection
 
@@ -20,10 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine  # noqa: E4
 from sqlalchemy.orm import Session  # noqa: E402
 
 
-def url(pg_dsn: str) -> str:
-    info = psycopg.conninfo.conninfo_to_dict(pg_dsn)
-    return (f"postgresql+psycopg://{info.get('user', 'postgres')}@{info.get('host', '127.0.0.1')}:"
-            f"{info.get('port', 5432)}/{info.get('dbname', 'test')}")
+url = sqlalchemy_url
 
 
 def test_sqlalchemy_objects_passed_where_they_do_not_fit_name_the_fix(app, pg_dsn):

@@ -8,6 +8,8 @@ import asyncio
 
 import pytest
 
+from pg import sqlalchemy_url
+
 from pgworker.contrib.sqlalchemy import async_psycopg_connection, psycopg_connection
 from worker import Worker, create_ledger, q
 
@@ -19,12 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine  # noqa: E4
 from sqlalchemy.orm import Session  # noqa: E402
 
 
-def url(pg_dsn: str) -> str:
-    import psycopg
-
-    info = psycopg.conninfo.conninfo_to_dict(pg_dsn)
-    return (f"postgresql+psycopg://{info.get('user', 'postgres')}@{info.get('host', '127.0.0.1')}:"
-            f"{info.get('port', 5432)}/{info.get('dbname', 'test')}")
+url = sqlalchemy_url
 
 
 def orders_table(schema: str) -> Table:
