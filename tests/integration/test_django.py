@@ -126,3 +126,31 @@ def test_an_enqueue_before_migrate_says_how_a_django_project_migrates(project):
     from django.db import connections
 
     connections.close_all()
+
+
+def test_the_hook_around_each_job_does_not_wait_for_a_busy_orm_thread(project, monkeypatch):
+    """An async handler that timed out may leave a blocking ORM call running in asgiref's
+    thread: closing that thread's connections waits a bounded time, then the claimer goes
+    on (the executor logs the hook's failure), instead of hanging behind the call."""
+    import concurrent.futures
+    import threading
+
+    from asgiref.sync import SyncToAsync
+
+    from pgworker.contrib import django as pgworker_django
+
+    monkeypatch.setattr(pgworker_django, "ORM_THREAD_WAIT_SECONDS", 0.2)
+    around_job = pgworker_django.setup_worker_process()
+    around_job()  # the thread idle (or not started yet): returns at once
+    release = threading.Event()
+    busy = SyncToAsync.single_thread_executor.submit(release.wait, 30)
+    try:
+        with pytest.raises(concurrent.futures.TimeoutError):
+            around_job()
+    finally:
+        release.set()
+        busy.result(timeout=10)
+    around_job()
+    from django.db import connections
+
+    connections.close_all()

@@ -32,6 +32,9 @@ import pgworker
 from pgworker.enqueue_options import JobOptions, OnConflict
 
 _lock = threading.Lock()
+#: How long a claimer waits, around each job, for the async ORM's thread to close its stale
+#: connections (it may be busy with a timed-out handler's blocking call).
+ORM_THREAD_WAIT_SECONDS = 5.0
 _apps: dict[tuple[str, str, str | None], pgworker.App] = {}
 
 
@@ -100,7 +103,9 @@ def setup_worker_process() -> Callable[[], None]:
         # that thread's connection too (a trial: after it broke, every later async job failed),
         # once the thread exists (ThreadPoolExecutor starts it at its first task)
         if orm_thread is not None and getattr(orm_thread, "_threads", True):
-            orm_thread.submit(close_old_connections).result()
+            # bounded: that thread may still run a timed-out handler's blocking ORM call
+            # (the claimer's hook logs the timeout and goes on; the close runs after it)
+            orm_thread.submit(close_old_connections).result(timeout=ORM_THREAD_WAIT_SECONDS)
 
     return around_job
 

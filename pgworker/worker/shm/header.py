@@ -1,7 +1,7 @@
 """A claimer's header in its slot table: its loop beat, idle flag, outcome counts, and
-the health of its claims and outcome writes. The claimer writes them; the supervisor reads them (the loop-stall gauge,
-the drain summary, /readyz). The wake-up fields (``idle``, ``hint_queue``) are also
-written by whoever wakes it (:mod:`.wakeups`)."""
+the health of its claims and outcome writes. The claimer writes them; the supervisor
+reads them (the loop-stall gauge, the drain summary, /readyz). The wake-up fields
+(``idle``, ``hint_queue``) are also written by whoever wakes it (:mod:`.wakeups`)."""
 
 from __future__ import annotations
 
