@@ -185,10 +185,12 @@ def _tracebacks_apart(job: dict[str, Any]) -> list[tuple[Any, list[str]]]:
 
 
 def error_shown(row: dict[str, Any]) -> str | None:
-    """A job's last error code as a table shows it: a succeeded job's is an earlier
-    attempt's, "(earlier: RuntimeError)"; "succeeded RuntimeError" read as a failure."""
+    """A job's last error code as a table shows it: what ended a dead (or cancelled) job;
+    any other job's is an earlier attempt's, "(earlier: RuntimeError)" ("succeeded
+    RuntimeError" read as a failure, and a replayed job, pending with its attempts at 0,
+    read as failing now: a trial)."""
     code = row.get("last_error_code")
-    return f"(earlier: {code})" if code and row.get("state") == "succeeded" else code
+    return f"(earlier: {code})" if code and row.get("state") not in ("dead", "cancelled") else code
 
 
 def percent(fraction: float) -> str:

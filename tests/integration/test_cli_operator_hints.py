@@ -121,3 +121,20 @@ def test_a_succeeded_jobs_last_error_reads_as_an_earlier_attempts(app, pg_dsn, c
     assert json.loads(capsys.readouterr().out)["last_error_code"] == "RuntimeError"
     assert main(["jobs", "show", str(child), *flags(app, pg_dsn)]) == 0
     assert f"{job} (flaky): succeeded (earlier: RuntimeError)" in capsys.readouterr().out
+
+
+def test_a_replayed_jobs_last_error_reads_as_an_earlier_runs_and_a_dead_ones_as_its_end(app, pg_dsn, capsys):
+    """A new user's trial: after `dead replay`, the pending job's last error code read as
+    a failure of the job now ("ValueError"), where a succeeded job's reads "(earlier: ...)"."""
+    @app.task(name="broken", max_attempts=1)
+    def broken(payload, ctx):
+        raise ValueError("no")
+
+    dead, replayed = app.enqueue("broken", 1), app.enqueue("broken", 2)
+    drain(app, queues="default")
+    app.replay([replayed])
+    capsys.readouterr()
+    assert main(["jobs", "list", *flags(app, pg_dsn)]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert "(earlier: ValueError)" in rows[str(replayed)] and "pending" in rows[str(replayed)], rows
+    assert "(earlier" not in rows[str(dead)] and "ValueError" in rows[str(dead)], rows
