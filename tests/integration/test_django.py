@@ -112,6 +112,33 @@ def test_a_worker_of_manage_py_runs_handlers_that_use_the_orm(project, pg_dsn, s
     assert q(conn, schema, "SELECT item FROM {s}.orders ORDER BY id") == [("shipped: book",), ("shipped: pen",)]
 
 
+def test_a_handler_that_leaves_a_transaction_open_fails_and_the_next_job_runs(project, pg_dsn, schema, conn):
+    """A handler that enters atomic() and never exits it: its write was never committed,
+    so the attempt goes dead (TRANSACTION_LEFT_OPEN, naming the fix) instead of succeeding,
+    and the next ORM job runs on a fresh connection (a break-it trial: Django kept the
+    closed connection "in a transaction" and every later ORM call in that claimer failed)."""
+    assert manage(project, "migrate").returncode == 0
+    conn.execute(sql.SQL("CREATE TABLE {}.orders (id serial PRIMARY KEY, item text NOT NULL)").format(
+        sql.Identifier(schema)))
+    conn.execute(sql.SQL("INSERT INTO {}.orders (item) VALUES ('book')").format(sql.Identifier(schema)))
+    from pgworker import App
+
+    producer = App(pg_dsn, schema=schema)
+    try:
+        left = producer.enqueue("leave_atomic_open", None, priority=10)
+        ship = producer.enqueue("ship_order", {"order": 1})
+        run = manage(dict(project, SHOP_WORKER_APP="shop.tasks:app"), "run", "--drain", "--concurrency", "1",
+                     "--metrics-port", "0", timeout=120)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+        job = producer.get_job(left)
+        assert (job["state"], job["attempts"], job["last_error_code"]) == ("dead", 1, "TRANSACTION_LEFT_OPEN"), job
+        assert "with transaction.atomic():" in job["errors"][-1]["message"], job["errors"]
+        assert producer.get_job(ship)["state"] == "succeeded", run.stderr[-3000:]
+    finally:
+        producer.close()
+    assert q(conn, schema, "SELECT item FROM {s}.orders ORDER BY id") == [("shipped: book",)]
+
+
 def test_an_enqueue_before_migrate_says_how_a_django_project_migrates(project):
     import django
 

@@ -35,6 +35,8 @@ _lock = threading.Lock()
 #: How long a claimer waits, around each job, for the async ORM's thread to close its stale
 #: connections (it may be busy with a timed-out handler's blocking call).
 ORM_THREAD_WAIT_SECONDS = 5.0
+# The code of an attempt whose handler left a Django connection inside a transaction.
+TRANSACTION_LEFT_OPEN = "TRANSACTION_LEFT_OPEN"
 _apps: dict[tuple[str, str, str | None], pgworker.App] = {}
 
 
@@ -86,7 +88,13 @@ def setup_worker_process() -> Callable[[], None]:
     app's modules import models; returns what the claimer runs before and after each job:
     ``django.db.close_old_connections`` (a worker has no request whose end closes a
     connection that broke, after a PostgreSQL restart say, or outlived ``CONN_MAX_AGE``),
-    in the handler's thread and in the thread where async handlers' ORM calls run."""
+    in the handler's thread and in the thread where async handlers' ORM calls run.
+
+    A connection the handler left inside a transaction (an ``atomic()`` block entered and
+    never exited, ``set_autocommit(False)``) is closed, which rolls that transaction back,
+    and the hook raises :class:`pgworker.Permanent` (``TRANSACTION_LEFT_OPEN``, naming the
+    database alias): the attempt that would have succeeded goes dead, since its writes are
+    gone, and the next job gets a fresh connection (it once failed every later ORM call)."""
     import django
     from django.db import close_old_connections
 
@@ -98,16 +106,45 @@ def setup_worker_process() -> Callable[[], None]:
     except ImportError:  # pragma: no cover - asgiref is one of Django's own dependencies
         orm_thread = None
 
-    def around_job() -> None:
+    def tidy() -> list[str]:
+        left_open = _close_open_transactions()
         close_old_connections()
+        return left_open
+
+    def around_job() -> None:
+        left_open = tidy()
         # that thread's connection too (a trial: after it broke, every later async job failed),
         # once the thread exists (ThreadPoolExecutor starts it at its first task)
         if orm_thread is not None and getattr(orm_thread, "_threads", True):
             # bounded: that thread may still run a timed-out handler's blocking ORM call
             # (the claimer's hook logs the timeout and goes on; the close runs after it)
-            orm_thread.submit(close_old_connections).result(timeout=ORM_THREAD_WAIT_SECONDS)
+            left_open += orm_thread.submit(tidy).result(timeout=ORM_THREAD_WAIT_SECONDS)
+        if left_open:
+            raise pgworker.Permanent(
+                f"the handler left Django's connection {', '.join(map(repr, sorted(set(left_open))))} inside a "
+                "transaction (an atomic() block entered and not exited, or autocommit turned off): its "
+                "uncommitted writes were rolled back; use `with transaction.atomic():` so the block always ends",
+                code=TRANSACTION_LEFT_OPEN)
 
     return around_job
+
+
+def _close_open_transactions() -> list[str]:
+    """Close this thread's Django connections that are inside a transaction (rolling it
+    back) so the next use reconnects in a clean state; their aliases. Django's close()
+    alone keeps a connection closed inside an atomic block "in transaction" for good."""
+    from django.db import connections
+
+    left_open = []
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None:
+            continue
+        if conn.in_atomic_block or conn.closed_in_transaction or not conn.autocommit:
+            left_open.append(conn.alias)
+            # close() then drops the connection (the next connect() resets the rest)
+            conn.in_atomic_block = conn.closed_in_transaction = False
+            conn.close()
+    return left_open
 
 
 def connection(using: str | None = None) -> psycopg.Connection:

@@ -121,7 +121,9 @@ class Executor:
         self.interrupted = False
         self.avg_run_seconds: float | None = None
         # called before and after each handler, in its thread (a Django worker closes the
-        # ORM's connections that broke or outlived CONN_MAX_AGE, as a request's end would)
+        # ORM's connections that broke or outlived CONN_MAX_AGE, as a request's end would);
+        # a Permanent it raises after the handler fails an attempt that would have succeeded
+        # (the handler left the ORM in a transaction: its writes were rolled back)
         self.around_job: Callable[[], None] | None = None
         # the handlers' own transactions (ctx.transaction()): a connection opened on first use
         self.effects = EffectResources(app.store, app.settings, HandlerConnections(app.settings, worker_id),
@@ -158,7 +160,7 @@ class Executor:
         elapsed = time.perf_counter() - t0
         self.running = False
         if around is not None:
-            _call_quietly(around)
+            error = _call_after(around, error)
         self.interrupted = isinstance(error, KeyboardInterrupt)
         if not ctx.committed:
             _flush_progress(ctx)
@@ -352,6 +354,20 @@ def _call_quietly(hook: Callable[[], None]) -> None:
         hook()
     except Exception:  # noqa: BLE001 - housekeeping around the handler, not the job's outcome
         log.warning("the hook run around each job failed", exc_info=True)
+
+
+def _call_after(hook: Callable[[], None], error: BaseException | None) -> BaseException | None:
+    """Run an ``around_job`` hook after the handler: the attempt's error, or the
+    ``Permanent`` the hook raised when the handler left broken state behind (and raised
+    nothing itself: the handler's own error is the more telling one)."""
+    try:
+        hook()
+    except Permanent as exc:
+        log.warning("after the handler: %s", exc)
+        return error if error is not None else exc
+    except Exception:  # noqa: BLE001 - housekeeping around the handler, not the job's outcome
+        log.warning("the hook run around each job failed", exc_info=True)
+    return error
 
 
 def _flush_progress(ctx: JobContext) -> None:

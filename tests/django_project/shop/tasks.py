@@ -42,3 +42,12 @@ async def alose_connection(payload: None) -> None:
 
     await sync_to_async(lose)()
     await Order.objects.acount()  # raises: the connection is closed
+
+
+@app.task(name="leave_atomic_open", max_attempts=3)
+def leave_atomic_open(payload: None) -> None:
+    """A handler bug: it enters an atomic() block and never exits it."""
+    from django.db import transaction
+
+    transaction.atomic().__enter__()
+    Order.objects.create(item="never committed")
