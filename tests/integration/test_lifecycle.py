@@ -197,10 +197,15 @@ def test_cancel_pending_running_and_dead(app, conn):
 def test_replay_keeps_id_history_and_audits(app, conn):
     job_id = app.enqueue("t", max_attempts=1)
     [job] = app.claim()
+    conn.execute(sql.SQL("UPDATE {}.jobs SET progress = 0.5, progress_message = 'half', progress_at = now() "
+                         "WHERE id = %s").format(sql.Identifier(app.settings.schema)), [job_id])
     app.fail(job, RuntimeError("broken"))
     assert app.replay([job_id], actor="ops@example") == [job_id]
     record = app.get_job(job_id)
     assert record["state"] == "pending" and record["attempts"] == 0
+    # a fresh budget reads as never started (a trial: the dead attempt's clocks showed)
+    assert [record.get(k) for k in ("started_at", "heartbeat_at", "progress", "progress_message", "progress_at")] \
+        == [None] * 5, record
     assert record["errors"][0]["message"] == "broken"
     assert record["events"][-1]["kind"] == "replayed" and record["events"][-1]["actor"] == "ops@example"
     [again] = app.claim()

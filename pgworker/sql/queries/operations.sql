@@ -58,8 +58,8 @@ ORDER BY id
 LIMIT %(limit)s;
 
 -- name: jobs_replay
--- Replay dead jobs: back to pending with the same id, a fresh attempt budget, and
--- their error history kept. The lease token keeps growing, so any stale owner of an
+-- Replay dead jobs: back to pending with the same id, a fresh attempt budget (no
+-- start, heartbeat or progress of the earlier attempts), and their error history kept. The lease token keeps growing, so any stale owner of an
 -- earlier attempt stays fenced out. A job with an ordering key comes back blocked; the
 -- caller then promotes its key (ordering_keys_promote), which lets it run when no other
 -- job of its key is active. A job whose dedupe key is held by another job stays dead
@@ -90,6 +90,12 @@ WITH pick AS (
         finished_at = NULL,
         lease_owner = NULL,
         lease_expires_at = NULL,
+        -- a fresh budget reads as never started (the earlier attempts stay in errors)
+        started_at = NULL,
+        heartbeat_at = NULL,
+        progress = NULL,
+        progress_message = NULL,
+        progress_at = NULL,
         blocked = j.ordering_key IS NOT NULL
     FROM target
     WHERE j.id = target.id
