@@ -133,7 +133,7 @@ class AsyncProducer:
 
     # -- producing ------------------------------------------------------------------
 
-    async def aenqueue(self, task: "str | Task", payload: Any = None, *, queue: str | None = None,
+    async def aenqueue(self, task: "str | Task[Any]", payload: Any = None, *, queue: str | None = None,
                        priority: int | None = None, run_at: datetime | None = None,
                        delay: "float | timedelta | None" = None, max_attempts: int | None = None,
                        dedupe_key: str | None = None, ordering_key: str | None = None,

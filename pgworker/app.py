@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from datetime import datetime, timedelta
-from typing import Any, Callable, Iterable, Sequence, overload
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, TypeVar, overload
 
 import psycopg
 
@@ -31,6 +31,12 @@ from .schedules import MISFIRE_GRACE_SECONDS, Periodic
 from .store import Store
 from .tasks import Task
 
+if TYPE_CHECKING:
+    from .context import JobContext
+    from .tasks import TaskDecorator
+
+_P = TypeVar("_P")
+
 
 class App(AsyncProducer, Admin):
     """A pgworker application: where jobs live (DSN, schema) and which tasks exist.
@@ -49,7 +55,7 @@ class App(AsyncProducer, Admin):
             settings = Settings.from_env(dsn=dsn, schema=schema)
         elif dsn is not None or schema is not None:
             settings = settings.replace(**{k: v for k, v in (("dsn", dsn), ("schema", schema)) if v is not None})
-        self.tasks: dict[str, Task] = {}
+        self.tasks: dict[str, Task[Any]] = {}
         self.core = Core(settings, name=name, tasks=self.tasks, classify_error=classify_error)
         self.schedules: dict[str, Periodic] = {}
 
@@ -88,8 +94,16 @@ class App(AsyncProducer, Admin):
 
     # -- tasks ----------------------------------------------------------------------
 
+    # The handler's payload type becomes the Task's (Task[P]: its enqueue takes a P), with
+    # or without the context parameter; a handler of another shape gives a Task[Any].
     @overload
-    def task(self, func: Callable[..., Any], /) -> Task: ...
+    def task(self, func: Callable[[_P], Any], /) -> Task[_P]: ...
+
+    @overload
+    def task(self, func: Callable[[_P, JobContext], Any], /) -> Task[_P]: ...
+
+    @overload
+    def task(self, func: Callable[..., Any], /) -> Task[Any]: ...
 
     @overload
     def task(self, func: None = None, /, *, name: str | None = None,
@@ -97,9 +111,21 @@ class App(AsyncProducer, Admin):
              retry: RetryPolicy | None = None, timeout: float | None = None,
              max_runtime: float | None = None, renew: str | None = None, priority: int = 0,
              permanent_errors: Sequence[type[BaseException]] = (),
-             payload_type: Callable[..., Any] | None = None, ordering_on_dead: str = "block",
+             payload_type: None = None, ordering_on_dead: str = "block",
              dedupe_window: "float | timedelta | None" = None, schedule: str | None = None,
-             schedule_tz: str = "UTC", schedule_missed: str = "latest") -> Callable[[Callable[..., Any]], Task]: ...
+             schedule_tz: str = "UTC", schedule_missed: str = "latest") -> TaskDecorator: ...
+
+    # payload_type= given: what is enqueued is what it decodes (JSON, for a decoding
+    # callable), not the handler's parameter type: a Task[Any]
+    @overload
+    def task(self, func: None = None, /, *, name: str | None = None,
+             queue: str | None = None, max_attempts: int | None = None,
+             retry: RetryPolicy | None = None, timeout: float | None = None,
+             max_runtime: float | None = None, renew: str | None = None, priority: int = 0,
+             permanent_errors: Sequence[type[BaseException]] = (),
+             payload_type: Callable[..., Any], ordering_on_dead: str = "block",
+             dedupe_window: "float | timedelta | None" = None, schedule: str | None = None,
+             schedule_tz: str = "UTC", schedule_missed: str = "latest") -> Callable[[Callable[..., Any]], Task[Any]]: ...
 
     def task(self, func: Callable[..., Any] | None = None, *, name: str | None = None,
              queue: str | None = None, max_attempts: int | None = None,
@@ -108,7 +134,7 @@ class App(AsyncProducer, Admin):
              permanent_errors: Sequence[type[BaseException]] = (),
              payload_type: Callable[..., Any] | None = None, ordering_on_dead: str = "block",
              dedupe_window: "float | timedelta | None" = None, schedule: str | None = None,
-             schedule_tz: str = "UTC", schedule_missed: str = "latest") -> "Task | Callable[[Callable[..., Any]], Task]":
+             schedule_tz: str = "UTC", schedule_missed: str = "latest") -> "Task[Any] | TaskDecorator":
         """Register a handler: ``@app.task`` or ``@app.task(name=..., queue=...)``.
 
         The handler is ``def f(payload)`` or ``def f(payload, ctx)`` (``async def`` too);
@@ -123,7 +149,7 @@ class App(AsyncProducer, Admin):
         Raises :class:`ConfigError` for a duplicate name or invalid option.
         """
 
-        def register(fn: Callable[..., Any]) -> Task:
+        def register(fn: Callable[..., Any]) -> Task[Any]:
             task = declare.new_task(fn, self.tasks, name=name, queue=queue, max_attempts=max_attempts, retry=retry,
                                     timeout=timeout, max_runtime=max_runtime, renew=renew, priority=priority,
                                     permanent_errors=permanent_errors, payload_type=payload_type,
@@ -135,7 +161,7 @@ class App(AsyncProducer, Admin):
 
         return register(func) if func is not None else register
 
-    def periodic(self, task: "str | Task", cron: str, *, name: str | None = None, tz: str = "UTC",
+    def periodic(self, task: "str | Task[Any]", cron: str, *, name: str | None = None, tz: str = "UTC",
                  missed: str = "latest", payload: Any = None, queue: str | None = None,
                  priority: int | None = None, max_attempts: int | None = None,
                  misfire_grace: float = MISFIRE_GRACE_SECONDS) -> Periodic:
@@ -201,7 +227,7 @@ class App(AsyncProducer, Admin):
 
     # -- producing ------------------------------------------------------------------
 
-    def enqueue(self, task: "str | Task", payload: Any = None, *, queue: str | None = None,
+    def enqueue(self, task: "str | Task[Any]", payload: Any = None, *, queue: str | None = None,
                 priority: int | None = None, run_at: datetime | None = None,
                 delay: "float | timedelta | None" = None, max_attempts: int | None = None,
                 dedupe_key: str | None = None, ordering_key: str | None = None,

@@ -34,7 +34,7 @@ class Core:
     later is seen); ``settings`` are checked once here (the DSN's form: :class:`ConfigError`)
     and replaced only through :meth:`configure`."""
 
-    def __init__(self, settings: Settings, *, name: str, tasks: "dict[str, Task]",
+    def __init__(self, settings: Settings, *, name: str, tasks: "dict[str, Task[Any]]",
                  classify_error: Classifier | None) -> None:
         if settings.dsn is not None:
             db.check_dsn(settings.dsn)

@@ -16,12 +16,12 @@ if TYPE_CHECKING:
     from .tasks import Enqueuer
 
 
-def new_task(fn: Callable[..., Any], tasks: dict[str, Task], *, name: str | None, queue: str | None,
+def new_task(fn: Callable[..., Any], tasks: dict[str, Task[Any]], *, name: str | None, queue: str | None,
              max_attempts: int | None, retry: RetryPolicy | None, timeout: float | None,
              max_runtime: float | None, renew: str | None, priority: int,
              permanent_errors: Sequence[type[BaseException]], payload_type: Callable[..., Any] | None,
              ordering_on_dead: str, dedupe_window: "float | timedelta | None",
-             app: "Enqueuer") -> Task:
+             app: "Enqueuer") -> Task[Any]:
     """The :class:`Task` of handler ``fn`` (named ``name``, else module.qualname), not yet
     added to ``tasks``. Raises :class:`ConfigError` for a name ``tasks`` has or a bad option."""
     task_name = name or f"{fn.__module__}.{fn.__qualname__}".removeprefix("__main__.")
@@ -41,7 +41,7 @@ def new_task(fn: Callable[..., Any], tasks: dict[str, Task], *, name: str | None
                 dedupe_window_seconds=check_dedupe_window(dedupe_window), app=app, **kwargs)
 
 
-def new_schedule(task: "str | Task", cron: str, schedules: dict[str, Periodic], tasks: dict[str, Task], *,
+def new_schedule(task: "str | Task[Any]", cron: str, schedules: dict[str, Periodic], tasks: dict[str, Task[Any]], *,
                  name: str | None, tz: str, missed: str, payload: Any, queue: str | None,
                  priority: int | None, max_attempts: int | None, misfire_grace: float,
                  max_payload_bytes: int) -> Periodic:

@@ -76,7 +76,7 @@ class JobSpec(NamedTuple):
 
     Immutable; a named tuple, so that building thousands of them costs little."""
 
-    task: "str | Task"
+    task: "str | Task[Any]"
     payload: Any = None
     queue: str | None = None
     priority: int | None = None
@@ -230,7 +230,7 @@ PayloadCheck = Optional[Callable[[str], None]]
 _KNOWN_TASKS_SHOWN = 10
 
 
-def prepare(spec: JobSpec, tasks: dict[str, Task], max_payload_bytes: int, *,
+def prepare(spec: JobSpec, tasks: dict[str, Task[Any]], max_payload_bytes: int, *,
             any_task: bool = False, check_payload: bool = True) -> PreparedJob:
     """Validate one job and resolve its defaults from the task, if registered here.
 
@@ -246,7 +246,7 @@ def prepare(spec: JobSpec, tasks: dict[str, Task], max_payload_bytes: int, *,
     ``check_payload=False`` (the :class:`Preparer` checks each payload itself).
     """
     task = spec.task
-    registered: Task | None = task if isinstance(task, Task) else tasks.get(task)
+    registered: Task[Any] | None = task if isinstance(task, Task) else tasks.get(task)
     name = check_task_name(task.name if isinstance(task, Task) else task)
     if registered is None and tasks and not any_task:
         raise UnknownTask(unknown_task_message(name, tasks))
@@ -290,7 +290,7 @@ class Preparer:
 
     MAX_REMEMBERED = 1024
 
-    def __init__(self, tasks: dict[str, Task], max_payload_bytes: int) -> None:
+    def __init__(self, tasks: dict[str, Task[Any]], max_payload_bytes: int) -> None:
         self.tasks = tasks
         self.max_payload_bytes = max_payload_bytes
         self._shared: dict[tuple[Any, ...], tuple[PreparedJob, PayloadCheck]] = {}
@@ -364,7 +364,7 @@ class Preparer:
         return out
 
 
-def _check_of(task: "str | Task", tasks: dict[str, Task]) -> PayloadCheck:
+def _check_of(task: "str | Task[Any]", tasks: dict[str, Task[Any]]) -> PayloadCheck:
     """The payload check of ``task`` when it is known here (a Task, or a name registered
     in ``tasks``), else None: a producer that does not know the task checks no more."""
     known = task if isinstance(task, Task) else tasks.get(task)
@@ -380,7 +380,7 @@ def _with_payload(base: PreparedJob, payload_json: str) -> PreparedJob:
     return _new_tuple(PreparedJob, (base[0], base[1], payload_json, *base[3:]))
 
 
-def unknown_task_message(name: str, tasks: dict[str, Task]) -> str:
+def unknown_task_message(name: str, tasks: dict[str, Task[Any]]) -> str:
     """Why ``name`` is refused, the registered names closest to it (difflib), and how to
     enqueue it anyway."""
     close = difflib.get_close_matches(name, list(tasks), n=3, cutoff=0.6)

@@ -9,7 +9,7 @@ import inspect
 import math
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Unpack
+from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar, Unpack, overload
 
 from .config import DEFAULT_QUEUE, MAX_SETTING_SECONDS
 from .enqueue_options import AsyncEnqueueOptions, EnqueueOptions
@@ -22,6 +22,8 @@ from .retry import RetryPolicy
 
 if TYPE_CHECKING:
     from typing import Protocol
+
+    from .context import JobContext
 
     class Enqueuer(Protocol):
         """What a task bound to an App calls for ``task.enqueue()``: the App's enqueue calls
@@ -39,10 +41,32 @@ RENEW_ON_PROGRESS = "progress"
 DEFAULT_MAX_ATTEMPTS = 5
 PRIORITY_MIN, PRIORITY_MAX = -32768, 32767
 
+# The payload type of a task, read by type checkers from the handler's first parameter
+# (``@app.task`` on ``def bill(inv: Invoice)`` gives a ``Task[Invoice]``, whose
+# ``enqueue`` takes an Invoice). Contravariant, as a parameter type is: a ``Task[Invoice |
+# None]`` may be enqueued as a ``Task[None]`` is, with no payload.
+PayloadT = TypeVar("PayloadT", contravariant=True)
+_P = TypeVar("_P")
+
+if TYPE_CHECKING:
+    class TaskDecorator(Protocol):
+        """What ``@app.task(name=...)`` returns: applied to a handler, its ``Task[P]``
+        (``P`` the handler's payload parameter's type, with or without the context)."""
+
+        @overload
+        def __call__(self, func: Callable[[_P], Any], /) -> Task[_P]: ...
+
+        @overload
+        def __call__(self, func: Callable[[_P, JobContext], Any], /) -> Task[_P]: ...
+
+        @overload
+        def __call__(self, func: Callable[..., Any], /) -> Task[Any]: ...
+
 
 @dataclass(frozen=True)
-class Task:
-    """A registered handler and how its jobs run.
+class Task(Generic[PayloadT]):
+    """A registered handler and how its jobs run; ``Task[P]`` for type checkers, ``P``
+    the type of the handler's payload parameter (``Task[Any]`` when it has none).
 
     ``timeout_seconds``: an attempt running longer fails with code TIMEOUT (async
     handlers are cancelled; a sync handler's claimer process is replaced).
@@ -197,15 +221,31 @@ class Task:
                 f"task {self.name!r} cannot decode its payload as "
                 f"{getattr(self.payload_type, '__name__', self.payload_type)}: {type(exc).__name__}: {exc}") from exc
 
+    @overload
+    def enqueue(self: "Task[None]", payload: None = None, **options: Unpack[EnqueueOptions]) -> int: ...
+
+    @overload
+    def enqueue(self, payload: PayloadT, **options: Unpack[EnqueueOptions]) -> int: ...
+
     def enqueue(self, payload: Any = None, **options: Unpack[EnqueueOptions]) -> int:
         """Enqueue a job of this task; see :meth:`pgworker.App.enqueue` (the same keyword
-        options, typed: :class:`pgworker.enqueue_options.EnqueueOptions`)."""
+        options, typed: :class:`pgworker.enqueue_options.EnqueueOptions`). ``payload``: of
+        the handler's payload type, for type checkers (an ``Invoice`` for ``def bill(inv:
+        Invoice)``; a payload of another type is refused by ``mypy``; at run time it is
+        checked as ``App.enqueue`` checks it); omitted only where the handler takes None."""
         if self.app is None:
             raise ConfigError(f"task {self.name!r} is not bound to an App")
         return self.app.enqueue(self, payload, **options)
 
+    @overload
+    async def aenqueue(self: "Task[None]", payload: None = None, **options: Unpack[AsyncEnqueueOptions]) -> int: ...
+
+    @overload
+    async def aenqueue(self, payload: PayloadT, **options: Unpack[AsyncEnqueueOptions]) -> int: ...
+
     async def aenqueue(self, payload: Any = None, **options: Unpack[AsyncEnqueueOptions]) -> int:
-        """Enqueue a job of this task from asyncio; see :meth:`pgworker.App.aenqueue`."""
+        """Enqueue a job of this task from asyncio; see :meth:`pgworker.App.aenqueue`
+        (``payload`` typed as :meth:`enqueue`'s)."""
         if self.app is None:
             raise ConfigError(f"task {self.name!r} is not bound to an App")
         return await self.app.aenqueue(self, payload, **options)
@@ -215,7 +255,7 @@ class Task:
         return self.func(*args, **kwargs)
 
 
-def retry_delays(tasks: dict[str, Task], override: RetryPolicy | None = None) -> Callable[[str, int], float]:
+def retry_delays(tasks: dict[str, Task[Any]], override: RetryPolicy | None = None) -> Callable[[str, int], float]:
     """``delay(task_name, attempts)``: seconds before a job of that task retries after its
     attempt number ``attempts`` failed, by the task's retry policy (the default policy for
     a task this process does not know), or by ``override`` for every task. The reaper

@@ -46,6 +46,38 @@ def drained_dead(app_under_test: pgworker.App) -> int:
     return drain(app_under_test).dead + drain(app_under_test).succeeded
 
 
+@app.task
+async def ping(payload: None) -> None:
+    pass
+
+
+@app.task(name="optional_note")
+def optional_note(note: str | None, ctx: pgworker.JobContext | None = None) -> None:
+    pass
+
+
+def parse_note(raw: object) -> str:
+    return str(raw)
+
+
+@app.task(name="parsed", payload_type=parse_note)
+def parsed(note: str) -> None:
+    pass
+
+
+def enqueue_typed() -> int:
+    parsed.enqueue({"raw": "JSON for the decoder"})  # payload_type=: what it decodes, a Task[Any]
+    # Task[P] from the handler's payload parameter: enqueue takes a P (and no payload
+    # where the handler takes None or an optional one)
+    typed: pgworker.Task[Invoice] = bill
+    notes: pgworker.Task[str | None] = optional_note
+    return typed.enqueue(Invoice("acme", 1250), delay=5) + ping.enqueue() + notes.enqueue() + notes.enqueue("hi")
+
+
+async def aenqueue_typed() -> int:
+    return await bill.aenqueue(Invoice("acme", 1)) + await ping.aenqueue(queue="pings")
+
+
 def enqueue_sync(conn: psycopg.Connection) -> int:
     job_id: int = app.enqueue("bill", Invoice("acme", 1250), conn=conn, dedupe_key="acme:1")
     ids: list[int] = app.enqueue_many([pgworker.JobSpec("bill", Invoice("b", 1))], conn=conn)

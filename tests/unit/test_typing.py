@@ -61,6 +61,25 @@ def test_mypy_still_refuses_a_misspelt_public_name():
     assert 'Module has no attribute "Ap"; maybe "App"?' in done.stdout, done.stdout
 
 
+def test_mypy_refuses_a_payload_of_another_type_than_the_handlers():
+    """Task.enqueue took ``payload: Any``: a dict for a dataclass task, a str for an int,
+    a payload for a task that takes None, a misspelt TypedDict key passed mypy --strict
+    (a trial). Task[P] takes P from the handler's payload parameter."""
+    require("mypy")
+    done = mypy(os.path.join("tests", "typing", "fixtures", "wrong_payloads.py"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = done.stdout
+    assert ('wrong_payloads.py:48: error: Argument 1 to "enqueue" of "Task" has incompatible type '
+            '"dict[str, object]"; expected "Invoice"') in out, out
+    assert 'wrong_payloads.py:49: error: Missing positional argument "payload" in call to "enqueue"' in out, out
+    assert ('wrong_payloads.py:50: error: Argument 1 to "aenqueue" of "Task" has incompatible type "str"; '
+            'expected "int"') in out, out
+    assert 'wrong_payloads.py:51: error: No overload variant of "enqueue" of "Task" matches argument type "int"' \
+        in out, out
+    assert 'wrong_payloads.py:52: error: Extra key "too" for TypedDict "Receipt"' in out, out
+    assert out.count(": error:") == 6, out
+
+
 def test_mypy_refuses_misspelt_and_wrong_enqueue_options():
     """Task.enqueue/aenqueue and the Django helper took **options: Any: `dealy=5` and
     `on_conflict="explode"` passed mypy --strict and failed at run time (a trial)."""
