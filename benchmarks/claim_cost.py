@@ -18,7 +18,9 @@ neighbour's load changes) and the executor's time. Prints, per variant, the medi
 claim CPU µs per call and per job, completion µs per job, buffers per claim.
 
 Variants (``VARIANTS``) are text replacements in job_claim, for issue 23's experiments
-(``x-*``: ablations, each dropping one part and its guarantee, to attribute the cost);
+(``x-*``: ablations, each dropping one part and its guarantee, to attribute the cost;
+``t-*``: the same for the table, today's statements on a jobs table without its CHECK
+constraints, some indexes or the dependency trigger, ``TABLE_VARIANTS``);
 ``simple`` is the seeds' one-statement claim on pgworker's table, ``ref`` the minimal
 lease queue (benchmarks/reference.py). Needs a local server (/proc of its backends).
 """
@@ -96,6 +98,28 @@ VARIANTS: dict[str, tuple[str, list[tuple[str, str]]]] = {
     "x-no-rest": ("ablation: no ranked_rest", [(
         "    UNION ALL SELECT id FROM ranked_rest))", "))")]),
 }
+# Table ablations (not candidates: each drops a guarantee): today's statements on a jobs
+# table without a part of the schema, to attribute the table's cost per transition (the
+# CHECK constraints, evaluated at every update; the index entries of the running and
+# finished sets; the partial indexes whose predicates every update evaluates; the
+# dependency trigger's WHEN). SQL run on the filled schema ({s}: its quoted name).
+_DROP_CHECKS = ("DO $$ DECLARE c text; BEGIN FOR c IN SELECT conname FROM pg_constraint "
+                "WHERE conrelid = '{s}.jobs'::regclass AND contype = 'c' LOOP "
+                "EXECUTE format('ALTER TABLE {s}.jobs DROP CONSTRAINT %I', c); END LOOP; END $$")
+_DROP_RUNNING_FINISHED = "DROP INDEX {s}.jobs_running_idx; DROP INDEX {s}.jobs_finished_idx"
+_DROP_PARTIALS = "; ".join(f"DROP INDEX {{s}}.{i}" for i in (
+    "jobs_dead_idx", "jobs_dedupe_key_idx", "jobs_ordering_key_idx", "jobs_ordering_active_idx",
+    "jobs_schedule_slot_idx", "jobs_graph_idx", "jobs_waiting_idx"))
+_DROP_TRIGGER = "DROP TRIGGER jobs_dependencies_settle ON {s}.jobs"
+TABLE_VARIANTS: dict[str, str] = {
+    "t-no-checks": _DROP_CHECKS,
+    "t-no-running-finished": _DROP_RUNNING_FINISHED,
+    "t-no-other-partials": _DROP_PARTIALS,
+    "t-no-trigger": _DROP_TRIGGER,
+    "t-none-of-these": "; ".join((_DROP_CHECKS, _DROP_RUNNING_FINISHED, _DROP_PARTIALS, _DROP_TRIGGER)),
+}
+for _name in TABLE_VARIANTS:
+    VARIANTS[_name] = (f"table ablation: today's statements, {_name[2:].replace('-', ' ')}", [])
 WHOLE = {"simple": SIMPLE_CLAIM}
 # variants that are another's statement on a connection with a setting: name -> (base, SET)
 SESSION: dict[str, tuple[str, str]] = {
@@ -162,6 +186,10 @@ class Subject:
                 text = text.replace(old, new)
             self.claim_q, self.complete_q = text, q["job_complete"]
             self.channel = results_channel(self.schema_cm.name)
+            if name in TABLE_VARIANTS:
+                with psycopg.connect(dsn, autocommit=True) as c:
+                    c.execute(TABLE_VARIANTS[name].replace("{s}", quoted))
+                    c.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(self.schema_cm.name, "jobs")))
 
     def params(self) -> dict[str, Any]:
         if self.name == "ref":
