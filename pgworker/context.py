@@ -53,7 +53,7 @@ class JobContext:
     """
 
     __slots__ = ("job", "_table", "_slot", "progress_value", "_logger", "_effects", "_tx", "_db",
-                 "_progress_written_at", "_progress_pending")
+                 "_progress_written_at", "_progress_pending", "_step_names")
 
     #: At most one progress write per job this often (seconds).
     PROGRESS_WRITE_SECONDS = 1.0
@@ -72,6 +72,8 @@ class JobContext:
         self._logger: "logging.LoggerAdapter[logging.Logger] | None" = None
         self._effects = effects
         self._tx = TransactionState()
+        # the step and effect names this attempt has used (a name twice is a handler bug)
+        self._step_names: set[str] | None = None
 
     @property
     def logger(self) -> "logging.LoggerAdapter[logging.Logger]":
@@ -136,13 +138,15 @@ class JobContext:
         when the handler ends (success or failure), so the job keeps its last report. Returns
         whether this call wrote. Raises ``ValueError`` for a value outside 0-1 (or not a number) and
         :class:`LeaseLost` when the fence refuses the write (stop: the job is not yours).
+        After ``ctx.transaction()`` committed the job's success nothing is written (the job
+        has ended; its row keeps the last report before the commit).
         """
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                 or not 0.0 <= value <= 1.0:
             raise ValueError(f"progress must be a fraction from 0.0 to 1.0, got {value!r}")
         text = None if message is None else bounded_text(str(message), self.PROGRESS_MESSAGE_MAX_CHARS)
         self.heartbeat(value)
-        if self._db is None:
+        if self._db is None or self._tx.committed:  # committed: the row left 'running' (a trial: LeaseLost)
             return False
         now = time.monotonic()
         if not force and now - self._progress_written_at < self.PROGRESS_WRITE_SECONDS:
@@ -224,14 +228,18 @@ class JobContext:
     def step(self, name: str, fn: "Callable[[], Any]") -> Any:
         """Run ``fn()`` at most once across the job's attempts and return its result.
 
-        ``name``: 1-200 printable characters, unique within the job. The result (JSON:
+        ``name``: 1-200 printable characters, unique within the job (a name used twice in
+        one attempt, a loop's, say, is ``STEP_NAME_REUSED``: put the item in the name, as
+        ``f"charge:{item.id}"``). The result (JSON:
         dict, list, str, number, bool, None; at most ``step_result_max_bytes``) is
         recorded against the job, fenced by the lease token; a later attempt gets the
         recorded value, decoded from JSON, without calling ``fn``. Inside
         ``ctx.transaction()`` the record commits with the handler's writes. Raises
         :class:`pgworker.errors.StepError` (permanent: ``STEP_RESULT_INVALID``,
-        ``STEP_RESULT_TOO_LARGE``, ``STEP_LIMIT``, ``STEP_NAME_INVALID``) and
-        :class:`LeaseLost` when the fence refuses the record. docs/effects.md."""
+        ``STEP_RESULT_TOO_LARGE``, ``STEP_LIMIT``, ``STEP_NAME_INVALID``,
+        ``STEP_NAME_REUSED``), :class:`LeaseLost` when the fence refuses the record, and
+        ``RuntimeError`` after ``ctx.transaction()`` committed the job (the step could not
+        be recorded: ``fn`` is not called). docs/effects.md."""
         return run_step(self, name, fn)
 
     def effect(self, name: str, fn: "Callable[[str], Any]", reconcile: "Callable[[str], Any] | None" = None) -> Any:

@@ -236,7 +236,8 @@ class StepError(Permanent):
     its result is not JSON (``STEP_RESULT_INVALID``) or too large
     (``STEP_RESULT_TOO_LARGE``, setting ``step_result_max_bytes``), the job has recorded
     as many as it may (``STEP_LIMIT``, setting ``step_max_per_job``), or its name is not
-    1-200 printable characters (``STEP_NAME_INVALID``), or ``ctx.effect`` is called inside
+    1-200 printable characters (``STEP_NAME_INVALID``) or was completed by another step or
+    effect of the same attempt (``STEP_NAME_REUSED``), or ``ctx.effect`` is called inside
     ``ctx.transaction()`` (``EFFECT_IN_TRANSACTION``). The attempt fails permanently: the
     same code would fail the same way again."""
 

@@ -74,8 +74,25 @@ def effect_key(ctx: "JobContext", name: str) -> str:
 
 def run_step(ctx: "JobContext", name: str, fn: Callable[[], Any]) -> Any:
     """``ctx.step(name, fn)`` (see the module)."""
-    res = _resources(ctx)
     _check_name(name)
+    _check_attempt(ctx, "step", name)
+    result = _step(ctx, name, fn)
+    _used(ctx, name)
+    return result
+
+
+def run_effect(ctx: "JobContext", name: str, fn: Callable[[str], Any],
+               reconcile: Callable[[str], Any] | None = None) -> Any:
+    """``ctx.effect(name, fn, reconcile=None)`` (see the module)."""
+    _check_name(name)
+    _check_attempt(ctx, "effect", name)
+    result = _effect(ctx, name, fn, reconcile)
+    _used(ctx, name)
+    return result
+
+
+def _step(ctx: "JobContext", name: str, fn: Callable[[], Any]) -> Any:
+    res = _resources(ctx)
     conn, in_tx = _connection(ctx, res)
     found = res.store.step_get(conn, ctx.job_id, name)
     if found is not None:
@@ -92,11 +109,8 @@ def run_step(ctx: "JobContext", name: str, fn: Callable[[], Any]) -> Any:
     return json.loads(text)
 
 
-def run_effect(ctx: "JobContext", name: str, fn: Callable[[str], Any],
-               reconcile: Callable[[str], Any] | None = None) -> Any:
-    """``ctx.effect(name, fn, reconcile=None)`` (see the module)."""
+def _effect(ctx: "JobContext", name: str, fn: Callable[[str], Any], reconcile: Callable[[str], Any] | None) -> Any:
     res = _resources(ctx)
-    _check_name(name)
     if ctx._tx.open:
         # the same code fails the same way on every attempt: permanent, not retried
         raise StepError(f"job {ctx.job_id}: ctx.effect({name!r}) inside ctx.transaction(): an effect's "
@@ -135,6 +149,29 @@ def run_effect(ctx: "JobContext", name: str, fn: Callable[[str], Any],
     text = _result_json(ctx, name, value, res.settings.step_result_max_bytes)
     _done(ctx, res, conn, name, text, by="worker")
     return json.loads(text)
+
+
+def _check_attempt(ctx: "JobContext", kind: str, name: str) -> None:
+    """Before anything runs: not after the job's transaction committed (the job has ended,
+    so nothing more can be recorded: a trial saw the function run and its record refused
+    as a lost lease), and not a name this attempt has completed (its recorded value would
+    be returned again, the function skipped without a sign; a step whose function raised
+    may be tried again under its name)."""
+    if ctx._tx.committed:
+        raise RuntimeError(f"job {ctx.job_id}: ctx.{kind}({name!r}) after ctx.transaction() committed the job's "
+                           f"success: the job has ended, nothing more can be recorded, and the {kind} was not run; "
+                           "do this work inside the transaction block or before it")
+    names = ctx._step_names
+    if names is not None and name in names:
+        raise StepError(f"job {ctx.job_id}: the name {name!r} was already used by a step or effect of this attempt, "
+                        f"so this {kind} would return that one's recorded result without running: give each its "
+                        f"own name (in a loop, put the item in it: f\"{name}:{{item_id}}\")", code="STEP_NAME_REUSED")
+
+
+def _used(ctx: "JobContext", name: str) -> None:
+    if ctx._step_names is None:
+        ctx._step_names = set()
+    ctx._step_names.add(name)
 
 
 def _resources(ctx: "JobContext") -> Any:

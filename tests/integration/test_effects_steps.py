@@ -48,6 +48,38 @@ def test_a_step_runs_once_across_attempts_and_its_result_comes_back_as_json(app,
         ("fetch", "step", "done", [1, {"rows": 2}], 1), ("store", "step", "done", "stored", 2)]
 
 
+def test_a_step_name_used_twice_in_one_attempt_is_refused_and_a_failed_step_may_be_tried_again(app, conn):
+    """A trial: ctx.step("same", ...) twice in one attempt returned the first result and
+    skipped the second function without a sign (a loop's steps would all be the first).
+    The second use is STEP_NAME_REUSED (permanent: the same code does it again); a step
+    whose function raised was not recorded, and the handler may try it again by name."""
+    calls = []
+
+    @app.task(name="loop", max_attempts=3, retry=NOW)
+    def loop(payload, ctx):
+        for item in payload["items"]:
+            ctx.step("charge", lambda: calls.append(item) or item)
+
+    @app.task(name="flaky_inside", max_attempts=1)
+    def flaky_inside(payload, ctx):
+        for tries in range(3):
+            try:
+                return ctx.step("fetch", lambda: 1 / tries)
+            except ZeroDivisionError:
+                continue
+
+    looped = app.enqueue("loop", {"items": [1, 2]})
+    retried = app.enqueue("flaky_inside", None)
+    drain(app, skip_backoff=True)
+    assert calls == [1]
+    assert job_row(conn, app.settings.schema, looped) == ("dead", 1, "STEP_NAME_REUSED")
+    message = app.get_job(looped)["errors"][-1]["message"]
+    assert "'charge' was already used by a step or effect of this attempt" in message
+    assert 'f"charge:{item_id}"' in message, message
+    assert job_row(conn, app.settings.schema, retried) == ("succeeded", 1, None)
+    assert app.result(retried) == 1.0
+
+
 def test_a_step_inside_the_transaction_commits_or_rolls_back_with_the_handlers_writes(app, conn):
     schema = app.settings.schema
     conn.execute(sql.SQL("CREATE TABLE {}.orders (job_id bigint, attempt int)").format(sql.Identifier(schema)))

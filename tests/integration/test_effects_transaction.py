@@ -106,7 +106,36 @@ def test_raising_after_the_commit_leaves_the_job_succeeded(app, conn, orders, ca
     assert [a.outcome for a in result.attempts] == ["succeeded"]
     assert job_row(conn, schema, job_id)[:2] == ("succeeded", 1)
     assert orders() == [(job_id, "ok")]
-    assert "after its transaction committed" in caplog.text
+    assert "after its transaction committed: after the commit;" in caplog.text  # its message too (a trial)
+
+
+def test_steps_and_progress_after_the_commit_neither_run_nor_read_as_a_lost_lease(app, conn, orders, caplog):
+    """A trial: after the block, ctx.step ran its function, then its record was refused
+    as "the lease was lost" (the row had left 'running'), and ctx.progress raised
+    LeaseLost. A step now refuses before its function runs, naming the fix; a progress
+    report is not written (the job has ended) and raises nothing."""
+    schema = app.settings.schema
+    ran, seen = [], []
+
+    @app.task(name="order", max_attempts=3)
+    def order(payload, ctx):
+        with ctx.transaction() as c:
+            insert(c, schema, ctx.job_id)
+            ctx.progress(0.5, "inside", force=True)
+        seen.append(ctx.progress(1.0, "all done", force=True))
+        if payload["step"]:
+            ctx.step("after", lambda: ran.append("after"))
+
+    quiet = app.enqueue("order", {"step": False})
+    stepping = app.enqueue("order", {"step": True})
+    result = drain(app, skip_backoff=True)
+    assert [a.outcome for a in result.attempts] == ["succeeded", "succeeded"]
+    assert seen == [False, False] and ran == []
+    assert "the step was not run; do this work inside the transaction block or before it" in caplog.text
+    assert "LeaseLost" not in caplog.text and "lease was lost" not in caplog.text, caplog.text
+    for job_id in (quiet, stepping):
+        job = app.get_job(job_id)
+        assert (job["state"], job["progress"], job["progress_message"]) == ("succeeded", 0.5, "inside"), job
 
 
 def test_one_transaction_per_attempt(app, conn, orders):

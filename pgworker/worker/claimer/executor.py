@@ -38,7 +38,7 @@ from ...context import JobContext
 from ...errors import InvalidPayload, JobCancelled, LeaseLost, Permanent, Retry, Snooze
 from ...jobs import ClaimedJob
 from ...names import bounded_text, redact
-from ...retry import classify, error_code
+from ...retry import classify, error_code, safe_message
 from ...tasks import Task
 from ...effects.connections import EffectResources, HandlerConnections
 from ...results import ResultRefused, encode_result
@@ -241,10 +241,12 @@ class Executor:
         commit was the outcome; an exception (or a Retry / Snooze) after it changes nothing."""
         after = error if error is not None else result if isinstance(result, (Retry, Snooze)) else None
         if after is not None:
-            log.warning("job %s: the handler %s after its transaction committed; the job stays succeeded "
+            # the message too (a trial: "boom after commit" was nowhere), redacted and cut
+            said = escape_line_breaks(safe_message(after, min(self.max_chars, 500), self.secrets))
+            log.warning("job %s: the handler %s after its transaction committed: %s; the job stays succeeded "
                         "(put the work that may fail inside ctx.transaction())", job.id,
                         f"raised {type(after).__name__}" if error is not None else f"returned {type(after).__name__}",
-                        extra={"action": "error_after_commit", "job_id": job.id, "queue": job.queue})
+                        said, extra={"action": "error_after_commit", "job_id": job.id, "queue": job.queue})
         elif result is not None:  # the success committed before the handler returned
             log.warning("job %s: the handler returned a value after its transaction committed the job's "
                         "success; it is not stored as the job's result (a job completed in ctx.transaction() "
