@@ -26,7 +26,7 @@ from .config import Settings
 from .connections import (LOCK_TIMEOUT_SQL, POOL_CHECK_IDLE_SECONDS, POOL_MAX_SIZE, database_errors,
                           pooled_lock_waits_note, require_async, unreachable)
 from .jobs import ReplayResult, safe_json_loads
-from .names import check_queue_name, checked_cancel_reason
+from .names import check_id, check_ids, check_queue_name, checked_cancel_reason
 from .dependencies import enqueue_graph_plan, has_dependencies
 from .enqueue_options import OnConflict
 from .jobspec import JobSpec, specs_from
@@ -188,6 +188,7 @@ class AsyncProducer:
         sees at the next renewal), or None when the job is finished or unknown; ``reason``
         as :meth:`App.cancel`'s (over 500 characters, refused: ConfigError)."""
         require_async(conn, "cancel")
+        check_id(job_id)
         async with self.aconnection(conn, "cancel") as c:
             return await arun(c, self.core.store.cancel_plan(job_id, actor=actor or _actor(),
                                                              reason=checked_cancel_reason(reason)))
@@ -195,6 +196,7 @@ class AsyncProducer:
     async def areplay(self, job_ids: Sequence[int] = (), *, queue: str | None = None, limit: int = 1000,
                       actor: str | None = None) -> ReplayResult:
         """:meth:`App.replay` as a coroutine (a :class:`ReplayResult`)."""
+        job_ids = check_ids(job_ids)
         if queue is not None:
             check_queue_name(queue)
         async with self.aconnection(None, "replay") as c:
@@ -209,8 +211,9 @@ class AsyncProducer:
 
         return await results.aresult(self.core, self.aconnection, job_id, conn)
 
-    async def await_result(self, job_id: int, *, timeout: float, poll_seconds: float = 1.0) -> Any:
-        """:meth:`App.wait_result` as a coroutine: wait up to ``timeout`` seconds for the job
+    async def await_result(self, job_id: int, *, timeout: float | None, poll_seconds: float = 1.0) -> Any:
+        """:meth:`App.wait_result` as a coroutine: wait up to ``timeout`` seconds (None:
+        without a deadline) for the job
         to finish and return its result, woken by the completion's NOTIFY (a LISTEN on a
         connection of its own, ``PGWORKER_LISTEN_DSN`` when set), re-reading at least every
         ``poll_seconds`` (failures and cancellations send no NOTIFY); a lost connection is
@@ -224,6 +227,7 @@ class AsyncProducer:
     async def aget_job(self, job_id: int, *, conn: psycopg.AsyncConnection | None = None) -> dict[str, Any] | None:
         """:meth:`App.get_job` as a coroutine: the job's row (state, payload, attempts,
         error history, ``events``), or None when unknown."""
+        check_id(job_id)
         async with self.aconnection(conn, "get_job") as c:
             return await arun(c, self.core.store.get_job_plan(job_id))
 

@@ -356,8 +356,10 @@ class App(AsyncProducer, Admin):
         """
         return results.result(self.core, job_id, conn)
 
-    def wait_result(self, job_id: int, *, timeout: float, poll_seconds: float = results.WAIT_POLL_SECONDS) -> Any:
-        """:meth:`result`, waiting up to ``timeout`` seconds for the job to finish.
+    def wait_result(self, job_id: int, *, timeout: float | None,
+                    poll_seconds: float = results.WAIT_POLL_SECONDS) -> Any:
+        """:meth:`result`, waiting up to ``timeout`` seconds (None: without a deadline) for
+        the job to finish.
 
         Woken by the NOTIFY of the statement that completes it (its own connection, with
         LISTEN), and re-reading at least every ``poll_seconds`` (a failure or cancellation
@@ -365,11 +367,12 @@ class App(AsyncProducer, Admin):
         again, with a short backoff, and the job read again. Raises :class:`ResultTimeout`
         (a ``TimeoutError``) at the timeout, :class:`DatabaseUnavailable` when the server
         could not be reached again before it, and what :meth:`result` raises once the job
-        has finished.
+        has finished; ``TypeError`` for a job id that is not an int or a timeout that is not
+        a number, ``ValueError`` for a negative one.
         """
         return results.wait_result(self.core, job_id, timeout=timeout, poll_seconds=poll_seconds)
 
-    async def wait_result_async(self, job_id: int, *, timeout: float,
+    async def wait_result_async(self, job_id: int, *, timeout: float | None,
                                 poll_seconds: float = results.WAIT_POLL_SECONDS) -> Any:
         """:meth:`wait_result` for asyncio code: the same as :meth:`await_result` (an async
         LISTEN, no thread; kept for the name it was released with)."""

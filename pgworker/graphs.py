@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 from . import operations
 from .errors import InvalidJob
 from .jobspec import specs_from
-from .names import checked_cancel_reason
+from .names import check_id, checked_cancel_reason
 from .producer import enqueue_many
 
 if TYPE_CHECKING:
@@ -69,6 +69,7 @@ def cancel_graph(core: Core, graph_id: int, *, actor: str | None = None,
     cancelled job are cancelled by the dependency rule. ``reason`` is kept in the audit
     event of each job this cancels (as :meth:`App.cancel`'s). Returns {jobs, cancelled,
     requested}: the graph's size and what changed."""
+    check_id(graph_id, "graph id")
     checked_cancel_reason(reason)  # a refused reason refuses the whole graph, before any job changes
     with core.connection() as c:
         jobs = core.store.graph_jobs(c, graph_id)
@@ -95,6 +96,7 @@ class ReplayedGraph(list):  # type: ignore[type-arg]
 def graph_states(core: Core, graph_id: int) -> dict[str, int]:
     """{state: jobs} of a graph; {} when no job carries ``graph_id`` (no such graph, or
     all its jobs were pruned)."""
+    check_id(graph_id, "graph id")
     with core.connection() as c:
         jobs = core.store.graph_jobs(c, graph_id)
     out: dict[str, int] = {}
@@ -112,6 +114,7 @@ def replay_graph(core: Core, graph_id: int, *, actor: str | None = None) -> Repl
     a dead parent cancelled (``PARENT_DEAD``) wait again for their parents. Jobs whose
     parent was cancelled stay cancelled. Returns the ids replayed or requeued
     (:class:`ReplayedGraph`: a list, with the two kinds apart)."""
+    check_id(graph_id, "graph id")
     with core.connection() as c:
         dead = [j["id"] for j in core.store.graph_jobs(c, graph_id) if j["state"] == "dead"]
     replayed: list[int] = []

@@ -260,6 +260,27 @@ def parse_id(text: str, what: str = "job id") -> int:
     return value
 
 
+def check_id(value: object, what: str = "job id") -> int:
+    """A job or graph id given to the API: an int (not a bool), 1 to 2**63-1, returned
+    as is. Raises ``TypeError`` for another type, naming the fix (a str from a URL:
+    ``int(...)``), and ``ValueError`` out of range. Without it a bool or a float reached
+    the server as another type, and its error read as a schema problem (a trial)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        hint = f"; pass int({value!r}) for an id read as text" if isinstance(value, str) else ""
+        raise TypeError(f"a {what} is an int (what enqueue returned), got {type(value).__name__} {value!r}{hint}")
+    if not 0 < value <= ID_MAX:
+        raise ValueError(f"{what} {value} is out of range: ids are 1 to 2**63-1")
+    return value
+
+
+def check_ids(values: object, what: str = "job id") -> list[int]:
+    """:func:`check_id` of each of a sequence of ids (a str or a single int is refused:
+    ``[42]``, not ``42``)."""
+    if isinstance(values, (str, bytes, int)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{what}s are a list of ints, e.g. [{values!r}], got {type(values).__name__} {values!r}")
+    return [check_id(v, what) for v in values]  # type: ignore[attr-defined]
+
+
 def quantity(n: int, noun: str, plural: str | None = None) -> str:
     """``n`` and the noun, in the singular for 1 only: '1 claimer', '0 claimers', '4 claimers'.
 

@@ -21,7 +21,7 @@ from .config import MAX_SETTING_SECONDS
 from .connections import require_sync
 from .errors import ConfigError, QueuePaused
 from .jobs import ReplayResult
-from .names import check_queue_name, check_task_name, checked_cancel_reason, schema_flag
+from .names import check_id, check_ids, check_queue_name, check_task_name, checked_cancel_reason, schema_flag
 from .schedules import Periodic, describe
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ QUEUE_LIMIT_MAX = 1_000_000
 def cancel(core: Core, job_id: int, *, actor: str | None, conn: psycopg.Connection | None,
            reason: str | None = None) -> str | None:
     require_sync(conn, "acancel")
+    check_id(job_id)
     stored = checked_cancel_reason(reason)  # refused before any connection is taken
     with core.connection(conn) as c:
         return core.store.cancel(c, job_id, actor=actor or _actor(), reason=stored)
@@ -45,6 +46,7 @@ def cancel(core: Core, job_id: int, *, actor: str | None, conn: psycopg.Connecti
 
 def replay(core: Core, job_ids: Sequence[int], *, queue: str | None, limit: int,
            actor: str | None, clean: bool = False) -> ReplayResult:
+    job_ids = check_ids(job_ids)
     if queue is not None:
         check_queue_name(queue)
     with core.connection() as c:
@@ -61,6 +63,7 @@ def replay(core: Core, job_ids: Sequence[int], *, queue: str | None, limit: int,
 def resolve_effect(core: Core, job_id: int, name: str, *, result: Any = UNSET, retry: bool = False,
                    actor: str | None = None) -> str:
     """Resolve an effect left uncertain (see App.resolve_effect); returns the job's state."""
+    check_id(job_id)
     if (result is UNSET) == (not retry):
         raise ConfigError(f"resolve_effect({job_id}, {name!r}): give result= (the effect happened: its JSON "
                           "result, None allowed) or retry=True (call it again with the same idempotency "
@@ -203,6 +206,7 @@ def queue_usage(core: Core, queue: str) -> dict[str, bool]:
 
 
 def retry(core: Core, job_id: int, *, actor: str | None) -> dict[str, Any] | None:
+    check_id(job_id)
     with core.connection() as c:
         return core.store.retry_now(c, job_id, actor=actor or _actor())
 
@@ -211,6 +215,7 @@ def retry(core: Core, job_id: int, *, actor: str | None) -> dict[str, Any] | Non
 
 
 def get_job(core: Core, job_id: int) -> dict[str, Any] | None:
+    check_id(job_id)
     with core.connection() as c:
         return core.store.get_job(c, job_id)
 

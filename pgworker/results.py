@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import time
 import warnings
@@ -36,7 +37,7 @@ from . import db
 from .errors import (DatabaseUnavailable, JobDidNotSucceed, JobNotFound, PayloadError, ResultLost, ResultNotReady,
                      ResultTimeout)
 from .jobs import UndecodablePayload
-from .names import redact_dsn, schema_flag
+from .names import check_id, redact_dsn, schema_flag
 from .store.plan import arun
 
 if TYPE_CHECKING:
@@ -120,6 +121,7 @@ def _settled(job_id: int, row: dict[str, Any] | None, schema: str) -> tuple[bool
 
 def result(core: Core, job_id: int, conn: psycopg.Connection | None = None) -> Any:
     """See :meth:`pgworker.App.result`."""
+    check_id(job_id)
     with core.connection(conn) as c:
         row = core.store.job_result(c, job_id)
     return _ready(job_id, row, core.settings.schema, "App.wait_result")
@@ -136,11 +138,21 @@ def _ready(job_id: int, row: dict[str, Any] | None, schema: str, waiter: str) ->
     return value
 
 
-def _check_wait(timeout: float, poll_seconds: float) -> None:
+def _check_wait(job_id: int, timeout: float | None, poll_seconds: float) -> float:
+    """The wait's arguments checked (a trial: ``timeout=None`` and ``'5'`` failed with
+    "'>=' not supported"); the timeout in seconds, ``math.inf`` for None (no deadline)."""
+    check_id(job_id)
+    for name, value in (("timeout", timeout), ("poll_seconds", poll_seconds)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise TypeError(f"{name} is a number of seconds{' (or None: no deadline)' if name == 'timeout' else ''}, "
+                            f"got {type(value).__name__} {value!r}")
+    if timeout is None:
+        timeout = math.inf
     if not timeout >= 0:
         raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
-    if not poll_seconds > 0:
-        raise ValueError(f"poll_seconds must be > 0, got {poll_seconds!r}")
+    if not poll_seconds > 0 or math.isinf(poll_seconds):
+        raise ValueError(f"poll_seconds must be > 0 and finite, got {poll_seconds!r}")
+    return float(timeout)
 
 
 def _warn_in_event_loop() -> None:
@@ -154,9 +166,9 @@ def _warn_in_event_loop() -> None:
                   "`await app.await_result(job_id, timeout=...)`", RuntimeWarning, stacklevel=4)
 
 
-def wait_result(core: Core, job_id: int, *, timeout: float, poll_seconds: float = WAIT_POLL_SECONDS) -> Any:
+def wait_result(core: Core, job_id: int, *, timeout: float | None, poll_seconds: float = WAIT_POLL_SECONDS) -> Any:
     """See :meth:`pgworker.App.wait_result`."""
-    _check_wait(timeout, poll_seconds)
+    timeout = _check_wait(job_id, timeout, poll_seconds)
     _warn_in_event_loop()
     deadline = time.monotonic() + timeout
     # A connection of its own (LISTEN is a session's: PGWORKER_LISTEN_DSN when set, the
@@ -233,18 +245,19 @@ async def aresult(core: Core, aconnection: AsyncConnectionSource, job_id: int,
                   conn: psycopg.AsyncConnection | None = None) -> Any:
     """See :meth:`pgworker.App.aresult`: :func:`result` on the App's async pool (or
     ``conn``, through ``aconnection``: the App's), through the same statement plan."""
+    check_id(job_id)
     async with aconnection(conn, "result") as c:
         row = await arun(c, core.store.job_result_plan(job_id))
     return _ready(job_id, row, core.settings.schema, "await App.await_result")
 
 
-async def await_result(core: Core, job_id: int, *, timeout: float, poll_seconds: float = WAIT_POLL_SECONDS) -> Any:
+async def await_result(core: Core, job_id: int, *, timeout: float | None, poll_seconds: float = WAIT_POLL_SECONDS) -> Any:
     """See :meth:`pgworker.App.await_result`: :func:`wait_result` on an async connection
     of its own (LISTEN is a session's, so not a pooled one), woken by the completion's
     NOTIFY and re-reading at least every ``poll_seconds``; never blocks the event loop
     and holds no thread; a lost connection is opened again until the deadline.
     Cancelling the awaiting task closes the connection."""
-    _check_wait(timeout, poll_seconds)
+    timeout = _check_wait(job_id, timeout, poll_seconds)
     deadline = time.monotonic() + timeout
     db.check_dsn(core.settings.effective_listen_dsn)
     conn: psycopg.AsyncConnection | None = None
@@ -295,7 +308,7 @@ async def _alisten(core: Core, deadline: float) -> psycopg.AsyncConnection:
     return conn
 
 
-async def wait_result_async(core: Core, job_id: int, *, timeout: float,
+async def wait_result_async(core: Core, job_id: int, *, timeout: float | None,
                             poll_seconds: float = WAIT_POLL_SECONDS) -> Any:
     """See :meth:`pgworker.App.wait_result_async`, now :func:`await_result` (no thread)."""
     return await await_result(core, job_id, timeout=timeout, poll_seconds=poll_seconds)

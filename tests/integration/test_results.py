@@ -188,6 +188,44 @@ def test_wait_result_times_out_and_sees_failures_by_its_poll(app):
     assert info.value.state == "dead"
 
 
+@pytest.mark.parametrize("bad", [True, 14.0, "14", None, [14]])
+def test_a_job_id_that_is_not_an_int_is_a_type_error_not_a_schema_problem(app, bad):
+    """A trial: app.result(True) raised SchemaNotMigrated ("operator does not exist: bigint
+    = boolean ... run pgworker migrate"), result(14.0) read job 14, result(None) "no job
+    None". Every call taking a job id refuses another type before any query, naming it."""
+    app.enqueue("t")
+    calls = [lambda: app.result(bad), lambda: app.wait_result(bad, timeout=1), lambda: app.get_job(bad),
+             lambda: app.cancel(bad), lambda: app.retry(bad), lambda: app.replay([bad]),
+             lambda: app.cancel_graph(bad), lambda: asyncio.run(app.aresult(bad)),
+             lambda: asyncio.run(app.await_result(bad, timeout=1)), lambda: asyncio.run(app.aget_job(bad)),
+             lambda: asyncio.run(app.acancel(bad)), lambda: asyncio.run(app.areplay([bad]))]
+    for call in calls:
+        with pytest.raises(TypeError) as info:
+            call()
+        assert f"is an int (what enqueue returned), got {type(bad).__name__} {bad!r}" in str(info.value)
+    if isinstance(bad, str):
+        assert "pass int('14') for an id read as text" in str(info.value)
+    with pytest.raises(TypeError, match=r"job ids are a list of ints, e.g. \[14\]"):
+        app.replay(14)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="ids are 1 to 2"):
+        app.result(2**63)
+
+
+def test_wait_result_without_a_deadline_and_a_timeout_that_is_not_a_number(app):
+    """A trial: timeout=None (wait without a deadline, as other queues spell it) and
+    timeout='5' both failed with "'>=' not supported between instances"."""
+    job_id = app.enqueue("t")
+    [job] = app.claim()
+    threading.Timer(0.3, lambda: app.complete(job, result="done")).start()
+    assert app.wait_result(job_id, timeout=None, poll_seconds=0.1) == "done"
+    assert asyncio.run(app.await_result(job_id, timeout=None)) == "done"
+    for bad in ("5", True):
+        with pytest.raises(TypeError, match=r"timeout is a number of seconds \(or None: no deadline\), got"):
+            app.wait_result(job_id, timeout=bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="poll_seconds is a number of seconds, got str"):
+        app.wait_result(job_id, timeout=1, poll_seconds="1")  # type: ignore[arg-type]
+
+
 def test_wait_result_async(app):
     job_id = app.enqueue("t")
     [job] = app.claim()
