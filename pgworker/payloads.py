@@ -62,6 +62,31 @@ def is_payload_type(tp: object) -> bool:
     return (isinstance(tp, type) and dataclasses.is_dataclass(tp)) or is_typed_dict(tp) or is_pydantic_model(tp)
 
 
+_SCALARS = (type(None), bool, int, float, str)
+
+
+def is_checked_scalar(tp: object) -> bool:
+    """Whether a handler's payload annotation is a plain JSON value type this module
+    checks: ``None``, ``bool``, ``int``, ``float``, ``str``, a ``Literal``, an ``Enum``, or
+    a union whose every arm is one of those or a :func:`is_payload_type` type (``int |
+    None``, ``Invoice | None``). A trial: ``payload: int`` took ``"3"``, and the handler
+    failed every attempt with a TypeError instead of the job going dead PAYLOAD_INVALID."""
+    if tp is None or tp in _SCALARS:
+        return True
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return True
+    if origin is typing.Union or origin is types.UnionType:
+        return all(is_checked_scalar(a) or is_payload_type(a) for a in typing.get_args(tp))
+    return isinstance(tp, type) and issubclass(tp, enum.Enum)
+
+
+def scalar_decoder(tp: object) -> Callable[[Any], Any]:
+    """The checking decoder of an :func:`is_checked_scalar` annotation; raises
+    :class:`PayloadValidationError` (``payload: expected int, got str '3'``)."""
+    return lambda payload: _check(payload, tp, "payload")
+
+
 def to_json_value(obj: Any) -> Any:
     """The JSON encoder's fallback (``default=``): dataclass instances as dicts of their
     fields, pydantic models as ``model_dump(mode='json')``, enums by value, datetimes,
@@ -90,8 +115,8 @@ def payload_type_of(func: Callable[..., Any]) -> type | None:
 
 def payload_annotation(func: Callable[..., Any]) -> Any:
     """The resolved annotation of ``func``'s first positional parameter (a string
-    annotation evaluated), or None: no such parameter, no annotation, or one that cannot be
-    resolved (logged as a warning, naming the fix)."""
+    annotation evaluated; ``None`` as ``NoneType``), or None: no such parameter, no
+    annotation, or one that cannot be resolved (logged as a warning, naming the fix)."""
     try:
         params = [p for p in inspect.signature(func).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -108,7 +133,7 @@ def payload_annotation(func: Callable[..., Any]) -> Any:
                         "payload as decoded JSON; define the type at module level, or pass payload_type=",
                         params[0].annotation, getattr(func, "__qualname__", func), type(exc).__name__, exc)
             return None
-    return annotation
+    return type(None) if annotation is None else annotation  # `payload: None`, not "no annotation"
 
 
 def expects_object(annotation: Any) -> bool:

@@ -16,8 +16,8 @@ from .enqueue_options import AsyncEnqueueOptions, EnqueueOptions
 from .errors import ConfigError, InvalidJob, InvalidPayload, PayloadError
 from .jobs import UndecodablePayload, safe_json_loads
 from .names import check_queue_name, check_task_name
-from .payloads import (PayloadValidationError, decoder_for, expects_object, is_payload_type, not_an_object,
-                       payload_annotation)
+from .payloads import (PayloadValidationError, decoder_for, expects_object, is_checked_scalar, is_payload_type,
+                       not_an_object, payload_annotation, scalar_decoder)
 from .retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -158,9 +158,15 @@ class Task(Generic[PayloadT]):
     def typed_decoder(self) -> Callable[[Any], Any] | None:
         """The checking decoder of a dataclass, TypedDict or pydantic payload type: the
         ``payload_type`` given, else the annotation of the handler's payload parameter
-        (:mod:`pgworker.payloads`); None for any other (or no) type."""
+        (:mod:`pgworker.payloads`); of a JSON value type annotated on the handler (``int``,
+        ``str``, ``None``, a ``Literal``, an ``Enum``, an optional of these or of a payload
+        type: :func:`pgworker.payloads.is_checked_scalar`); None for any other (or no) type."""
         tp = self.payload_type if self.payload_type is not None else self._annotation
-        return decoder_for(tp) if is_payload_type(tp) else None  # type: ignore[arg-type]
+        if is_payload_type(tp):
+            return decoder_for(tp)  # type: ignore[arg-type]
+        if self.payload_type is None and self._annotation is not None and is_checked_scalar(tp):
+            return scalar_decoder(tp)
+        return None
 
     @functools.cached_property
     def payload_check(self) -> Callable[[str], None] | None:
@@ -184,10 +190,12 @@ class Task(Generic[PayloadT]):
             self.decode(safe_json_loads(text))  # the worker's decode of the stored JSON, as it will run it
         except InvalidPayload as exc:
             tp = self.payload_type if self.payload_type is not None else self._annotation
-            name = getattr(tp, "__name__", tp)
+            name = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+            shape = f"{name} instance, or its fields as a dict" if is_payload_type(tp) else \
+                "the annotation of the handler's payload parameter"
             raise PayloadError(f"{exc}; nothing was enqueued: give the payload the shape of {name}, the "
-                               f"payload type of the task's handler ({name} instance, or its fields as a "
-                               "dict); a worker would end this job dead with PAYLOAD_INVALID") from None
+                               f"payload type of the task's handler ({shape}); a worker would end this job "
+                               "dead with PAYLOAD_INVALID") from None
         except Exception:  # noqa: BLE001 - the type's own code failing otherwise (__post_init__): the
             return  # worker would retry it as a handler error, not refuse it for certain; enqueue as before
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import sys
 from typing import Any, Mapping, TypedDict
 
@@ -37,6 +38,11 @@ class Ping(TypedDict):
 
 class Refund(pydantic.BaseModel):
     invoice: int
+
+
+class Size(enum.Enum):
+    SMALL = "s"
+    LARGE = "l"
 
 
 DICT_FIX = "nothing was enqueued: pass a dict (a JSON object)"
@@ -80,6 +86,28 @@ def tasks(app):
     def refund(r: Refund) -> None:
         ran.append(r)
 
+    # plain JSON value types (a trial: `payload: int` took "3", and its handler failed every
+    # attempt with a TypeError; `payload: None` took {'x': 1})
+    @app.task(name="double")
+    def double(n: int) -> None:
+        ran.append(n * 2)
+
+    @app.task(name="tick")
+    def tick(payload: None) -> None:
+        ran.append("tick")
+
+    @app.task(name="label")
+    def label(text: str | None) -> None:
+        ran.append(text)
+
+    @app.task(name="size")
+    def size(s: Size) -> None:
+        ran.append(s)
+
+    @app.task(name="ratio")
+    def ratio(x: float) -> None:
+        ran.append(x)
+
     return ran
 
 
@@ -98,6 +126,13 @@ REFUSED = [
     ("charge", "12", "task 'charge': payload: expected an object (Charge), got str '12'", TYPED_FIX),
     ("ping", {"n": "1"}, "task 'ping': payload.n: expected int, got str '1'", "the shape of Ping"),
     ("refund", {"invoice": "eight"}, "task 'refund': payload does not fit Refund", "the shape of Refund"),
+    ("double", "3", "task 'double': payload: expected int, got str '3'", "the shape of int"),
+    ("double", 3.0, "task 'double': payload: expected int, got float 3.0", "the shape of int"),
+    ("double", True, "task 'double': payload: expected int, got bool True", "the shape of int"),
+    ("tick", {"x": 1}, "task 'tick': payload: expected null, got dict {'x': 1}", "the shape of NoneType"),
+    ("label", 5, "task 'label': payload: expected str or NoneType, got int 5", "the shape of str | None"),
+    ("size", "medium", "task 'size': payload: expected one of 's', 'l', got str 'medium'", "the shape of Size"),
+    ("ratio", "0.5", "task 'ratio': payload: expected float, got str '0.5'", "the shape of float"),
 ]
 
 
@@ -141,11 +176,13 @@ def test_valid_payloads_still_enqueue_and_run(tasks, app, conn):
            app.enqueue("ping", {"n": 1}), app.enqueue("refund", Refund(invoice=3))]
     ids += app.enqueue_many([("charge", {"amount_cents": i}) for i in range(3)])
     ids.append(asyncio.run(_aenqueue(app, "charge", Charge(9))))
-    assert count(conn, app) == len(ids) == 13
+    ids += [app.enqueue("double", 4), app.enqueue("tick"), app.enqueue("label", None), app.enqueue("label", "x"),
+            app.enqueue("size", Size.LARGE), app.enqueue("size", "s"), app.enqueue("ratio", 2)]
+    assert count(conn, app) == len(ids) == 20
     result = drain(app)
-    assert result.succeeded == 13, result
+    assert result.succeeded == 20, result
     assert tasks == [3, 5, None, "just a string", [1, 2], Charge(5), Charge(7, "n"), {"n": 1}, Refund(invoice=3),
-                     Charge(0), Charge(1), Charge(2), Charge(9)]
+                     Charge(0), Charge(1), Charge(2), Charge(9), 8, "tick", None, "x", Size.LARGE, Size.SMALL, 2.0]
 
 
 def test_enqueue_many_with_one_bad_spec_enqueues_none_and_names_its_index(tasks, app, conn):
@@ -213,7 +250,7 @@ def test_a_bad_payload_inserted_by_raw_sql_still_ends_payload_invalid(tasks, app
 def test_the_check_is_decided_once_per_task_and_untyped_tasks_have_none(tasks, app):
     checks = {name: app.tasks[name].payload_check for name in app.tasks}
     assert checks["bare"] is None and checks["anything"] is None and checks["maybe"] is None
-    assert all(checks[n] is not None for n in ("add", "tally", "charge", "ping", "refund"))
+    assert all(checks[n] is not None for n in ("add", "tally", "charge", "ping", "refund", "double", "tick", "label"))
     assert all(app.tasks[name].payload_check == checks[name] for name in app.tasks)  # cached on the Task
 
 
