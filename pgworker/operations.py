@@ -56,7 +56,7 @@ def replay(core: Core, job_ids: Sequence[int], *, queue: str | None, limit: int,
         with c.transaction():
             result = core.store.replay(c, ids=list(job_ids), queue=queue, limit=limit, actor=actor or _actor())
             if result:
-                core.store.steps_clean(c, list(result))
+                core.store.steps_clean(c, list(result), actor=actor or _actor())
         return result
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 from typing import Any
 
@@ -258,6 +259,9 @@ def cmd_dead(args: argparse.Namespace) -> int:
                       "for their parents")
         for line in _held_keys_notes(app, result.held_by):
             print(line, file=sys.stderr)
+        if result and not args.clean:
+            for line in _uncertain_effects_notes(app, list(result)):
+                print(line, file=sys.stderr)
         if result.not_dead:
             print(f"left as they were: {_not_dead_states(app, result.not_dead)}", file=sys.stderr)
         if args.all and not result and not result.held_by:
@@ -269,6 +273,20 @@ def cmd_dead(args: argparse.Namespace) -> int:
     emit(args, rows, ["id", "queue", "task", "attempts", "last_error_code", "finished_at"])
     _note_limit(args, more)
     return 0
+
+
+def _uncertain_effects_notes(app: Any, ids: list[int]) -> list[str]:
+    """A note per replayed job with an effect an earlier attempt started and never recorded
+    done (a trial: `dead replay` of an EFFECT_UNCERTAIN job said "replayed 1 job", and the
+    job was dead again seconds later): unless its handler reconciles, it ends the same way;
+    the note gives the commands that resolve it."""
+    with app.connection() as conn:
+        found = app.store.effects_uncertain(conn, ids[:1000])
+    flag = schema_flag(app.settings.schema)
+    return [f"note: job {job_id}'s effect {name!r} was started by an earlier attempt that never recorded its end: "
+            "unless the handler gives a reconcile function, the job goes dead EFFECT_UNCERTAIN again; check the "
+            f"destination, then `pgworker effects resolve {job_id} {shlex.quote(name)} --result JSON{flag}` (it "
+            f"happened) or `... --retry{flag}` (it did not)" for job_id, name in found]
 
 
 #: The ids a replay's "left as they were" names with their states (one read by id for all).

@@ -61,6 +61,11 @@ class EffectStatements(StoreBase):
         names = [d.name for d in cur.description]
         return [dict(zip(names, row)) for row in cur.fetchall()]
 
+    def effects_uncertain(self, conn: psycopg.Connection, ids: Sequence[int], limit: int = 20) -> list[tuple[int, str]]:
+        """(job id, effect name) of these jobs' effects started and never recorded done."""
+        return [(r[0], r[1]) for r in self._exec(conn, "job_effects_uncertain",
+                                                 {"ids": list(ids), "limit": limit}).fetchall()]
+
     def effect_resolve(self, conn: psycopg.Connection, job_id: int, name: str, *, retry: bool,
                        result_json: str | None, by: str) -> tuple[str, int] | None:
         """An operator's resolution of an uncertain effect (see ``job_effect_resolve``):
@@ -70,6 +75,7 @@ class EffectStatements(StoreBase):
                                                       "result": result_json, "by": by}).fetchone()
         return None if row is None else (row[0], int(row[1]))
 
-    def steps_clean(self, conn: psycopg.Connection, ids: Sequence[int]) -> int:
-        """Forget every step and effect of these jobs; returns how many records went."""
-        return int(self._exec(conn, "job_steps_clean", {"ids": list(ids)}).fetchone()[0])
+    def steps_clean(self, conn: psycopg.Connection, ids: Sequence[int], *, actor: str | None) -> int:
+        """Forget every step and effect of these jobs, audited (``steps_forgotten``, by
+        ``actor``) per job that had any; returns how many records went."""
+        return int(self._exec(conn, "job_steps_clean", {"ids": list(ids), "actor": actor}).fetchone()[0])

@@ -304,8 +304,14 @@ def test_an_operator_resolves_an_uncertain_effect_and_a_clean_replay_forgets_ste
     with app.connection() as c:
         c.execute(sql.SQL("UPDATE {}.jobs SET state = 'dead', finished_at = now() WHERE id = %s")
                   .format(sql.Identifier(schema)), [job_id])
-    assert list(app.replay([job_id], clean=True)) == [job_id]
+    recorded = sorted(row[0] for row in steps(conn, schema, job_id))
+    assert list(app.replay([job_id], clean=True, actor="ops@example")) == [job_id]
     assert steps(conn, schema, job_id) == []
+    # audited (a trial: a clean replay left no trace of what it forgot)
+    events = app.get_job(job_id)["events"]
+    assert [e["kind"] for e in events[-2:]] == ["replayed", "steps_forgotten"], events
+    assert events[-1]["actor"] == "ops@example"
+    assert events[-1]["detail"] == {"count": len(recorded), "names": recorded}, events[-1]
 
 
 def test_the_cli_resolves_an_uncertain_effect_with_retry_and_replays_it(app, conn, pg_dsn, capsys):
@@ -336,6 +342,14 @@ def test_the_cli_resolves_an_uncertain_effect_with_retry_and_replays_it(app, con
     assert main(["effects", "resolve", str(job_id), "charge", "--result", "NaN", *flags]) != 0
     err = capsys.readouterr().err
     assert "--result is not valid JSON" in err and "result=" not in err
+    # a plain replay before resolving says where it leads (a trial: "replayed 1 job", dead again)
+    assert main(["dead", "replay", str(job_id), *flags]) == 0
+    err = capsys.readouterr().err
+    assert (f"note: job {job_id}'s effect 'charge' was started by an earlier attempt that never recorded its end: "
+            "unless the handler gives a reconcile function, the job goes dead EFFECT_UNCERTAIN again") in err, err
+    assert f"`pgworker effects resolve {job_id} charge --result JSON --schema {schema}`" in err, err
+    drain(app, skip_backoff=True)  # and so it does: dead again, still uncertain
+    assert job_row(conn, schema, job_id) == ("dead", 1, "EFFECT_UNCERTAIN")
     assert main(["effects", "resolve", str(job_id), "charge", "--retry", "--replay", *flags]) == 0
     out = capsys.readouterr()
     assert "marked to be called again" in out.out and "replayed" in out.out, out

@@ -73,6 +73,15 @@ SELECT name, kind, status, result, idempotency_key, attempt, lease_token, create
        resolved_by
 FROM {schema}.job_steps WHERE job_id = %(id)s ORDER BY created_at, name;
 
+-- name: job_effects_uncertain
+-- Effects of these jobs started by an attempt that never recorded their end (what a
+-- replay without `effects resolve` runs into again, unless the handler reconciles):
+-- (job_id, name), at most %(limit)s, by the primary key (job_id, name).
+SELECT job_id, name FROM {schema}.job_steps
+WHERE job_id = ANY(%(ids)s::bigint[]) AND kind = 'effect' AND status = 'started'
+ORDER BY job_id, name
+LIMIT %(limit)s;
+
 -- name: job_effect_resolve
 -- An operator's answer for an effect left 'started' (EFFECT_UNCERTAIN): mark it done with
 -- the result they give (%(retry)s false), or forget the record so that the next attempt
@@ -104,6 +113,16 @@ WHERE (SELECT n FROM backdated) >= 0;
 
 -- name: job_steps_clean
 -- Forget every step and effect of these jobs (a clean replay: the next attempt runs them
--- all again). Returns how many records went.
-WITH gone AS (DELETE FROM {schema}.job_steps WHERE job_id = ANY(%(ids)s::bigint[]) RETURNING 1)
+-- all again), audited per job that had any ('steps_forgotten': how many, and the first 20
+-- names; a trial found a clean replay left no trace of what it forgot). Returns how many
+-- records went.
+WITH gone AS (
+    DELETE FROM {schema}.job_steps WHERE job_id = ANY(%(ids)s::bigint[]) RETURNING job_id, name
+), audit AS (
+    INSERT INTO {schema}.job_events (job_id, kind, actor, detail)
+    SELECT job_id, 'steps_forgotten', %(actor)s,
+           jsonb_build_object('count', count(*), 'names', to_jsonb((array_agg(name ORDER BY name))[1:20]))
+    FROM gone
+    GROUP BY job_id
+)
 SELECT count(*) FROM gone;
