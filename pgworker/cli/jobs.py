@@ -123,7 +123,20 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     _note_limit(args, more)
     if not rows and (args.task is not None or args.queue is not None):
         _note_close_names(app, args)
+    if not rows and args.graph is not None:
+        _note_unknown_graph(app, args.graph)
     return 0
+
+
+def _note_unknown_graph(app: Any, graph_id: int) -> None:
+    """After a `jobs list --graph ID` that listed nothing: when no job carries that graph
+    id at all, say so, as `graphs cancel|replay` do (a trial: "(none)" alone, for a
+    mistyped id and for a job id that is no graph's alike)."""
+    from .. import graphs  # as cli/graphs.py: psycopg after the fork server starts
+
+    if not graphs.graph_states(app.core, graph_id):
+        print(f"note: there is no graph {graph_id} in schema {app.settings.schema!r}: no job carries that graph "
+              "id (a graph's id is its first job's id; `pgworker jobs show ID` prints a job's graph)", file=sys.stderr)
 
 
 def state_shown(row: dict[str, Any]) -> str:

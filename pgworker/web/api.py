@@ -29,7 +29,7 @@ from ..jobfilter import JobFilter, check_keys
 from ..names import checked_cancel_reason
 from .pages import bulk as bulk_page
 from .pages.dead import dead_data
-from .pages.job import apply_action, job_data
+from .pages.job import apply_action, job_data, job_exists
 from .pages.jobs import check_list_keys, jobs_data
 from .pages.overview import overview_data
 from .pages.schedules import schedules_data
@@ -123,8 +123,12 @@ async def job_action(request: Request) -> Response:
     # a misspelt "reasn", dropped, cancelled the job without the reason the script sent
     body = await _body(request, JOB_ACTION_KEYS[verb], what=verb)
     reason = checked_cancel_reason(body.get("reason"))  # a long one refused, as the command line refuses it
-    changed = await ctx.db(apply_action, ctx, verb, request.path_params["job_id"], reason)
-    return Json({"id": request.path_params["job_id"], "action": verb, "changed": changed})
+    job_id = request.path_params["job_id"]
+    changed = await ctx.db(apply_action, ctx, verb, job_id, reason)
+    if not changed and not await ctx.db(job_exists, ctx, job_id):
+        # as GET /api/jobs/ID says (a trial: 200 {"changed": false} read as "not in a state for it")
+        return Json({"error": "no such job"}, status_code=404)
+    return Json({"id": job_id, "action": verb, "changed": changed})
 
 
 async def queue_action(request: Request) -> Response:

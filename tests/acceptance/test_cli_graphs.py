@@ -68,6 +68,10 @@ def test_a_job_that_is_no_graph_s_is_no_graph(app, pg_dsn):
     proc = cli(pg_dsn, app.settings.schema, "graphs", "cancel", str(job), check=False)
     assert proc.returncode == 1 and f"there is no graph {job}" in proc.stderr
     assert app.get_job(job)["state"] == "pending"
+    # `jobs list --graph` of it says so too (a trial: "(none)" alone, exit 0)
+    listed = cli(pg_dsn, app.settings.schema, "jobs", "list", "--graph", str(job), check=False)
+    assert listed.returncode == 0 and listed.stdout.strip() == "(none)", listed
+    assert f"note: there is no graph {job} in schema" in listed.stderr, listed.stderr
 
 
 def test_graphs_cancel_and_cancel_keep_the_operators_reason(env, pg_dsn, conn):

@@ -72,6 +72,22 @@ def test_a_job_action_refuses_a_body_it_does_not_read_and_changes_nothing(consol
     assert _events(app, conn, job) == []
 
 
+def test_an_action_on_a_job_that_does_not_exist_is_a_404_as_its_read_is(console, app, conn):
+    """A trial: POST /api/jobs/999999/replay answered 200 {"changed": false} (as for a job
+    not in a state for it) while GET /api/jobs/999999 said 404. An id past a bigint too
+    (the route takes any digits): 404, not a server error."""
+    dead = _dead(app, conn)
+    for job_id in (dead + 1000, 2**63, 10**30):
+        for verb in ("replay", "cancel", "retry", "discard"):
+            r = console.post(f"/api/jobs/{job_id}/{verb}", headers=AUTH, json={})
+            assert r.status_code == 404 and r.json() == {"error": "no such job"}, (job_id, verb, r.text)
+        assert console.get(f"/api/jobs/{job_id}", headers=AUTH).status_code == 404
+        assert console.get(f"/jobs/{job_id}", headers=AUTH).status_code == 404
+    # a job that exists but is not in a state for it: 200, unchanged, as before
+    r = console.post(f"/api/jobs/{dead}/retry", headers=AUTH, json={})
+    assert r.status_code == 200 and r.json() == {"id": dead, "action": "retry", "changed": False}, r.text
+
+
 def test_a_cancel_reason_sent_to_the_api_is_kept_and_shown_on_the_job_page(console, app, conn):
     job = _later(app)
     r = console.post(f"/api/jobs/{job}/cancel", headers=AUTH, json={"reason": "  web <b>replay</b>  "})

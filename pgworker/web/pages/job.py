@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from ...names import ID_MAX
 from ..live import fingerprint, poll_stream
 from ..render import pretty, redact
 from .job_sections import dependencies_section, progress_section, result_section
@@ -56,7 +57,14 @@ ACTIONS_BY_STATE = {"pending": ("retry", "cancel"), "running": ("cancel",), "dea
 FINISHED = ("succeeded", "cancelled", "dead")
 
 
+def job_exists(ctx: Any, job_id: int) -> bool:
+    """Whether the path's id names a job (an id past a bigint names none: the API refuses it)."""
+    return 0 < job_id <= ID_MAX and ctx.app.get_job(job_id) is not None
+
+
 def job_data(ctx: Any, job_id: int) -> dict[str, Any] | None:
+    if not 0 < job_id <= ID_MAX:  # the route takes any digits; no job has such an id
+        return None
     job = ctx.app.get_job(job_id)
     if job is None:
         return None
@@ -160,7 +168,7 @@ async def job_events(request: Request) -> Response:
     job_id = request.path_params["job_id"]
 
     async def read() -> Any:
-        job = await ctx.db(ctx.app.get_job, job_id)
+        job = await ctx.db(job_data_raw, ctx, job_id)
         return None if job is None else live_value(job)
 
     return StreamingResponse(poll_stream(read, request.is_disconnected, until=lambda v: v is None or v[0] in FINISHED,
@@ -185,11 +193,18 @@ async def job_action(request: Request) -> Response:
     return ctx.redirect(f"/jobs/{job_id}?done={verb if done else 'nothing'}")
 
 
+def job_data_raw(ctx: Any, job_id: int) -> dict[str, Any] | None:
+    """The job's row as the App reads it, or None (also for an id no job can have)."""
+    return ctx.app.get_job(job_id) if 0 < job_id <= ID_MAX else None
+
+
 def apply_action(ctx: Any, verb: str, job_id: int, reason: str | None = None) -> bool:
     """Whether the action changed the job (the store's fence may find it moved on).
     ``reason`` (cancel and discard: kept in the audit event, bounded by
     :func:`pgworker.names.cancel_reason`) is not read by replay and retry."""
     app = ctx.app
+    if not 0 < job_id <= ID_MAX:
+        return False
     if verb == "replay":
         return bool(app.replay([job_id], actor=ctx.actor))
     if verb == "retry":
