@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from .effects.steps import run_effect, run_step
 from .effects.transaction import TransactionState, job_atransaction, job_transaction
 from .errors import JobCancelled, LeaseLost
-from .names import bounded_text
+from .names import one_line_text
 
 if TYPE_CHECKING:
     import psycopg
@@ -129,7 +129,8 @@ class JobContext:
 
     def progress(self, value: float, message: str | None = None, *, force: bool = False) -> bool:
         """Record how far the job has come: ``value`` a fraction from 0.0 to 1.0, ``message``
-        a short text (cut to 200 printable characters). A heartbeat too (the lease's
+        a short text (one line: white space folded, bidirectional controls replaced; cut
+        to 200 printable characters). A heartbeat too (the lease's
         evidence of progress for ``renew='progress'`` tasks).
 
         Durable: written on the job's row, fenced by the lease token, at most once every
@@ -144,7 +145,7 @@ class JobContext:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                 or not 0.0 <= value <= 1.0:
             raise ValueError(f"progress must be a fraction from 0.0 to 1.0, got {value!r}")
-        text = None if message is None else bounded_text(str(message), self.PROGRESS_MESSAGE_MAX_CHARS)
+        text = None if message is None else one_line_text(str(message), self.PROGRESS_MESSAGE_MAX_CHARS)
         self.heartbeat(value)
         if self._db is None or self._tx.committed:  # committed: the row left 'running' (a trial: LeaseLost)
             return False

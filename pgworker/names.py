@@ -201,6 +201,17 @@ def bounded_text(text: str, max_chars: int) -> str:
     return text
 
 
+# Bidirectional embeddings, overrides and isolates: they reorder what follows them on screen.
+_BIDI_CONTROLS = re.compile("[\u202a-\u202e\u2066-\u2069]")
+
+
+def one_line_text(text: str, max_chars: int) -> str:
+    """:func:`bounded_text` on one line: runs of white space (line breaks, tabs) as one
+    space, bidirectional controls (U+202A-E, U+2066-9) as U+FFFD, so a short status line
+    (a progress message) cannot add lines or reorder itself where it is shown."""
+    return bounded_text(_BIDI_CONTROLS.sub("\ufffd", " ".join(text.split())), max_chars)
+
+
 #: The most of an operator's cancel reason that is kept (the audit event's detail).
 CANCEL_REASON_MAX_CHARS = 500
 

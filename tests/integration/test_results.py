@@ -325,6 +325,9 @@ def test_progress_is_durable_fenced_rate_limited_and_shown(app, conn):
     assert len(app.get_job(job_id)["progress_message"]) == 4
     ctx.progress(0.6, "x" * 1000, force=True)
     assert len(app.get_job(job_id)["progress_message"]) == 200
+    # one line, as documented (a trial: line breaks, tabs and a right-to-left override kept)
+    ctx.progress(0.6, " rows\n  3/4\tdone \u202egnp.exe\u2066 ", force=True)
+    assert app.get_job(job_id)["progress_message"] == "rows 3/4 done \ufffdgnp.exe\ufffd"
     # fenced: once the lease moved to another attempt, the old context's write is refused
     expire(conn, schema, job.id)
     app.reap(retry=NO_BACKOFF)
