@@ -132,10 +132,29 @@ def _ready(job_id: int, row: dict[str, Any] | None, schema: str, waiter: str) ->
     (``waiter``: the call that waits for it, sync or async)."""
     finished, value = _settled(job_id, row, schema)
     if not finished:
-        raise ResultNotReady(f"job {job_id} is {row['state']}: it has no result yet "  # type: ignore[index]
+        raise ResultNotReady(f"job {job_id} is {_where(row, schema)}: it has no result yet "  # type: ignore[arg-type]
                              f"({waiter} waits for it; "
                              f"`pgworker jobs show {job_id}{schema_flag(schema)}` shows how far it is)")
     return value
+
+
+def _where(row: dict[str, Any], schema: str) -> str:
+    """An unfinished job's state as a waiter needs it: 'running', 'pending', 'pending,
+    waiting for 2 parents; job 10 ended dead (PERMANENT) and holds it until replayed
+    (`pgworker dead replay 10`) or cancelled' (a trial: a child held by a dead parent read
+    "pending", and wait_result waited out its timeout without a word why)."""
+    waiting = row.get("waiting_parents") or 0
+    if row["state"] != "pending" or not waiting:
+        return str(row["state"])
+    said = f"pending, waiting for {waiting} parent{'' if waiting == 1 else 's'}"
+    stuck = row.get("stuck_parent")
+    if isinstance(stuck, dict):
+        flag = schema_flag(schema)
+        fix = f"replayed (`pgworker dead replay {stuck['id']}{flag}`)" if stuck["state"] == "dead" else \
+            f"replayed with its graph (`pgworker graphs replay GRAPH_ID{flag}`)"
+        said += (f"; its parent job {stuck['id']} ended {stuck['state']} ({stuck['code'] or 'no error code'}) "
+                 f"and holds it until that parent is {fix} or this job is cancelled")
+    return said
 
 
 def _check_wait(job_id: int, timeout: float | None, poll_seconds: float) -> float:
@@ -187,12 +206,14 @@ def wait_result(core: Core, job_id: int, *, timeout: float | None, poll_seconds:
                                       prepare=s.prepared_statements,
                                       connect_timeout=_connect_timeout(deadline))
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(core.store.results_channel)))
-                finished, value = _settled(job_id, core.store.job_result(conn, job_id), s.schema)
+                row = core.store.job_result(conn, job_id)
+                finished, value = _settled(job_id, row, s.schema)
                 if finished:
                     return value
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise ResultTimeout(f"job {job_id} had not finished after {timeout} s")
+                    raise ResultTimeout(f"job {job_id} had not finished after {timeout} s: it is "
+                                        f"{_where(row, s.schema)}")  # type: ignore[arg-type]
                 _wait_notify(conn, min(left, poll_seconds))
                 backoff = RECONNECT_FIRST_SECONDS
             except (DatabaseUnavailable, psycopg.OperationalError, psycopg.InterfaceError) as exc:
@@ -267,12 +288,14 @@ async def await_result(core: Core, job_id: int, *, timeout: float | None, poll_s
             try:
                 if conn is None:
                     conn = await _alisten(core, deadline)
-                finished, value = _settled(job_id, await arun(conn, core.store.job_result_plan(job_id)), core.settings.schema)
+                row = await arun(conn, core.store.job_result_plan(job_id))
+                finished, value = _settled(job_id, row, core.settings.schema)
                 if finished:
                     return value
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise ResultTimeout(f"job {job_id} had not finished after {timeout} s")
+                    raise ResultTimeout(f"job {job_id} had not finished after {timeout} s: it is "
+                                        f"{_where(row, core.settings.schema)}")  # type: ignore[arg-type]
                 async for _ in conn.notifies(timeout=min(left, poll_seconds), stop_after=1):
                     pass
                 async for _ in conn.notifies(timeout=0.0):  # the rest already received: one re-read covers them

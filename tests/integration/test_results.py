@@ -226,6 +226,30 @@ def test_wait_result_without_a_deadline_and_a_timeout_that_is_not_a_number(app):
         app.wait_result(job_id, timeout=1, poll_seconds="1")  # type: ignore[arg-type]
 
 
+def test_a_child_held_by_a_dead_parent_says_so_to_whoever_waits_for_its_result(app):
+    """A trial: the result of a child whose parent went dead read "job 11 is pending", and
+    wait_result on it waited out its timeout without a word why. Both name the parent,
+    how it ended and the command that frees the child."""
+    parent = app.enqueue("t", max_attempts=1)
+    child = app.enqueue("t", depends_on=[parent])
+    with pytest.raises(ResultNotReady, match=f"job {child} is pending, waiting for 1 parent: it has no result yet"):
+        app.result(child)
+    [job] = app.claim()
+    app.fail(job, Permanent("no stock"))
+    said = (f"job {child} is pending, waiting for 1 parent; its parent job {parent} ended dead (PERMANENT) and "
+            f"holds it until that parent is replayed (`pgworker dead replay {parent} --schema {app.settings.schema}`)"
+            " or this job is cancelled")
+    with pytest.raises(ResultNotReady) as info:
+        app.result(child)
+    assert said in str(info.value), str(info.value)
+    with pytest.raises(ResultTimeout) as timed:
+        app.wait_result(child, timeout=0.2, poll_seconds=0.05)
+    assert f"job {child} had not finished after 0.2 s: it is pending, waiting for 1 parent; its parent job " \
+        f"{parent} ended dead" in str(timed.value), str(timed.value)
+    with pytest.raises(ResultTimeout, match=f"its parent job {parent} ended dead"):
+        asyncio.run(app.await_result(child, timeout=0.2, poll_seconds=0.05))
+
+
 def test_wait_result_async(app):
     job_id = app.enqueue("t")
     [job] = app.claim()
