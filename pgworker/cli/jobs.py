@@ -37,6 +37,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
                              max_attempts=args.max_attempts, dedupe_key=args.dedupe_key,
                              ordering_key=args.ordering_key, dedupe_window=args.dedupe_window,
                              ordering_on_dead=args.ordering_on_dead, any_task=args.any_task,
+                             depends_on=args.depends_on, on_parent_failure=args.on_parent_failure,
                              on_conflict="raise")
     except AlreadyEnqueued as held:
         job_id, deduplicated = held.job_id, True

@@ -129,6 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ordering-on-dead", choices=("block", "skip"),
                    help="if this job dies: block its key's later jobs until replayed or discarded, "
                         "or skip it (default: the task's, else block)")
+    p.add_argument("--depends-on", type=_job_id, action="append", metavar="ID",
+                   help="run only after job ID succeeded (repeat it for more parents); the job joins "
+                        "their graph (docs/graphs.md)")
+    p.add_argument("--on-parent-failure", choices=("hold", "cancel"),
+                   help="with --depends-on, if a parent ends dead or cancelled: wait for it to be "
+                        "replayed (hold, the default) or be cancelled too")
     p.add_argument("--any-task", action="store_true",
                    help="enqueue a task name the --app does not register (one another service's "
                         "worker handles); without it, such a name is refused as a likely typo")

@@ -98,3 +98,23 @@ def test_graphs_cancel_and_cancel_keep_the_operators_reason(env, pg_dsn, conn):
     assert [e for e in events if e[0] == child] == []
     assert q(conn, schema, "SELECT last_error_code FROM {s}.jobs WHERE id = %s", child) == [("PARENT_CANCELLED",)]
     assert states(conn, schema, [parent, child, lone]) == dict.fromkeys((parent, child, lone), "cancelled")
+
+
+def test_enqueue_depends_on_from_the_command_line(app, pg_dsn, conn):
+    """A trial: `pgworker enqueue` had no way to give parents (`--depends-on 2` was
+    refused with "did you mean --dedupe-window?"). Repeated --depends-on: the job waits
+    for each, joins their graph, and --on-parent-failure takes the policy."""
+    schema = app.settings.schema
+    a, b = app.enqueue("t", None, any_task=True), app.enqueue("t", None, any_task=True)
+    child = int(cli(pg_dsn, schema, "enqueue", "t", "--any-task", "--depends-on", str(a), "--depends-on", str(b),
+                    "--on-parent-failure", "cancel").stdout)
+    job = app.get_job(child)
+    assert (job["state"], job["waiting_parents"], job["on_parent_failure"]) == ("pending", 2, "cancel"), job
+    assert sorted(p["id"] for p in job["parents"]) == [a, b]
+    bad = cli(pg_dsn, schema, "enqueue", "t", "--any-task", "--depends-on", "abc", check=False)
+    assert bad.returncode == 2 and "id 'abc' is not valid" in bad.stderr, bad.stderr
+    missing = cli(pg_dsn, schema, "enqueue", "t", "--any-task", "--depends-on", "987654321", check=False)
+    assert missing.returncode != 0 and "987654321" in missing.stderr and "Traceback" not in missing.stderr, missing
+    alone = cli(pg_dsn, schema, "enqueue", "t", "--any-task", "--on-parent-failure", "cancel", check=False)
+    assert alone.returncode != 0 and "depends_on" in alone.stderr and "Traceback" not in alone.stderr, alone
+    assert q(conn, schema, "SELECT count(*) FROM {s}.jobs")[0][0] == 3  # the refused ones wrote nothing
