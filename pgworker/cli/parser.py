@@ -8,7 +8,8 @@ import argparse
 import difflib
 import re
 import shlex
-from typing import Any
+import sys
+from typing import Any, NoReturn
 
 from ..names import CANCEL_REASON_MAX_CHARS, bounded_text, redact
 from .values import (_cancel_reason, _duration_or_none, _float_or_none, _int_or_none, _job_id,  # noqa: F401
@@ -47,6 +48,25 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        self._given: list[str] = []
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._given = [str(a) for a in (sys.argv[1:] if args is None else args)]
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        """argparse's error, and when it is about a required argument, the misspelt option
+        that was probably meant as it (a trial: `effects resolve 7 charge --retyr` said
+        only "one of the arguments --result --retry is required": argparse checks the
+        required ones before it reports an unrecognized one). Only option names are
+        echoed, never values."""
+        if "required" in message:
+            known = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+            for option in dict.fromkeys(a.split("=", 1)[0] for a in self._given if a.startswith("--")):
+                close = difflib.get_close_matches(option, known, n=1, cutoff=0.6)
+                if option not in known and close:
+                    message += f"; unrecognized {bounded_text(option, 40)}: did you mean {close[0]}?"
+        super().error(message)
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         """argparse's "invalid choice" with the closest choice named: `pgworker job list`

@@ -130,6 +130,11 @@ def test_other_unrecognized_arguments_name_the_command_and_the_closest_option(ca
                                            "did you mean --concurrency? (`pgworker run --help` lists its options)\n"),
             (["jobs", "list", "--stat=dead"], "pgworker jobs list: error: unrecognized arguments: --stat=dead; "
                                               "did you mean --state? (`pgworker jobs list --help` lists its options)\n"),
+            # a misspelt option meant as a required one: argparse reports the required one
+            # first, which said nothing of the typo (a trial)
+            (["effects", "resolve", "7", "charge", "--retyr"],
+             "pgworker effects resolve: error: one of the arguments --result --retry is required; "
+             "unrecognized --retyr: did you mean --retry?\n"),
             # the app given as the worker's argument (a new user's trial)
             (["run", "myapp.tasks:app"], "pgworker run: error: unrecognized arguments: myapp.tasks:app; the app goes "
                                          "in --app: --app myapp.tasks:app (`pgworker run --help` lists its options)\n")):
