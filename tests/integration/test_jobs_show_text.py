@@ -23,9 +23,13 @@ def test_control_characters_of_stored_text_are_printed_as_escapes(app, conn, pg_
 
     job = app.enqueue("spoof", None, max_attempts=1)
     drain(app)
-    # a raw INSERT or UPDATE is not bound by the API's checks: a code and a key with line breaks
-    conn.execute(sql.SQL("UPDATE {}.jobs SET last_error_code = %s, ordering_key = %s WHERE id = %s")
-                 .format(sql.Identifier(app.settings.schema)), ("CODE\nFAKE CODE LINE", "k\r\nFAKE KEY LINE", job))
+    # ctx.progress keeps a message on one line (its white space folded)
+    assert app.get_job(job)["progress_message"] == "RED FAKE LOG LINE col c1 sep"
+    # a raw INSERT or UPDATE is not bound by the API's checks: a code, a key and a progress
+    # message with line breaks
+    conn.execute(sql.SQL("UPDATE {}.jobs SET last_error_code = %s, ordering_key = %s, progress_message = %s "
+                         "WHERE id = %s").format(sql.Identifier(app.settings.schema)),
+                 ("CODE\nFAKE CODE LINE", "k\r\nFAKE KEY LINE", "RED\r\nFAKE LOG LINE\tcol\x85c1\u2028sep", job))
     stored = app.get_job(job)
     assert stored["progress_message"] == "RED\r\nFAKE LOG LINE\tcol\x85c1\u2028sep"  # stored as given
     capsys.readouterr()
