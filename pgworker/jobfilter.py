@@ -5,7 +5,8 @@ One definition in SQL reads it (``console_job_filter`` in the schema, migration
 refusing what it cannot use with a message that names the fix. The keys: ``queue``,
 ``state``, ``task``, ``ordering_key``, ``dedupe_key``, ``error_code`` (exact matches),
 ``created_after`` / ``created_before`` (ISO 8601 UTC), ``payload`` (a JSON object the
-payload must contain, PostgreSQL's ``@>``).
+payload must contain, PostgreSQL's ``@>``), ``graph`` (a graph id: the jobs linked by
+``depends_on``, docs/graphs.md; migration 0014).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, Mapping
 
 from .errors import ConfigError
 from .jobs import JobState
-from .names import check_key, check_queue_name, check_task_name
+from .names import check_id, check_key, check_queue_name, check_task_name, parse_id
 
 STATES = tuple(s.value for s in JobState)
 #: The largest payload filter accepted (characters of its JSON).
@@ -45,6 +46,7 @@ class JobFilter:
     created_after: datetime | None = None
     created_before: datetime | None = None
     payload: dict[str, Any] | None = None
+    graph: int | None = None
 
     @classmethod
     def parse(cls, params: Mapping[str, Any], *, now: datetime | None = None) -> "JobFilter":
@@ -52,7 +54,8 @@ class JobFilter:
         JSON object (``{"user_id": 42}``) or ``key=value`` (a dotted key nests:
         ``order.id=7``; the value is read as JSON when it parses, else as text).
         ``created_after``/``created_before`` take ISO 8601 (UTC unless an offset is given)
-        or an age such as ``15m`` or ``2d`` (that long ago). Raises :class:`FilterError`."""
+        or an age such as ``15m`` or ``2d`` (that long ago). ``graph`` is a graph id
+        (plain digits). Raises :class:`FilterError`."""
         def text(name: str) -> str | None:
             value = params.get(name)
             if value is None or (isinstance(value, str) and not value.strip()):
@@ -71,7 +74,7 @@ class JobFilter:
             error_code=_checked(lambda v: check_key("error code", v), text("error_code")),
             created_after=_when("created_after", text("created_after"), now),
             created_before=_when("created_before", text("created_before"), now),
-            payload=_payload(params.get("payload")))
+            payload=_payload(params.get("payload")), graph=_graph(text("graph")))
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> "JobFilter":
@@ -149,6 +152,16 @@ def _checked(check: Any, value: str | None) -> str | None:
         return check(value)
     except ValueError as exc:
         raise FilterError(str(exc)) from None
+
+
+def _graph(value: Any) -> int | None:
+    """A graph id: digits as text (a query string, a form), or an int (Python, a recorded filter)."""
+    if value is None:
+        return None
+    try:
+        return check_id(value, "graph id") if isinstance(value, int) else parse_id(str(value), "graph id")
+    except (TypeError, ValueError) as exc:
+        raise FilterError(f"{exc}; a graph id is the graph_id of its jobs (a job's page shows it)") from None
 
 
 def _when(name: str, value: str | None, now: datetime) -> datetime | None:

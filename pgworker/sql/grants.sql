@@ -102,5 +102,5 @@ GRANT SELECT ON {schema}.jobs, {schema}.job_events, {schema}.queues, {schema}.qu
                 {schema}.schedules, {schema}.migrations, {schema}.pods, {schema}.bulk_operations,
                 {schema}.bulk_operation_jobs, {schema}.job_steps, {schema}.job_results,
                 {schema}.job_dependencies TO {viewer};
-GRANT EXECUTE ON FUNCTION {schema}.console_job_filter(jsonb, text, text, text, text, text, text, timestamptz, jsonb)
-    TO {viewer};
+GRANT EXECUTE ON FUNCTION {schema}.console_job_filter(jsonb, text, text, text, text, text, text, timestamptz, jsonb,
+                                                       bigint) TO {viewer};

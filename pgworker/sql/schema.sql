@@ -304,15 +304,15 @@ CREATE TABLE {schema}.bulk_operation_jobs (
     PRIMARY KEY (operation_id, job_id)
 );
 
--- Whether a job matches the console's filter `f` (jsonb, normalised by pgworker.web's
+-- Whether a job matches the console's filter `f` (jsonb, normalised by pgworker.jobfilter's
 -- JobFilter: keys queue, state, task, ordering_key, dedupe_key, error_code,
--- created_after, created_before, payload). An absent key matches everything. Written
--- over the columns rather than the row so that the planner inlines it (a whole-row
--- argument would build a row value per job scanned).
+-- created_after, created_before, payload, graph (migration 0014)). An absent key matches
+-- everything. Written over the columns rather than the row so that the planner inlines it
+-- (a whole-row argument would build a row value per job scanned).
 CREATE FUNCTION {schema}.console_job_filter(f jsonb, queue text, state text, task text,
                                              ordering_key text, dedupe_key text,
                                              error_code text, created_at timestamptz,
-                                             payload jsonb)
+                                             payload jsonb, graph_id bigint)
 RETURNS boolean LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT (f->>'queue' IS NULL OR queue = f->>'queue')
        AND (f->>'state' IS NULL OR state = f->>'state')
@@ -323,6 +323,7 @@ RETURNS boolean LANGUAGE sql STABLE PARALLEL SAFE AS $$
        AND (f->>'created_after' IS NULL OR created_at >= (f->>'created_after')::timestamptz)
        AND (f->>'created_before' IS NULL OR created_at < (f->>'created_before')::timestamptz)
        AND (f->'payload' IS NULL OR payload @> (f->'payload'))
+       AND (f->>'graph' IS NULL OR graph_id = (f->>'graph')::bigint)
 $$;
 
 -- One row per named step (ctx.step) or external effect (ctx.effect) of a job, across its

@@ -47,9 +47,12 @@ class ConsoleStatements(StoreBase):
                             scan: int, limit: int) -> tuple[int, int, list[dict[str, Any]]]:
         """(floor, scanned, rows): the jobs matching ``job_filter`` among the ``scan``
         newest below ``before``, newest first; ``floor`` is the lowest id of that window
-        and ``scanned`` how many it held."""
-        rows = self._rows(conn, "console_jobs_window", {
-            "filter": json.dumps(job_filter), "before": before, "scan": scan, "limit": limit})
+        and ``scanned`` how many it held. A filter with a ``graph`` windows that graph's
+        jobs (jobs_graph_idx), not the table's newest."""
+        graph = job_filter.get("graph")
+        name = "console_jobs_window" if graph is None else "console_jobs_graph_window"
+        rows = self._rows(conn, name, {
+            "filter": json.dumps(job_filter), "before": before, "scan": scan, "limit": limit, "graph": graph})
         floor, scanned = (rows[0]["floor"], rows[0]["scanned"]) if rows else (0, 0)
         return floor, scanned, [_job(r) for r in rows if r["id"] is not None]
 
@@ -144,9 +147,13 @@ class ConsoleStatements(StoreBase):
 
     def bulk_operation_candidates(self, conn: psycopg.Connection, *, job_filter: dict[str, Any], after: int,
                                   max_id: int, limit: int) -> list[tuple[int, str, bool]]:
-        """(id, state, matches) of the next ``limit`` jobs by id in (after, max_id]."""
-        return [tuple(r) for r in self._exec(conn, "bulk_operation_candidates", {
-            "filter": json.dumps(job_filter), "after": after, "max_id": max_id, "limit": limit}).fetchall()]
+        """(id, state, matches) of the next ``limit`` jobs by id in (after, max_id]: of
+        the filter's ``graph`` only when it names one (jobs_graph_idx)."""
+        graph = job_filter.get("graph")
+        name = "bulk_operation_candidates" if graph is None else "bulk_operation_candidates_graph"
+        return [tuple(r) for r in self._exec(conn, name, {
+            "filter": json.dumps(job_filter), "after": after, "max_id": max_id, "limit": limit,
+            "graph": graph}).fetchall()]
 
     def bulk_operation_advance(self, conn: psycopg.Connection, *, operation_id: int, cursor: int, examined: int,
                                applied_ids: Sequence[int], finished: bool) -> dict[str, Any] | None:

@@ -190,3 +190,39 @@ def test_migration_0005_promotes_the_keys_the_fixed_defects_stranded(pg_dsn, sch
         assert [rows[i] for i in stranded] == [False, True]
         assert [rows[i] for i in behind_running + behind_dead + active] == [False, True, False, True, False, True]
         assert q(conn, schema, "SELECT job_id, kind FROM {s}.job_events") == [(stranded[0], "promoted")]
+
+
+def test_migration_0014_carries_the_console_filters_grants_to_its_new_signature(pg_dsn):
+    """console_job_filter gains an argument (the graph), so migration 0014 replaces the
+    function: the grants of the old one (`pgworker sql grants --viewer`, and PUBLIC's
+    EXECUTE revoked, as default privileges may have it) hold on the new one. Without
+    that, a viewer of a database that revokes PUBLIC's EXECUTE lost the jobs list. The
+    schema and role names hold a quote and a dollar sign (the block quotes neither)."""
+    schema = f"g'r$aph_{os.getpid()}_{next(_counter)}"
+    role = f'Viewer"{os.getpid()}$'
+    ident, rident = psycopg.sql.Identifier(schema), psycopg.sql.Identifier(role)
+    old = psycopg.sql.SQL("{}.console_job_filter(jsonb, text, text, text, text, text, text, timestamptz, jsonb)"
+                          ).format(ident)
+    new_args = "jsonb, text, text, text, text, text, text, timestamptz, jsonb, bigint"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("DROP ROLE IF EXISTS {}").format(rident))
+        conn.execute(psycopg.sql.SQL("CREATE ROLE {}").format(rident))
+        try:
+            migrate_to(conn, schema, 13)
+            conn.execute(psycopg.sql.SQL("REVOKE EXECUTE ON FUNCTION {} FROM PUBLIC").format(old))
+            conn.execute(psycopg.sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(old, rident))
+            assert migrate(conn, schema).applied == ("0014_console_graph_filter",)
+            [(args,)] = conn.execute("SELECT pg_get_function_identity_arguments(p.oid) FROM pg_proc p "
+                                     "WHERE p.pronamespace = %s::regnamespace AND p.proname = 'console_job_filter'",
+                                     [ident.as_string(conn)]).fetchall()
+            assert args.endswith("payload jsonb, graph_id bigint"), args
+            fn = f"{ident.as_string(conn)}.console_job_filter({new_args})"
+            can = "SELECT has_function_privilege(%s, %s, 'EXECUTE')"
+            assert conn.execute(can, [role, fn]).fetchone()[0] is True
+            assert conn.execute(can, ["public", fn]).fetchone()[0] is False
+            # and search_path is as it was before the migration
+            assert schema not in conn.execute("SHOW search_path").fetchone()[0]
+        finally:
+            drop_schema(conn, schema)
+            conn.execute(psycopg.sql.SQL("DROP OWNED BY {}").format(rident))
+            conn.execute(psycopg.sql.SQL("DROP ROLE {}").format(rident))

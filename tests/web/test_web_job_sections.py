@@ -147,7 +147,7 @@ def test_the_page_shows_result_progress_and_dependencies_escaped(app, pg_dsn, co
     assert f'href="/jobs/{parent}"' in child_page and f'href="/jobs/{other}"' in child_page
     assert ">succeeded<" in child_page and ">pending<" in child_page
     assert 'id="on-parent-failure">cancel' in child_page and "1 parent not succeeded yet" in child_page
-    assert f'id="graph-id">{parent} ' in child_page
+    assert f'id="graph-id"><a id="graph-link" href="/jobs?graph={parent}">{parent}</a> ' in child_page
     # and the parent's children
     assert 'id="job-children"' in parent_page and f'href="/jobs/{child}"' in parent_page
     # a job with none of them shows none of the sections

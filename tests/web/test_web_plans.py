@@ -19,7 +19,7 @@ FAR = "9999-01-01T00:00:00+00:00"
 @pytest.fixture(scope="module")
 def big(pg_dsn):
     """200,000 succeeded jobs over a day, 30,000 pending (some later), 300 running and
-    5,000 dead in three queues, analysed. Module-scoped: building it is the slow part."""
+    5,000 dead in three queues, 40 graphs of 100 jobs, analysed. Module-scoped: building it is the slow part."""
     import os
 
     import psycopg
@@ -51,6 +51,11 @@ def big(pg_dsn):
             "INSERT INTO {}.jobs (queue, task, payload, state, finished_at, last_error_code, attempts) "
             "SELECT 'q' || (i % 3), 't' || (i % 5), jsonb_build_object('user', i), 'dead', "
             "now() - (i % 3600) * interval '1 second', 'E' || (i % 4), 5 FROM generate_series(1, 5000) AS i").format(ident))
+        c.execute(sql.SQL(  # 40 graphs of 100 jobs (graph ids 1000 to 1039), some dead
+            "INSERT INTO {}.jobs (queue, task, payload, state, finished_at, graph_id) "
+            "SELECT 'q' || (i % 3), 't' || (i % 5), jsonb_build_object('user', i), "
+            "CASE WHEN i % 10 = 0 THEN 'dead' ELSE 'succeeded' END::{}.job_state, now(), 1000 + i % 40 "
+            "FROM generate_series(1, 4000) AS i").format(ident, ident))
         c.execute(sql.SQL("VACUUM ANALYZE {}.jobs").format(ident))
     yield app
     app.close()
@@ -128,6 +133,21 @@ def test_the_jobs_window_is_a_primary_key_range_whatever_the_filter(big, conn, j
     assert _indexes(plan) == {"jobs_pkey"}
 
 
+@pytest.mark.parametrize("job_filter", [
+    {}, {"state": "dead"}, {"task": "t3", "queue": "q1"}, {"payload": {"user": 7}},
+    {"created_after": "2026-01-01T00:00:00+00:00"},
+])
+@pytest.mark.parametrize("generic", [False, True])
+def test_the_jobs_list_of_a_graph_walks_jobs_graph_idx(big, conn, job_filter, generic):
+    """`/jobs?graph=ID`: the window is the graph's newest jobs, read from jobs_graph_idx
+    (graph_id, id), whatever else the filter holds; never the table's primary key."""
+    plan = _plan(conn, big, "console_jobs_graph_window", {
+        "filter": json.dumps({**job_filter, "graph": 1007}), "graph": 1007, "before": NEWEST, "scan": 50_000,
+        "limit": 51}, generic=generic)
+    _assert_indexed(plan, "jobs_graph_idx")
+    assert _indexes(plan) == {"jobs_graph_idx"}, json.dumps(plan, indent=1)[:4000]
+
+
 def test_the_index_ordered_lists_walk_their_index(big, conn):
     due = _plan(conn, big, "console_jobs_due", {"queue": "q1", "after_run_at": EPOCH, "after_id": 0, "limit": 51})
     _assert_indexed(due)
@@ -167,6 +187,12 @@ def test_a_bulk_batch_and_the_actions_are_primary_key_reads(big, conn):
     batch = _plan(conn, big, "bulk_operation_candidates", {"filter": json.dumps({"state": "dead", "task": "t1"}),
                                                            "after": 0, "max_id": NEWEST, "limit": 500})
     _assert_indexed(batch, "jobs_pkey")
+    for generic in (False, True):  # a bulk replay of a graph's dead jobs reads the graph's jobs only
+        graph = _plan(conn, big, "bulk_operation_candidates_graph", {
+            "filter": json.dumps({"state": "dead", "graph": 1007}), "graph": 1007, "after": 0, "max_id": NEWEST,
+            "limit": 500}, generic=generic)
+        assert _indexes(graph) == {"jobs_graph_idx"}, json.dumps(graph, indent=1)[:4000]
+        _assert_indexed(graph, "jobs_graph_idx")
     retry = _plan(conn, big, "job_retry_now", {"id": 5, "actor": "a", "channel": "c"})
     _assert_indexed(retry, "jobs_pkey")
     create = _plan(conn, big, "bulk_operation_create", {"kind": "replay", "filter": "{}", "actor": "a",

@@ -94,6 +94,9 @@ def test_the_viewer_role_reads_every_console_table_and_writes_none(app, pg_dsn, 
                 assert st.console_queue_overview(c, ["default"], cap=10)[0]["due"] == 1
                 assert st.console_jobs_window(c, job_filter={"payload": {"a": 1}}, before=2**62, scan=100,
                                               limit=5)[2][0]["id"] == job
+                # a graph's window (jobs_graph_idx) and batch: the function's new signature is granted
+                assert st.console_jobs_window(c, job_filter={"graph": 1}, before=2**62, scan=100, limit=5)[2] == []
+                assert st.bulk_operation_candidates(c, job_filter={"graph": 1}, after=0, max_id=2**62, limit=5) == []
                 st.console_throughput(c, limit=10), st.pods_list(c, limit=5), st.bulk_operations_list(c, before=9, limit=5)
                 st.console_dead_groups(c, queue=None, scan=10, limit=10)
                 assert viewer.get_job(job)["payload"] == {"a": 1}

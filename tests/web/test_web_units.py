@@ -34,6 +34,16 @@ def test_the_filter_reads_what_an_operator_types():
     assert JobFilter().empty and JobFilter().describe() == "every job"
 
 
+def test_the_filter_reads_a_graph_id():
+    """A graph (the jobs linked by depends_on, jobs.graph_id) is a filter key like the
+    others: an id as text from a form, an int from Python or a recorded filter."""
+    f = JobFilter.parse({"graph": " 56 ", "state": "dead"})
+    assert f.graph == 56 and f.to_json() == {"state": "dead", "graph": 56}
+    assert f.query() == {"state": "dead", "graph": "56"} and f.describe() == "state dead, graph 56"
+    assert JobFilter.from_json(f.to_json()) == f and JobFilter.parse({"graph": 7}).graph == 7
+    assert JobFilter.parse({"graph": ""}).graph is None and not f.replace(state=None).empty
+
+
 @pytest.mark.parametrize("params, fix", [
     ({"state": "done"}, "use one of pending"),
     ({"payload": "[1, 2]"}, "neither a JSON object nor key=value"),
@@ -44,6 +54,12 @@ def test_the_filter_reads_what_an_operator_types():
     ({"created_after": "yesterday"}, "an age (15m, 2h, 7d"),
     ({"queue": "x" * 200}, "the limit is 128"),
     ({"task": "tab\tbed"}, "non-printable"),
+    ({"graph": "abc"}, "write ids as plain digits 0-9"),
+    ({"graph": "\u0661\u0662"}, "write ids as plain digits 0-9"),
+    ({"graph": "-4"}, "write ids as plain digits 0-9"),
+    ({"graph": "0"}, "out of range: ids are 1 to 2"),
+    ({"graph": str(2**63)}, "out of range: ids are 1 to 2"),
+    ({"graph": True}, "a graph id is an int"),
 ])
 def test_a_filter_it_cannot_use_is_refused_with_the_fix(params, fix):
     with pytest.raises(FilterError, match=fix.replace("(", r"\(").replace(".", r"\.")):

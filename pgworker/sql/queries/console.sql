@@ -118,8 +118,8 @@ WHERE n.nspname = %(schema)s AND c.relname = 'jobs';
 -- computed first, so the scan is a primary-key range however rare the matches are; every
 -- row carries it, and a window without a match yields one row of NULLs with it. The next
 -- page continues below the last row shown, or below the floor when the window ran out.
--- A filter served by another index (due order, running leases, finish time) has its own
--- statement below.
+-- A filter served by another index (a graph, due order, running leases, finish time) has
+-- its own statement below.
 WITH bound AS (
     SELECT coalesce(min(w.id), 0) AS floor, count(*) AS scanned
     FROM (SELECT id FROM {schema}.jobs WHERE id < %(before)s ORDER BY id DESC LIMIT %(scan)s) AS w
@@ -131,8 +131,33 @@ LEFT JOIN LATERAL (
     FROM {schema}.jobs AS j
     WHERE j.id < %(before)s AND j.id >= b.floor
       AND {schema}.console_job_filter(%(filter)s::jsonb, j.queue, j.state::text, j.task, j.ordering_key,
-                                      j.dedupe_key, j.last_error_code, j.created_at, j.payload)
+                                      j.dedupe_key, j.last_error_code, j.created_at, j.payload, j.graph_id)
     ORDER BY j.id DESC
+    LIMIT %(limit)s
+) AS m ON true
+ORDER BY m.id DESC;
+
+-- name: console_jobs_graph_window
+-- The jobs list of one graph (the filter's "graph", %(graph)s), newest first: as
+-- console_jobs_window, but the window is the %(scan)s newest jobs of that graph below id
+-- %(before)s, read from jobs_graph_idx (graph_id, id), never the whole table's newest; the
+-- filter's other keys (console_job_filter) are checked on those jobs only. The jobs list,
+-- the API and a bulk operation's count read it whenever the filter names a graph.
+WITH bound AS (
+    SELECT coalesce(min(w.id), 0) AS floor, count(*) AS scanned
+    FROM (SELECT id FROM {schema}.jobs
+          WHERE graph_id = %(graph)s AND graph_id IS NOT NULL AND id < %(before)s
+          ORDER BY graph_id DESC, id DESC LIMIT %(scan)s) AS w
+)
+SELECT b.floor, b.scanned, m.*
+FROM bound AS b
+LEFT JOIN LATERAL (
+    SELECT {console_job_columns}  -- of j: bound has no column of these names
+    FROM {schema}.jobs AS j
+    WHERE j.graph_id = %(graph)s AND j.graph_id IS NOT NULL AND j.id < %(before)s AND j.id >= b.floor
+      AND {schema}.console_job_filter(%(filter)s::jsonb, j.queue, j.state::text, j.task, j.ordering_key,
+                                      j.dedupe_key, j.last_error_code, j.created_at, j.payload, j.graph_id)
+    ORDER BY j.graph_id DESC, j.id DESC
     LIMIT %(limit)s
 ) AS m ON true
 ORDER BY m.id DESC;
@@ -297,10 +322,23 @@ SELECT * FROM {schema}.bulk_operations WHERE state = 'running' ORDER BY id LIMIT
 -- at most %(limit)s rows however rare the matches are.
 SELECT j.id, j.state::text AS state,
        {schema}.console_job_filter(%(filter)s::jsonb, j.queue, j.state::text, j.task, j.ordering_key,
-                                   j.dedupe_key, j.last_error_code, j.created_at, j.payload) AS matches
+                                   j.dedupe_key, j.last_error_code, j.created_at, j.payload, j.graph_id) AS matches
 FROM {schema}.jobs AS j
 WHERE j.id > %(after)s AND j.id <= %(max_id)s
 ORDER BY j.id
+LIMIT %(limit)s;
+
+-- name: bulk_operation_candidates_graph
+-- One batch of an operation whose filter names a graph (%(graph)s): as
+-- bulk_operation_candidates, over that graph's jobs only (a range of jobs_graph_idx
+-- (graph_id, id) after the cursor, up to max_id), so replaying a graph's dead jobs reads
+-- the graph, not every job of the table.
+SELECT j.id, j.state::text AS state,
+       {schema}.console_job_filter(%(filter)s::jsonb, j.queue, j.state::text, j.task, j.ordering_key,
+                                   j.dedupe_key, j.last_error_code, j.created_at, j.payload, j.graph_id) AS matches
+FROM {schema}.jobs AS j
+WHERE j.graph_id = %(graph)s AND j.graph_id IS NOT NULL AND j.id > %(after)s AND j.id <= %(max_id)s
+ORDER BY j.graph_id, j.id
 LIMIT %(limit)s;
 
 -- name: bulk_operation_advance

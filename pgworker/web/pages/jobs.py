@@ -1,11 +1,13 @@
 """The jobs list: filtered by queue, state, task, ordering key, dedupe key, id, error
-code, creation time and payload; newest first (keyset on id, no OFFSET), or, for the
-filters an index orders, in that index's order (due order, lease expiry, finish time).
+code, creation time, payload and graph; newest first (keyset on id, no OFFSET), or, for
+the filters an index orders, in that index's order (due order, lease expiry, finish time).
 
 A filter no index serves (task, payload, error code, a time range) is evaluated over a
 window of the newest ``scan_rows`` jobs below the cursor; the page says how far back it
-looked, and "further back" moves the window. No count of matches over the table: a
-window says how many it found, an index-ordered list counts up to a cap ("10,000+").
+looked, and "further back" moves the window. With a graph, the window is the newest
+``scan_rows`` jobs of that graph (jobs_graph_idx), so every job of a graph is reachable.
+No count of matches over the table: a window says how many it found, an index-ordered
+list counts up to a cap ("10,000+").
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ...jobfilter import KEYS, FilterError, JobFilter, check_keys
-from ...names import parse_id, schema_flag
+from ...names import parse_id
 
 NEWEST = 2**63 - 1
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -69,7 +71,7 @@ def jobs_data(ctx: Any, params: Any) -> dict[str, Any]:
             more = len(rows) > limit
             rows = rows[:limit]
             out["window"] = {"scanned": scanned, "floor": floor, "before": before, "full": scanned >= cfg.scan_rows,
-                             "filtered": not job_filter.empty, "exhausted": False}
+                             "filtered": not job_filter.empty, "exhausted": False, "graph": job_filter.graph}
             if more:
                 out["next_cursor"] = str(rows[-1]["id"])
             elif floor > 1 and scanned >= cfg.scan_rows:
@@ -133,20 +135,9 @@ def _keyset(text: str, at: datetime, job_id: int) -> tuple[datetime, int]:
         raise FilterError(f"cursor {text!r} is not a position in this list: start from the first page") from None
 
 
-def check_list_keys(params: Any, *extra: str, schema: str) -> None:
+def check_list_keys(params: Any, *extra: str) -> None:
     """Refuse a query key the job list does not read (raises :class:`FilterError`): the
-    list ignored it and showed every job as if it matched. ``graph`` is named apart: the
-    console's filter (console_job_filter, shared with bulk operations) has no graph, the
-    command line lists a graph's jobs (the hint names the console's ``schema`` when it is
-    not the default, so that it lists that schema's graph; the id only when it is one)."""
-    if "graph" in params:
-        try:
-            graph = str(parse_id(params.get("graph") or ""))
-        except ValueError:
-            graph = "GRAPH_ID"
-        raise FilterError(f"the console's job list has no graph filter: `pgworker jobs list --graph {graph}"
-                          f"{schema_flag(schema)}` lists a graph's jobs (each job's page links its "
-                          "parents and children)")
+    list ignored it and showed every job as if it matched."""
     check_keys(params, (*KEYS, "sort", "cursor", *extra), what="query", changes=False)
 
 
@@ -161,7 +152,7 @@ async def jobs(request: Request) -> Response:
             raise FilterError(str(exc)) from None
         return ctx.redirect(f"/jobs/{job_id}")
     try:
-        check_list_keys(request.query_params, "id", schema=ctx.app.settings.schema)  # ?graph=18 and misspelt keys were ignored
+        check_list_keys(request.query_params, "id")  # misspelt keys were ignored
         data = await ctx.db(jobs_data, ctx, request.query_params)
     except FilterError as exc:  # the form again, with what to fix
         data = {"error": str(exc), "form": dict(request.query_params), "sort": request.query_params.get("sort"),
