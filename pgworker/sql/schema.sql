@@ -1,4 +1,4 @@
--- The whole pgworker schema as it stands (version 13), in one file, for reading and
+-- The whole pgworker schema as it stands (version 14), in one file, for reading and
 -- review. Installing and upgrading go through the numbered migrations
 -- (pgworker/sql/migrations, `pgworker migrate`); a test applies both to two schemas and
 -- checks that they produce the same catalog, so this file cannot drift from them.
