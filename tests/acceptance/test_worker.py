@@ -247,6 +247,24 @@ def test_a_timeout_still_holds_while_the_pod_stops(env, pg_dsn, conn):
     assert f"job {job_id} (task 'sync_slow') is dead: TIMEOUT" in logs and f"dead replay {job_id} --schema" in logs
 
 
+def test_a_claimer_stopped_for_a_timeout_is_replaced_at_once_not_backed_off(env, pg_dsn, conn):
+    """A break-it trial: the supervisor's own kill of a claimer whose sync handler ran past
+    its limit counted as a crash soon after a start, so each one doubled a backoff (0.5 s,
+    1, 2, 4, ... 30 s) and a drain run idled with jobs due. A timeout is that attempt's
+    outcome: the replacement starts at once, and the log says why, not "exited"."""
+    schema = env.settings.schema
+    slow = [env.enqueue("sync_slow", priority=1) for _ in range(3)]  # timeout 1 s each, run first
+    quick = env.enqueue_many([("record", i) for i in range(5)])
+    with Worker(pg_dsn, schema, "--drain", "--concurrency", "1", "--batch-size", "1") as w:
+        assert w.wait(120) == 0, w.logs()[-3000:]
+        logs = w.logs()
+    assert "restarting in" not in logs, logs[-3000:]
+    for job_id in slow:
+        assert f"was stopped for job {job_id}'s time limit; replaced at once" in logs, logs[-3000:]
+    states = q(conn, schema, "SELECT id, state::text, last_error_code FROM {s}.jobs ORDER BY id")
+    assert states == [(j, "dead", "TIMEOUT") for j in slow] + [(j, "succeeded", None) for j in quick], states
+
+
 def test_jobs_waiting_behind_a_long_one_are_handed_back_for_another_pod(env, pg_dsn, conn):
     """A pod whose one claimer runs a long job holds the rest of its batch for at most
     WAITING_HAND_BACK_SECONDS: then they are released (no attempt spent) and an idle pod

@@ -151,6 +151,16 @@ class ClaimerPool:
             h.restart_at = now
             h.restarts.reset()
             return
+        timed_out = [job_id for job_id, reason in h.kill_reasons.items() if reason == TIMEOUT]
+        if timed_out and exitcode == -signal.SIGKILL:
+            # stopped here for a handler past its time limit: that attempt's outcome, not a
+            # crash (a break-it trial: each such kill soon after a start doubled a backoff,
+            # 0.5 s to 30 s, and a drain run idled past its deadline with jobs due)
+            h.restart_at = now
+            h.restarts.reset()
+            log.warning("claimer %s (pid %s) was stopped for job %s's time limit; replaced at once (held %s "
+                        "job(s))", h.index, pid, ", ".join(map(str, timed_out)), held)
+            return
         if now - h.started_at < QUICK_EXIT_SECONDS:
             delay = h.restarts.next()
         else:
