@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
 
 from .errors import InvalidJob, InvalidName, PayloadError, UnknownTask
 from .jobs import EARLIEST_TIMESTAMP, MAX_DELAY_SECONDS
-from .names import check_key, check_queue_name, check_task_name
+from .names import check_key, check_new_queue_name, check_task_name
 from .payloads import to_json_value
 from .tasks import (DEFAULT_MAX_ATTEMPTS, ORDERING_ON_DEAD, Task, check_dedupe_window, check_max_attempts,
                     check_ordering_on_dead, check_priority)
@@ -250,7 +250,7 @@ def prepare(spec: JobSpec, tasks: dict[str, Task[Any]], max_payload_bytes: int, 
     name = check_task_name(task.name if isinstance(task, Task) else task)
     if registered is None and tasks and not any_task:
         raise UnknownTask(unknown_task_message(name, tasks))
-    queue = check_queue_name(spec.queue if spec.queue is not None
+    queue = check_new_queue_name(spec.queue if spec.queue is not None
                              else (registered.queue if registered else "default"))
     priority = check_priority(spec.priority if spec.priority is not None
                               else (registered.priority if registered else 0))

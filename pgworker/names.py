@@ -48,6 +48,20 @@ def check_queue_name(name: object) -> str:
                        "use 1-128 printable characters, such as 'default' or 'emails'")
 
 
+def check_new_queue_name(name: object) -> str:
+    """:func:`check_queue_name` of a queue that jobs are put on (enqueue, a task's or a
+    schedule's queue), which also refuses ``,`` and ``=``: the worker's settings list
+    queues as ``a,b`` (``PGWORKER_QUEUES``) and ``a=2`` (``--queue-concurrency``), so no
+    worker could select such a queue (a break-it trial: its jobs waited, and a drain run
+    reported success). Reads and operator commands take any existing name."""
+    queue = check_queue_name(name)
+    if "," in queue or "=" in queue:
+        raise InvalidName(f"queue name {queue!r} contains {',' if ',' in queue else '='!r}: workers name their queues "
+                          "in lists such as PGWORKER_QUEUES='a,b' and --queue-concurrency 'a=2', so no worker "
+                          "could select it; use another character, such as '.', ':' or '-'")
+    return queue
+
+
 def check_task_name(name: object) -> str:
     """Return ``name`` if it is a valid task name (1-255 printable characters)."""
     return _check_text("task name", name, TASK_NAME_MAX_CHARS,

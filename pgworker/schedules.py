@@ -36,7 +36,7 @@ from psycopg import sql
 
 from .config import MAX_PAYLOAD_BYTES
 from .errors import ConfigError, InvalidJob, PayloadError
-from .names import bounded_text, check_queue_name, check_task_name
+from .names import bounded_text, check_new_queue_name, check_task_name
 from .jobspec import serialize_payload
 from .tasks import check_max_attempts, check_priority
 
@@ -118,7 +118,7 @@ class Periodic:
         check_task_name(self.name)
         try:
             check_task_name(self.task)
-            check_queue_name(self.queue)
+            check_new_queue_name(self.queue)
             check_priority(self.priority)
             check_max_attempts(self.max_attempts)
             payload_json = serialize_payload(self.payload, self.max_payload_bytes)

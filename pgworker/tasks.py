@@ -15,7 +15,7 @@ from .config import DEFAULT_QUEUE, MAX_SETTING_SECONDS
 from .enqueue_options import AsyncEnqueueOptions, EnqueueOptions
 from .errors import ConfigError, InvalidJob, InvalidPayload, PayloadError
 from .jobs import UndecodablePayload, safe_json_loads
-from .names import check_queue_name, check_task_name
+from .names import check_new_queue_name, check_task_name
 from .payloads import (PayloadValidationError, decoder_for, expects_object, is_checked_scalar, is_payload_type,
                        not_an_object, payload_annotation, scalar_decoder)
 from .retry import RetryPolicy
@@ -101,7 +101,7 @@ class Task(Generic[PayloadT]):
 
     def __post_init__(self) -> None:
         check_task_name(self.name)
-        check_queue_name(self.queue)
+        check_new_queue_name(self.queue)
         check_max_attempts(self.max_attempts)
         check_priority(self.priority)
         _check_seconds(self.name, "timeout", self.timeout_seconds)

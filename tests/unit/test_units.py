@@ -123,6 +123,25 @@ def test_queue_names_that_are_values_are_fine(good):
     assert check_queue_name(good) == good
 
 
+@pytest.mark.parametrize("name", ["a,b", "emails=2", "x,"])
+def test_a_queue_that_takes_jobs_cannot_hold_a_comma_or_an_equals_sign(name):
+    """A break-it trial: enqueue(queue="a,b") was accepted, and no worker could select it
+    (PGWORKER_QUEUES='a,b' is two queues; --queue-concurrency 'a,b=1' was refused): its
+    jobs waited, and a drain run reported success. Enqueue, a task's and a schedule's queue
+    refuse it, naming the fix; reads and operator commands still take an existing name."""
+    import pgworker
+
+    app = pgworker.App("postgresql://nobody@127.0.0.1:1/none")
+    with pytest.raises(InvalidName, match=r"workers name their queues in lists such as PGWORKER_QUEUES='a,b' and "
+                                          r"--queue-concurrency 'a=2', so no worker could select it; use another"):
+        app.enqueue("t", None, queue=name, any_task=True)
+    with pytest.raises(InvalidName, match="no worker could select it"):
+        app.task(name="t2", queue=name)(lambda payload: None)
+    with pytest.raises(InvalidName, match="no worker could select it"):
+        app.periodic("t", "* * * * *", queue=name)
+    assert check_queue_name(name) == name  # an existing queue's name, for reads and operators
+
+
 @pytest.mark.parametrize("bad", ["", "x" * 64, "pg_jobs", "a\x00b"])
 def test_invalid_schema_names(bad):
     with pytest.raises(InvalidName):
