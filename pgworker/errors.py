@@ -1,7 +1,8 @@
 """One exception hierarchy for pgworker.
 
-Every error pgworker raises on purpose is a :class:`PgworkerError`. The docstring of
-each class is its default message; the message given at raise time names the fix.
+Every error pgworker raises on purpose is a :class:`PgworkerError`. The first line of
+each class's docstring is its default message; the message given at raise time names
+the fix.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ class PgworkerError(Exception):
     """A pgworker operation failed."""
 
     def __init__(self, message: str | None = None) -> None:
-        super().__init__(message or (self.__doc__ or "").strip())
+        # the docstring's first line, not all of it (a break-it trial: Permanent("") stored
+        # the whole docstring, its usage example included, as the job's error)
+        super().__init__(message or (self.__doc__ or type(self).__name__).strip().splitlines()[0])
 
 
 class ConfigError(PgworkerError, ValueError):
@@ -181,7 +184,7 @@ class Permanent(PgworkerError):
     code = "PERMANENT"
 
     def __init__(self, reason: str = "permanent failure", *, code: str | None = None) -> None:
-        super().__init__(reason)
+        super().__init__(reason or "permanent failure")
         if code:
             self.code = code
 
@@ -204,7 +207,7 @@ class Retry(PgworkerError):
         if after is not None and after < 0:
             raise ValueError("Retry(after=...) must be >= 0 seconds")
         self.after = after
-        super().__init__(reason)
+        super().__init__(reason or "retry requested")
 
     def __reduce__(self) -> tuple[type, tuple[float | None, str]]:
         # pickled by its arguments, not by ``args`` (the reason alone: it would come back

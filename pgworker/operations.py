@@ -114,8 +114,9 @@ def _unresolved(core: Core, conn: psycopg.Connection, job_id: int, name: str) ->
 
 def prune(core: Core, older_than: "float | timedelta", *, batch: int) -> int:
     seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else float(older_than)
-    if not 0 <= seconds <= MAX_SETTING_SECONDS:
-        raise ConfigError("older_than must be >= 0 seconds")
+    if not 0 <= seconds <= MAX_SETTING_SECONDS:  # NaN too
+        raise ConfigError(f"older_than (CLI: --older-than) must be from 0 seconds to {MAX_SETTING_SECONDS:,.0f} "
+                          f"(100 years), got {seconds:,.0f} s")
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1_000_000:
         # a batch of 0 deleted nothing, never fell short of the batch, and looped for good
         raise ConfigError(f"batch (CLI: --batch) must be from 1 to 1,000,000 rows per statement, got {batch!r}")

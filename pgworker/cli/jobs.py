@@ -222,18 +222,37 @@ def _retry(args: argparse.Namespace, app: Any) -> int:
         job = app.get_job(args.id)
         flag = schema_flag(app.settings.schema)
         why = "unknown" if job is None else (
-            f"{job['state']}, not pending" if job["state"] != "pending" else "pending and due already")
+            f"{job['state']}, not pending" if job["state"] != "pending" else
+            "pending and due already" + _still_waits(job, flag))
         # a dead job runs again by a replay: the command that does what was meant
         fix = (f"; to run a dead job again, replay it: `pgworker dead replay {args.id}{flag}`"
                if job is not None and job["state"] == "dead" else "")
         print(f"error: job {args.id} is {why}: only a pending job scheduled later can be retried now "
               f"(`pgworker jobs show {args.id}{flag}`){fix}", file=sys.stderr)
         return 1
+    job = app.get_job(args.id)
+    waits = _still_waits(job, schema_flag(app.settings.schema)) if job is not None else ""
     if args.json:
-        emit(args, {"id": args.id, "previous_run_at": moved["previous_run_at"].isoformat()})
+        emit(args, {"id": args.id, "previous_run_at": moved["previous_run_at"].isoformat(),
+                    "waits_for": waits[len(", but it still waits "):] or None})
     else:
-        print(f"job {args.id}: due now (it was due {moved['previous_run_at'].isoformat(timespec='seconds')})")
+        print(f"job {args.id}: due now (it was due {moved['previous_run_at'].isoformat(timespec='seconds')})"
+              + waits)
     return 0
+
+
+def _still_waits(job: dict[str, Any], flag: str = "") -> str:
+    """', but it still waits ...' for a pending job that due alone does not make run (a
+    break-it trial: `jobs retry` said "due now" of a job behind its ordering key's head or
+    waiting for its parents, and nothing ran): its parents, or its key's earlier job."""
+    waiting = job.get("waiting_parents") or 0
+    if waiting:
+        return (f", but it still waits for {quantity(waiting, 'parent')} to succeed (`pgworker jobs show "
+                f"{job['id']}{flag}` lists them)")
+    if job.get("blocked"):
+        return (f", but it still waits behind an earlier job of its ordering key {visible(job['ordering_key'])!r}: "
+                f"it runs when that one finishes (`pgworker dead keys{flag}` lists keys a dead job holds)")
+    return ""
 
 
 def cmd_dead(args: argparse.Namespace) -> int:

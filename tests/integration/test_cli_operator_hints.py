@@ -60,6 +60,30 @@ def test_retrying_a_dead_job_names_dead_replay(app, pg_dsn, capsys):
     assert "dead replay" not in capsys.readouterr().err
 
 
+def test_retry_now_of_a_job_that_still_waits_says_what_for(app, pg_dsn, capsys):
+    """A break-it trial: `jobs retry` printed "job 2: due now" of a job behind its ordering
+    key's delayed head, and of one waiting for its parents, and neither ran. It says what
+    the job still waits for (and so does the refusal of one that was due already)."""
+    schema = app.settings.schema
+    head = app.enqueue("t", None, ordering_key="k", delay=3600)
+    behind = app.enqueue("t", None, ordering_key="k", delay=3600)
+    parent = app.enqueue("t", None)
+    child = app.enqueue("t", None, depends_on=[parent], delay=3600)
+    capsys.readouterr()
+    assert main(["jobs", "retry", str(behind), *flags(app, pg_dsn)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"job {behind}: due now (it was due ") and \
+        "but it still waits behind an earlier job of its ordering key 'k': it runs when that one finishes" in out, out
+    assert main(["jobs", "retry", str(child), *flags(app, pg_dsn), "--json"]) == 0
+    said = json.loads(capsys.readouterr().out)
+    assert said["waits_for"] == f"for 1 parent to succeed (`pgworker jobs show {child} --schema {schema}` lists them)"
+    assert main(["jobs", "retry", str(behind), *flags(app, pg_dsn)]) == 1  # due already now
+    err = capsys.readouterr().err
+    assert f"job {behind} is pending and due already, but it still waits behind an earlier job" in err, err
+    assert main(["jobs", "retry", str(head), *flags(app, pg_dsn)]) == 0
+    assert "still waits" not in capsys.readouterr().out  # the head itself: due now is all
+
+
 def test_jobs_list_filters_by_task_and_refuses_a_bad_name(app, pg_dsn, capsys):
     mail = [app.enqueue("send_email", i, queue="emails") for i in range(2)]
     app.enqueue("build_report", None, queue="emails")

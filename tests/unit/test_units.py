@@ -485,3 +485,29 @@ def test_json_depth_matches_the_decoded_value_against_brackets_in_strings():
     for _ in range(300):
         chain = [{"k": chain}]  # 601 levels
     assert json_depth(json.dumps(chain), 500) == 501  # stops at the limit
+
+
+def test_an_empty_reason_is_a_short_default_not_the_docstring():
+    """A break-it trial: Permanent("") (or None), Retry(reason="") and JobCancelled("")
+    stored the class's whole docstring, usage example included, as the job's error."""
+    import pgworker
+
+    assert [str(e) for e in (Permanent(""), Permanent(None), Retry(reason=""))] == \
+        ["permanent failure", "permanent failure", "retry requested"]  # type: ignore[arg-type]
+    said = str(pgworker.JobCancelled(""))
+    assert said == "The job was cancelled while running; raise it from a handler to stop early.", said
+    for cls in (pgworker.ConfigError, pgworker.InvalidName, pgworker.PayloadError, pgworker.LeaseLost):
+        try:
+            text = str(cls())
+        except TypeError:  # takes arguments of its own
+            continue
+        assert "\n" not in text and len(text) < 200, (cls, text)
+
+
+def test_prune_names_its_upper_bound():
+    """A break-it trial: `pgworker prune --older-than 36501d` said "must be >= 0 seconds"."""
+    import pgworker
+
+    app = pgworker.App("postgresql://nobody@127.0.0.1:1/none")
+    with pytest.raises(pgworker.ConfigError, match=r"from 0 seconds to 3,153,600,000 \(100 years\), got 3,153,686,400 s"):
+        app.prune(36501 * 86400)
