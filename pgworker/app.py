@@ -95,15 +95,15 @@ class App(AsyncProducer, Admin):
     # -- tasks ----------------------------------------------------------------------
 
     # The handler's payload type becomes the Task's (Task[P]: its enqueue takes a P), with
-    # or without the context parameter; a handler of another shape gives a Task[Any].
+    # or without the context parameter. Returns are `object`, and no `Callable[..., Any]`
+    # fallback: with one, mypy read a handler returning `dict[str, Any]` as matching both
+    # (Any makes overloads ambiguous) and gave a Task[Any], unchecked (a new user's trial).
+    # A handler of another shape (`*args`, a partial) matches the first with P = Any.
     @overload
-    def task(self, func: Callable[[_P], Any], /) -> Task[_P]: ...
+    def task(self, func: Callable[[_P], object], /) -> Task[_P]: ...
 
     @overload
-    def task(self, func: Callable[[_P, JobContext], Any], /) -> Task[_P]: ...
-
-    @overload
-    def task(self, func: Callable[..., Any], /) -> Task[Any]: ...
+    def task(self, func: Callable[[_P, JobContext], object], /) -> Task[_P]: ...
 
     @overload
     def task(self, func: None = None, /, *, name: str | None = None,

@@ -128,8 +128,10 @@ def _checked(specs: Sequence[JobSpec], max_parents: int,
                              "it out (nothing was enqueued)")
         for d in deps:
             if isinstance(d, str) and d not in refs:
+                # a job id given as text reads as a ref (a new user's trial: "ref '1'")
+                as_id = f"; a job id is an int: depends_on=[{d.strip()}]" if d.strip().isdigit() else ""
                 raise InvalidJob(f"job {pos} of the call depends on ref {d!r}, which names no earlier job of the "
-                                 "same call; list parents before their children (nothing was enqueued)")
+                                 f"same call; list parents before their children{as_id} (nothing was enqueued)")
         parents_of.append(deps)
         _policy(spec.on_parent_failure)
         if spec.ref is not None:

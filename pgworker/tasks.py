@@ -53,14 +53,12 @@ if TYPE_CHECKING:
         """What ``@app.task(name=...)`` returns: applied to a handler, its ``Task[P]``
         (``P`` the handler's payload parameter's type, with or without the context)."""
 
+        # `object` returns and no `Callable[..., Any]` fallback: see App.task's overloads
         @overload
-        def __call__(self, func: Callable[[_P], Any], /) -> Task[_P]: ...
+        def __call__(self, func: Callable[[_P], object], /) -> Task[_P]: ...
 
         @overload
-        def __call__(self, func: Callable[[_P, JobContext], Any], /) -> Task[_P]: ...
-
-        @overload
-        def __call__(self, func: Callable[..., Any], /) -> Task[Any]: ...
+        def __call__(self, func: Callable[[_P, JobContext], object], /) -> Task[_P]: ...
 
 
 @dataclass(frozen=True)
@@ -190,7 +188,7 @@ class Task(Generic[PayloadT]):
             self.decode(safe_json_loads(text))  # the worker's decode of the stored JSON, as it will run it
         except InvalidPayload as exc:
             tp = self.payload_type if self.payload_type is not None else self._annotation
-            name = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+            name = "None" if tp is type(None) else getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
             shape = f"{name} instance, or its fields as a dict" if is_payload_type(tp) else \
                 "the annotation of the handler's payload parameter"
             raise PayloadError(f"{exc}; nothing was enqueued: give the payload the shape of {name}, the "

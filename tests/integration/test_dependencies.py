@@ -257,6 +257,9 @@ def test_bad_input_is_refused_and_enqueues_nothing(app, conn, pg_dsn):
             (lambda: app.enqueue_many([JobSpec("t", depends_on=["later"]), JobSpec("t", ref="later")]),
              "earlier job"),
             (lambda: app.enqueue_many([JobSpec("t", ref="x"), JobSpec("t", ref="x")]), "two jobs"),
+            # a job id as text reads as a ref: the message says how to give an id (a trial)
+            (lambda: app.enqueue("t", depends_on=[str(parent)]), f"a job id is an int: depends_on=[{parent}]"),
+            (lambda: app.enqueue("t", on_parent_failure="cancel"), "this job has none: give depends_on=[...] too"),
             (lambda: app.enqueue_many([JobSpec("t", ref="x"), JobSpec("t", depends_on=["x", 10**12])]),
              "do not exist"),
         ]
