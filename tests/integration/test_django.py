@@ -79,16 +79,23 @@ def test_manage_commands_and_a_view_enqueueing_in_its_transaction(project, pg_ds
     assert "Traceback" not in bare.stderr
 
 
+def migrated_shop(project, conn, schema, *items: str) -> None:
+    """pgworker's schema migrated through manage.py, and the shop's orders table (the
+    test project's model, by hand: it has no Django migrations) holding ``items``."""
+    assert manage(project, "migrate").returncode == 0
+    conn.execute(sql.SQL("CREATE TABLE {}.orders (id serial PRIMARY KEY, item text NOT NULL)").format(
+        sql.Identifier(schema)))
+    for item in items:
+        conn.execute(sql.SQL("INSERT INTO {}.orders (item) VALUES (%s)").format(sql.Identifier(schema)), [item])
+
+
 def test_a_worker_of_manage_py_runs_handlers_that_use_the_orm(project, pg_dsn, schema, conn):
     """Handlers importing models (at the top of the tasks module, as a project does) and
     querying them: the claimers once loaded the app without django.setup() (a trial:
     "Apps aren't loaded yet", or a claimer that exited before its first claim). A
     connection that dies under one job does not fail the next: each job starts with
     Django's close_old_connections, as a request does."""
-    assert manage(project, "migrate").returncode == 0
-    conn.execute(sql.SQL("CREATE TABLE {}.orders (id serial PRIMARY KEY, item text NOT NULL)").format(
-        sql.Identifier(schema)))
-    conn.execute(sql.SQL("INSERT INTO {}.orders (item) VALUES ('book'), ('pen')").format(sql.Identifier(schema)))
+    migrated_shop(project, conn, schema, "book", "pen")
     from pgworker import App
 
     producer = App(pg_dsn, schema=schema)
@@ -117,10 +124,7 @@ def test_a_handler_that_leaves_a_transaction_open_fails_and_the_next_job_runs(pr
     so the attempt goes dead (TRANSACTION_LEFT_OPEN, naming the fix) instead of succeeding,
     and the next ORM job runs on a fresh connection (a break-it trial: Django kept the
     closed connection "in a transaction" and every later ORM call in that claimer failed)."""
-    assert manage(project, "migrate").returncode == 0
-    conn.execute(sql.SQL("CREATE TABLE {}.orders (id serial PRIMARY KEY, item text NOT NULL)").format(
-        sql.Identifier(schema)))
-    conn.execute(sql.SQL("INSERT INTO {}.orders (item) VALUES ('book')").format(sql.Identifier(schema)))
+    migrated_shop(project, conn, schema, "book")
     from pgworker import App
 
     producer = App(pg_dsn, schema=schema)
