@@ -67,10 +67,10 @@ _SCALARS = (type(None), bool, int, float, str)
 
 def is_checked_scalar(tp: object) -> bool:
     """Whether a handler's payload annotation is a plain JSON value type this module
-    checks: ``None``, ``bool``, ``int``, ``float``, ``str``, a ``Literal``, an ``Enum``, or
-    a union whose every arm is one of those or a :func:`is_payload_type` type (``int |
-    None``, ``Invoice | None``). A trial: ``payload: int`` took ``"3"``, and the handler
-    failed every attempt with a TypeError instead of the job going dead PAYLOAD_INVALID."""
+    checks at enqueue: ``None``, ``bool``, ``int``, ``float``, ``str``, a ``Literal``, an
+    ``Enum``, or a union whose every arm is one of those or a :func:`is_payload_type` type
+    (``int | None``, ``Invoice | None``). A trial: ``payload: int`` took ``"3"``, and the
+    handler failed every attempt with a TypeError."""
     if tp is None or tp in _SCALARS:
         return True
     origin = typing.get_origin(tp)
@@ -134,6 +134,17 @@ def payload_annotation(func: Callable[..., Any]) -> Any:
                         params[0].annotation, getattr(func, "__qualname__", func), type(exc).__name__, exc)
             return None
     return type(None) if annotation is None else annotation  # `payload: None`, not "no annotation"
+
+
+def payload_has_default(func: Callable[..., Any]) -> bool:
+    """Whether ``func``'s first positional parameter has a default (``payload: int = 5``:
+    the annotation names what it usually is, not all it may be)."""
+    try:
+        params = [p for p in inspect.signature(func).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        return False
+    return bool(params) and params[0].default is not inspect.Parameter.empty
 
 
 def expects_object(annotation: Any) -> bool:
@@ -205,7 +216,9 @@ def _check(value: Any, tp: Any, path: str) -> Any:  # noqa: C901 - one branch pe
         raise PayloadValidationError(f"{path}: expected {' or '.join(_name(a) for a in args)}, got "
                                      f"{type(value).__name__} {_show(value)}")
     if origin is typing.Literal:
-        if value not in args:
+        # by type too: True == 1 == 1.0 in Python, not in JSON's eyes (a break-it trial:
+        # Literal[1, "a"] took True and 1.0)
+        if not any(value == a and type(value) is type(a) for a in args):
             raise _fail(path, "one of " + ", ".join(repr(a) for a in args), value)
         return value
     if origin is typing.Annotated:
@@ -238,7 +251,10 @@ def _check(value: Any, tp: Any, path: str) -> Any:  # noqa: C901 - one branch pe
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise _fail(path, "float", value)
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an int past a float's range (10**400): the payload's fault, not the handler's
+            raise _fail(path, "float (an int this large has no float)", value) from None
     if tp is str:
         if not isinstance(value, str):
             raise _fail(path, "str", value)
@@ -257,6 +273,8 @@ def _check(value: Any, tp: Any, path: str) -> Any:  # noqa: C901 - one branch pe
         except ValueError as exc:
             raise PayloadValidationError(f"{path}: does not fit {tp.__name__}: {exc}") from None
     if issubclass(tp, enum.Enum):
+        if isinstance(value, bool) and not any(isinstance(m.value, bool) for m in tp):
+            raise _fail(path, "one of " + ", ".join(repr(m.value) for m in tp), value)  # IntEnum(True) is its 1
         try:
             return tp(value)
         except ValueError:

@@ -17,7 +17,7 @@ from .errors import ConfigError, InvalidJob, InvalidPayload, PayloadError
 from .jobs import UndecodablePayload, safe_json_loads
 from .names import check_new_queue_name, check_task_name
 from .payloads import (PayloadValidationError, decoder_for, expects_object, is_checked_scalar, is_payload_type,
-                       not_an_object, payload_annotation, scalar_decoder)
+                       not_an_object, payload_annotation, payload_has_default, scalar_decoder)
 from .retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -156,15 +156,21 @@ class Task(Generic[PayloadT]):
     def typed_decoder(self) -> Callable[[Any], Any] | None:
         """The checking decoder of a dataclass, TypedDict or pydantic payload type: the
         ``payload_type`` given, else the annotation of the handler's payload parameter
-        (:mod:`pgworker.payloads`); of a JSON value type annotated on the handler (``int``,
-        ``str``, ``None``, a ``Literal``, an ``Enum``, an optional of these or of a payload
-        type: :func:`pgworker.payloads.is_checked_scalar`); None for any other (or no) type."""
+        (:mod:`pgworker.payloads`); None for any other (or no) type."""
         tp = self.payload_type if self.payload_type is not None else self._annotation
-        if is_payload_type(tp):
-            return decoder_for(tp)  # type: ignore[arg-type]
-        if self.payload_type is None and self._annotation is not None and is_checked_scalar(tp):
-            return scalar_decoder(tp)
-        return None
+        return decoder_for(tp) if is_payload_type(tp) else None  # type: ignore[arg-type]
+
+    @functools.cached_property
+    def _scalar_checker(self) -> Callable[[Any], Any] | None:
+        """The check of a plain JSON value type annotated on the handler's payload parameter
+        (``int``, ``str``, ``None``, a ``Literal``, an ``Enum``, a union of these and payload
+        types: :func:`pgworker.payloads.is_checked_scalar`), run at enqueue only: a worker
+        passes a stored payload to such a handler as it is, as it always has (a break-it
+        trial: jobs queued by an older producer, 3.0 for an ``int``, ``{}`` for ``None``, would
+        have gone dead after an upgrade). None for a parameter with a default (optional)."""
+        if self.payload_type is not None or self._annotation is None or payload_has_default(self.func):
+            return None
+        return scalar_decoder(self._annotation) if is_checked_scalar(self._annotation) else None
 
     @functools.cached_property
     def payload_check(self) -> Callable[[str], None] | None:
@@ -181,19 +187,30 @@ class Task(Generic[PayloadT]):
             return self._check_typed
         if self.payload_type is None and expects_object(self._annotation):
             return self._check_object
+        if self._scalar_checker is not None:
+            return self._check_scalar
         return None
+
+    def _check_scalar(self, text: str) -> None:
+        assert self._scalar_checker is not None  # chosen by payload_check
+        try:
+            self._scalar_checker(safe_json_loads(text))
+        except PayloadValidationError as exc:
+            tp = self._annotation
+            name = "None" if tp is type(None) else getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+            raise PayloadError(f"task {self.name!r}: {exc}; nothing was enqueued: give the payload the shape of "
+                               f"{name}, the annotation of the handler's payload parameter (a handler annotated "
+                               "this way would get it as it is, and fail on it)") from None
 
     def _check_typed(self, text: str) -> None:
         try:
             self.decode(safe_json_loads(text))  # the worker's decode of the stored JSON, as it will run it
         except InvalidPayload as exc:
             tp = self.payload_type if self.payload_type is not None else self._annotation
-            name = "None" if tp is type(None) else getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-            shape = f"{name} instance, or its fields as a dict" if is_payload_type(tp) else \
-                "the annotation of the handler's payload parameter"
+            name = getattr(tp, "__name__", tp)
             raise PayloadError(f"{exc}; nothing was enqueued: give the payload the shape of {name}, the "
-                               f"payload type of the task's handler ({shape}); a worker would end this job "
-                               "dead with PAYLOAD_INVALID") from None
+                               f"payload type of the task's handler ({name} instance, or its fields as a "
+                               "dict); a worker would end this job dead with PAYLOAD_INVALID") from None
         except Exception:  # noqa: BLE001 - the type's own code failing otherwise (__post_init__): the
             return  # worker would retry it as a handler error, not refuse it for certain; enqueue as before
 
