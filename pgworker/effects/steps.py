@@ -95,6 +95,10 @@ def _step(ctx: "JobContext", name: str, fn: Callable[[], Any]) -> Any:
     res = _resources(ctx)
     conn, in_tx = _connection(ctx, res)
     found = res.store.step_get(conn, ctx.job_id, name)
+    if found is not None and in_tx and name in ctx._tx.step_names:
+        # recorded earlier in this block (and still there: a savepoint rolled back would
+        # have taken it): the same reuse as outside one
+        raise StepError(_reused(ctx, "step", name), code="STEP_NAME_REUSED")
     if found is not None:
         if found.kind != "step":
             raise StepError(f"job {ctx.job_id}: {name!r} is recorded as an effect, not a step; give the step "
@@ -161,14 +165,21 @@ def _check_attempt(ctx: "JobContext", kind: str, name: str) -> None:
         raise RuntimeError(f"job {ctx.job_id}: ctx.{kind}({name!r}) after ctx.transaction() committed the job's "
                            f"success: the job has ended, nothing more can be recorded, and the {kind} was not run; "
                            "do this work inside the transaction block or before it")
-    names = ctx._step_names
+    names = ctx._step_names  # completed and committed: outside a transaction block
     if names is not None and name in names:
-        raise StepError(f"job {ctx.job_id}: the name {name!r} was already used by a step or effect of this attempt, "
-                        f"so this {kind} would return that one's recorded result without running: give each its "
-                        f"own name (in a loop, put the item in it: f\"{name}:{{item_id}}\")", code="STEP_NAME_REUSED")
+        raise StepError(_reused(ctx, kind, name), code="STEP_NAME_REUSED")
+
+
+def _reused(ctx: "JobContext", kind: str, name: str) -> str:
+    return (f"job {ctx.job_id}: the name {name!r} was already used by a step or effect of this attempt, so this "
+            f"{kind} would return that one's recorded result without running: give each its own name (in a loop, "
+            f"put the item in it: f\"{name}:{{item_id}}\")")
 
 
 def _used(ctx: "JobContext", name: str) -> None:
+    if ctx._tx.open:  # its record commits or rolls back with the block
+        ctx._tx.step_names.add(name)
+        return
     if ctx._step_names is None:
         ctx._step_names = set()
     ctx._step_names.add(name)

@@ -65,13 +65,16 @@ OPERATION = "complete_in_transaction"
 class TransactionState:
     """Per attempt: whether a handler transaction is open, and whether it committed."""
 
-    __slots__ = ("open", "committed", "conn", "is_async")
+    __slots__ = ("open", "committed", "conn", "is_async", "step_names")
 
     def __init__(self) -> None:
         self.open = False
         self.is_async = False  # the open transaction is ctx.atransaction()'s
         self.committed = False
         self.conn: psycopg.Connection | None = None  # while open
+        # the steps recorded in the open block: gone with it if it rolls back (a break-it
+        # trial: a retried block's step was refused as a reused name)
+        self.step_names: set[str] = set()
 
 
 @contextlib.contextmanager
@@ -106,6 +109,7 @@ def job_transaction(ctx: "JobContext", resources: "object") -> Iterator[psycopg.
         _committed_success(ctx, resources, parent)
     finally:
         state.open, state.conn = False, None
+        state.step_names.clear()  # committed: the job has ended; rolled back: the records went
 
 
 @contextlib.asynccontextmanager

@@ -80,6 +80,49 @@ def test_a_step_name_used_twice_in_one_attempt_is_refused_and_a_failed_step_may_
     assert app.result(retried) == 1.0
 
 
+def test_a_step_rolled_back_with_its_block_or_savepoint_may_run_again_under_its_name(app, conn):
+    """A break-it trial of STEP_NAME_REUSED: a handler that retries its ctx.transaction()
+    block after an error, or rolls back a savepoint around a step, calls the step again;
+    its record went with the rollback, so it is not a reuse (the job went dead). Twice in
+    one block, with the record still there, is."""
+    calls = []
+
+    @app.task(name="retry_block", max_attempts=1)
+    def retry_block(payload, ctx):
+        try:
+            with ctx.transaction():
+                ctx.step("a", lambda: calls.append("first") or 1)
+                raise ConnectionError("the block fails after the step")
+        except ConnectionError:
+            pass
+        with ctx.transaction():
+            return ctx.step("a", lambda: calls.append("second") or 2)
+
+    @app.task(name="savepoint", max_attempts=1)
+    def savepoint(payload, ctx):
+        with ctx.transaction() as c:
+            try:
+                with c.transaction():
+                    ctx.step("b", lambda: calls.append("in savepoint") or 1)
+                    raise ValueError("undo the savepoint")
+            except ValueError:
+                pass
+            return ctx.step("b", lambda: calls.append("after") or 2)
+
+    @app.task(name="twice_in_block", max_attempts=1)
+    def twice_in_block(payload, ctx):
+        with ctx.transaction():
+            ctx.step("c", lambda: 1)
+            ctx.step("c", lambda: 2)
+
+    jobs = [app.enqueue(t, None) for t in ("retry_block", "savepoint", "twice_in_block")]
+    drain(app, skip_backoff=True)
+    schema = app.settings.schema
+    assert [job_row(conn, schema, j) for j in jobs] == [
+        ("succeeded", 1, None), ("succeeded", 1, None), ("dead", 1, "STEP_NAME_REUSED")]
+    assert calls == ["first", "second", "in savepoint", "after"]
+
+
 def test_a_step_inside_the_transaction_commits_or_rolls_back_with_the_handlers_writes(app, conn):
     schema = app.settings.schema
     conn.execute(sql.SQL("CREATE TABLE {}.orders (job_id bigint, attempt int)").format(sql.Identifier(schema)))
