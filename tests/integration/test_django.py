@@ -130,6 +130,7 @@ def test_a_handler_that_leaves_a_transaction_open_fails_and_the_next_job_runs(pr
     producer = App(pg_dsn, schema=schema)
     try:
         left = producer.enqueue("leave_atomic_open", None, priority=10)
+        by_hand = producer.enqueue("commit_by_hand", None, priority=9)  # a break-it trial: read as left open
         ship = producer.enqueue("ship_order", {"order": 1})
         run = manage(dict(project, SHOP_WORKER_APP="shop.tasks:app"), "run", "--drain", "--concurrency", "1",
                      "--metrics-port", "0", timeout=120)
@@ -137,10 +138,11 @@ def test_a_handler_that_leaves_a_transaction_open_fails_and_the_next_job_runs(pr
         job = producer.get_job(left)
         assert (job["state"], job["attempts"], job["last_error_code"]) == ("dead", 1, "TRANSACTION_LEFT_OPEN"), job
         assert "with transaction.atomic():" in job["errors"][-1]["message"], job["errors"]
+        assert producer.get_job(by_hand)["state"] == "succeeded", run.stderr[-3000:]
         assert producer.get_job(ship)["state"] == "succeeded", run.stderr[-3000:]
     finally:
         producer.close()
-    assert q(conn, schema, "SELECT item FROM {s}.orders ORDER BY id") == [("shipped: book",)]
+    assert q(conn, schema, "SELECT item FROM {s}.orders ORDER BY id") == [("shipped: book",), ("committed by hand",)]
 
 
 def test_an_enqueue_before_migrate_says_how_a_django_project_migrates(project):

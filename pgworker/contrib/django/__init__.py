@@ -139,12 +139,26 @@ def _close_open_transactions() -> list[str]:
     for conn in connections.all(initialized_only=True):
         if conn.connection is None:
             continue
-        if conn.in_atomic_block or conn.closed_in_transaction or not conn.autocommit:
+        if conn.in_atomic_block or conn.closed_in_transaction or (not conn.autocommit and _in_transaction(conn)):
             left_open.append(conn.alias)
             # close() then drops the connection (the next connect() resets the rest)
             conn.in_atomic_block = conn.closed_in_transaction = False
             conn.close()
     return left_open
+
+
+def _in_transaction(conn: Any) -> bool:
+    """Whether a Django connection with autocommit off is inside a transaction now (a
+    handler may turn autocommit off and commit by hand, Django's documented pattern: a
+    break-it trial saw that reported as left open; Django's own close_old_connections
+    then replaces the connection, whose autocommit differs from the settings)."""
+    raw = conn.connection
+    status = getattr(getattr(raw, "info", None), "transaction_status", None)  # psycopg 3
+    if status is None and hasattr(raw, "get_transaction_status"):  # psycopg2
+        status = raw.get_transaction_status()
+    if status is None:
+        return bool(getattr(raw, "in_transaction", False))  # sqlite3, say
+    return int(status) in (2, 3)  # INTRANS, INERROR in both psycopg versions
 
 
 def connection(using: str | None = None) -> psycopg.Connection:

@@ -51,3 +51,13 @@ def leave_atomic_open(payload: None) -> None:
 
     transaction.atomic().__enter__()
     Order.objects.create(item="never committed")
+
+
+@app.task(name="commit_by_hand", max_attempts=1)
+def commit_by_hand(payload: None) -> None:
+    """Django's documented manual transaction pattern: autocommit off, commit, not restored."""
+    from django.db import transaction
+
+    transaction.set_autocommit(False)
+    Order.objects.create(item="committed by hand")
+    transaction.commit()
