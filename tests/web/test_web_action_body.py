@@ -137,6 +137,19 @@ def test_queue_and_bulk_actions_without_keys_refuse_one(console, app, conn):
     assert r.status_code == 400 and "at least one of concurrency" in r.json()["error"], r.text
 
 
+def test_a_bulk_filter_key_given_empty_is_refused_not_read_as_every_job(console, app, conn):
+    """A break-it trial: {"kind": "replay", "filter": {"state": "dead", "graph": "   "}}
+    was read as {"state": "dead"} and replayed every dead job of the schema."""
+    dead = _dead(app, conn)
+    for graph in ("   ", "", None):
+        r = console.post("/api/bulk", headers=AUTH, json={"kind": "replay", "filter": {"state": "dead", "graph": graph}})
+        assert r.status_code == 400, r.text
+        assert "filter key 'graph' is empty (null or blank)" in r.json()["error"] and \
+            "nothing was started" in r.json()["error"], r.text
+    assert _state(app, conn, dead) == "dead"
+    assert q(conn, app.settings.schema, "SELECT count(*) FROM {s}.bulk_operations") == [(0,)]
+
+
 def test_the_reported_request_with_a_csrf_token_is_refused_then_the_right_one_kept(app, pg_dsn, conn):
     """The report: the loopback console's local operator, X-CSRF-Token, {"reasn": "x"}."""
     job = _later(app)
