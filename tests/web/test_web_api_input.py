@@ -42,11 +42,15 @@ def test_a_misspelt_bulk_key_is_refused_and_nothing_is_replayed(console, app, co
     assert states == [("dead",), ("dead",)]
 
 
-def test_a_null_filter_value_means_any_not_the_text_none(console, app, conn):
+def test_a_null_filter_value_is_refused_not_read_as_the_text_none_or_as_any(console, app, conn):
+    """It once matched the queue named 'None'; then any queue, which widens a bulk
+    operation a script meant to narrow (a break-it trial): refused, nothing started."""
     _dead(app, conn, "wanted")
     r = console.post("/api/bulk", headers=AUTH, json={"kind": "replay", "filter": {"task": "wanted", "queue": None}})
-    assert r.status_code == 201, r.text
-    assert r.json()["filter"] == {"task": "wanted", "state": "dead"}
+    assert r.status_code == 400 and "filter key 'queue' is empty" in r.json()["error"], r.text
+    assert q(conn, app.settings.schema, "SELECT count(*) FROM {s}.bulk_operations") == [(0,)]
+    r = console.post("/api/bulk", headers=AUTH, json={"kind": "replay", "filter": {"task": "wanted"}})
+    assert r.status_code == 201 and r.json()["filter"] == {"task": "wanted", "state": "dead"}, r.text
 
 
 def test_a_misspelt_limit_is_refused_instead_of_setting_nothing(console, app, conn):
