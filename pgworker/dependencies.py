@@ -120,9 +120,10 @@ def _checked(specs: Sequence[JobSpec], max_parents: int,
                              f"job {pos} of the call: a call with dependencies cannot carry a dedupe_key or "
                              "ordering_key; enqueue those jobs in a call of their own (nothing was enqueued)")
         deps = _parents(spec, max_parents)
-        if single and not deps and spec.on_parent_failure is not None:
-            # a policy for parents it does not have, dropped without a word (a trial's
-            # `pgworker enqueue --on-parent-failure cancel` without --depends-on)
+        if single and spec.depends_on is None and spec.on_parent_failure is not None:
+            # a policy for parents it was given none of, dropped without a word (a trial's
+            # `pgworker enqueue --on-parent-failure cancel` without --depends-on); a list
+            # built at run time may be empty (depends_on=[]: a break-it trial), and goes
             raise InvalidJob(f"on_parent_failure={spec.on_parent_failure!r} is what a job does when a parent fails, "
                              "and this job has none: give depends_on=[...] too (CLI: --depends-on ID), or leave "
                              "it out (nothing was enqueued)")

@@ -260,6 +260,7 @@ def test_bad_input_is_refused_and_enqueues_nothing(app, conn, pg_dsn):
             # a job id as text reads as a ref: the message says how to give an id (a trial)
             (lambda: app.enqueue("t", depends_on=[str(parent)]), f"a job id is an int: depends_on=[{parent}]"),
             (lambda: app.enqueue("t", on_parent_failure="cancel"), "this job has none: give depends_on=[...] too"),
+            (lambda: app.enqueue("t", depends_on=None, on_parent_failure="hold"), "give depends_on=[...] too"),
             (lambda: app.enqueue_many([JobSpec("t", ref="x"), JobSpec("t", depends_on=["x", 10**12])]),
              "do not exist"),
         ]
@@ -269,6 +270,9 @@ def test_bad_input_is_refused_and_enqueues_nothing(app, conn, pg_dsn):
             assert text in str(info.value)
             assert count_jobs(conn, schema) == before
         assert q(conn, schema, "SELECT count(*) FROM {s}.job_dependencies")[0][0] == 0
+        # a list of parents built at run time may be empty, with its policy (a break-it trial)
+        assert app.get_job(app.enqueue("t", depends_on=[], on_parent_failure="cancel"))["state"] == "pending"
+        before += 1
         # a parent that can never succeed
         app.cancel(parent)
         with pytest.raises(InvalidJob, match="cancelled"):
