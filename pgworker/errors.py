@@ -14,7 +14,8 @@ class PgworkerError(Exception):
     def __init__(self, message: str | None = None) -> None:
         # the docstring's first line, not all of it (a break-it trial: Permanent("") stored
         # the whole docstring, its usage example included, as the job's error)
-        super().__init__(message or (self.__doc__ or type(self).__name__).strip().splitlines()[0])
+        blank = message is None or (isinstance(message, str) and not message.strip())
+        super().__init__((self.__doc__ or type(self).__name__).strip().splitlines()[0] if blank else message)
 
 
 class ConfigError(PgworkerError, ValueError):
@@ -184,7 +185,7 @@ class Permanent(PgworkerError):
     code = "PERMANENT"
 
     def __init__(self, reason: str = "permanent failure", *, code: str | None = None) -> None:
-        super().__init__(reason or "permanent failure")
+        super().__init__(reason if reason and str(reason).strip() else "permanent failure")
         if code:
             self.code = code
 
@@ -207,7 +208,7 @@ class Retry(PgworkerError):
         if after is not None and after < 0:
             raise ValueError("Retry(after=...) must be >= 0 seconds")
         self.after = after
-        super().__init__(reason or "retry requested")
+        super().__init__(reason if reason and str(reason).strip() else "retry requested")
 
     def __reduce__(self) -> tuple[type, tuple[float | None, str]]:
         # pickled by its arguments, not by ``args`` (the reason alone: it would come back

@@ -11,7 +11,7 @@ import shlex
 import sys
 from typing import Any, NoReturn
 
-from ..names import CANCEL_REASON_MAX_CHARS, bounded_text, redact
+from ..names import CANCEL_REASON_MAX_CHARS, bounded_text, one_line_text, redact
 from .values import (_cancel_reason, _duration_or_none, _float_or_none, _int_or_none, _job_id,  # noqa: F401
                      _job_state, _positive_int, parse_duration, retention_duration)
 
@@ -65,7 +65,7 @@ class _Parser(argparse.ArgumentParser):
             for option in dict.fromkeys(a.split("=", 1)[0] for a in self._given if a.startswith("--")):
                 close = difflib.get_close_matches(option, known, n=1, cutoff=0.6)
                 if option not in known and close:
-                    message += f"; unrecognized {bounded_text(option, 40)}: did you mean {close[0]}?"
+                    message += f"; unrecognized {one_line_text(option, 40)!r}: did you mean {close[0]}?"
         super().error(message)
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:

@@ -134,7 +134,11 @@ def test_other_unrecognized_arguments_name_the_command_and_the_closest_option(ca
             # first, which said nothing of the typo (a trial)
             (["effects", "resolve", "7", "charge", "--retyr"],
              "pgworker effects resolve: error: one of the arguments --result --retry is required; "
-             "unrecognized --retyr: did you mean --retry?\n"),
+             "unrecognized '--retyr': did you mean --retry?\n"),
+            # the option is echoed on one line, its bidi controls replaced (a break-it trial)
+            (["effects", "resolve", "7", "charge", "--res\u202eult\nx"],
+             "pgworker effects resolve: error: one of the arguments --result --retry is required; "
+             "unrecognized '--res\ufffdult x': did you mean --result?\n"),
             # the app given as the worker's argument (a new user's trial)
             (["run", "myapp.tasks:app"], "pgworker run: error: unrecognized arguments: myapp.tasks:app; the app goes "
                                          "in --app: --app myapp.tasks:app (`pgworker run --help` lists its options)\n")):

@@ -492,8 +492,8 @@ def test_an_empty_reason_is_a_short_default_not_the_docstring():
     stored the class's whole docstring, usage example included, as the job's error."""
     import pgworker
 
-    assert [str(e) for e in (Permanent(""), Permanent(None), Retry(reason=""))] == \
-        ["permanent failure", "permanent failure", "retry requested"]  # type: ignore[arg-type]
+    assert [str(e) for e in (Permanent(""), Permanent(None), Retry(reason=""), Permanent("  \n "))] == \
+        ["permanent failure", "permanent failure", "retry requested", "permanent failure"]  # type: ignore[arg-type]
     said = str(pgworker.JobCancelled(""))
     assert said == "The job was cancelled while running; raise it from a handler to stop early.", said
     for cls in (pgworker.ConfigError, pgworker.InvalidName, pgworker.PayloadError, pgworker.LeaseLost):
