@@ -309,6 +309,24 @@ CREATE TABLE {schema}.bulk_operation_jobs (
 -- created_after, created_before, payload, graph (migration 0014)). An absent key matches
 -- everything. Written over the columns rather than the row so that the planner inlines it
 -- (a whole-row argument would build a row value per job scanned).
+-- The form before migration 0014 (no graph) stays beside it for a console of that
+-- version still running during an upgrade; pgworker's statements call the one below.
+CREATE FUNCTION {schema}.console_job_filter(f jsonb, queue text, state text, task text,
+                                             ordering_key text, dedupe_key text,
+                                             error_code text, created_at timestamptz,
+                                             payload jsonb)
+RETURNS boolean LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT (f->>'queue' IS NULL OR queue = f->>'queue')
+       AND (f->>'state' IS NULL OR state = f->>'state')
+       AND (f->>'task' IS NULL OR task = f->>'task')
+       AND (f->>'ordering_key' IS NULL OR ordering_key = f->>'ordering_key')
+       AND (f->>'dedupe_key' IS NULL OR dedupe_key = f->>'dedupe_key')
+       AND (f->>'error_code' IS NULL OR error_code = f->>'error_code')
+       AND (f->>'created_after' IS NULL OR created_at >= (f->>'created_after')::timestamptz)
+       AND (f->>'created_before' IS NULL OR created_at < (f->>'created_before')::timestamptz)
+       AND (f->'payload' IS NULL OR payload @> (f->'payload'))
+$$;
+
 CREATE FUNCTION {schema}.console_job_filter(f jsonb, queue text, state text, task text,
                                              ordering_key text, dedupe_key text,
                                              error_code text, created_at timestamptz,

@@ -212,14 +212,22 @@ def test_migration_0014_carries_the_console_filters_grants_to_its_new_signature(
             conn.execute(psycopg.sql.SQL("REVOKE EXECUTE ON FUNCTION {} FROM PUBLIC").format(old))
             conn.execute(psycopg.sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(old, rident))
             assert migrate(conn, schema).applied == ("0014_console_graph_filter",)
-            [(args,)] = conn.execute("SELECT pg_get_function_identity_arguments(p.oid) FROM pg_proc p "
-                                     "WHERE p.pronamespace = %s::regnamespace AND p.proname = 'console_job_filter'",
-                                     [ident.as_string(conn)]).fetchall()
-            assert args.endswith("payload jsonb, graph_id bigint"), args
+            forms = conn.execute("SELECT pg_get_function_identity_arguments(p.oid) FROM pg_proc p "
+                                 "WHERE p.pronamespace = %s::regnamespace AND p.proname = 'console_job_filter' "
+                                 "ORDER BY p.pronargs", [ident.as_string(conn)]).fetchall()
+            # the old form stays for a console of the version before, still running (a break-it trial)
+            assert [f.endswith("payload jsonb") for (f,) in forms] == [True, False], forms
+            assert forms[1][0].endswith("payload jsonb, graph_id bigint"), forms
             fn = f"{ident.as_string(conn)}.console_job_filter({new_args})"
             can = "SELECT has_function_privilege(%s, %s, 'EXECUTE')"
             assert conn.execute(can, [role, fn]).fetchone()[0] is True
             assert conn.execute(can, ["public", fn]).fetchone()[0] is False
+            assert conn.execute(can, [role, old.as_string(conn)]).fetchone()[0] is True  # the old one's, kept
+            # the old form still answers as it did
+            row = conn.execute(psycopg.sql.SQL("SELECT {}('{{\"queue\": \"a\"}}'::jsonb, 'a', 'dead', 't', NULL, "
+                                               "NULL, NULL, now(), '{{}}'::jsonb)").format(
+                psycopg.sql.SQL(old.as_string(conn).split("(")[0]))).fetchone()
+            assert row == (True,)
             # and search_path is as it was before the migration
             assert schema not in conn.execute("SHOW search_path").fetchone()[0]
         finally:

@@ -7,16 +7,19 @@
 --     both needed it. The list and a bulk operation with a graph read jobs_graph_idx
 --     (graph_id, id) directly (their own statements in console.sql); this function still
 --     decides every other key for them.
---   * A new argument is a new function: the old one is dropped (nothing but pgworker's own
---     statements call it, and a pgworker of another version refuses this schema). Its
---     EXECUTE grants are carried to the new one as they were (`pgworker sql grants
---     --viewer` grants it explicitly; a database whose default privileges revoke EXECUTE
---     from PUBLIC would otherwise lock the viewer out of the jobs list): a function never
---     granted anything keeps PostgreSQL's default, EXECUTE for PUBLIC.
+--   * A new argument is a new function, created beside the old one, which stays: a console
+--     of the version before, still running while its pods are replaced, calls it (a
+--     break-it trial: dropped, that console's job list failed with "function does not
+--     exist ... run pgworker migrate" right after the migration). A later migration may
+--     drop it. The old one's EXECUTE grants are given to the new one as they were
+--     (`pgworker sql grants --viewer` grants it explicitly; a database whose default
+--     privileges revoke EXECUTE from PUBLIC would otherwise lock the viewer out of the jobs
+--     list): a function never granted anything keeps PostgreSQL's default, EXECUTE for
+--     PUBLIC.
 -- The schema's name may hold any character: it appears only as the quoted identifier of
 -- search_path and of the function's names, never inside a string or the block's $$
 -- quoting; search_path is put back as it was at the end (pg_temp last).
--- No table is touched: a function is replaced and no index is added.
+-- No table is touched: a function is added and no index is added.
 -- {schema} is replaced by the quoted schema name before this file runs.
 
 SELECT set_config('pgworker.migration_search_path', current_setting('search_path'), true);
@@ -24,8 +27,6 @@ SET LOCAL search_path = {schema}, pg_temp;
 SELECT set_config('pgworker.console_job_filter_acl', coalesce(p.proacl::text, ''), true)
 FROM pg_proc AS p
 WHERE p.oid = 'console_job_filter(jsonb, text, text, text, text, text, text, timestamptz, jsonb)'::regprocedure;
-
-DROP FUNCTION {schema}.console_job_filter(jsonb, text, text, text, text, text, text, timestamptz, jsonb);
 
 CREATE FUNCTION {schema}.console_job_filter(f jsonb, queue text, state text, task text,
                                              ordering_key text, dedupe_key text,
