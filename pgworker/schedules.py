@@ -28,7 +28,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import psycopg
@@ -42,6 +42,7 @@ from .tasks import check_max_attempts, check_priority
 
 if TYPE_CHECKING:
     from .store import Store
+    from .tasks import Task
 
 log = logging.getLogger("pgworker.schedules")
 
@@ -230,9 +231,13 @@ class Scheduler:
     sum is ``pgworker_schedule_errors_total``).
     """
 
-    def __init__(self, store: "Store", periodics: Sequence[Periodic]) -> None:
+    def __init__(self, store: "Store", periodics: Sequence[Periodic], tasks: "Mapping[str, Task] | None" = None) -> None:
         self.store = store
         self.periodics = {p.name: p for p in periodics}
+        # the app's tasks: a schedule's payload is checked as enqueue checks it, once the
+        # app has been imported whole (a break-it trial: a payload its task's handler
+        # refuses made one dead job a slot, though enqueue refuses it up front)
+        self.tasks = tasks or {}
         self.fired = 0
         self.fired_by_queue: Counter[str] = Counter()
         self.skipped = 0
@@ -255,6 +260,10 @@ class Scheduler:
         self.unregistered = {}
         for p in self.periodics.values():
             try:
+                task = self.tasks.get(p.task)
+                check = task.payload_check if task is not None else None
+                if check is not None:
+                    check(p._payload_json)  # PayloadError: kept unregistered, said at each streak
                 initial, nxt = p.latest_at_or_before(now), p.next_after(now)
                 with self._own_statement(conn):
                     self.store.register_schedule(
@@ -331,7 +340,10 @@ class Scheduler:
             fix = f"run `{reset.as_string(None)}`: the schedule then starts afresh at its next slot"
         else:
             what = f"{type(exc).__name__}: {bounded_text(' '.join(str(exc).split()), 500)}"
-            if not isinstance(exc, psycopg.Error):  # from the declaration, not the database
+            if isinstance(exc, PayloadError):
+                fix = (f"give the schedule a payload its task {p.task!r} takes (payload= of app.periodic, or none "
+                       "for @app.task(schedule=...)), or change the handler's payload annotation")
+            elif not isinstance(exc, psycopg.Error):  # from the declaration, not the database
                 fix = (f"correct its declaration in the app's code (cron {p.cron!r} in {p.timezone!r}): "
                        "its slots could not be computed")
             elif getattr(exc, "sqlstate", None) == "42501":

@@ -94,7 +94,7 @@ def _reaped(n: int) -> str | None:
 def _fired(app: Any, conn: psycopg.Connection, metrics: Any) -> str | None:
     from .scheduler import tick
 
-    scheduler = Scheduler(app.store, list(app.schedules.values()))
+    scheduler = Scheduler(app.store, list(app.schedules.values()), app.tasks)
     scheduler.register(conn)
     tick(scheduler, conn, metrics)
     return f"enqueued {scheduler.fired} periodic job(s)" if scheduler.fired else None

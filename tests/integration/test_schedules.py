@@ -3,6 +3,7 @@ enqueued once however many schedulers fire at the same moment."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import threading
@@ -382,3 +383,34 @@ def test_a_schedule_failing_inside_a_callers_transaction_leaves_it_usable(app, p
         tx.commit()
     assert q(conn, schema, "SELECT schedule_name FROM {s}.jobs") == [("b-fine",)]
     assert s.errors == {"a-broken": 1}
+
+
+@dataclasses.dataclass
+class Report:  # module level: the handler's string annotation (PEP 563) resolves to it
+    day: str
+
+
+@pytest.mark.integration
+def test_a_schedule_whose_payload_its_task_refuses_never_fires_and_says_why(app, conn, caplog):
+    """A break-it trial: `app.periodic("report", ..., payload={"date": ...})` for a handler
+    taking a Report(day) was accepted, and every slot enqueued a job that went dead
+    PAYLOAD_INVALID, though enqueue refuses that payload up front. The scheduler checks
+    each schedule's payload against its task's (the app imported whole by then): a refused
+    one is not recorded, logged once with the fix and counted; the others fire."""
+    @app.task(name="report")
+    def report(r: Report) -> None: ...
+
+    bad = app.periodic("report", "* * * * *", name="bad-report", payload={"date": "2026-12-05"})
+    good = app.periodic("report", "* * * * *", name="good-report", payload={"day": "2026-12-05"})
+    s = Scheduler(app.store, [bad, good], app.tasks)
+    s.register(conn)
+    assert set(s.unregistered) == {"bad-report"}
+    rewind(conn, app.settings.schema, "good-report", 2)
+    with caplog.at_level(logging.ERROR, logger="pgworker.schedules"):
+        s.tick(conn)
+        s.tick(conn)
+    assert q(conn, app.settings.schema, "SELECT payload FROM {s}.jobs") == [({"day": "2026-12-05"},)]
+    said = [r.getMessage() for r in caplog.records if "bad-report" in r.getMessage()]
+    assert len(said) == 1 and "PayloadError: task 'report': payload: unexpected field 'date' for Report" in said[0]
+    assert "give the schedule a payload its task 'report' takes" in said[0], said
+    assert s.errors["bad-report"] == 2 and "good-report" not in s.errors

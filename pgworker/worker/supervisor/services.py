@@ -41,7 +41,7 @@ def start_services(sup: Any) -> tuple[Settler, list[Any]]:
                                    interval=st.prune_interval_seconds, metrics=sup.metrics, **common))
         if sup.schedules_on():
             services.append(SchedulerService(
-                scheduler=Scheduler(sup.store, list(sup.app.schedules.values())), metrics=sup.metrics, **common))
+                scheduler=Scheduler(sup.store, list(sup.app.schedules.values()), sup.app.tasks), metrics=sup.metrics, **common))
         if st.listen:
             services.append(Listener(dsn=st.effective_listen_dsn, channel=sup.store.channel,
                                      queues=sup.queues, lease_seconds=st.lease_seconds,
