@@ -19,7 +19,8 @@ from typing import Sequence
 from ..errors import PgworkerError
 from .effects import cmd_effects
 from .graphs import cmd_graphs
-from .jobs import cmd_cancel, cmd_dead, cmd_enqueue, cmd_jobs, cmd_prune
+from .dead import cmd_dead
+from .jobs import cmd_cancel, cmd_enqueue, cmd_jobs, cmd_prune
 # The parser's names, importable from here as they were from the single module (the
 # settings reference, pgworker.settings_docs, reads the private value types too).
 from .parser import (ENV_FLAGS, SETTING_FLAGS, SETTING_SWITCHES, _ABSENT, _duration_or_none,  # noqa: F401
