@@ -105,6 +105,8 @@ def test_what_a_graph_filter_shows_is_escaped_and_says_what_is_wrong(console, gr
     # an id no job carries: said so, rather than an empty list alone
     page = console.get("/jobs", params={"graph": "9999999"}, headers=AUTH)
     assert page.status_code == 200 and 'id="no-graph"' in page.text and "No job carries graph id 9999999" in page.text
+    # not "Searched the newest 0 jobs of graph 9999999 (ids 0 and up)" above it (a trial)
+    assert "Graph 9999999 has no job" in page.text and "Searched the newest 0 jobs" not in page.text, page.text
     page = console.get("/jobs", params={"graph": graph["id"], "state": "cancelled"}, headers=AUTH)
     assert page.status_code == 200 and 'id="no-jobs"' in page.text and 'id="no-graph"' not in page.text
 
