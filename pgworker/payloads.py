@@ -198,6 +198,12 @@ def _name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+def type_name(tp: Any) -> str:
+    """A handler's payload annotation as enqueue's refusal names it: ``Invoice``, ``int |
+    None``, ``None`` (not ``NoneType``)."""
+    return "None" if tp is type(None) else _name(tp)
+
+
 def _check(value: Any, tp: Any, path: str) -> Any:  # noqa: C901 - one branch per kind of type
     if tp is Any or tp is object:
         return value

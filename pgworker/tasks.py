@@ -17,7 +17,7 @@ from .errors import ConfigError, InvalidJob, InvalidPayload, PayloadError
 from .jobs import UndecodablePayload, safe_json_loads
 from .names import check_new_queue_name, check_task_name
 from .payloads import (PayloadValidationError, decoder_for, expects_object, is_checked_scalar, is_payload_type,
-                       not_an_object, payload_annotation, payload_has_default, scalar_decoder)
+                       not_an_object, payload_annotation, payload_has_default, scalar_decoder, type_name)
 from .retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -196,8 +196,7 @@ class Task(Generic[PayloadT]):
         try:
             self._scalar_checker(safe_json_loads(text))
         except PayloadValidationError as exc:
-            tp = self._annotation
-            name = "None" if tp is type(None) else getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+            name = type_name(self._annotation)
             raise PayloadError(f"task {self.name!r}: {exc}; nothing was enqueued: give the payload the shape of "
                                f"{name}, the annotation of the handler's payload parameter (a handler annotated "
                                "this way would get it as it is, and fail on it)") from None

@@ -57,15 +57,19 @@ ACTIONS_BY_STATE = {"pending": ("retry", "cancel"), "running": ("cancel",), "dea
 FINISHED = ("succeeded", "cancelled", "dead")
 
 
+def job_data_raw(ctx: Any, job_id: int) -> dict[str, Any] | None:
+    """The job's row as the App reads it, or None (also for an id no job can have: the
+    route takes any digits, and the App refuses an id past a bigint)."""
+    return ctx.app.get_job(job_id) if 0 < job_id <= ID_MAX else None
+
+
 def job_exists(ctx: Any, job_id: int) -> bool:
-    """Whether the path's id names a job (an id past a bigint names none: the API refuses it)."""
-    return 0 < job_id <= ID_MAX and ctx.app.get_job(job_id) is not None
+    """Whether the path's id names a job."""
+    return job_data_raw(ctx, job_id) is not None
 
 
 def job_data(ctx: Any, job_id: int) -> dict[str, Any] | None:
-    if not 0 < job_id <= ID_MAX:  # the route takes any digits; no job has such an id
-        return None
-    job = ctx.app.get_job(job_id)
+    job = job_data_raw(ctx, job_id)
     if job is None:
         return None
     cfg = ctx.console.config
@@ -191,11 +195,6 @@ async def job_action(request: Request) -> Response:
         reason = field if isinstance(field, str) else None
     done = await ctx.db(apply_action, ctx, verb, job_id, reason)
     return ctx.redirect(f"/jobs/{job_id}?done={verb if done else 'nothing'}")
-
-
-def job_data_raw(ctx: Any, job_id: int) -> dict[str, Any] | None:
-    """The job's row as the App reads it, or None (also for an id no job can have)."""
-    return ctx.app.get_job(job_id) if 0 < job_id <= ID_MAX else None
 
 
 def apply_action(ctx: Any, verb: str, job_id: int, reason: str | None = None) -> bool:
