@@ -98,6 +98,17 @@ VARIANTS: dict[str, tuple[str, list[tuple[str, str]]]] = {
     "x-no-rest": ("ablation: no ranked_rest", [(
         "    UNION ALL SELECT id FROM ranked_rest))", "))")]),
 }
+VARIANTS["x-lean"] = ("ablation: no aged, rest, retry", VARIANTS["x-no-aged"][1] + VARIANTS["x-no-rest"][1] + VARIANTS["x-no-retry"][1])
+VARIANTS["x-no-bucket"] = ("ablation: no bucket CTE", [("""), bucket AS (
+    UPDATE {s}.queues AS q
+    SET tokens = a.tokens - (SELECT count(*) FROM claimed),
+        tokens_at = greatest(q.tokens_at, statement_timestamp())
+    FROM allowance AS a
+    WHERE q.name = %(queue)s AND q.rate_per_second IS NOT NULL AND %(locked)s::boolean
+)""", ")")])
+VARIANTS["x-plain"] = ("ablation: no aged, retry, bucket", VARIANTS["x-no-aged"][1] + VARIANTS["x-no-retry"][1] + VARIANTS["x-no-bucket"][1])
+VARIANTS["x-no-horizon"] = ("ablation: no claim_horizon", [("CROSS JOIN {s}.claim_horizon(%(queue)s) AS h", "CROSS JOIN (SELECT now() AS at, 0::bigint AS epoch, true AS granted) AS h")])
+VARIANTS["x-lean-nh"] = ("ablation: lean and no horizon", VARIANTS["x-lean"][1] + VARIANTS["x-no-horizon"][1])
 # Table ablations (not candidates: each drops a guarantee): today's statements on a jobs
 # table without a part of the schema, to attribute the table's cost per transition (the
 # CHECK constraints, evaluated at every update; the index entries of the running and

@@ -36,6 +36,12 @@ CATALOG = {
         FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid
         WHERE k.connamespace = %(ns)s::regnamespace
         ORDER BY 1, 2""",
+    # a domain's rules (migration 0015), with whether each was validated
+    "domain constraints": """
+        SELECT t.typname, k.conname, pg_get_constraintdef(k.oid), k.convalidated
+        FROM pg_constraint k JOIN pg_type t ON t.oid = k.contypid
+        WHERE k.connamespace = %(ns)s::regnamespace
+        ORDER BY 1, 2""",
     "indexes": """
         SELECT i.relname, pg_get_indexdef(i.oid) FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid
         WHERE i.relnamespace = %(ns)s::regnamespace ORDER BY 1""",
@@ -211,7 +217,7 @@ def test_migration_0014_carries_the_console_filters_grants_to_its_new_signature(
             migrate_to(conn, schema, 13)
             conn.execute(psycopg.sql.SQL("REVOKE EXECUTE ON FUNCTION {} FROM PUBLIC").format(old))
             conn.execute(psycopg.sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(old, rident))
-            assert migrate(conn, schema).applied == ("0014_console_graph_filter",)
+            assert migrate(conn, schema).applied[0] == "0014_console_graph_filter"
             forms = conn.execute("SELECT pg_get_function_identity_arguments(p.oid) FROM pg_proc p "
                                  "WHERE p.pronamespace = %s::regnamespace AND p.proname = 'console_job_filter' "
                                  "ORDER BY p.pronargs", [ident.as_string(conn)]).fetchall()
@@ -234,3 +240,60 @@ def test_migration_0014_carries_the_console_filters_grants_to_its_new_signature(
             drop_schema(conn, schema)
             conn.execute(psycopg.sql.SQL("DROP OWNED BY {}").format(rident))
             conn.execute(psycopg.sql.SQL("DROP ROLE {}").format(rident))
+
+
+# (column, a value its rule refuses, the rule's name in the error) for every rule of the
+# jobs table that migration 0015 moved to a domain
+DOMAIN_RULES = [
+    ("attempts", "-1", "job_attempts_nonnegative"),
+    ("max_attempts", "0", "job_max_attempts_positive"),
+    ("progress", "1.5", "job_progress_range"),
+    ("progress_message", "repeat('x', 201)", "job_progress_message_length"),
+    ("task", "''", "job_task_length"),
+    ("dedupe_window", "interval '0'", "job_dedupe_window_positive"),
+    ("created_at", "'-infinity'", "job_time_range"),
+    ("lease_expires_at", "'infinity'", "job_time_range"),
+]
+
+
+def test_migration_0015_keeps_the_rows_and_every_rule_without_rewriting_the_table(pg_dsn, schema):
+    """Migration 0015 moves nine single-column rules of the jobs table from CHECK
+    constraints (evaluated at every write of a row, whichever columns it writes) to the
+    columns' domains (checked where a value is written): the rows a version-14 table held
+    stay as they were, the table is not rewritten (its file is the same), no index is
+    rebuilt, and each rule still refuses what it refused, by raw SQL too."""
+    from worker import q
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        migrate_to(conn, schema, 14)
+        q(conn, schema, "INSERT INTO {s}.jobs (queue, task, payload, state, attempts, max_attempts, lease_token, "
+                        "lease_expires_at, progress, progress_message, dedupe_key, dedupe_window) "
+                        "VALUES ('q', 'running task', '{{\"a\": 1}}', 'running', 2, 3, 7, now() + interval '1 hour', "
+                        "0.25, 'a quarter', 'k', interval '1 minute') RETURNING 1")
+        q(conn, schema, "INSERT INTO {s}.jobs (queue, task, payload) SELECT 'q', 't', to_jsonb(g) "
+                        "FROM generate_series(1, 1000) g RETURNING 1")
+        files = "SELECT relname, relfilenode FROM pg_class WHERE relnamespace = %s::regnamespace ORDER BY 1"
+        ident = psycopg.sql.Identifier(schema).as_string(conn)
+        before_files = conn.execute(files, [ident]).fetchall()
+        before_rows = q(conn, schema, "SELECT to_jsonb(j) FROM {s}.jobs AS j ORDER BY id")
+        assert migrate(conn, schema).applied == ("0015_column_domains",)
+        assert conn.execute(files, [ident]).fetchall() == before_files
+        assert q(conn, schema, "SELECT to_jsonb(j) FROM {s}.jobs AS j ORDER BY id") == before_rows
+        checks = {r[0] for r in q(conn, schema, "SELECT conname FROM pg_constraint "
+                                                "WHERE conrelid = '{s}.jobs'::regclass AND contype = 'c'")}
+        assert checks == {"jobs_waiting_parents_nonnegative", "jobs_queue_length", "jobs_running_has_lease",
+                          "jobs_schedule_slot_pair", "jobs_run_at_range"}
+        for column, bad, rule in DOMAIN_RULES:
+            for statement in (f"UPDATE {{s}}.jobs SET {column} = {bad} WHERE id = 1 RETURNING 1",
+                              f"INSERT INTO {{s}}.jobs (queue, task, payload, {column}) "
+                              f"VALUES ('q', 't', '1', {bad}) RETURNING 1"):
+                if column == "task":
+                    statement = statement.replace("(queue, task, payload, task)", "(queue, payload, task)")
+                    statement = statement.replace("VALUES ('q', 't', '1',", "VALUES ('q', '1',")
+                with pytest.raises(psycopg.errors.CheckViolation, match=rule):
+                    q(conn, schema, statement)
+        # the reads keep their types: what psycopg decodes is the base type's value
+        row = q(conn, schema, "SELECT attempts, progress, task, created_at, lease_expires_at, dedupe_window "
+                              "FROM {s}.jobs WHERE id = 1")[0]
+        assert (row[0], row[1], row[2]) == (2, 0.25, "running task")
+        assert row[3].tzinfo is not None and row[4] > row[3] and row[5].total_seconds() == 60

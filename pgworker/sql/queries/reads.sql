@@ -34,8 +34,11 @@ LIMIT %(limit)s;
 -- The queue and task names among the newest %(limit)s jobs, for the name a `jobs list`
 -- filter that matched nothing was probably meant to be: a backward walk of the primary
 -- key, bounded, since no index leads with the task (a DISTINCT over the table would
--- read every row of the history).
-SELECT coalesce(array_agg(DISTINCT r.queue), '{{}}') AS queues, coalesce(array_agg(DISTINCT r.task), '{{}}') AS tasks
+-- read every row of the history). task is cast to text: its column's type is a domain
+-- (migration 0015), and an array of a domain reaches the client as a type it cannot read
+-- (psycopg gave the array's text, '{add}', whose characters became the names).
+SELECT coalesce(array_agg(DISTINCT r.queue), '{{}}') AS queues,
+       coalesce(array_agg(DISTINCT r.task::text), '{{}}') AS tasks
 FROM (SELECT queue, task FROM {schema}.jobs ORDER BY id DESC LIMIT %(limit)s) AS r;
 
 -- name: queue_stats
