@@ -98,17 +98,17 @@ VARIANTS: dict[str, tuple[str, list[tuple[str, str]]]] = {
     "x-no-rest": ("ablation: no ranked_rest", [(
         "    UNION ALL SELECT id FROM ranked_rest))", "))")]),
 }
-VARIANTS["x-lean"] = ("ablation: no aged, rest, retry", VARIANTS["x-no-aged"][1] + VARIANTS["x-no-rest"][1] + VARIANTS["x-no-retry"][1])
-VARIANTS["x-no-bucket"] = ("ablation: no bucket CTE", [("""), bucket AS (
+# more ablations (docs/benchmarks.md, "The server's cost per statement"): the token bucket's CTE,
+# the three parts a queue without a policy never runs, and the horizon's function call
+VARIANTS["x-no-bucket"] = ("ablation: no bucket CTE (rate limits)", [("""), bucket AS (
     UPDATE {s}.queues AS q
     SET tokens = a.tokens - (SELECT count(*) FROM claimed),
         tokens_at = greatest(q.tokens_at, statement_timestamp())
     FROM allowance AS a
     WHERE q.name = %(queue)s AND q.rate_per_second IS NOT NULL AND %(locked)s::boolean
 )""", ")")])
-VARIANTS["x-plain"] = ("ablation: no aged, retry, bucket", VARIANTS["x-no-aged"][1] + VARIANTS["x-no-retry"][1] + VARIANTS["x-no-bucket"][1])
+VARIANTS["x-plain"] = ("ablation: what a queue without aging or limits never runs: aging arm, retry_after, bucket", VARIANTS["x-no-aged"][1] + VARIANTS["x-no-retry"][1] + VARIANTS["x-no-bucket"][1])
 VARIANTS["x-no-horizon"] = ("ablation: no claim_horizon", [("CROSS JOIN {s}.claim_horizon(%(queue)s) AS h", "CROSS JOIN (SELECT now() AS at, 0::bigint AS epoch, true AS granted) AS h")])
-VARIANTS["x-lean-nh"] = ("ablation: lean and no horizon", VARIANTS["x-lean"][1] + VARIANTS["x-no-horizon"][1])
 # Table ablations (not candidates: each drops a guarantee): today's statements on a jobs
 # table without a part of the schema, to attribute the table's cost per transition (the
 # CHECK constraints, evaluated at every update; the index entries of the running and
@@ -125,6 +125,7 @@ _DROP_TRIGGER = "DROP TRIGGER jobs_dependencies_settle ON {s}.jobs"
 TABLE_VARIANTS: dict[str, str] = {
     "t-no-checks": _DROP_CHECKS,
     "t-no-running-finished": _DROP_RUNNING_FINISHED,
+    "t-no-running": "DROP INDEX {s}.jobs_running_idx",
     "t-no-other-partials": _DROP_PARTIALS,
     "t-no-trigger": _DROP_TRIGGER,
     "t-none-of-these": "; ".join((_DROP_CHECKS, _DROP_RUNNING_FINISHED, _DROP_PARTIALS, _DROP_TRIGGER)),
