@@ -154,6 +154,9 @@ class App(AsyncProducer, Admin):
                                     timeout=timeout, max_runtime=max_runtime, renew=renew, priority=priority,
                                     permanent_errors=permanent_errors, payload_type=payload_type,
                                     ordering_on_dead=ordering_on_dead, dedupe_window=dedupe_window, app=self)
+            for declared in self.schedules.values():  # declared by the task's name before it
+                if declared.task == task.name:
+                    declare.check_schedule_payload(declared, task)
             if schedule is not None:
                 self.periodic(task, schedule, tz=schedule_tz, missed=schedule_missed)
             self.tasks[task.name] = task
@@ -177,7 +180,9 @@ class App(AsyncProducer, Admin):
         default to the task's, and are checked now as :meth:`enqueue` checks them (JSON
         without NaN, at most ``max_payload_bytes``; priority -32768..32767; max_attempts
         1..1000000). Raises :class:`ConfigError` naming the schedule and the fix for an invalid
-        expression (or one no date has: '0 0 30 2 *'), zone, policy or job option, or a name declared twice.
+        expression (or one no date has: '0 0 30 2 *'), zone, policy or job option, a name declared twice, or a
+        payload the task's handler refuses (its annotated type, checked as enqueue checks it: here when the task
+        is registered, else when it is).
         """
         return declare.new_schedule(task, cron, self.schedules, self.tasks, name=name, tz=tz, missed=missed,
                                     payload=payload, queue=queue, priority=priority, max_attempts=max_attempts,

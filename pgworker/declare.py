@@ -4,10 +4,12 @@
 
 from __future__ import annotations
 
+import inspect
+import typing
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .errors import ConfigError
+from .errors import ConfigError, PayloadError
 from .retry import RetryPolicy
 from .schedules import Periodic
 from .tasks import DEFAULT_MAX_ATTEMPTS, Task, check_dedupe_window
@@ -60,5 +62,47 @@ def new_schedule(task: "str | Task[Any]", cron: str, schedules: dict[str, Period
         max_attempts=max_attempts if max_attempts is not None else (
             registered.max_attempts if registered else DEFAULT_MAX_ATTEMPTS),
         misfire_grace_seconds=misfire_grace, max_payload_bytes=max_payload_bytes)
+    if registered is not None:
+        check_schedule_payload(p, registered)
     schedules[schedule_name] = p
     return p
+
+
+def check_schedule_payload(schedule: Periodic, task: Task[Any]) -> None:
+    """Refuse a schedule whose payload its task's handler would refuse (the check enqueue
+    makes: :attr:`Task.payload_check`), as :class:`ConfigError` naming the schedule: every
+    slot's job would go dead at its first attempt (a trial: a `dict` handler scheduled with
+    no payload). Called when the schedule is declared for a registered task, and when a
+    task is registered for schedules declared before it by name. A handler's annotation
+    that cannot be resolved yet (``from __future__ import annotations``, its type defined
+    below the handler) is not checked here, where reading it would fix the task's decoder
+    too early: the scheduler checks the payload once the app is imported whole."""
+    if not _annotation_resolvable(task.func):
+        return
+    check = task.payload_check
+    if check is None:
+        return
+    try:
+        check(schedule._payload_json)
+    except PayloadError as exc:
+        fix = ("@app.task(schedule=...) enqueues no payload: declare the schedule with app.periodic(task, cron, "
+               "payload=...), or let the handler take None" if schedule.payload is None
+               else "give the schedule a payload= the handler takes")
+        raise ConfigError(f"schedule {schedule.name!r}: {exc}; {fix}") from exc
+
+
+def _annotation_resolvable(fn: Callable[..., Any]) -> bool:
+    """Whether the handler's payload annotation can be read now (no string annotation
+    whose names are not defined yet)."""
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        return False
+    if not params or not isinstance(params[0].annotation, str):
+        return True
+    try:
+        typing.get_type_hints(fn)
+    except Exception:  # noqa: BLE001 - not resolvable yet: checked later
+        return False
+    return True

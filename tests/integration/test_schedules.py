@@ -396,11 +396,14 @@ def test_a_schedule_whose_payload_its_task_refuses_never_fires_and_says_why(app,
     taking a Report(day) was accepted, and every slot enqueued a job that went dead
     PAYLOAD_INVALID, though enqueue refuses that payload up front. The scheduler checks
     each schedule's payload against its task's (the app imported whole by then): a refused
-    one is not recorded, logged once with the fix and counted; the others fire."""
+    one is not recorded, logged once with the fix and counted; the others fire. (A schedule
+    declared for a registered task is refused at declaration now: below. This is the
+    scheduler's check, for what reaches it anyway: a handler whose annotation resolved
+    only once the app was imported whole.)"""
     @app.task(name="report")
     def report(r: Report) -> None: ...
 
-    bad = app.periodic("report", "* * * * *", name="bad-report", payload={"date": "2026-12-05"})
+    bad = Periodic(name="bad-report", task="report", cron="* * * * *", payload={"date": "2026-12-05"})
     good = app.periodic("report", "* * * * *", name="good-report", payload={"day": "2026-12-05"})
     s = Scheduler(app.store, [bad, good], app.tasks)
     s.register(conn)
@@ -414,3 +417,52 @@ def test_a_schedule_whose_payload_its_task_refuses_never_fires_and_says_why(app,
     assert len(said) == 1 and "PayloadError: task 'report': payload: unexpected field 'date' for Report" in said[0]
     assert "give the schedule a payload its task 'report' takes" in said[0], said
     assert s.errors["bad-report"] == 2 and "good-report" not in s.errors
+
+
+@pytest.mark.integration
+def test_a_schedule_whose_payload_its_task_refuses_is_refused_when_declared(app):
+    """A new user's trial: `@app.task(schedule=...)` on a handler taking a dict (the
+    schedule enqueues no payload), and `app.periodic(..., payload={"scop": ...})` misspelt
+    for a dataclass handler, were accepted; every slot then failed ("could not be
+    recorded") while a drain run reported success. docs/scheduling.md promises enqueue's
+    checks at declaration: ConfigError naming the schedule and the fix, when the task is
+    registered first or after a schedule declared by its name; nothing is declared."""
+    with pytest.raises(ConfigError, match=r"schedule 'needs_dict': task 'needs_dict': payload: expected an object "
+                                          r".*@app.task\(schedule=\.\.\.\) enqueues no payload: declare the "
+                                          r"schedule with app.periodic"):
+        @app.task(name="needs_dict", schedule="* * * * *")
+        def needs_dict(payload: dict, ctx) -> None: ...
+    assert "needs_dict" not in app.schedules and "needs_dict" not in app.tasks
+
+    @app.task(name="report")
+    def report(r: Report) -> None: ...
+
+    with pytest.raises(ConfigError, match=r"schedule 'misspelt': task 'report': payload: unexpected field 'scop' "
+                                          r".*give the schedule a payload= the handler takes"):
+        app.periodic("report", "*/15 * * * *", name="misspelt", payload={"scop": "15m"})
+    assert "misspelt" not in app.schedules
+    assert app.periodic("report", "*/15 * * * *", name="fine", payload={"day": "mon"}).name == "fine"
+
+    # declared by name before its task: checked when the task is registered
+    app.periodic("later", "0 * * * *", payload={"nope": 1})
+    with pytest.raises(ConfigError, match=r"schedule 'later': task 'later': payload: unexpected field 'nope'"):
+        @app.task(name="later")
+        def later(r: Report) -> None: ...
+    assert "later" not in app.tasks
+
+
+@pytest.mark.integration
+def test_a_handler_annotation_not_resolvable_yet_is_checked_by_the_scheduler_later(app):
+    """With `from __future__ import annotations` a payload type may be defined below its
+    handler: at declaration it cannot be read, and reading it then would fix the task's
+    decoder to "no type" for good. The declaration is accepted; the task still decodes
+    its type once it is defined."""
+    @app.task(name="forward", schedule="* * * * *")
+    def forward(r: DefinedBelow) -> None: ...  # noqa: F821 - defined below, on purpose
+
+    assert "forward" in app.schedules
+    globals()["DefinedBelow"] = dataclasses.make_dataclass("DefinedBelow", [("x", int)])
+    try:
+        assert app.tasks["forward"].typed_decoder is not None
+    finally:
+        del globals()["DefinedBelow"]
