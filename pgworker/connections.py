@@ -20,7 +20,7 @@ from . import db
 from .config import Settings
 from .errors import ConfigError, DatabaseBusy, DatabaseReadOnly, DatabaseUnavailable, PoolerError, SchemaNotMigrated
 from .jobs import safe_json_loads
-from .names import dsn_password, redact, redact_dsn
+from .names import dsn_password, redact
 
 log = logging.getLogger("pgworker")
 
@@ -66,10 +66,7 @@ def open_pool(s: Settings, name: str) -> Any:
         pool.open(wait=True, timeout=db.CONNECT_TIMEOUT_SECONDS + 5)
     except Exception as exc:
         pool.close()
-        raise DatabaseUnavailable(
-            f"cannot connect to PostgreSQL at {redact_dsn(s.dsn)!r}: "
-            f"{redact(str(exc), dsn_password(s.dsn), s.dsn)}; check the DSN (--dsn or PGWORKER_DSN) and that "
-            "the server is running") from None
+        raise unreachable(s, exc) from None
     return pool
 
 
@@ -281,8 +278,7 @@ def database_errors(settings: Settings, *, look_around: bool = True) -> Iterator
 
 
 def unreachable(s: Settings, exc: Exception) -> DatabaseUnavailable:
-    """The error for a server that cannot be reached: names the DSN (password redacted) and the fix."""
-    return DatabaseUnavailable(
-        f"cannot connect to PostgreSQL at {redact_dsn(s.dsn)!r}: "
-        f"{redact(str(exc), dsn_password(s.dsn), s.dsn)}; check the DSN (--dsn or PGWORKER_DSN) and that "
-        "the server is running")
+    """The error for a server that cannot be reached or refused the connection, as the
+    sync calls raise it (:func:`pgworker.db.connect_failure`: a refusal is
+    :class:`DatabaseRefused` with its fix; the password redacted)."""
+    return db.connect_failure(s.dsn, exc)

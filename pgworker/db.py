@@ -59,6 +59,23 @@ def malformed_dsn(dsn: str, exc: Exception) -> str:
             "'host=localhost port=5432 dbname=app user=app'")
 
 
+def connect_failure(dsn: str | None, exc: Exception) -> DatabaseUnavailable:
+    """The error for a connection attempt that failed (sync or async, the same words):
+    :class:`DatabaseRefused` with its fix first when the server answered and refused (no
+    such database or role, a password, pg_hba.conf), else :class:`DatabaseUnavailable`;
+    the DSN's password redacted, libpq's lines joined into one."""
+    # one line: libpq's message spans several, and a log line or describe_failure keeps the first
+    text = one_line(redact(str(exc).strip(), dsn_password(dsn), dsn))
+    refused = refusal_fix(text)
+    if refused:
+        # the fix first: a log line or /readyz may cut the server's long text
+        return DatabaseRefused(f"PostgreSQL at {redact_dsn(dsn)!r} refused the connection ({refused}): {text}")
+    return DatabaseUnavailable(
+        f"cannot connect to PostgreSQL at {redact_dsn(dsn)!r}: "
+        f"{text}; check the DSN (--dsn or PGWORKER_DSN) and that the "
+        "server is running and reachable")
+
+
 def connect(dsn: str | None, *, application_name: str = "pgworker", autocommit: bool = True,
             prepare: bool = True, connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
             **kwargs: Any) -> psycopg.Connection:
@@ -76,18 +93,7 @@ def connect(dsn: str | None, *, application_name: str = "pgworker", autocommit: 
     try:
         conn = psycopg.connect(dsn, autocommit=autocommit, **params)
     except psycopg.OperationalError as exc:
-        # one line: libpq's message spans several, and a log line or describe_failure
-        # keeps the first
-        text = one_line(redact(str(exc).strip(), dsn_password(dsn), dsn))
-        refused = refusal_fix(text)
-        if refused:
-            # the fix first: a log line or /readyz may cut the server's long text
-            raise DatabaseRefused(f"PostgreSQL at {redact_dsn(dsn)!r} refused the connection ({refused}): "
-                                  f"{text}") from None
-        raise DatabaseUnavailable(
-            f"cannot connect to PostgreSQL at {redact_dsn(dsn)!r}: "
-            f"{text}; check the DSN (--dsn or PGWORKER_DSN) and that the "
-            "server is running and reachable") from None
+        raise connect_failure(dsn, exc) from None
     except psycopg.ProgrammingError as exc:
         raise ConfigError(f"invalid connection settings for {redact_dsn(dsn)!r}: "
                           f"{redact(str(exc), dsn_password(dsn), dsn)}") from None

@@ -29,11 +29,18 @@ def create_app(dsn: str, schema: str, jobs: pgworker.App) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(api: FastAPI) -> AsyncIterator[None]:
-        await db.open(wait=True)
-        await jobs.aopen()
-        yield
-        await jobs.aclose()
-        await db.close()
+        # Each pool opened is closed whatever fails after it: a pool left open keeps its
+        # connection attempts running, and the process never exits (a new user's trial: a
+        # wrong DSN hung the service instead of failing its start)
+        await jobs.aopen()  # fails the start if unreachable or unmigrated
+        try:
+            await db.open(wait=True)
+            try:
+                yield
+            finally:
+                await db.close()
+        finally:
+            await jobs.aclose()
 
     api = FastAPI(lifespan=lifespan)
 

@@ -44,3 +44,33 @@ def test_fastapi_enqueues_in_the_requests_transaction(app, pg_dsn, conn):
     assert ran == {m["job"] for m in made}
     for m in made:
         assert app.get_job(m["job"])["payload"] == {"order": m["order"]}
+
+
+def test_a_wrong_dsn_fails_the_services_start_and_leaves_no_pool_open(app, pg_dsn):
+    """A new user's trial: the README's lifespan opened the service's own pool, then
+    `aopen()` raised for a wrong DSN, the pool stayed open retrying, and the process never
+    exited (uvicorn said "Application startup failed" and hung). The lifespan of the README
+    and of tests/apps/fastapi_app.py closes what it opened: the start fails at once with
+    pgworker's error, and nothing is left running."""
+    import psycopg_pool
+
+    from pgworker import DatabaseRefused
+
+    wrong = App(dsn=pg_dsn.rsplit("/", 1)[0] + "/no_such_database_here", schema=app.settings.schema)
+    api = create_app(pg_dsn, app.settings.schema, wrong)
+    opened: list[psycopg_pool.AsyncConnectionPool] = []
+    real_open = psycopg_pool.AsyncConnectionPool.open
+
+    async def tracked_open(self, *args, **kwargs):  # the service's own pool, if it is ever opened
+        opened.append(self)
+        return await real_open(self, *args, **kwargs)
+
+    psycopg_pool.AsyncConnectionPool.open = tracked_open  # type: ignore[method-assign]
+    try:
+        with pytest.raises(DatabaseRefused, match="no_such_database_here"):
+            with TestClient(api):
+                pass
+    finally:
+        psycopg_pool.AsyncConnectionPool.open = real_open  # type: ignore[method-assign]
+    assert wrong._apool is None
+    assert all(p.closed for p in opened), "a pool the lifespan opened is still open"
