@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 import os
 import re
 import signal
@@ -91,6 +92,34 @@ def test_two_sigterms_exit_143(env, pg_dsn, conn):
 def test_two_sigints_exit_130(env, pg_dsn, conn):
     assert _second_signal(env, pg_dsn, conn, signal.SIGINT) == 130 == 128 + signal.SIGINT
     assert 130 in documented()
+
+
+@pytest.mark.acceptance
+@pytest.mark.parametrize("mode, sig, code", [
+    ("--drain", signal.SIGINT, 130),  # Ctrl-C of a drain run in a shell script
+    ("--drain", signal.SIGTERM, 143),  # a drain CronJob's pod stopped
+    (None, signal.SIGINT, 0),  # an always-on worker's graceful stop is its normal end
+])
+def test_a_first_signal_stops_gracefully_and_a_drain_run_says_it_was_stopped(env, pg_dsn, conn, mode, sig,
+                                                                            code):
+    """A new user's trial: the first Ctrl-C of `pgworker run --drain` stopped it gracefully
+    and exited 0, as a drain that completed does, while its summary said "interrupted": a
+    script (`pgworker run --drain && next`) or a CronJob could not tell them apart."""
+    schema = env.settings.schema
+    job_id = env.enqueue("sleep", {"seconds": 2})
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--shutdown-grace", "30", *filter(None, [mode])) as w:
+        from pg import wait_until
+
+        wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE event = 'start'"), 30)
+        w.signal(sig)
+        assert w.wait(30) == code, w.logs()[-3000:]
+        out = w.stdout()
+    # graceful: the running job had its grace and finished
+    assert q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", job_id) == [("succeeded",)]
+    if mode:
+        summary = json.loads(out.strip().splitlines()[-1])
+        assert (summary["result"], summary["succeeded"]) == ("interrupted", 1)
+    assert code in documented()
 
 
 @pytest.mark.acceptance

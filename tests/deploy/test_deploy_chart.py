@@ -309,7 +309,7 @@ def test_the_pod_failure_policy_acts_on_documented_exit_codes(scenario, kind):
     """The exit codes a drain Job's podFailurePolicy acts on are codes `pgworker run`
     returns, with the meaning the policy assumes: FailJob for 75 alone (the deadline with
     due work left: the next run continues); every other failure (1, 2, 130, 143 after a
-    second signal, 137 for a SIGKILL) is retried within backoffLimit."""
+    signal, 137 for a SIGKILL) is retried within backoffLimit."""
     doc = one(scenario_documents(scenario), kind)
     job = doc["spec"]["jobTemplate"]["spec"] if kind == "CronJob" else doc["spec"]["jobTargetRef"]
     rules = job["podFailurePolicy"]["rules"]
@@ -319,7 +319,7 @@ def test_the_pod_failure_policy_acts_on_documented_exit_codes(scenario, kind):
     failing = [r["onExitCodes"] for r in rules if r["action"] == "FailJob" and "onExitCodes" in r]
     assert failing == [{"containerName": "worker", "operator": "In", "values": [75]}]
     assert "--max-duration" in table[75] and "due jobs left" in table[75]
-    assert {128 + 15, 128 + 2} <= set(table)  # the second signals: retried, as any failure
+    assert {128 + 15, 128 + 2} <= set(table)  # a drain run stopped by a signal: retried, as any failure
 
 
 def test_cronjob_timezone_optional():

@@ -16,13 +16,15 @@ the final settlement, the drain report and the exit code).
 
 Shutdown (SIGTERM or SIGINT): stop claiming, release the jobs waiting unstarted (fenced,
 no attempt spent), give running jobs ``shutdown_grace`` seconds (timeouts still hold),
-then fail what still runs with ``SHUTDOWN`` (the attempt counts) and exit 0. A second
-signal exits at once with 128 + the signal's number; leases then expire and a reaper
-recovers the jobs.
+then fail what still runs with ``SHUTDOWN`` (the attempt counts) and exit 0 (a drain run:
+128 + the signal's number, below). A second signal exits at once with 128 + the signal's
+number; leases then expire and a reaper recovers the jobs.
 
 Drain mode (``--drain``): maintenance once (:mod:`pgworker.worker.drain`), then claim (woken by the
 fallback poll; no LISTEN) until nothing is due and nothing is in flight, and exit 0; with ``max_duration`` and due work left at the
-deadline, exit ``EXIT_DRAIN_DEADLINE``.
+deadline, exit ``EXIT_DRAIN_DEADLINE``; stopped by a signal (the graceful stop above), exit
+128 + its number (130 for Ctrl-C, 143 for SIGTERM), so that a script or a CronJob tells a
+stopped run from a completed one.
 """
 
 from .main import Supervisor

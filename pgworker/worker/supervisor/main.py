@@ -28,7 +28,7 @@ from ..stats import StatsSource
 from .pool import ClaimerHandle, ClaimerPool
 from .services import lease_terms, start_services
 from .settlement import Settlement
-from .shutdown import EXIT_ERROR, EXIT_OK, Shutdown
+from .shutdown import EXIT_ERROR, EXIT_OK, Shutdown, signal_exit_code
 from .tick import Tick
 
 log = logging.getLogger("pgworker.supervisor")
@@ -107,7 +107,7 @@ class Supervisor(Tick, Settlement, Shutdown):
             if self.pool is not None:
                 self.pool.kill_all()
             log.warning("second signal: exiting now without releasing jobs (leases will expire)")
-            os._exit(128 + signum)
+            os._exit(signal_exit_code(signum))
 
     def _start_http(self) -> None:
         from ...database_gauges import QueueStatsCollector
@@ -131,10 +131,10 @@ class Supervisor(Tick, Settlement, Shutdown):
         try:
             if not wait_for_database(self.settings, self.store, self.health, self.received, drain=self.drain,
                                      max_duration=self.max_duration):
-                if self.drain:  # a signal while waiting is a stop, not a failure
+                if self.drain:  # a signal while waiting is a stop (as while claiming), not a failure
                     self.summary.result = "interrupted" if self.received else "failed"
                     report_drain(self.summary, self.pushgateway_url, self.settings.schema)
-                    return EXIT_OK if self.received else EXIT_ERROR
+                    return signal_exit_code(self.received[0]) if self.received else EXIT_ERROR
                 return EXIT_OK
         except (SchemaVersionError, PoolerError, DatabaseRefused, MissingGrants) as exc:
             log.error("%s", exc)

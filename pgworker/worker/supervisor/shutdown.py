@@ -18,6 +18,17 @@ log = logging.getLogger("pgworker.supervisor")
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_DRAIN_DEADLINE = 75  # EX_TEMPFAIL: the deadline passed with due work left; run again
+
+
+def signal_exit_code(signum: int) -> int:
+    """128 + the signal's number, the shell's code for a run a signal ended: what a drain
+    run exits with when a signal stopped it, gracefully (the first) or at once (a second).
+    A script or a CronJob must tell a stopped drain from a completed one, which exits 0
+    (the first Ctrl-C of a drain once exited 0, its summary saying "interrupted"); an
+    always-on worker's graceful stop is its normal end and exits 0."""
+    return 128 + signum
+
+
 # How many of the due jobs left at a drain run's exit are probed for another
 # transaction's row lock (the probe locks and releases each one it looks at).
 LOCKED_PROBE_LIMIT = 100
@@ -94,7 +105,9 @@ class Shutdown(SupervisorState):
         elif self.start_failure:
             self.summary.result = "failed"
         report_drain(self.summary, self.pushgateway_url, self.settings.schema)
-        if self.start_failure and not self.received:
+        if self.received:
+            return signal_exit_code(self.received[0])
+        if self.start_failure:
             return EXIT_ERROR
         if self.deadline_hit and self.summary.left:
             return EXIT_DRAIN_DEADLINE
