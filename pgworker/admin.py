@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import psycopg
 
 from . import graphs, operations
-from .jobs import ReplayResult
+from .jobs import REPLAY_LIMIT, ReplayResult
 from .operations import PRUNE_BATCH, UNSET
 
 if TYPE_CHECKING:
@@ -33,20 +33,35 @@ class Admin:
                conn: psycopg.Connection | None = None, reason: str | None = None) -> str | None:
         """Cancel a job: pending or dead jobs become cancelled at once ('cancelled' is
         returned); a running job gets a cancellation request its worker sees at the next
-        lease renewal ('running' is returned). None when the job is finished or unknown.
+        lease renewal ('running' is returned).
+
+        Returns None, raising nothing and changing nothing, when the job has already
+        finished (succeeded or cancelled) and when there is no job with that id in the
+        App's schema (never enqueued, pruned, or another schema): ``get_job(job_id)``
+        tells them apart (None: unknown). `pgworker cancel ID` makes both an error (exit
+        1, naming which). An id that is not an int raises ``TypeError``; one outside 1 to
+        2**63-1, ``ValueError``.
+
         ``reason``: kept in the audit trail (`jobs show`, the console), stripped; blank is
         none. Raises :class:`ConfigError` (nothing changed) for one longer than 500
         characters (:data:`pgworker.names.CANCEL_REASON_MAX_CHARS`) or not a string, as the
         command line, the API and bulk operations refuse it."""
         return operations.cancel(self.core, job_id, actor=actor, conn=conn, reason=reason)
 
-    def replay(self, job_ids: Sequence[int] = (), *, queue: str | None = None, limit: int = 1000,
+    def replay(self, job_ids: Sequence[int] = (), *, queue: str | None = None, limit: int = REPLAY_LIMIT,
                actor: str | None = None, clean: bool = False) -> ReplayResult:
-        """Put dead jobs back to pending (same ids, history kept, audited); by id, or up to
-        ``limit`` dead jobs of ``queue``. Returns a :class:`ReplayResult`, the list of replayed ids with
-        ``held_by`` ({id: id of the job holding its dedupe key}) and ``not_dead`` (not dead, or unknown).
-        The jobs keep their recorded steps and effects (``ctx.step``, ``ctx.effect``) unless
-        ``clean``: then they are forgotten in the same transaction and run again."""
+        """Put dead jobs back to pending (same ids, history kept, audited), each with a
+        fresh retry budget (attempt 1 of its ``max_attempts`` again); by id, or up to
+        ``limit`` (:data:`pgworker.jobs.REPLAY_LIMIT`, 10,000, as `pgworker dead replay
+        --queue Q --all`) dead jobs of ``queue``, lowest ids first: call again for the rest.
+        Returns a :class:`ReplayResult`, the list of replayed ids with ``held_by`` ({id: id
+        of the job holding its dedupe key}) and ``not_dead``: the ids asked for that were
+        not replayed because they are not dead, or unknown (no such job in the App's
+        schema), which raises nothing; ``get_job`` tells which. An id that is not an int
+        raises ``TypeError`` (so does a single int: ``[42]``, not ``42``); one outside 1 to
+        2**63-1, ``ValueError``. The jobs keep their recorded steps and effects
+        (``ctx.step``, ``ctx.effect``) unless ``clean``: then they are forgotten in the
+        same transaction and run again."""
         return operations.replay(self.core, job_ids, queue=queue, limit=limit, actor=actor, clean=clean)
 
     def resolve_effect(self, job_id: int, name: str, *, result: Any = UNSET, retry: bool = False,

@@ -25,7 +25,7 @@ from . import db
 from .config import Settings
 from .connections import (LOCK_TIMEOUT_SQL, POOL_CHECK_IDLE_SECONDS, POOL_MAX_SIZE, database_errors,
                           pooled_lock_waits_note, require_async, unreachable)
-from .jobs import ReplayResult, safe_json_loads
+from .jobs import REPLAY_LIMIT, ReplayResult, safe_json_loads
 from .names import check_id, check_ids, check_queue_name, checked_cancel_reason
 from .dependencies import enqueue_graph_plan, has_dependencies
 from .enqueue_options import OnConflict
@@ -185,15 +185,16 @@ class AsyncProducer:
     async def acancel(self, job_id: int, *, actor: str | None = None,
                       conn: psycopg.AsyncConnection | None = None, reason: str | None = None) -> str | None:
         """:meth:`App.cancel` as a coroutine: 'cancelled', 'running' (a request its worker
-        sees at the next renewal), or None when the job is finished or unknown; ``reason``
-        as :meth:`App.cancel`'s (over 500 characters, refused: ConfigError)."""
+        sees at the next renewal), or None, raising nothing, when the job has finished or
+        there is no such job (``aget_job`` tells which); ``reason`` as :meth:`App.cancel`'s
+        (over 500 characters, refused: ConfigError)."""
         require_async(conn, "cancel")
         check_id(job_id)
         async with self.aconnection(conn, "cancel") as c:
             return await arun(c, self.core.store.cancel_plan(job_id, actor=actor or _actor(),
                                                              reason=checked_cancel_reason(reason)))
 
-    async def areplay(self, job_ids: Sequence[int] = (), *, queue: str | None = None, limit: int = 1000,
+    async def areplay(self, job_ids: Sequence[int] = (), *, queue: str | None = None, limit: int = REPLAY_LIMIT,
                       actor: str | None = None) -> ReplayResult:
         """:meth:`App.replay` as a coroutine (a :class:`ReplayResult`)."""
         job_ids = check_ids(job_ids)

@@ -276,6 +276,13 @@ def safe_json_loads(data: "str | bytes") -> Any:
         return UndecodablePayload(f"invalid JSON: {exc}", len(data))
 
 
+#: The most dead jobs of a queue one replay takes unless told (``App.replay(queue=...)``,
+#: ``App.areplay``, ``pgworker dead replay --queue Q --all --limit``): one transaction, so
+#: it is bounded; calling again replays the rest. One number for the API and the command
+#: line (they once differed, 1,000 and 10,000).
+REPLAY_LIMIT = 10_000
+
+
 class ReplayResult(list):  # type: ignore[type-arg]  # a list[int], as replay returned before
     """What a replay did: the ids put back to pending (the list itself, so code that
     compares or iterates it as before keeps working), and why the others stayed as they

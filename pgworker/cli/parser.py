@@ -11,6 +11,7 @@ import shlex
 import sys
 from typing import Any, NoReturn
 
+from ..jobs import REPLAY_LIMIT
 from ..names import CANCEL_REASON_MAX_CHARS, bounded_text, one_line_text, redact
 from .values import (_cancel_reason, _duration_or_none, _float_or_none, _int_or_none, _job_id,  # noqa: F401
                      _job_state, _positive_int, parse_duration, retention_duration)
@@ -195,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("ids", nargs="*", type=_job_id, metavar="ID", help="dead jobs to put back to pending")
     dr.add_argument("--queue", help="with --all: the queue whose dead jobs to replay")
     dr.add_argument("--all", action="store_true", help="every dead job of --queue")
-    dr.add_argument("--limit", type=_positive_int, default=10_000, metavar="N", help="with --all: at most N jobs")
+    dr.add_argument("--limit", type=_positive_int, default=REPLAY_LIMIT, metavar="N",
+                    help="with --all: at most N jobs, lowest ids first (run again for the rest)")
     dr.add_argument("--clean", action="store_true",
                     help="forget the jobs' recorded steps and effects: they all run again (default: kept)")
 

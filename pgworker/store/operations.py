@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import psycopg
 
-from ..jobs import ReplayResult
+from ..jobs import REPLAY_LIMIT, ReplayResult
 from .dependencies import DependencyStatements
 from .keyed import KeyedScope, KeyedTransitions
 from .plan import Atomic, Plan, run
@@ -47,7 +47,7 @@ class OperationStatements(KeyedTransitions, DependencyStatements):
         return row[1], row[2]
 
     def replay(self, conn: psycopg.Connection, *, ids: Sequence[int] = (), queue: str | None = None,
-               limit: int = 1000, actor: str | None) -> ReplayResult:
+               limit: int = REPLAY_LIMIT, actor: str | None) -> ReplayResult:
         """Replay dead jobs by id, or up to ``limit`` dead jobs of ``queue``.
 
         A job with an ordering key comes back behind whatever of its key is active and
@@ -61,7 +61,7 @@ class OperationStatements(KeyedTransitions, DependencyStatements):
         """
         return run(conn, self.replay_plan(ids=ids, queue=queue, limit=limit, actor=actor))
 
-    def replay_plan(self, *, ids: Sequence[int] = (), queue: str | None = None, limit: int = 1000,
+    def replay_plan(self, *, ids: Sequence[int] = (), queue: str | None = None, limit: int = REPLAY_LIMIT,
                     actor: str | None) -> Plan[ReplayResult]:
         """:meth:`replay` as a plan (:mod:`pgworker.store.plan`)."""
         targets = yield self._step("jobs_replay_targets", {"ids": list(ids), "queue": queue, "limit": limit})

@@ -291,3 +291,21 @@ def test_web_offers_no_json_it_would_ignore(capsys):
     with pytest.raises(SystemExit):
         commands["web"].parse_args(["--help"])
     assert "--json" not in capsys.readouterr().out
+
+
+def test_replay_takes_as_many_jobs_of_a_queue_by_default_from_the_api_and_the_command_line():
+    """A new user's trial: `App.replay(queue=...)` took 1,000 dead jobs unless told, `pgworker
+    dead replay --queue Q --all` 10,000. One constant now, pgworker.jobs.REPLAY_LIMIT."""
+    import inspect
+
+    from pgworker import App
+    from pgworker.jobs import REPLAY_LIMIT
+    from pgworker.store.operations import OperationStatements
+
+    replay = _subparsers(build_parser())["dead replay"]
+    [limit] = [a for a in replay._actions if a.dest == "limit"]
+    defaults = {name: inspect.signature(f).parameters["limit"].default for name, f in (
+        ("App.replay", App.replay), ("App.areplay", App.areplay),
+        ("store.replay", OperationStatements.replay), ("store.replay_plan", OperationStatements.replay_plan))}
+    assert defaults == dict.fromkeys(defaults, REPLAY_LIMIT) and limit.default == REPLAY_LIMIT == 10_000, defaults
+    assert "10,000" in (App.replay.__doc__ or "")
