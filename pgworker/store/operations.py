@@ -64,7 +64,15 @@ class OperationStatements(KeyedTransitions, DependencyStatements):
     def replay_plan(self, *, ids: Sequence[int] = (), queue: str | None = None, limit: int = REPLAY_LIMIT,
                     actor: str | None) -> Plan[ReplayResult]:
         """:meth:`replay` as a plan (:mod:`pgworker.store.plan`)."""
-        targets = yield self._step("jobs_replay_targets", {"ids": list(ids), "queue": queue, "limit": limit})
+        # ``limit`` bounds the queue's jobs only: ids asked for by name are all taken (one
+        # statement took both under ``limit``, lowest ids first, and called the rest not
+        # dead). By ids and a queue at once: two reads, so that neither crowds the other out.
+        targets = (yield self._step("jobs_replay_targets", {"ids": list(ids), "queue": None,
+                                                            "limit": len(ids)})) if ids else []
+        if queue is not None:
+            named = {r[0] for r in targets}
+            more = yield self._step("jobs_replay_targets", {"ids": [], "queue": queue, "limit": limit})
+            targets = sorted([*targets, *(r for r in more if r[0] not in named)], key=lambda r: r[0])
         if not targets:
             return ReplayResult(not_dead=sorted(set(ids)))
         keys = sorted({r[1] for r in targets if r[1] is not None})

@@ -222,6 +222,22 @@ def test_replay_a_whole_queue(app):
     assert sorted(app.replay(queue="default")) == sorted(ids)
 
 
+def test_replay_by_id_takes_every_id_whatever_the_limit_of_a_queue(app):
+    """``limit`` bounds the dead jobs of ``queue``: ids asked for by name were cut at it too
+    (lowest first) and the rest reported ``not_dead``, which they were not."""
+    ids = app.enqueue_many([("t", i) for i in range(3)])
+    others = [app.enqueue("t", i, queue="other") for i in range(3)]
+    for job in app.claim(limit=3) + app.claim("other", limit=3):
+        app.fail(job, Permanent("x"))
+    result = app.replay(ids, limit=2)
+    assert (sorted(result), result.not_dead) == (ids, [])
+    for job in app.claim(limit=3):
+        app.fail(job, Permanent("x"))
+    # ids and a queue: every id, and up to limit of the queue's
+    both = app.replay(ids[1:], queue="other", limit=1)
+    assert (sorted(both), both.not_dead) == (sorted(ids[1:] + others[:1]), [])
+
+
 def test_prune_deletes_old_finished_jobs_in_batches(app, conn):
     schema = app.settings.schema
     app.enqueue_many([("t", i) for i in range(25)])
