@@ -277,6 +277,11 @@ def _retry_section() -> list[str]:
         "attempt, `raise pgworker.Permanent(reason)` makes it dead at once; `permanent_errors=` and "
         "`App(classify_error=...)` classify exceptions.",
         "",
+        "A dead job replayed (`pgworker dead replay`, `App.replay`, the console's replay) is pending "
+        "again with a full retry budget: its next run is attempt 1 (`ctx.attempt`) of the `max_attempts` "
+        "it was enqueued with (`ctx.is_last_attempt` only at the last of them again), its retries wait "
+        "from `base_seconds` again, and its earlier attempts stay in its error history.",
+        "",
         "A job whose lease expired (its claimer died or stalled; the attempt counts) is put back by the "
         "reaper after the same policy, its task's (the default policy for a task the worker does not know): "
         "one policy per task, however the attempt ended; dead with `LEASE_EXPIRED` once its attempts are spent.",

@@ -210,6 +210,8 @@ def test_replay_keeps_id_history_and_audits(app, conn):
     assert record["events"][-1]["kind"] == "replayed" and record["events"][-1]["actor"] == "ops@example"
     [again] = app.claim()
     assert again.id == job_id and again.lease_token == job.lease_token + 1
+    # a full budget again, as README says: attempt 1 of the max_attempts it was enqueued with
+    assert (again.attempt, again.max_attempts) == (1, 1)
     with pytest.raises(LeaseLost):
         app.complete(job)  # the stale owner of the dead attempt stays fenced out
     assert app.replay([job_id]) == []  # not dead any more
