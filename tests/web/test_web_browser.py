@@ -428,6 +428,10 @@ def test_read_only_console_shows_no_action(browser, site, pg_dsn):
             assert browser.find_elements("css selector", "#read-only"), path
             assert not browser.find_elements("css selector", "form[method=post]"), path
             assert not browser.find_elements("css selector", "a[href*='/bulk/new']"), path
+        # the badge and the user beside it, apart (a new user's trial read "read-onlyweb (admin)")
+        assert _text(browser, "header.top .who") == "read-only web (admin)"
+        badge, who = (browser.find_element("css selector", css).rect for css in ("#read-only", "#principal"))
+        assert badge["x"] + badge["width"] + 4 <= who["x"], (badge, who)
 
 
 def test_unauthenticated_visits_and_forms_without_their_token_are_refused(browser, site, pg_dsn):

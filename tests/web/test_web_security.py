@@ -157,6 +157,8 @@ def test_read_only_mode_hides_and_refuses_every_action(app, pg_dsn, conn):
                      "/jobs?state=dead"):
             page = console.get(path, headers=auth)
             assert page.status_code == 200 and 'id="read-only"' in page.text, path
+            # apart from the user's name, not "read-onlyops (admin)" (a new user's trial)
+            assert re.search(r'>read-only</span>\s+<span id="principal">ops <', page.text), path
             assert "<form method=\"post\"" not in page.text, path
             assert "/bulk/new" not in page.text, path
         refused = [console.post(f"/jobs/{job}/replay", headers=auth), console.post(f"/jobs/{job}/discard", headers=auth),
