@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import shlex
 import sys
 import traceback
 from types import ModuleType
@@ -61,16 +62,22 @@ def _colon_hint(ref: str) -> str:
     the module's code, as loading the corrected reference would.
     """
     if ref.endswith(".py") or os.sep in ref:
-        return f": did you mean --app {ref}:app (the name of the App in that file after the colon)?"
+        return f": did you mean --app {_arg(ref + ':app')} (the name of the App in that file after the colon)?"
     if not ref:
         return ""
     if _is_module(ref):
         return _module_apps_hint(ref, _import(ref, ref))
     module, dot, attr = ref.rpartition(".")
     if dot and module and attr and _is_module(module):
-        return f": did you mean --app {module}:{attr}?"
+        return f": did you mean --app {_arg(f'{module}:{attr}')}?"
     return (f"; {ref!r} is not an importable module here either (run from the project directory "
             "or set PYTHONPATH)")
+
+
+def _arg(ref: str) -> str:
+    """An --app value as a hint prints it: shell-quoted, since the hint is pasted into a
+    shell (a factory's ``()`` is a shell syntax error unquoted; a path may hold spaces)."""
+    return shlex.quote(ref)
 
 
 def _is_module(name: str) -> bool:
@@ -88,7 +95,8 @@ def _module_apps_hint(module_ref: str, module: ModuleType) -> str:
 
     apps = sorted(name for name, value in vars(module).items() if isinstance(value, App))
     if apps:
-        return f": did you mean {' or '.join(f'--app {module_ref}:{name}' for name in apps)}?"
+        meant = [f"--app {_arg(module_ref + ':' + name)}" for name in apps]
+        return f": did you mean {' or '.join(meant)}?"
     return (f": module {module_ref!r} defines no pgworker.App (app = pgworker.App(), with its "
             "@app.task functions); name the module that does, as module:NAME")
 
@@ -99,7 +107,7 @@ def _apps_hint(module_ref: str, module: ModuleType) -> str:
 
     apps = sorted(name for name, value in vars(module).items() if isinstance(value, App))
     if len(apps) == 1:
-        return f"; this module's App: --app {module_ref}:{apps[0]}"
+        return f"; this module's App: --app {_arg(f'{module_ref}:{apps[0]}')}"
     if apps:
         return f"; this module's Apps: {', '.join(apps)}"
     return "; it defines no pgworker.App (app = pgworker.App(), with its @app.task functions)"
@@ -197,12 +205,12 @@ def _not_an_app(ref: str, module_ref: str, module: ModuleType, attr: str, obj: A
     apps = sorted(name for name, value in vars(module).items() if isinstance(value, App))
     if isinstance(obj, Task):
         holder = next((name for name in apps if getattr(module, name) is obj.app), None)
-        fix = (f"pass the App it is registered on: --app {module_ref}:{holder}" if holder
+        fix = (f"pass the App it is registered on: --app {_arg(f'{module_ref}:{holder}')}" if holder
                else "pass the App it is registered on (the `app` of its @app.task)")
         return f"--app {ref!r} is the pgworker Task {obj.name!r}, not an App: {fix}"
     found = ("a class" if inspect.isclass(obj) else "a function" if callable(obj)
              else f"a {type(obj).__name__}")
     hint = _apps_hint(module_ref, module) if apps else ""
     if callable(obj) and not inspect.isclass(obj):
-        hint += f"; if {attr!r} is a factory that returns the App, call it: --app {module_ref}:{attr}()"
+        hint += f"; if {attr!r} is a factory that returns the App, call it: --app {_arg(f'{module_ref}:{attr}()')}"
     return f"--app {ref!r} is {found}, not a pgworker.App{hint}"

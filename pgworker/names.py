@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 
 from .errors import ConfigError, InvalidName
 
@@ -317,5 +318,7 @@ def quantity(n: int, noun: str, plural: str | None = None) -> str:
 
 def schema_flag(schema: str) -> str:
     """`` --schema NAME`` for a command printed in a hint, or "" for the default schema
-    (a hint followed as printed must reach the worker's schema, not the default one)."""
-    return "" if schema == DEFAULT_SCHEMA else f" --schema {schema}"
+    (a hint followed as printed must reach the worker's schema, not the default one). The
+    name is shell-quoted: a schema may be named with spaces or quotes, and the hint is
+    pasted into a shell as printed."""
+    return "" if schema == DEFAULT_SCHEMA else f" --schema {shlex.quote(schema)}"

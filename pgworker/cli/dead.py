@@ -25,19 +25,20 @@ def cmd_dead(args: argparse.Namespace) -> int:
                           "waiting"])
         return 0
     if getattr(args, "dead_command", None) == "replay":
+        queue = shlex.quote(args.queue) if args.queue else "QUEUE"  # the commands are pasted as printed
         if args.ids and (args.all or args.queue):
             # --all (or --queue) beside ids was ignored without a word: which did they mean?
             ids = " ".join(map(str, args.ids))
             print(f"error: give job ids or --queue QUEUE --all, not both: `pgworker dead replay {ids}` replays "
-                  f"those jobs, `pgworker dead replay --queue {args.queue or 'QUEUE'} --all` every dead job of the "
+                  f"those jobs, `pgworker dead replay --queue {queue} --all` every dead job of the "
                   "queue", file=sys.stderr)
             return EXIT_USAGE
         if not args.ids and not (args.queue and args.all):
             # a usage error, as the one above: exit 2, like argparse's
-            half = (f"--queue {args.queue} alone replays nothing" if args.queue else
+            half = (f"--queue {queue} alone replays nothing" if args.queue else
                     "--all needs --queue QUEUE" if args.all else "nothing to replay")
             print(f"error: {half}: give job ids (`pgworker dead replay 12 13`), or "
-                  f"`pgworker dead replay --queue {args.queue or 'QUEUE'} --all` for every dead job of a queue",
+                  f"`pgworker dead replay --queue {queue} --all` for every dead job of a queue",
                   file=sys.stderr)
             return EXIT_USAGE
         result = app.replay(args.ids, queue=args.queue if args.all else None, limit=args.limit,

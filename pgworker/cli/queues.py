@@ -38,7 +38,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     for u in report.unclaimed:  # a misspelt queue= waits forever otherwise
         print(f"\nqueue {u['queue']!r} has {u['due']:,} due job(s) and no live worker claims from it "
               f"(the live workers claim: {', '.join(u['claimed'])}): check the queue name given at enqueue, "
-              f"or start a worker with --queues {u['queue']} (PGWORKER_QUEUES)")
+              f"or start a worker with --queues {shlex.quote(u['queue'])} (PGWORKER_QUEUES)")
     if report.blocked:
         print("\nordering keys held by a dead job (replay it with `pgworker dead replay ID`, "
               "or discard it with `pgworker cancel ID`):")

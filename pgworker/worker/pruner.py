@@ -13,6 +13,7 @@ run one: SKIP LOCKED makes them share the work. A drain run prunes once, before 
 from __future__ import annotations
 
 import logging
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +76,7 @@ def refused_hint(schema: str, exc: psycopg.Error) -> str:
     schema version 5 lacks EXECUTE on the retention functions (``sql/grants.sql``)."""
     return (f"this worker's role may not delete finished jobs ({exc.diag.message_primary}). Apply the "
             f"worker's grants again as the schema's owner (`pgworker sql grants --worker ROLE --schema "
-            f"{schema} --apply`: since schema version 5 they let the worker prune), or run `pgworker prune "
+            f"{shlex.quote(schema)} --apply`: since schema version 5 they let the worker prune), or run `pgworker prune "
             f"--older-than 7d` as the owner (a CronJob) and set PGWORKER_PRUNE=false on workers")
 
 

@@ -162,3 +162,25 @@ def test_a_replayed_jobs_last_error_reads_as_an_earlier_runs_and_a_dead_ones_as_
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
     assert "(earlier: ValueError)" in rows[str(replayed)] and "pending" in rows[str(replayed)], rows
     assert "(earlier" not in rows[str(dead)] and "ValueError" in rows[str(dead)], rows
+
+
+def test_hints_quote_the_queue_names_in_the_commands_they_print(app, pg_dsn, capsys):
+    """A new user's trial: `pgworker status` printed `start a worker with --queues my emails`
+    for a queue named with a space, which a shell splits in two. Every command a hint prints
+    is pasted into a shell as printed: names are shell-quoted (shlex.quote)."""
+    import shlex
+
+    app.enqueue("t", queue="my emails", any_task=True)
+    pod = dict(host="h", pid=1, version="0", concurrency=2, drain=False, claimers=[])
+    with app.connection() as c:
+        app.store.pod_heartbeat(c, pod_id="live", queues=["default"], **pod)
+    assert main(["status", *flags(app, pg_dsn)]) == 0
+    out = capsys.readouterr().out
+    assert "or start a worker with --queues 'my emails' (PGWORKER_QUEUES)" in out, out
+    assert main(["dead", "replay", "--queue", "my emails", *flags(app, pg_dsn)]) == 2
+    err = capsys.readouterr().err
+    assert "--queue 'my emails' alone replays nothing" in err, err
+    hint = err.split("`")[-2]
+    assert shlex.split(hint) == ["pgworker", "dead", "replay", "--queue", "my emails", "--all"], hint
+    assert main(["dead", "replay", "7", "--queue", "my emails", "--all", *flags(app, pg_dsn)]) == 2
+    assert "`pgworker dead replay --queue 'my emails' --all` every dead job" in capsys.readouterr().err
