@@ -5,10 +5,11 @@ own. Output is a readable table on a terminal and JSON with ``--json``. Exit cod
 success, 1 error, 2 bad usage, 75 a drain run hit its deadline with due work left, 130
 Ctrl-C and 143 SIGTERM (a drain run stopped by one, any run's second; docs/deploy.md).
 
-The package: :mod:`.parser` (the arguments), :mod:`.settings` (flags -> Settings and the
-App), :mod:`.output` (tables and JSON), and the commands by area: :mod:`.jobs` (jobs and
-dead jobs), :mod:`.graphs` (graph cancel and replay), :mod:`.queues` (status and queue policies), :mod:`.service` (migrate, run,
-schedules, sql grants, demo).
+The package: :mod:`.parser` (the arguments), :mod:`.unrecognized` (arguments no parser
+took, with the fix), :mod:`.settings` (flags -> Settings and the App), :mod:`.output`
+(tables and JSON), and the commands by area: :mod:`.jobs` (jobs), :mod:`.dead` (dead
+jobs), :mod:`.graphs` (graph cancel and replay), :mod:`.queues` (status and queue
+policies), :mod:`.service` (migrate, run, schedules, sql grants, demo).
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from .jobs import cmd_cancel, cmd_enqueue, cmd_jobs, cmd_prune
 # The parser's names, importable from here as they were from the single module (the
 # settings reference, pgworker.settings_docs, reads the private value types too).
 from .parser import (ENV_FLAGS, SETTING_FLAGS, SETTING_SWITCHES, _ABSENT, _duration_or_none,  # noqa: F401
-                     _float_or_none, _int_or_none, attach_negative_values, build_parser, parse_duration,
-                     unrecognized)
+                     _float_or_none, _int_or_none, attach_negative_values, build_parser, parse_duration)
 from .queues import cmd_queue, cmd_status
+from .unrecognized import unrecognized
 from .service import cmd_demo, cmd_migrate, cmd_run, cmd_schedules, cmd_sql, cmd_web
 from .values import EXIT_USAGE
 
