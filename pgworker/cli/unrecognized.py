@@ -1,6 +1,6 @@
 """Arguments no parser took: the usage error argparse would give (exit 2), with the fix
-when it is known (a payload given as an argument, an app given without --app, the
-closest spelling of a misspelt option)."""
+when it is known (a payload given as an argument, an app given without --app, an option
+a command lacks on purpose, the closest spelling of a misspelt option)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,17 @@ import argparse
 import difflib
 import re
 import shlex
+
+
+#: Options a command lacks on purpose: (its prog, the option) -> what to do instead. Said
+#: in place of the closest spelling, which named another option (`pgworker web --json`
+#: said "did you mean --dsn?", a new user's trial).
+NOT_OFFERED = {
+    ("pgworker web", "--json"): "`pgworker web` serves pages and prints no result, so it has no --json: the "
+                                "console's data as JSON is its API, `GET /api/overview`, `/api/jobs`, `/api/dead`, "
+                                "... (docs/web.md); `pgworker status --json` and `pgworker jobs list --json` "
+                                "print it on the command line",
+}
 
 
 def unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]) -> None:
@@ -28,6 +39,9 @@ def unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, extr
     known = [o for a in command._actions for o in a.option_strings if o.startswith("--")]
     hints = []
     for option in (a.split("=", 1)[0] for a in extras if a.startswith("--")):
+        if (command.prog, option) in NOT_OFFERED:
+            hints.append(NOT_OFFERED[command.prog, option])
+            continue
         close = difflib.get_close_matches(option, known, n=1, cutoff=0.6)
         if close and close[0] != option:
             hints.append(f"did you mean {close[0]}?")

@@ -309,3 +309,20 @@ def test_replay_takes_as_many_jobs_of_a_queue_by_default_from_the_api_and_the_co
         ("store.replay", OperationStatements.replay), ("store.replay_plan", OperationStatements.replay_plan))}
     assert defaults == dict.fromkeys(defaults, REPLAY_LIMIT) and limit.default == REPLAY_LIMIT == 10_000, defaults
     assert "10,000" in (App.replay.__doc__ or "")
+
+
+def test_web_json_names_the_api_not_a_near_spelling(capsys):
+    """A new user's trial: `pgworker web --json` said "did you mean --dsn?". The console has
+    no --json on purpose; the fix is its JSON API (or a command that prints JSON)."""
+    from pgworker import cli
+
+    for argv in (["web", "--json"], ["web", "--json=1", "--port", "0"]):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(argv)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and "did you mean" not in err, err
+        assert "`pgworker web` serves pages and prints no result, so it has no --json: the console's data as JSON " \
+               "is its API, `GET /api/overview`" in err and "docs/web.md" in err, err
+    with pytest.raises(SystemExit):  # a typo of another option keeps its closest spelling
+        cli.main(["web", "--prot", "8080"])
+    assert "did you mean --port?" in capsys.readouterr().err
