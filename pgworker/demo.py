@@ -31,13 +31,19 @@ from .jobspec import JobSpec
 
 DEMO_SCHEMA = "pgworker_demo"
 DEMO_TIMEOUT_SECONDS = 300.0
+#: The graph's jobs (four tile_stats, then mosaic) and the invoice: part of every run, and
+#: of the ``--jobs N`` it makes (N jobs in all; the mixed workload is the rest).
+GRAPH_TILES = 4
+FIXED_JOBS = GRAPH_TILES + 1 + 1
 
 
 def build_workload(n: int, rng: random.Random) -> tuple[list[JobSpec], int]:
-    """The mixed workload: (specs, how many of them are duplicate enqueues)."""
+    """The mixed workload of ``n`` jobs, the invoice included: (specs, how many of them are
+    duplicate enqueues, which are extra requests, not jobs). It once made n + 1 (the
+    invoice after n others: `--jobs 100` said "101 jobs")."""
     specs: list[JobSpec] = []
     duplicates = 0
-    for i in range(1, n + 1):
+    for i in range(1, n):
         kind = i % 5
         if kind in (0, 1):
             specs.append(JobSpec("render_tile", {"x": rng.uniform(-2.0, 0.5), "y": rng.uniform(-1.2, 1.2),
@@ -86,6 +92,10 @@ def _progress(counts: dict[str, int], total: int, elapsed: float, tty: bool) -> 
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.jobs < FIXED_JOBS:  # a usage error, before any database is started
+        print(f"error: --jobs {args.jobs}: the demo makes at least {FIXED_JOBS} jobs (a graph of {GRAPH_TILES + 1} "
+              f"and an invoice are part of every run): give --jobs {FIXED_JOBS} or more", file=sys.stderr)
+        return 2
     dsn = args.dsn or os.environ.get("PGWORKER_DSN")
     embedded: EmbeddedPostgres | None = None
     with contextlib.ExitStack() as stack:
@@ -123,7 +133,7 @@ def main(args: argparse.Namespace) -> int:
         out_dir = tempfile.mkdtemp(prefix="pgworker-demo-out-")
         endpoint = WebhookEndpoint()
         stack.callback(endpoint.close)
-        specs, duplicates = build_workload(args.jobs, random.Random(7))
+        specs, duplicates = build_workload(args.jobs - (GRAPH_TILES + 1), random.Random(7))
         t0 = time.time()
         ids = app.enqueue_many(specs[: len(specs) // 2])
         ids += [app.enqueue(s.task, s.payload, priority=s.priority, dedupe_key=s.dedupe_key)
@@ -133,11 +143,11 @@ def main(args: argparse.Namespace) -> int:
               f"{quantity(len(specs) - distinct, 'duplicate')} refused by their dedupe key", flush=True)
         # a small graph (docs/graphs.md): four tiles' statistics, then a mosaic from their results
         graph = app.group([JobSpec("tile_stats", {"name": f"t{k}", "x": -0.75 + 0.25 * k, "y": 0.1})
-                           for k in range(4)], callback=JobSpec("mosaic", {}))
+                           for k in range(GRAPH_TILES)], callback=JobSpec("mosaic", {}))
         distinct += len(graph.ids)
         specs += [JobSpec("tile_stats")] * len(graph.ids)  # counted as requests too (no duplicates)
-        print(f"enqueued graph {graph.graph_id}: 4 tile_stats jobs, then mosaic (job {graph.ids[-1]}) "
-              "when all have succeeded", flush=True)
+        print(f"enqueued graph {graph.graph_id}: {GRAPH_TILES} tile_stats jobs, then mosaic (job {graph.ids[-1]}) "
+              f"when all have succeeded; {quantity(distinct, 'job')} in all", flush=True)
 
         env = dict(os.environ, PGWORKER_DSN=dsn, PGWORKER_SCHEMA=schema, PGWORKER_DEMO_DIR=out_dir,
                    PGWORKER_DEMO_URL=endpoint.url, PGWORKER_LOG_LEVEL=os.environ.get("PGWORKER_LOG_LEVEL", "WARNING"))

@@ -310,7 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.commands = sub.choices  # type: ignore[attr-defined]  # name -> parser, for usage errors of one command
     p = sub.add_parser("demo", help="run a realistic workload end to end (embedded PostgreSQL without --dsn)")
     _common(p)
-    p.add_argument("--jobs", type=int, default=400, metavar="N", help="jobs in the workload")
+    p.add_argument("--jobs", type=int, default=400, metavar="N",
+                   help="jobs in all, at least 6: a graph of 5 and an invoice, the rest a mixed workload "
+                        "(duplicate enqueues, refused by their dedupe key, are not jobs)")
     p.add_argument("--concurrency", type=int, default=4, metavar="N", help="claimer processes of its worker")
     p.add_argument("--keep", action="store_true",
                    help="keep the outputs and, without --dsn, the embedded PostgreSQL running (to inspect "

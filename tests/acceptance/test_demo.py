@@ -76,6 +76,8 @@ def test_a_kept_embedded_database_answers_the_printed_commands(tmp_path):
 
 def test_with_a_server_of_ones_own_the_hint_names_the_schema(tmp_path, pg_dsn, schema):
     out = demo(tmp_path, "--schema", schema, dsn=pg_dsn)  # the demo takes --schema only, not PGWORKER_SCHEMA
+    # --jobs 20 makes 20 jobs, said so and counted so (a new user's trial: --jobs 100 made 101, and 106)
+    assert "; 20 jobs in all" in out and re.search(r"^jobs +20$", out, re.M), out
     assert re.search(rf" jobs show \d+ --schema {schema}` \(same DSN\)", out), out
     # its wording: one claimer, not "1 claimers"; jobs held by claimers counted as claimed
     # (a claimed job's handler may not have started yet), not as running
@@ -117,3 +119,18 @@ def test_a_failed_demo_says_how_to_stop_what_it_kept_and_leaves_nothing_else(tmp
     plain = subprocess.run(run, env=env, capture_output=True, text=True, timeout=240)
     assert plain.returncode == 1 and "the embedded PostgreSQL was deleted at exit" in plain.stderr, plain.stderr
     assert not list(tmp_path.glob("pgworker-demo-pg-*")) and not list(tmp_path.glob("pgworker-demo-out-*"))
+
+
+@pytest.mark.unit
+def test_the_workload_has_as_many_jobs_as_asked_and_too_few_is_refused(capsys):
+    import random
+
+    from pgworker import cli
+    from pgworker.demo import FIXED_JOBS, GRAPH_TILES, build_workload
+
+    for n in (1, 14, 95, 394):
+        specs, duplicates = build_workload(n, random.Random(7))
+        assert len(specs) - duplicates == n == len({(s.task, repr(s.payload)) for s in specs})
+    assert FIXED_JOBS == GRAPH_TILES + 2 == 6
+    assert cli.main(["demo", "--jobs", "5"]) == 2  # before any database is started
+    assert "the demo makes at least 6 jobs" in capsys.readouterr().err
