@@ -23,7 +23,7 @@ from psycopg.types.json import set_json_loads
 
 from . import db
 from .config import Settings
-from .connections import (LOCK_TIMEOUT_SQL, POOL_CHECK_IDLE_SECONDS, POOL_MAX_SIZE, database_errors,
+from .connections import (LOCK_TIMEOUT_SQL, POOL_CHECK_IDLE_SECONDS, POOL_MAX_SIZE, database_errors, discard_if_stale,
                           pooled_lock_waits_note, require_async, unreachable)
 from .jobs import REPLAY_LIMIT, ReplayResult, safe_json_loads
 from .names import check_id, check_ids, check_queue_name, checked_cancel_reason
@@ -84,6 +84,9 @@ class AsyncProducer:
             async with pool.connection() as pooled:
                 try:
                     yield pooled
+                except psycopg.Error as exc:
+                    discard_if_stale(pooled, exc)
+                    raise
                 finally:
                     pooled._pgworker_returned_at = time.monotonic()
 

@@ -102,12 +102,24 @@ def borrow(pool: Any) -> Iterator[psycopg.Connection]:
     with pool.connection() as pooled:
         try:
             yield pooled
+        except psycopg.Error as exc:
+            discard_if_stale(pooled, exc)
+            raise
         finally:
             # When it was last used, for the check before its next use. Set here
             # rather than in a pool `reset` callback: with one, psycopg_pool hands
             # every returned connection to a worker thread, and the next enqueue
             # waits for that thread (about 100 us a call).
             pooled._pgworker_returned_at = time.monotonic()  # type: ignore[attr-defined]
+
+
+def discard_if_stale(pooled: Any, exc: BaseException) -> None:
+    """Close a pooled connection (sync or async: closing is immediate for both) whose
+    prepared statement a migration made stale (:data:`pgworker.db.STALE_PLAN_SQLSTATE`),
+    so the pool replaces it: psycopg would re-use the statement, and the server refuse it
+    at every call on that session."""
+    if db.failure_kind(exc) == "stale-plan":
+        pooled.pgconn.finish()  # what close() does, without awaiting (an async connection's close is a coroutine)
 
 
 def require_sync(conn: object, async_call: str | None) -> None:
@@ -274,6 +286,8 @@ def database_errors(settings: Settings, *, look_around: bool = True) -> Iterator
                 "is on): nothing was written; point PGWORKER_DSN at the writable primary") from exc
         if db.failure_kind(exc) == "prepared-statements":
             raise PoolerError(db.describe_failure(exc)) from exc
+        if db.failure_kind(exc) == "stale-plan":
+            raise DatabaseBusy(db.describe_failure(exc), exc.sqlstate) from exc
         raise
 
 

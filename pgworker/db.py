@@ -167,6 +167,16 @@ def _warn_pooler_once() -> None:
 # or this one already has it (42P05 duplicate_prepared_statement).
 PREPARED_STATEMENT_SQLSTATES = ("26000", "42P05")
 READ_ONLY_SQLSTATE = "25006"
+# feature_not_supported: what PostgreSQL raises when a prepared statement's result type
+# changed under it ("cached plan must not change result type": a migration altered a
+# column it returns, e.g. 0015's domains) and at every later execution on that session;
+# psycopg keeps re-using the statement. pgworker's own statements raise it for nothing
+# else, and a new connection prepares them anew (the break-it trial of 0015: a running
+# old worker's every claim failed until it was restarted).
+STALE_PLAN_SQLSTATE = "0A000"
+STALE_PLAN_HINT = ("the schema changed under a prepared statement of this connection (a migration altered "
+                   "a column it returns): nothing was written; pgworker replaces its own connections, so "
+                   "retry the call (a connection of yours needs DEALLOCATE ALL or a reconnect)")
 
 POOLER_PREPARED_HINT = (
     "a transaction-mode pooler (pgbouncer before 1.21) runs each transaction on any server "
@@ -185,7 +195,8 @@ SERVER_GONE_SQLSTATES = ("57P01", "57P02", "57P03")
 
 
 def failure_kind(exc: BaseException) -> str:
-    """'read-only', 'prepared-statements' (a pooler), 'unreachable' or 'statement'.
+    """'read-only', 'prepared-statements' (a pooler), 'stale-plan' (a migration changed what
+    a prepared statement returns: :data:`STALE_PLAN_SQLSTATE`), 'unreachable' or 'statement'.
 
     By SQLSTATE where the server sent one (PostgreSQL docs, Appendix A): class 08
     (connection exception) and 57P01-57P03 (the server shutting down or starting) are
@@ -198,6 +209,8 @@ def failure_kind(exc: BaseException) -> str:
         return "read-only"
     if state in PREPARED_STATEMENT_SQLSTATES:
         return "prepared-statements"
+    if state == STALE_PLAN_SQLSTATE:
+        return "stale-plan"
     if isinstance(exc, DatabaseUnavailable):
         return "unreachable"
     if isinstance(state, str):
@@ -220,6 +233,8 @@ def describe_failure(exc: BaseException, dsn: str | None = None) -> str:
         return READ_ONLY_HINT
     if kind == "prepared-statements":
         return f"prepared statement error ({getattr(exc, 'sqlstate', '')}): {POOLER_PREPARED_HINT}"
+    if kind == "stale-plan":
+        return f"{STALE_PLAN_HINT} ({(str(exc).strip().splitlines() or ['0A000'])[0][:200]})"
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     # the password, not the whole DSN; a connection's message (the DSN, libpq's text, the
     # fix) is one line of a few hundred characters: bounded, not cut mid-fix

@@ -53,7 +53,8 @@ class DatabaseRefused(DatabaseUnavailable):
 class DatabaseBusy(PgworkerError):
     """The server answered, but a statement gave up: it waited past ``lock_timeout`` for a
     lock another session holds (SQLSTATE 55P03), ran past ``statement_timeout`` or was
-    cancelled (57014), or lost a deadlock or a serialization conflict (40P01, 40001).
+    cancelled (57014), or lost a deadlock or a serialization conflict (40P01, 40001), or a
+    migration changed what a prepared statement returns (0A000; the connection is replaced).
     Nothing the statement did was kept; ``sqlstate`` says which, the message names the
     fix (retry; find the session holding the lock; raise the timeout)."""
 

@@ -44,8 +44,10 @@ def drop_connection(exc: BaseException, conn: psycopg.Connection | None) -> bool
     Drop it when it is gone (:func:`pgworker.db.connection_lost`), when the session sits
     in a failed transaction, or when the failure belongs to the session rather than the
     statement: a read-only server (a demoted primary, or a pooler that routed us to a
-    standby: a new connection may reach the new primary) or a transaction pooler's lost
-    prepared statement (psycopg's cache lives with the connection). Keep it otherwise: a
+    standby: a new connection may reach the new primary), a transaction pooler's lost
+    prepared statement (psycopg's cache lives with the connection), or a prepared
+    statement whose result type a migration changed (refused at every execution on this
+    session; a new one prepares it anew). Keep it otherwise: a
     statement that fails on a live connection (a timeout, a lock not granted, a refused
     value, a missing privilege) fails the same way on a new one, and dropping the
     connection for it (as the claim path once did on any error) only adds a handshake to
@@ -54,7 +56,7 @@ def drop_connection(exc: BaseException, conn: psycopg.Connection | None) -> bool
         return True
     if conn is not None and conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
         return True
-    return failure_kind(exc) in ("read-only", "prepared-statements")
+    return failure_kind(exc) in ("read-only", "prepared-statements", "stale-plan")
 
 
 class ServiceThread:
