@@ -5,11 +5,11 @@
 from __future__ import annotations
 
 import inspect
-import typing
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .errors import ConfigError, PayloadError
+from .payloads import resolve_annotation
 from .retry import RetryPolicy
 from .schedules import Periodic
 from .tasks import DEFAULT_MAX_ATTEMPTS, Task, check_dedupe_window
@@ -102,7 +102,7 @@ def _annotation_resolvable(fn: Callable[..., Any]) -> bool:
     if not params or not isinstance(params[0].annotation, str):
         return True
     try:
-        typing.get_type_hints(fn)
+        resolve_annotation(fn, params[0].name, params[0].annotation)
     except Exception:  # noqa: BLE001 - not resolvable yet: checked later
         return False
     return True

@@ -127,13 +127,25 @@ def payload_annotation(func: Callable[..., Any]) -> Any:
     annotation = params[0].annotation
     if isinstance(annotation, str):  # `from __future__ import annotations`, or a quoted name
         try:
-            annotation = typing.get_type_hints(func).get(params[0].name)
+            annotation = resolve_annotation(func, params[0].name, annotation)
         except Exception as exc:  # a class local to a function, a name never defined
             log.warning("the payload annotation %s of %s cannot be resolved (%s: %s): its jobs get the "
                         "payload as decoded JSON; define the type at module level, or pass payload_type=",
                         params[0].annotation, getattr(func, "__qualname__", func), type(exc).__name__, exc)
             return None
     return type(None) if annotation is None else annotation  # `payload: None`, not "no annotation"
+
+
+def resolve_annotation(func: Callable[..., Any], name: str, annotation: str) -> Any:
+    """The string ``annotation`` of ``func``'s parameter ``name`` evaluated in ``func``'s
+    module, as :func:`typing.get_type_hints` does, but this one alone: a handler's other
+    parameters may name types imported only for type checkers (``ctx: JobContext`` under
+    ``if TYPE_CHECKING:``), and evaluating the whole signature would then fail for the
+    payload's annotation too (the break-it trial: a schedule's payload went unchecked, and
+    every slot died). Raises what evaluating it raises (NameError, SyntaxError)."""
+    module_of = inspect.unwrap(func)
+    holder = types.SimpleNamespace(__annotations__={name: annotation})
+    return typing.get_type_hints(holder, globalns=getattr(module_of, "__globals__", {})).get(name)
 
 
 def payload_has_default(func: Callable[..., Any]) -> bool:

@@ -466,3 +466,25 @@ def test_a_handler_annotation_not_resolvable_yet_is_checked_by_the_scheduler_lat
         assert app.tasks["forward"].typed_decoder is not None
     finally:
         del globals()["DefinedBelow"]
+
+
+@pytest.mark.integration
+def test_a_context_annotated_with_a_type_checkers_only_import_leaves_the_payload_checked(app):
+    """The break-it trial: with `from __future__ import annotations` (as in this module)
+    and `JobContext` imported under `if TYPE_CHECKING:`, `ctx: JobContext` cannot be
+    evaluated at run time. The payload's own annotation was read by evaluating the whole
+    signature, so it failed too: the schedule (no payload for a dict handler) was accepted,
+    enqueue's check skipped, and every slot's job died of a TypeError. Only the payload's
+    annotation is evaluated now."""
+    from pgworker import PayloadError
+
+    with pytest.raises(ConfigError, match=r"schedule 'ctx_typed': task 'ctx_typed': payload: expected an object"):
+        @app.task(name="ctx_typed", schedule="* * * * *")
+        def ctx_typed(payload: dict, ctx: OnlyForTypeCheckers) -> None: ...  # noqa: F821 - never defined, on purpose
+
+    @app.task(name="ctx_typed_report")
+    def ctx_typed_report(r: Report, ctx: OnlyForTypeCheckers) -> None: ...  # noqa: F821
+
+    assert app.tasks["ctx_typed_report"].typed_decoder is not None
+    with pytest.raises(PayloadError, match="unexpected field 'scop'"):
+        app.enqueue("ctx_typed_report", {"scop": 1})
