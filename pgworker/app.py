@@ -154,9 +154,7 @@ class App(AsyncProducer, Admin):
                                     timeout=timeout, max_runtime=max_runtime, renew=renew, priority=priority,
                                     permanent_errors=permanent_errors, payload_type=payload_type,
                                     ordering_on_dead=ordering_on_dead, dedupe_window=dedupe_window, app=self)
-            for declared in self.schedules.values():  # declared by the task's name before it
-                if declared.task == task.name:
-                    declare.check_schedule_payload(declared, task)
+            declare.adopt_task(self.schedules, task)  # schedules declared by its name before it
             if schedule is not None:
                 self.periodic(task, schedule, tz=schedule_tz, missed=schedule_missed)
             self.tasks[task.name] = task

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -61,11 +62,28 @@ def new_schedule(task: "str | Task[Any]", cron: str, schedules: dict[str, Period
         priority=priority if priority is not None else (registered.priority if registered else 0),
         max_attempts=max_attempts if max_attempts is not None else (
             registered.max_attempts if registered else DEFAULT_MAX_ATTEMPTS),
-        misfire_grace_seconds=misfire_grace, max_payload_bytes=max_payload_bytes)
+        misfire_grace_seconds=misfire_grace, max_payload_bytes=max_payload_bytes,
+        task_defaults=() if registered is not None else tuple(
+            option for option, given in (("queue", queue), ("priority", priority), ("max_attempts", max_attempts))
+            if given is None))
     if registered is not None:
         check_schedule_payload(p, registered)
     schedules[schedule_name] = p
     return p
+
+
+def adopt_task(schedules: dict[str, Periodic], task: Task[Any]) -> None:
+    """The schedules declared by ``task``'s name before it was registered take its job
+    options where none was given (queue, priority, max_attempts: as a schedule declared
+    after it does; the break-it trial: a schedule declared first kept queue 'default', and
+    a worker of the task's queue never ran its jobs), and have their payload checked
+    (:func:`check_schedule_payload`). Checked whole before any is changed: raises
+    :class:`ConfigError` and changes nothing."""
+    adopted = {name: dataclasses.replace(p, task_defaults=(), **{o: getattr(task, o) for o in p.task_defaults})
+               for name, p in schedules.items() if p.task == task.name}
+    for p in adopted.values():
+        check_schedule_payload(p, task)
+    schedules.update(adopted)
 
 
 def check_schedule_payload(schedule: Periodic, task: Task[Any]) -> None:

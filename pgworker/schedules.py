@@ -112,6 +112,9 @@ class Periodic:
     max_attempts: int = 5
     misfire_grace_seconds: float = MISFIRE_GRACE_SECONDS
     max_payload_bytes: int = field(default=MAX_PAYLOAD_BYTES, compare=False, repr=False)
+    # The job options (of queue, priority, max_attempts) not given at declaration, for a
+    # task not registered then: they become the task's when it is (App.task).
+    task_defaults: tuple[str, ...] = field(default=(), compare=False, repr=False)
     # The payload as enqueue would store it (compact JSON), made once at declaration.
     _payload_json: str = field(init=False, compare=False, repr=False)
 

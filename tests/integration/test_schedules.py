@@ -488,3 +488,22 @@ def test_a_context_annotated_with_a_type_checkers_only_import_leaves_the_payload
     assert app.tasks["ctx_typed_report"].typed_decoder is not None
     with pytest.raises(PayloadError, match="unexpected field 'scop'"):
         app.enqueue("ctx_typed_report", {"scop": 1})
+
+
+def test_a_schedule_declared_before_its_task_takes_the_tasks_job_options():
+    """The break-it trial: `app.periodic('t', ...)` before `@app.task(name='t',
+    queue='emails', max_attempts=9, priority=5)` kept queue 'default', 5 attempts and
+    priority 0, so a worker of `--queues emails` never ran its jobs. Options the schedule
+    names stay its own."""
+    app = App(settings=Settings.from_env(environ={}))
+    app.periodic("t", "* * * * *", payload={})
+    app.periodic("t", "0 * * * *", name="t-own", payload={}, queue="reports", priority=-1)
+
+    @app.task(name="t", queue="emails", max_attempts=9, priority=5)
+    def t(payload: dict) -> None: ...
+
+    first, own = app.schedules["t"], app.schedules["t-own"]
+    assert (first.queue, first.priority, first.max_attempts) == ("emails", 5, 9)
+    assert (own.queue, own.priority, own.max_attempts) == ("reports", -1, 9)
+    app.periodic("t", "30 * * * *", name="t-after", payload={})  # declared after: the task's, as before
+    assert app.schedules["t-after"].queue == "emails" and "emails" in app.queues()
