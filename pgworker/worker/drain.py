@@ -41,6 +41,9 @@ class RunSummary:
     # NTP step or a resumed VM moves back (a run once reported -3593 s)
     started: float = field(default_factory=time.monotonic)
     result: str = "succeeded"
+    # the maintenance before claiming that failed ("scheduler: ..."): the run then fails
+    # (a scale-to-zero CronJob would otherwise look healthy while a schedule never fires)
+    maintenance_failed: list[str] = field(default_factory=list)
 
     @property
     def duration_seconds(self) -> float:
@@ -59,13 +62,17 @@ class RunSummary:
             "dead": c["dead"], "cancelled": c["cancelled"], "released": c["released"],
             "snoozed": c["snoozed"], "lost": c["lost"], "left": self.left,
             "next_due_seconds": None if self.next_due_seconds is None else round(self.next_due_seconds, 3),
-            "duration_seconds": round(self.duration_seconds, 3)}, sort_keys=False)
+            "duration_seconds": round(self.duration_seconds, 3),
+            "maintenance_failed": self.maintenance_failed}, sort_keys=False)
 
 
 def before_claiming(app: Any, connect: Callable[[str], psycopg.Connection], metrics: Any, *,
-                    schedules: bool, prune: bool) -> None:
+                    schedules: bool, prune: bool) -> list[str]:
     """The maintenance of a drain run, once: reap, fire due schedules, prune. A failure
-    of one step is logged and the run goes on (claiming is what it is for)."""
+    of one step is logged and the run goes on (claiming is what it is for); returns what
+    failed, one line a step ("scheduler: ..."; a schedule that could not be recorded or
+    fired counts), for the summary, which then fails the run."""
+    failed: list[str] = []
     settings = app.settings
     steps: list[tuple[str, Callable[[psycopg.Connection], str | None]]] = [
         ("reaper", lambda c: _reaped(reap_pass(app.store, c, ReaperConfig(), metrics)))]
@@ -83,8 +90,17 @@ def before_claiming(app: Any, connect: Callable[[str], psycopg.Connection], metr
         except psycopg.errors.InsufficientPrivilege as exc:
             hint = refused_hint(app.store.schema, exc) if name == "pruner" else exc.diag.message_primary
             log.error("drain: %s failed before claiming: %s", name, hint)
+            failed.append(f"{name}: {hint}")
+        except ScheduleFailed as exc:
+            failed.append(f"{name}: {exc}")  # each schedule's failure is logged with its fix
         except Exception as exc:  # noqa: BLE001 - the run goes on
             log.error("drain: %s failed before claiming: %s", name, type(exc).__name__)
+            failed.append(f"{name}: {type(exc).__name__}")
+    return failed
+
+
+class ScheduleFailed(Exception):
+    """Schedules of a drain run that could not be recorded or fired (each logged, with its fix)."""
 
 
 def _reaped(n: int) -> str | None:
@@ -97,6 +113,9 @@ def _fired(app: Any, conn: psycopg.Connection, metrics: Any) -> str | None:
     scheduler = Scheduler(app.store, list(app.schedules.values()), app.tasks)
     scheduler.register(conn)
     tick(scheduler, conn, metrics)
+    if scheduler.errors:
+        raise ScheduleFailed(f"schedule(s) {', '.join(sorted(scheduler.errors))} could not be recorded or fired "
+                             f"(the log says why and the fix); enqueued {scheduler.fired} periodic job(s)")
     return f"enqueued {scheduler.fired} periodic job(s)" if scheduler.fired else None
 
 

@@ -432,10 +432,17 @@ def test_a_failing_schedule_never_stops_the_others_of_a_real_worker(env, pg_dsn,
     before = ticks()
     q(conn, schema, "DELETE FROM {s}.jobs WHERE schedule_name = 'tick' RETURNING id")  # its slots' keys free again
     owe_tick()
+    # and fails (exit 1, "failed", the broken ones named in its summary): the break-it
+    # trial's drain said "succeeded" and exited 0, so a CronJob looked healthy while two
+    # schedules never fired
     with Worker(pg_dsn, schema, "--drain", "--concurrency", "1", app=BROKEN_SCHEDULE_APP) as w:
-        assert w.wait(60) == 0, w.logs()
+        assert w.wait(60) == 1, w.logs()
         drain_logs = w.logs()
+        summary = json.loads(w.stdout().strip().splitlines()[-1])
     assert ticks() == before + 1, drain_logs
+    assert summary["result"] == "failed" and summary["succeeded"] == 1, summary
+    [failed] = summary["maintenance_failed"]
+    assert failed.startswith("scheduler: schedule(s) a-no-slot, b-refused could not be recorded or fired"), failed
 
 
 def test_queue_and_dead_keys_commands(env, pg_dsn, conn):

@@ -143,8 +143,8 @@ class Supervisor(Tick, Settlement, Shutdown):
                 report_drain(self.summary, self.pushgateway_url, self.settings.schema)
             return EXIT_ERROR
         if self.drain:
-            before_claiming(self.app, self.connect, self.metrics, schedules=self.schedules_on(),
-                            prune=self.settings.prune)
+            self.summary.maintenance_failed = before_claiming(
+                self.app, self.connect, self.metrics, schedules=self.schedules_on(), prune=self.settings.prune)
         limits = {q: c for q, c in self.settings.queue_concurrency if q in self.queues}
         if limits:
             self.pod_limits = PodQueueLimits(limits, n, self.mp)

@@ -102,12 +102,12 @@ class Shutdown(SupervisorState):
             self.summary.result = "deadline" if self.summary.left else "succeeded"
         if self.received:
             self.summary.result = "interrupted"
-        elif self.start_failure:
+        elif self.start_failure or self.summary.maintenance_failed:
             self.summary.result = "failed"
         report_drain(self.summary, self.pushgateway_url, self.settings.schema)
         if self.received:
             return signal_exit_code(self.received[0])
-        if self.start_failure:
+        if self.start_failure or self.summary.maintenance_failed:
             return EXIT_ERROR
         if self.deadline_hit and self.summary.left:
             return EXIT_DRAIN_DEADLINE
