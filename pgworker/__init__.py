@@ -54,20 +54,22 @@ if TYPE_CHECKING:
     from .effects.steps import NOT_DONE
     from .jobs import ClaimedJob, FenceReport, JobState, Lease, Outcome, ReplayResult
     from .jobspec import JobSpec
+    from .privileges import PermissionDenied
     from .retry import FailureClass, RetryPolicy
     from .tasks import Task
 
 #: Each lazily loaded public name -> the module that defines it.
 _LAZY = {"App": ".app", "Settings": ".config", "JobContext": ".context", "NOT_DONE": ".effects.steps",
          "ClaimedJob": ".jobs", "FenceReport": ".jobs", "JobState": ".jobs", "Lease": ".jobs", "Outcome": ".jobs",
-         "ReplayResult": ".jobs", "JobSpec": ".jobspec", "FailureClass": ".retry", "RetryPolicy": ".retry",
+         "ReplayResult": ".jobs", "JobSpec": ".jobspec", "PermissionDenied": ".privileges", "FailureClass": ".retry", "RetryPolicy": ".retry",
          "Task": ".tasks"}
 
 __all__ = [
     "App", "Settings", "JobContext", "Task", "JobSpec", "RetryPolicy", "FailureClass",
     "ClaimedJob", "Lease", "FenceReport", "JobState", "Outcome", "ReplayResult",
     "PgworkerError", "ConfigError", "InvalidName", "InvalidJob", "PayloadError", "InvalidPayload",
-    "DatabaseUnavailable", "DatabaseRefused", "DatabaseBusy", "SchemaVersionError", "SchemaNotMigrated", "SchemaTooNew",
+    "DatabaseUnavailable", "DatabaseRefused", "DatabaseBusy", "PermissionDenied", "SchemaVersionError",
+    "SchemaNotMigrated", "SchemaTooNew",
     "LeaseLost", "Permanent", "Retry", "Snooze", "JobCancelled", "UnknownTask",
     "QueuePaused", "AlreadyEnqueued", "StepError", "EffectUncertain", "NOT_DONE",
     "ResultNotReady", "JobDidNotSucceed", "JobNotFound", "ResultLost", "ResultTimeout",

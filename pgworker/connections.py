@@ -21,6 +21,7 @@ from .config import Settings
 from .errors import ConfigError, DatabaseBusy, DatabaseReadOnly, DatabaseUnavailable, PoolerError, SchemaNotMigrated
 from .jobs import safe_json_loads
 from .names import dsn_password, redact
+from .privileges import PermissionDenied
 
 log = logging.getLogger("pgworker")
 
@@ -244,13 +245,6 @@ BUSY_HINTS = {
 }
 
 
-PRIVILEGE_NOTE = (
-    "pgworker: this role may not do that. The producer role of `pgworker sql grants --producer` may enqueue and "
-    "read job state (result, wait_result, list_jobs), not a job's payload or errors (get_job) nor cancel or "
-    "replay; the worker role claims and records outcomes; operator actions run as the schema's owner (the "
-    "role that ran `pgworker migrate`). docs/reliability.md, 'Least privilege'")
-
-
 @contextlib.contextmanager
 def database_errors(settings: Settings, *, look_around: bool = True) -> Iterator[None]:
     """Turn the database's failures inside the block into pgworker's errors: a missing
@@ -278,8 +272,10 @@ def database_errors(settings: Settings, *, look_around: bool = True) -> Iterator
             f"database error: {redact(str(exc), dsn_password(settings.dsn), settings.dsn)}; "
             "the job state is unknown only if the failure came after the statement was sent") from None
     except psycopg.Error as exc:
-        if exc.sqlstate == "42501" and PRIVILEGE_NOTE not in getattr(exc, "__notes__", ()):
-            exc.add_note(PRIVILEGE_NOTE)  # the same exception (callers may catch it), with the fix beside it
+        if exc.sqlstate == "42501" and not isinstance(exc, PermissionDenied):
+            # pgworker's error, the fix in its message (a note's was lost by a log of str(exc)),
+            # and still an InsufficientPrivilege for callers that catch psycopg's
+            raise PermissionDenied.of(exc) from exc
         if db.failure_kind(exc) == "read-only":
             raise DatabaseReadOnly(
                 "the server is read-only (a standby after a failover, or default_transaction_read_only "

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..errors import PgworkerError
 from .effects import cmd_effects
@@ -65,6 +65,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except PgworkerError as exc:
+        if "psycopg" in sys.modules:  # only a statement can have been refused (the import stays lazy)
+            from ..privileges import PermissionDenied
+
+            if isinstance(exc, PermissionDenied) and exc.refused is not None:
+                return _refused(args, exc.refused)  # the fix in the command line's terms, not the API's
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except BrokenPipeError:
@@ -77,15 +82,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if not isinstance(exc, psycopg.Error):
             raise
-        from ..names import dsn_password, one_line, redact
-
-        dsn = getattr(args, "dsn", None) or os.environ.get("PGWORKER_DSN")
-        text = redact(one_line(str(exc)), dsn_password(dsn), dsn)
-        hint = ("; this role may not do that. Operator commands (jobs show, dead replay, cancel, prune, queue "
-                "pause/resume/set) run as the schema's owner (the role that ran `pgworker migrate`); what the "
-                "producer and worker roles may do: `pgworker sql grants`"
-                if getattr(exc, "sqlstate", None) == "42501" else "")
-        print(f"error: PostgreSQL refused the statement ({type(exc).__name__}): {text}{hint}", file=sys.stderr)
-        return 1
+        return _refused(args, exc)
     except KeyboardInterrupt:
         return 130
+
+
+def _refused(args: Any, exc: Exception) -> int:
+    """Say a statement PostgreSQL refused (psycopg's ``exc``), with the command line's fix
+    for a role that may not do it; exit 1."""
+    from ..names import dsn_password, one_line, redact
+
+    dsn = getattr(args, "dsn", None) or os.environ.get("PGWORKER_DSN")
+    text = redact(one_line(str(exc)), dsn_password(dsn), dsn)
+    hint = ("; this role may not do that. Operator commands (jobs show, dead replay, cancel, prune, queue "
+            "pause/resume/set) run as the schema's owner (the role that ran `pgworker migrate`); what the "
+            "producer and worker roles may do: `pgworker sql grants`"
+            if getattr(exc, "sqlstate", None) == "42501" else "")
+    print(f"error: PostgreSQL refused the statement ({type(exc).__name__}): {text}{hint}", file=sys.stderr)
+    return 1

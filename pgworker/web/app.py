@@ -19,6 +19,7 @@ from starlette.staticfiles import StaticFiles
 
 from ..errors import ConfigError, DatabaseBusy, DatabaseUnavailable, PgworkerError, QueuePaused
 from ..names import dsn_password, redact
+from ..privileges import PermissionDenied
 from . import api
 from .auth import Authenticate, Credentials, Permits, role_permits
 from .config import WebConfig
@@ -94,6 +95,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _pgworker_error(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, PermissionDenied) and exc.refused is not None:  # the page names the console's roles
+        return await _database_error(request, exc.refused)
     if isinstance(exc, (DatabaseUnavailable, DatabaseBusy)):  # the server is away or a lock is held: try again
         return _page(request, 503, str(exc))
     status = 409 if isinstance(exc, QueuePaused) else 400 if isinstance(exc, (ConfigError, ValueError)) else 500
