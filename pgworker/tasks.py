@@ -216,6 +216,8 @@ class Task(Generic[PayloadT]):
     def _check_object(self, text: str) -> None:
         if text.startswith("{"):  # compact JSON of an object (the encoder adds no leading space)
             return
+        if text == "null" and payload_has_default(self.func):  # `payload: dict = None`: no payload is fine
+            return
         raise PayloadError(f"task {self.name!r}: {not_an_object(json.loads(text), self._annotation)}; nothing was "
                            "enqueued: pass a dict (a JSON object), as the annotation of the handler's payload "
                            "parameter says, or annotate it otherwise (Any, or none) to take other JSON values")

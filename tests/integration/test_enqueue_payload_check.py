@@ -267,6 +267,15 @@ def test_plain_value_checks_keep_json_types_apart_and_leave_a_defaulted_paramete
     assert [app.enqueue("lit", 1), app.enqueue("lit", "a"), app.enqueue("level", 1), app.enqueue("optional")]
     assert count(conn, app) == 4
 
+    # a dict parameter with a default takes no payload (the break-it trial: refused, and so
+    # was a schedule of it without payload); a payload that is not an object is still refused
+    @app.task(name="options", schedule="* * * * *")
+    def options(opts: dict = None) -> None: ...  # type: ignore[assignment]
+
+    assert app.enqueue("options") and count(conn, app) == 5
+    with pytest.raises(PayloadError, match="expected an object"):
+        app.enqueue("options", [1])
+
 
 def test_a_plain_value_stored_before_the_check_still_runs_as_it_did(tasks, app, conn):
     """A break-it trial of the plain value check: jobs queued before an upgrade (3.0 for
