@@ -63,7 +63,7 @@ def project(tmp_path):
     ("myproj.tasks:greet", ["is the pgworker Task 'greet', not an App", "--app myproj.tasks:app"]),
     ("myproj/tasks.py:greet", ["is the pgworker Task 'greet', not an App", "--app myproj/tasks.py:app"]),
     ("myproj.tasks:helper", ["is a function, not a pgworker.App", "--app myproj.tasks:app",
-                             "--app myproj.tasks:helper()"]),
+                             "--app 'myproj.tasks:helper()'"]),
     ("pgworker:App", ["is a class, not a pgworker.App"]),
     ("myproj.tasks:greet()", ["'()' calls an App factory, but this is a pgworker Task"]),
 ])
