@@ -53,7 +53,8 @@ class Admin:
         """Put dead jobs back to pending (same ids, history kept, audited), each with a
         fresh retry budget (attempt 1 of its ``max_attempts`` again); by id, or up to
         ``limit`` (:data:`pgworker.jobs.REPLAY_LIMIT`, 10,000, as `pgworker dead replay
-        --queue Q --all`) dead jobs of ``queue``, lowest ids first: call again for the rest.
+        --queue Q --all`) dead jobs of ``queue``, lowest ids first: call again for the rest
+        while the result's ``limit_reached`` is true.
         Returns a :class:`ReplayResult`, the list of replayed ids with ``held_by`` ({id: id
         of the job holding its dedupe key}) and ``not_dead``: the ids asked for that were
         not replayed because they are not dead, or unknown (no such job in the App's

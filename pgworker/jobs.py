@@ -294,15 +294,19 @@ class ReplayResult(list):  # type: ignore[type-arg]  # a list[int], as replay re
     and replay again. ``not_dead``: ids asked for that are not dead, or unknown.
     ``requeued``: jobs the replayed jobs' death had cancelled (``PARENT_DEAD``, and what
     waited below them), pending again and waiting for their parents (not in the list).
+    ``limit_reached``: a queue's replay took ``limit`` dead jobs, its bound, so the queue
+    may hold more: call again for the rest (False for a replay by ids alone).
     """
 
     def __init__(self, replayed: Sequence[int] = (), *, held_by: dict[int, int] | None = None,
-                 not_dead: Sequence[int] = (), requeued: Sequence[int] = ()) -> None:
+                 not_dead: Sequence[int] = (), requeued: Sequence[int] = (),
+                 limit_reached: bool = False) -> None:
         super().__init__(replayed)
         self.held_by: dict[int, int] = dict(held_by or {})
         self.not_dead: list[int] = list(not_dead)
         self.requeued: list[int] = list(requeued)
+        self.limit_reached = limit_reached
 
     def __repr__(self) -> str:
         return (f"ReplayResult({list(self)!r}, held_by={self.held_by!r}, not_dead={self.not_dead!r}, "
-                f"requeued={self.requeued!r})")
+                f"requeued={self.requeued!r}, limit_reached={self.limit_reached!r})")

@@ -45,7 +45,8 @@ def cmd_dead(args: argparse.Namespace) -> int:
                             clean=args.clean)
         if args.json:
             emit(args, {"replayed": list(result), "not_dead": result.not_dead, "requeued": result.requeued,
-                        "held": [{"id": i, "held_by": h} for i, h in sorted(result.held_by.items())]})
+                        "held": [{"id": i, "held_by": h} for i, h in sorted(result.held_by.items())],
+                        "limit_reached": result.limit_reached})
         else:
             print(f"replayed {quantity(len(result), 'job')}"
                   + (f": {', '.join(map(str, result[:50]))}" if result else ""))
@@ -61,6 +62,12 @@ def cmd_dead(args: argparse.Namespace) -> int:
             print(f"left as they were: {_not_dead_states(app, result.not_dead)}", file=sys.stderr)
         if args.all and not result and not result.held_by:
             _note_unknown_queue(app, args.queue)
+        if result.limit_reached:
+            # one transaction takes at most --limit jobs; it said "replayed 10,000 jobs" and
+            # nothing of the dead jobs it left (a trial)
+            print(f"note: a replay takes at most --limit {args.limit:,} dead jobs of a queue (one transaction), "
+                  f"and queue {args.queue!r} may hold more: run `pgworker dead replay --queue {queue} --all` "
+                  "again for the rest, or raise --limit", file=sys.stderr)
         # by id, every job asked for must be replayed; --all replays what it can
         return 1 if (result.not_dead or result.held_by) and args.ids else 0
     rows = app.list_jobs(queue=args.queue, state="dead", limit=args.limit + 1)

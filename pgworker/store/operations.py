@@ -69,9 +69,11 @@ class OperationStatements(KeyedTransitions, DependencyStatements):
         # dead). By ids and a queue at once: two reads, so that neither crowds the other out.
         targets = (yield self._step("jobs_replay_targets", {"ids": list(ids), "queue": None,
                                                             "limit": len(ids)})) if ids else []
+        limit_reached = False
         if queue is not None:
             named = {r[0] for r in targets}
             more = yield self._step("jobs_replay_targets", {"ids": [], "queue": queue, "limit": limit})
+            limit_reached = len(more) >= limit
             targets = sorted([*targets, *(r for r in more if r[0] not in named)], key=lambda r: r[0])
         if not targets:
             return ReplayResult(not_dead=sorted(set(ids)))
@@ -80,8 +82,8 @@ class OperationStatements(KeyedTransitions, DependencyStatements):
             keys, lambda scope: self._replay_plan(scope, targets, actor), lambda _: keys))
         done = set(replayed)
         held_by = {r[0]: holders[r[2]] for r in left if r[2] in holders}
-        return ReplayResult(replayed, held_by=held_by,
-                            not_dead=sorted(set(ids) - done - set(held_by)), requeued=requeued)
+        return ReplayResult(replayed, held_by=held_by, not_dead=sorted(set(ids) - done - set(held_by)),
+                            requeued=requeued, limit_reached=limit_reached)
 
     def _replay_plan(self, scope: KeyedScope, targets: list[Any],
                      actor: str | None) -> Plan[tuple[list[int], list[Any], dict[str, int], list[int]]]:

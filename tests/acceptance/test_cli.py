@@ -73,7 +73,7 @@ def test_dead_jobs_list_and_replay(pg_dsn, schema, app):
     out = cli(pg_dsn, pg_schema, "dead", "replay", str(ids[0]))
     assert "replayed 1 job" in out.stdout
     assert js(cli(pg_dsn, pg_schema, "dead", "replay", "--queue", "default", "--all", "--json")) == \
-        {"replayed": sorted(ids[1:]), "not_dead": [], "requeued": [], "held": []}
+        {"replayed": sorted(ids[1:]), "not_dead": [], "requeued": [], "held": [], "limit_reached": False}
     missing = cli(pg_dsn, pg_schema, "dead", "replay", str(ids[0]), check=False)
     assert missing.returncode == 1 and "not dead" in missing.stderr
     events = js(cli(pg_dsn, pg_schema, "jobs", "show", str(ids[0]), "--json"))["events"]
@@ -110,7 +110,8 @@ def test_replaying_a_dead_job_whose_dedupe_key_is_held_says_by_which_job_and_wha
         f"cancel job {holder} (`pgworker cancel {holder}{flag}`) and replay again",
         f"left as they were: {other}: pending, not dead; 999999: unknown (no job 999999 in schema {schema!r})"]
     assert js(cli(pg_dsn, schema, "dead", "replay", str(dead), "--json", check=False)) == \
-        {"replayed": [], "not_dead": [], "requeued": [], "held": [{"id": dead, "held_by": holder}]}
+        {"replayed": [], "not_dead": [], "requeued": [], "held": [{"id": dead, "held_by": holder}],
+         "limit_reached": False}
     assert app.get_job(dead)["state"] == "dead"
     # the holder succeeds and keeps its key for its window: the note says so
     [job] = app.claim()

@@ -53,6 +53,32 @@ def test_dead_replay_names_each_ids_state_and_no_target_is_a_usage_error(app, pg
     assert app.get_job(done)["state"] == "succeeded" and app.get_job(waiting)["state"] == "pending"
 
 
+def test_a_queues_replay_that_reaches_its_limit_says_more_may_remain(app, pg_dsn, capsys):
+    """`dead replay --queue Q --all` takes at most --limit jobs (one transaction): it said
+    "replayed 10,000 jobs" and nothing of the dead jobs it left behind."""
+    from pgworker import Permanent
+
+    ids = app.enqueue_many([("t", i) for i in range(5)])
+    for job in app.claim(limit=5):
+        app.fail(job, Permanent("x"))
+    args = ["dead", "replay", "--queue", "default", "--all", "--limit", "2", *flags(app, pg_dsn)]
+    for expected in (ids[:2], ids[2:4]):
+        assert main(args) == 0
+        said = capsys.readouterr()
+        assert said.out == f"replayed 2 jobs: {', '.join(map(str, expected))}\n", said.out
+        assert ("note: a replay takes at most --limit 2 dead jobs of a queue (one transaction), and queue "
+                "'default' may hold more: run `pgworker dead replay --queue default --all` again") in said.err, said.err
+    assert main([*args, "--json"]) == 0
+    last = capsys.readouterr()
+    assert json.loads(last.out)["replayed"] == ids[4:] and json.loads(last.out)["limit_reached"] is False
+    assert "note:" not in last.err, last.err
+    assert [app.get_job(i)["state"] for i in ids] == ["pending"] * 5
+    for job in app.claim(limit=5):
+        app.fail(job, Permanent("x"))
+    assert app.replay(queue="default", limit=5).limit_reached  # the API says it too
+    assert not app.replay(ids[:1]).limit_reached  # by ids, no bound applies
+
+
 def test_a_jobs_list_filter_that_matches_nothing_names_the_close_name(app, pg_dsn, capsys):
     app.enqueue("add", None, queue="emails")
     assert main(["queue", "pause", "reports", *flags(app, pg_dsn)]) == 0  # a settings row, no job
