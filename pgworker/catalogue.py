@@ -19,7 +19,7 @@ EXPIRATION_ACTIONS = ("requeued", "dead", "cancelled")
 FENCED_OPERATIONS = ("renew", "complete", "fail", "release", "snooze", "cancel", "complete_in_transaction",
                      "step", "effect_started", "effect_done")
 EFFECT_RECONCILE_RESULTS = ("happened", "not_happened")
-WAKEUP_REASONS = ("notify", "poll", "reconnect", "sweep", "claim")
+WAKEUP_REASONS = ("notify", "poll", "reconnect", "sweep", "claim", "retry")
 # pgworker_queue_jobs{state}: the live jobs of a queue, each in one of them. A pending
 # job is due (run_at has come: claimable now, unless its queue is paused), scheduled
 # (run_at later) or blocked (behind its ordering key's head).
@@ -166,9 +166,9 @@ METRICS: tuple[MetricDef, ...] = (
               "iteration and, while a handler runs, about once a second from its flusher thread.",
               "worker", multiprocess_mode="livemin", recorded_by=_CLAIMERS),
     MetricDef("pgworker_dispatcher_wakeups_total", "counter", ("reason",),
-              "Work announced to the pod's claimers, by reason (notify, poll, reconnect, sweep, claim): each "
-              "wakes at most one idle claimer.", "worker",
-              recorded_by="the supervisor (listener, poll); claimers (a full claim)"),
+              "Work announced to the pod's claimers, by reason (notify, poll, reconnect, sweep, claim, retry: "
+              "a drain run's retry the supervisor wrote, now due): each wakes at most one idle claimer.", "worker",
+              recorded_by="the supervisor (listener, poll, a drain run's retries); claimers (a full claim)"),
     MetricDef("pgworker_listener_reconnects_total", "counter", (),
               "LISTEN connection re-established after a loss.", "worker",
               recorded_by="the supervisor (listener)"),

@@ -3,7 +3,8 @@
 A drain run is what a Kubernetes CronJob runs against a compute that must be allowed to
 suspend: no LISTEN, no timers, no statistics queries, no HTTP server, and it exits once
 every claimer's last round found nothing and no retry it wrote falls due within one poll
-interval (claimer/due_later.py; while it runs, the fallback poll wakes idle claimers, so
+interval (claimer/due_later.py; nor one the supervisor wrote for a stopped or dead
+claimer's job: supervisor/retry_hold.py; while it runs, the fallback poll wakes idle claimers, so
 a retry that becomes due while another job runs is not left waiting for it). So the maintenance that an always-on worker does on timers happens once, before
 claiming:
 reap expired leases (their jobs are due at once: the gap between runs is their

@@ -138,9 +138,11 @@ def _abandon_message(code: str) -> str:
 
 
 def settle(store: Any, conn: psycopg.Connection, items: list[Settlement], metrics: Any,
-           count: Callable[[str, int], None]) -> None:
+           count: Callable[[str, int], None], retried: Callable[[float], None] = lambda delay: None) -> None:
     """Write ``items`` (fenced), count each outcome (``count(outcome, n)`` for the run's
-    summary), and empty their slots. Raises psycopg errors (the caller retries)."""
+    summary), and empty their slots; ``retried(delay_seconds)`` for each job written
+    back to pending for a retry (a drain run waits for one due soon: no claimer wrote it,
+    so none wakes for it). Raises psycopg errors (the caller retries)."""
     reports = write_outcomes(store, conn, [i.write for i in items], keys_known=False)
     refused = [i for i in items if i.write.lease.job_id not in reports[i.write.kind].accepted]
     recorded = already_written(store, conn, [i.write for i in refused]) if refused else set()
@@ -156,6 +158,8 @@ def settle(store: Any, conn: psycopg.Connection, items: list[Settlement], metric
             metrics.fenced(i.queue, report.operation)
         metrics.finished(i.queue, i.task, outcome, None, i.write.code if outcome in ("retried", "dead") else None)
         count(outcome, 1)
+        if outcome == "retried":
+            retried(i.write.delay)
         i.clear()
         if outcome == "dead":  # said once at ERROR, as the claimer says it for the jobs it settles
             flag = schema_flag(store.schema)
@@ -173,11 +177,13 @@ class Settler(Service):
     name = "settler"
     action = "settling a stopped claimer's jobs"
 
-    def __init__(self, *, store: Any, metrics: Any, count: Callable[[str, int], None], **kw: Any) -> None:
+    def __init__(self, *, store: Any, metrics: Any, count: Callable[[str, int], None],
+                 retried: Callable[[float], None] = lambda delay: None, **kw: Any) -> None:
         super().__init__(**kw)
         self.store = store
         self.metrics = metrics
         self.count = count
+        self.retried = retried
         self.queue: "queue_mod.Queue[list[Settlement]]" = queue_mod.Queue()
 
     def has_work(self) -> bool:
@@ -193,7 +199,7 @@ class Settler(Service):
             except queue_mod.Empty:
                 return
             try:
-                settle(self.store, conn, items, self.metrics, self.count)
+                settle(self.store, conn, items, self.metrics, self.count, self.retried)
             except BaseException:
                 self.queue.put(items)  # written again after the backoff, where the fence decides
                 raise

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 
 import pytest
 
@@ -51,3 +52,30 @@ def test_a_drain_run_waits_for_its_own_retry_due_within_the_poll_interval_only(r
     assert _state(conn, schema, snoozing)[0] == "pending"  # snoozes never hold a drain run open
     assert summary["succeeded"] == 1 and summary["retried"] == 2 and summary["left"] == 0, summary
     assert summary["next_due_seconds"] is not None and summary["next_due_seconds"] <= 60, summary
+
+
+def test_a_drain_run_waits_for_a_retry_the_supervisor_wrote_for_a_stopped_claimer(rapp, pg_dsn, conn):
+    """A sync handler past its timeout: the supervisor stops its claimer and writes the
+    TIMEOUT retry (due 0.3 s later), which no claimer wrote, so none held the run for it:
+    the drain exited 0 with 'nothing due is left' and the retry due in 0.7 s (a new user's
+    trial). A claimer killed mid-job (WORKER_DIED) is settled the same way."""
+    schema = rapp.settings.schema
+    job = rapp.enqueue("hangs_first")
+    with Worker(pg_dsn, schema, "--drain", "--concurrency", "1", "--poll-interval", "5s", app=RETRY_APP) as w:
+        assert w.wait(120) == 0, w.logs()[-3000:]
+        summary = json.loads(w.stdout().strip().splitlines()[-1])
+    assert _state(conn, schema, job) == ("succeeded", 2), w.logs()[-3000:]
+    assert summary["succeeded"] == 1 and summary["retried"] == 1 and summary["left"] == 0, summary
+
+
+def test_a_drain_run_waits_for_the_retry_of_a_job_whose_claimer_was_killed(rapp, pg_dsn, conn):
+    schema = rapp.settings.schema
+    job = rapp.enqueue("slow_first")
+    with Worker(pg_dsn, schema, "--drain", "--concurrency", "1", "--poll-interval", "5s", app=RETRY_APP) as w:
+        wait_until(lambda: _state(conn, schema, job) == ("running", 1), 60, message="attempt 1 runs")
+        [pid] = w.claimer_pids()
+        os.kill(pid, signal.SIGKILL)
+        assert w.wait(120) == 0, w.logs()[-3000:]
+        summary = json.loads(w.stdout().strip().splitlines()[-1])
+    assert _state(conn, schema, job) == ("succeeded", 2), w.logs()[-3000:]
+    assert summary["succeeded"] == 1 and summary["retried"] == 1 and summary["left"] == 0, summary

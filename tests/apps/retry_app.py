@@ -26,3 +26,24 @@ def retry_later(payload, ctx):
 def snooze_forever(payload, ctx):
     """Always snoozes 0.3 s (a snooze spends no attempt)."""
     raise pgworker.Snooze(0.3)
+
+
+@app.task(name="hangs_first", max_attempts=2, timeout=0.5,
+          retry=pgworker.RetryPolicy(base_seconds=0.3, jitter=0))
+def hangs_first(payload, ctx):
+    """Hangs its first attempt past its timeout (a sync handler: the supervisor stops its
+    claimer and writes the TIMEOUT retry, due 0.3 s later); returns on the second."""
+    if ctx.attempt == 1:
+        import time
+
+        time.sleep(60)
+
+
+@app.task(name="slow_first", max_attempts=2, retry=pgworker.RetryPolicy(base_seconds=1.5, jitter=0))
+def slow_first(payload, ctx):
+    """Sleeps 30 s on its first attempt (the test kills its claimer meanwhile: the retry,
+    1.5 s later, falls due after its replacement's first claim); returns on the second."""
+    if ctx.attempt == 1:
+        import time
+
+        time.sleep(30)

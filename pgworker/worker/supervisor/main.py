@@ -26,6 +26,7 @@ from ..shm.wakeups import PodSignals
 from ..startup import wait_for_database, warn_unknown_queues
 from ..stats import StatsSource
 from .pool import ClaimerHandle, ClaimerPool
+from .retry_hold import RetryHold
 from .services import lease_terms, start_services
 from .settlement import Settlement
 from .shutdown import EXIT_ERROR, EXIT_OK, Shutdown, signal_exit_code
@@ -71,6 +72,7 @@ class Supervisor(Tick, Settlement, Shutdown):
         self.signals = PodSignals(self.mp)
         self.pod_limits: PodQueueLimits | None = None
         self.settler: Settler | None = None
+        self.retry_hold = RetryHold(self.settings.poll_interval_seconds, drain=drain)
         self._task_names = sorted(app.tasks)  # a slot's task_index counts in this order
 
     # -- the run ------------------------------------------------------------------------

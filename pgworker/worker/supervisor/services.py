@@ -28,7 +28,8 @@ def start_services(sup: Any) -> tuple[Settler, list[Any]]:
     st = sup.settings
     common = {"connect": sup.connect, "stop": sup.stop_services, "health": sup.health, "dsn": st.dsn,
               "pass_timeout": st.statement_timeout_seconds + 5.0}
-    settler = Settler(store=sup.store, metrics=sup.metrics, count=sup._count, **common)
+    settler = Settler(store=sup.store, metrics=sup.metrics, count=sup._count, retried=sup.retry_hold.add,
+                      **common)
     renewer = Renewer(terms=lease_terms(st), tables=lambda: sup.pool.tables, holder_alive=sup.pool.holder_alive,
                       queue_name=sup._queue_name, store=sup.store, metrics=sup.metrics,
                       **{k: v for k, v in common.items() if k != "pass_timeout"})

@@ -66,7 +66,7 @@ class Settlement(SupervisorState):
         """At shutdown, settle on a connection of its own: the services are stopping."""
         try:
             with self.connect("pgworker:settler") as conn:
-                settle(self.store, conn, items, self.metrics, self._count)
+                settle(self.store, conn, items, self.metrics, self._count, self.retry_hold.add)
         except Exception as exc:  # noqa: BLE001 - the leases expire and a reaper recovers the jobs
             log.error("could not settle jobs at shutdown (%s): their leases will expire and a reaper "
                       "will recover them", type(exc).__name__)

@@ -27,6 +27,7 @@ class SupervisorState:
     connect: Any
     pod_limits: Any
     settler: Any
+    retry_hold: Any  # .tick.RetryHold: retries the supervisor wrote that a drain run waits for
     summary: Any
     queues: list[str]
     _task_names: list[str]

@@ -28,7 +28,7 @@ class Tick(SupervisorState):
         if self.max_duration is not None and now - self.run_started > self.max_duration:
             self.deadline_hit = True
             return "drain deadline"
-        if self.drain and self.pool.drained():
+        if self.drain and self.pool.drained() and not self.retry_hold.holds(now, lambda: self.announce(-1, "retry")):
             return "drained"
         return None
 
