@@ -25,7 +25,7 @@ from . import db
 from .config import Settings
 from .connections import (LOCK_TIMEOUT_SQL, POOL_CHECK_IDLE_SECONDS, POOL_MAX_SIZE, database_errors, discard_if_stale,
                           pooled_lock_waits_note, require_async, unreachable)
-from .jobs import REPLAY_LIMIT, ReplayResult, safe_json_loads
+from .jobs import REPLAY_LIMIT, ReplayResult, check_replay_limit, safe_json_loads
 from .names import check_id, check_ids, check_queue_name, checked_cancel_reason
 from .dependencies import enqueue_graph_plan, has_dependencies
 from .enqueue_options import OnConflict
@@ -201,6 +201,7 @@ class AsyncProducer:
                       actor: str | None = None) -> ReplayResult:
         """:meth:`App.replay` as a coroutine (a :class:`ReplayResult`)."""
         job_ids = check_ids(job_ids)
+        check_replay_limit(limit)
         if queue is not None:
             check_queue_name(queue)
         async with self.aconnection(None, "replay") as c:

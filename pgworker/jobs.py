@@ -281,6 +281,21 @@ def safe_json_loads(data: "str | bytes") -> Any:
 #: it is bounded; calling again replays the rest. One number for the API and the command
 #: line (they once differed, 1,000 and 10,000).
 REPLAY_LIMIT = 10_000
+#: The largest ``limit`` a replay takes: one transaction, its ids one array.
+REPLAY_LIMIT_MAX = 1_000_000
+
+
+def check_replay_limit(limit: object) -> int:
+    """A replay's ``limit``: an int (not a bool) from 1 to :data:`REPLAY_LIMIT_MAX`,
+    returned as is. Raises ``TypeError`` or ``ValueError`` naming the range: a bool, a
+    float or a number past bigint reached the server as a refused statement (a trial)."""
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"a replay's limit is an int (the most dead jobs of the queue to take, default "
+                        f"{REPLAY_LIMIT:,}), got {type(limit).__name__} {limit!r}")
+    if not 1 <= limit <= REPLAY_LIMIT_MAX:
+        raise ValueError(f"a replay's limit must be from 1 to {REPLAY_LIMIT_MAX:,} (one transaction), got "
+                         f"{limit:,}; call again for the rest")
+    return limit
 
 
 class ReplayResult(list):  # type: ignore[type-arg]  # a list[int], as replay returned before
@@ -294,8 +309,10 @@ class ReplayResult(list):  # type: ignore[type-arg]  # a list[int], as replay re
     and replay again. ``not_dead``: ids asked for that are not dead, or unknown.
     ``requeued``: jobs the replayed jobs' death had cancelled (``PARENT_DEAD``, and what
     waited below them), pending again and waiting for their parents (not in the list).
-    ``limit_reached``: a queue's replay took ``limit`` dead jobs, its bound, so the queue
-    may hold more: call again for the rest (False for a replay by ids alone).
+    ``limit_reached``: a queue's replay took ``limit`` dead jobs and the queue holds more
+    it could replay: call again for the rest (False for a replay by ids alone). A replay of
+    a queue passes over the dead jobs whose dedupe key another job holds (they would stay
+    dead), naming up to ``limit`` of them in ``held_by``.
     """
 
     def __init__(self, replayed: Sequence[int] = (), *, held_by: dict[int, int] | None = None,

@@ -20,7 +20,7 @@ import psycopg
 from .config import MAX_SETTING_SECONDS
 from .connections import require_sync
 from .errors import ConfigError, QueuePaused
-from .jobs import ReplayResult
+from .jobs import ReplayResult, check_replay_limit
 from .names import check_id, check_ids, check_queue_name, check_task_name, checked_cancel_reason, schema_flag
 from .schedules import Periodic, describe
 
@@ -47,6 +47,7 @@ def cancel(core: Core, job_id: int, *, actor: str | None, conn: psycopg.Connecti
 def replay(core: Core, job_ids: Sequence[int], *, queue: str | None, limit: int,
            actor: str | None, clean: bool = False) -> ReplayResult:
     job_ids = check_ids(job_ids)
+    check_replay_limit(limit)
     if queue is not None:
         check_queue_name(queue)
     with core.connection() as c:

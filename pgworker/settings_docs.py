@@ -155,7 +155,8 @@ def _value(action: argparse.Action) -> str:
     kind = {cli.parse_duration: DURATION, cli._duration_or_none: f"{DURATION} or `none`", int: "integer",
             float: "number", cli._int_or_none: "integer or `none`",
             cli._float_or_none: "number or `none`", cli_values._job_id: "id (digits, 1 to 2**63-1)",
-            cli_values._positive_int: "integer, at least 1"}.get(action.type, "text")
+            cli_values._positive_int: "integer, at least 1",
+            cli_values._replay_limit: "integer, 1 to 1,000,000"}.get(action.type, "text")
     return kind + {"*": ", any number", "+": ", one or more"}.get(str(action.nargs), "")
 
 

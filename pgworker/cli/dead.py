@@ -44,12 +44,12 @@ def cmd_dead(args: argparse.Namespace) -> int:
         result = app.replay(args.ids, queue=args.queue if args.all else None, limit=args.limit,
                             clean=args.clean)
         if args.json:
-            emit(args, {"replayed": list(result), "not_dead": result.not_dead, "requeued": result.requeued,
+            emit(args, {"replayed": sorted(result), "not_dead": result.not_dead, "requeued": result.requeued,
                         "held": [{"id": i, "held_by": h} for i, h in sorted(result.held_by.items())],
                         "limit_reached": result.limit_reached})
         else:
             print(f"replayed {quantity(len(result), 'job')}"
-                  + (f": {', '.join(map(str, result[:50]))}" if result else ""))
+                  + (f": {', '.join(map(str, sorted(result)[:50]))}" if result else ""))
             if result.requeued:  # the jobs their death cancelled (PARENT_DEAD) wait again
                 print(f"{quantity(len(result.requeued), 'child', 'children')} cancelled by their death wait again "
                       "for their parents")
@@ -66,8 +66,8 @@ def cmd_dead(args: argparse.Namespace) -> int:
             # one transaction takes at most --limit jobs; it said "replayed 10,000 jobs" and
             # nothing of the dead jobs it left (a trial)
             print(f"note: a replay takes at most --limit {args.limit:,} dead jobs of a queue (one transaction), "
-                  f"and queue {args.queue!r} may hold more: run `pgworker dead replay --queue {queue} --all` "
-                  "again for the rest, or raise --limit", file=sys.stderr)
+                  f"and queue {args.queue!r} holds more: run `pgworker dead replay --queue {queue} --all"
+                  f"{schema_flag(app.settings.schema)}` again for the rest, or raise --limit", file=sys.stderr)
         # by id, every job asked for must be replayed; --all replays what it can
         return 1 if (result.not_dead or result.held_by) and args.ids else 0
     rows = app.list_jobs(queue=args.queue, state="dead", limit=args.limit + 1)

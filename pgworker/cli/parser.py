@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 from ..jobs import REPLAY_LIMIT
 from ..names import CANCEL_REASON_MAX_CHARS, bounded_text, one_line_text, redact
 from .values import (_cancel_reason, _duration_or_none, _float_or_none, _int_or_none, _job_id,  # noqa: F401
-                     _job_state, _positive_int, parse_duration, retention_duration)
+                     _job_state, _positive_int, _replay_limit, parse_duration, retention_duration)
 
 #: Flags whose default is an environment variable other than a Settings field's: dest ->
 #: (variable, default when it is unset). Resolved after parsing, so that the parser (and
@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("ids", nargs="*", type=_job_id, metavar="ID", help="dead jobs to put back to pending")
     dr.add_argument("--queue", help="with --all: the queue whose dead jobs to replay")
     dr.add_argument("--all", action="store_true", help="every dead job of --queue")
-    dr.add_argument("--limit", type=_positive_int, default=REPLAY_LIMIT, metavar="N",
+    dr.add_argument("--limit", type=_replay_limit, default=REPLAY_LIMIT, metavar="N",
                     help="with --all: at most N jobs, lowest ids first (run again for the rest)")
     dr.add_argument("--clean", action="store_true",
                     help="forget the jobs' recorded steps and effects: they all run again (default: kept)")

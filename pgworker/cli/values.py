@@ -77,6 +77,18 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _replay_limit(text: str) -> int:
+    """`dead replay --limit N`: 1 to pgworker.jobs.REPLAY_LIMIT_MAX (a number past bigint
+    was refused by the server, as a statement error)."""
+    from ..jobs import REPLAY_LIMIT_MAX
+
+    value = _positive_int(text)
+    if value > REPLAY_LIMIT_MAX:
+        raise argparse.ArgumentTypeError(f"must be at most {REPLAY_LIMIT_MAX:,} (one transaction), got {value:,}; "
+                                         "run the replay again for the rest")
+    return value
+
+
 def _int_or_none(text: str) -> int | None:
     if text.strip().lower() in _NONE:
         return None

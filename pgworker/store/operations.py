@@ -67,23 +67,48 @@ class OperationStatements(KeyedTransitions, DependencyStatements):
         # ``limit`` bounds the queue's jobs only: ids asked for by name are all taken (one
         # statement took both under ``limit``, lowest ids first, and called the rest not
         # dead). By ids and a queue at once: two reads, so that neither crowds the other out.
-        targets = (yield self._step("jobs_replay_targets", {"ids": list(ids), "queue": None,
-                                                            "limit": len(ids)})) if ids else []
+        targets = (yield self._step("jobs_replay_targets", {"ids": list(ids), "limit": len(ids)})) if ids else []
+        passed: list[Any] = []
         limit_reached = False
         if queue is not None:
-            named = {r[0] for r in targets}
-            more = yield self._step("jobs_replay_targets", {"ids": [], "queue": queue, "limit": limit})
-            limit_reached = len(more) >= limit
-            targets = sorted([*targets, *(r for r in more if r[0] not in named)], key=lambda r: r[0])
-        if not targets:
-            return ReplayResult(not_dead=sorted(set(ids)))
-        keys = sorted({r[1] for r in targets if r[1] is not None})
-        replayed, left, holders, requeued = yield Atomic(self.keyed_plan(
-            keys, lambda scope: self._replay_plan(scope, targets, actor), lambda _: keys))
+            more, passed, limit_reached = yield from self._queue_targets_plan(queue, limit, {r[0] for r in targets})
+            targets = sorted([*targets, *more], key=lambda r: r[0])
+        replayed: list[int] = []
+        left: list[Any] = []
+        holders: dict[str, int] = {}
+        requeued: list[int] = []
+        if targets:
+            keys = sorted({r[1] for r in targets if r[1] is not None})
+            replayed, left, holders, requeued = yield Atomic(self.keyed_plan(
+                keys, lambda scope: self._replay_plan(scope, targets, actor), lambda _: keys))
+        if passed:  # who holds their keys now (read after the replay, as for the jobs left)
+            holders = {**(yield from self.dedupe_holders_plan(sorted({r[2] for r in passed}))), **holders}
         done = set(replayed)
-        held_by = {r[0]: holders[r[2]] for r in left if r[2] in holders}
+        held_by = {r[0]: holders[r[2]] for r in [*left, *passed] if r[2] in holders}
         return ReplayResult(replayed, held_by=held_by, not_dead=sorted(set(ids) - done - set(held_by)),
                             requeued=requeued, limit_reached=limit_reached)
+
+    def _queue_targets_plan(self, queue: str, limit: int,
+                            named: set[int]) -> Plan[tuple[list[Any], list[Any], bool]]:
+        """Up to ``limit`` dead jobs of ``queue`` a replay could put back, lowest ids first
+        (``named``: ids the caller asked for, read already), read in pages past those whose
+        dedupe key another job holds now; returns them, up to ``limit`` of those passed
+        over (for ``held_by``), and whether the queue holds more than ``limit``."""
+        targets: list[Any] = []
+        passed: list[Any] = []
+        after = 0
+        while True:
+            want = limit - len(targets) + 1  # one more than the limit: says whether more remain
+            page = yield self._step("jobs_replay_queue_page", {"queue": queue, "after": after, "limit": want})
+            for job_id, ordering_key, dedupe_key, held in page:
+                if job_id not in named:
+                    (passed if held else targets).append((job_id, ordering_key, dedupe_key))
+            del passed[limit:]  # a queue of a million held jobs is walked, not kept
+            if len(targets) > limit:
+                return targets[:limit], passed, True
+            if len(page) < want:
+                return targets, passed, False
+            after = page[-1][0]
 
     def _replay_plan(self, scope: KeyedScope, targets: list[Any],
                      actor: str | None) -> Plan[tuple[list[int], list[Any], dict[str, int], list[int]]]:

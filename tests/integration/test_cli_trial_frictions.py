@@ -55,7 +55,9 @@ def test_dead_replay_names_each_ids_state_and_no_target_is_a_usage_error(app, pg
 
 def test_a_queues_replay_that_reaches_its_limit_says_more_may_remain(app, pg_dsn, capsys):
     """`dead replay --queue Q --all` takes at most --limit jobs (one transaction): it said
-    "replayed 10,000 jobs" and nothing of the dead jobs it left behind."""
+    "replayed 10,000 jobs" and nothing of the dead jobs it left behind. The command it
+    names keeps the schema (a break-it trial: pasted, it replayed the default schema's);
+    a limit past the bound is a usage error, not a statement the server refuses."""
     from pgworker import Permanent
 
     ids = app.enqueue_many([("t", i) for i in range(5)])
@@ -67,7 +69,8 @@ def test_a_queues_replay_that_reaches_its_limit_says_more_may_remain(app, pg_dsn
         said = capsys.readouterr()
         assert said.out == f"replayed 2 jobs: {', '.join(map(str, expected))}\n", said.out
         assert ("note: a replay takes at most --limit 2 dead jobs of a queue (one transaction), and queue "
-                "'default' may hold more: run `pgworker dead replay --queue default --all` again") in said.err, said.err
+                "'default' holds more: run `pgworker dead replay --queue default --all --schema "
+                f"{app.settings.schema}` again") in said.err, said.err
     assert main([*args, "--json"]) == 0
     last = capsys.readouterr()
     assert json.loads(last.out)["replayed"] == ids[4:] and json.loads(last.out)["limit_reached"] is False
@@ -75,8 +78,12 @@ def test_a_queues_replay_that_reaches_its_limit_says_more_may_remain(app, pg_dsn
     assert [app.get_job(i)["state"] for i in ids] == ["pending"] * 5
     for job in app.claim(limit=5):
         app.fail(job, Permanent("x"))
-    assert app.replay(queue="default", limit=5).limit_reached  # the API says it too
+    assert app.replay(queue="default", limit=4).limit_reached  # the API says it too
+    assert not app.replay(queue="default", limit=4).limit_reached  # the fifth: none more
     assert not app.replay(ids[:1]).limit_reached  # by ids, no bound applies
+    with pytest.raises(SystemExit) as usage:
+        main(["dead", "replay", "--queue", "default", "--all", "--limit", "99999999999999999999", *flags(app, pg_dsn)])
+    assert usage.value.code == 2 and "must be at most 1,000,000" in capsys.readouterr().err
 
 
 def test_a_jobs_list_filter_that_matches_nothing_names_the_close_name(app, pg_dsn, capsys):

@@ -152,3 +152,31 @@ def test_replay_says_which_job_holds_the_key_of_a_job_left_dead(app):
 def test_a_window_without_a_key_is_refused(app):
     with pytest.raises(InvalidJob, match="dedupe_key"):
         app.enqueue("t", dedupe_window=60)
+
+
+def test_a_queues_replay_passes_over_dead_jobs_whose_key_is_held_and_reaches_the_rest(app):
+    """The lowest-id dead jobs of a queue, their dedupe keys held by live jobs, filled the
+    limit at every call: 'call again for the rest' (limit_reached) never reached the
+    rest (a break-it trial). They are passed over now, and named in held_by."""
+    held = [app.enqueue("t", i, dedupe_key=f"hk{i}") for i in range(2)]
+    rest = app.enqueue_many([("t", i) for i in range(3)])
+    for job in app.claim(limit=5):
+        app.fail(job, Permanent("x"))
+    holders = [app.enqueue("t", dedupe_key=f"hk{i}", delay=3600) for i in range(2)]
+    first = app.replay(queue="default", limit=2)
+    assert (list(first), first.limit_reached) == (rest[:2], True)
+    assert first.held_by == dict(zip(held, holders))
+    second = app.replay(queue="default", limit=2)
+    assert (list(second), second.limit_reached, second.held_by) == ([rest[2]], False, dict(zip(held, holders)))
+    third = app.replay(queue="default", limit=2)
+    assert (list(third), third.limit_reached) == ([], False) and third.held_by == dict(zip(held, holders))
+    assert [app.get_job(i)["state"] for i in held + rest] == ["dead"] * 2 + ["pending"] * 3
+    exactly = app.replay(queue="default", limit=2)  # no more than the limit left: not reached
+    assert not exactly.limit_reached
+
+
+@pytest.mark.parametrize("limit, error", [(0, ValueError), (-1, ValueError), (10**20, ValueError),
+                                          (True, TypeError), (2.5, TypeError), ("10", TypeError)])
+def test_a_replay_limit_out_of_range_is_refused_before_the_database(app, limit, error):
+    with pytest.raises(error, match="limit"):
+        app.replay(queue="default", limit=limit)

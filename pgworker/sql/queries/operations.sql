@@ -47,14 +47,32 @@ INSERT INTO {schema}.job_events (job_id, kind, actor, detail)
 SELECT unnest(%(ids)s::bigint[]), %(kind)s, %(actor)s, %(detail)s::jsonb;
 
 -- name: jobs_replay_targets
--- The dead jobs a replay would take (by id, or up to %(limit)s of a queue), with their
--- ordering and dedupe keys, read without locks so the key locks can be taken first (and
--- expired dedupe holds released, dedupe_holders); jobs_replay re-checks that each is
--- still dead.
+-- The dead jobs of these ids a replay would take (a queue's: jobs_replay_queue_page),
+-- with their ordering and dedupe keys, read without locks so the key locks can be taken
+-- first (and expired dedupe holds released, dedupe_holders); jobs_replay re-checks that
+-- each is still dead.
 SELECT id, ordering_key, dedupe_key FROM {schema}.jobs
-WHERE state = 'dead'
-  AND (id = ANY(%(ids)s::bigint[]) OR (%(queue)s::text IS NOT NULL AND queue = %(queue)s::text))
+WHERE state = 'dead' AND id = ANY(%(ids)s::bigint[])
 ORDER BY id
+LIMIT %(limit)s;
+
+-- name: jobs_replay_queue_page
+-- A page of a queue's dead jobs for a replay of the queue: up to %(limit)s after id
+-- %(after)s, in id order, with their keys and whether another job holds the dedupe key
+-- now (pending or running, or succeeded within its window: the unique index's rows, as
+-- dedupe_holders reads them). Such a job would stay dead, so the replay passes over it
+-- rather than fill its limit with it: the first dead jobs of a queue, held, once filled
+-- every call, and "call again for the rest" never reached the rest (a break-it trial).
+-- Read without locks, as jobs_replay_targets: jobs_replay decides under the key locks.
+SELECT t.id, t.ordering_key, t.dedupe_key,
+       t.dedupe_key IS NOT NULL AND EXISTS (
+           SELECT 1 FROM {schema}.jobs AS h
+           WHERE h.dedupe_key = t.dedupe_key AND h.id <> t.id
+             AND (h.state IN ('pending', 'running') OR (h.state = 'succeeded' AND h.dedupe_until IS NOT NULL))
+             AND (h.state <> 'succeeded' OR h.dedupe_until > now())) AS held
+FROM {schema}.jobs AS t
+WHERE t.state = 'dead' AND t.queue = %(queue)s AND t.id > %(after)s
+ORDER BY t.id
 LIMIT %(limit)s;
 
 -- name: jobs_replay
