@@ -144,6 +144,12 @@ class ReadStatements(StoreBase):
             return int(self._exec(conn, "jobs_due_locked", {"queues": sorted(set(queues)),
                                                             "limit": limit}).fetchone()[0])
 
+    def due_paused(self, conn: psycopg.Connection, queues: Sequence[str], *, limit: int = 10_000) -> dict[str, int]:
+        """{queue: due jobs} for the paused queues of ``queues`` that hold due jobs, each
+        counted up to ``limit`` (a drain run's exit: what no claim takes until resumed)."""
+        rows = self._exec(conn, "jobs_due_paused", {"queues": list(queues), "limit": limit}).fetchall()
+        return {name: int(n) for name, n in rows}
+
     def next_due_seconds(self, conn: psycopg.Connection, queues: Sequence[str]) -> float | None:
         """Seconds until the earliest not-yet-due job of ``queues`` is due (paused queues
         excepted), or None when none waits."""

@@ -37,6 +37,7 @@ class RunSummary:
 
     counts: dict[str, int] = field(default_factory=lambda: {f: 0 for f in OUTCOME_FIELDS})
     left: int = 0
+    left_paused: int = 0  # due jobs of paused queues, which no claim takes (not in left)
     next_due_seconds: float | None = None  # until the earliest job not due yet (None: none)
     # time.monotonic() at the start: a duration must not follow the wall clock, which an
     # NTP step or a resumed VM moves back (a run once reported -3593 s)
@@ -61,7 +62,7 @@ class RunSummary:
             "event": "drain_summary", "result": self.result,
             "processed": sum(c.values()), "succeeded": c["succeeded"], "retried": c["retried"],
             "dead": c["dead"], "cancelled": c["cancelled"], "released": c["released"],
-            "snoozed": c["snoozed"], "lost": c["lost"], "left": self.left,
+            "snoozed": c["snoozed"], "lost": c["lost"], "left": self.left, "left_paused": self.left_paused,
             "next_due_seconds": None if self.next_due_seconds is None else round(self.next_due_seconds, 3),
             "duration_seconds": round(self.duration_seconds, 3),
             "maintenance_failed": self.maintenance_failed}, sort_keys=False)

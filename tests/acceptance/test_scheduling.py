@@ -198,6 +198,25 @@ def test_per_pod_queue_concurrency(env, pg_dsn, conn):
 # -- pause --------------------------------------------------------------------------
 
 
+def test_a_drain_run_says_what_a_paused_queue_leaves(env, pg_dsn, conn):
+    """`left` counts what a claim could take: a drain beside a paused queue's due jobs
+    said "left": 0 and exited 0 without a word (a new user's trial). Now the summary
+    counts them apart (left_paused) and the log names the queue and the resume command."""
+    schema = env.settings.schema
+    env.pause_queue("held")
+    held = [env.enqueue("record", queue="held") for _ in range(2)]
+    done = env.enqueue("record", queue="limited")
+    with Worker(pg_dsn, schema, "--drain", "--concurrency", "1", "--queues", "limited,held", *FAST) as w:
+        assert w.wait(60) == 0, w.logs()[-3000:]
+        summary = json.loads(w.stdout().strip().splitlines()[-1])
+        logs = w.logs()
+    assert (summary["result"], summary["left"], summary["left_paused"]) == ("succeeded", 0, 2), summary
+    assert "drain: paused queue(s) 'held' (2 due): no run claims their jobs until resumed " \
+           f"(`pgworker queue resume held --schema {schema}`)" in logs, logs[-3000:]
+    assert env.get_job(done)["state"] == "succeeded"
+    assert [env.get_job(j)["state"] for j in held] == ["pending", "pending"]
+
+
 def test_pause_lets_running_jobs_finish_and_stops_every_pod_claiming(env, pg_dsn, conn):
     schema = env.settings.schema
     poll = 0.3

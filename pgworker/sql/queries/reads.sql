@@ -176,6 +176,21 @@ LEFT JOIN (
     FOR NO KEY UPDATE SKIP LOCKED
 ) AS free USING (id);
 
+-- name: jobs_due_paused
+-- The paused queues of these queues that hold due jobs, each with how many (counted up to
+-- %(limit)s: one range of jobs_due_idx (queue, run_at) a queue): a drain run leaves
+-- them, and says so, since its `left` counts only what a claim could take.
+SELECT p.name, d.n
+FROM {schema}.queues AS p
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n FROM (
+        SELECT 1 FROM {schema}.jobs
+        WHERE queue = p.name AND state = 'pending' AND NOT blocked AND run_at <= now()
+        LIMIT %(limit)s) AS due
+) AS d
+WHERE p.name = ANY(%(queues)s::text[]) AND p.paused_at IS NOT NULL AND d.n > 0
+ORDER BY p.name;
+
 -- name: jobs_next_due
 -- Seconds until the earliest job of these queues that is not due yet becomes due (NULL:
 -- none), paused queues excepted: a drain run's summary says when work comes next (a

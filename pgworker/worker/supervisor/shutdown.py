@@ -5,9 +5,11 @@ code."""
 from __future__ import annotations
 
 import logging
+import shlex
 import time
 from typing import Any
 
+from ...names import schema_flag
 from ..drain import report as report_drain
 from ..settler import SHUTDOWN, settlements
 from ..shm.slots import SlotTableBusy
@@ -32,6 +34,9 @@ def signal_exit_code(signum: int) -> int:
 # How many of the due jobs left at a drain run's exit are probed for another
 # transaction's row lock (the probe locks and releases each one it looks at).
 LOCKED_PROBE_LIMIT = 100
+# The due jobs of a paused queue counted at a drain run's exit, at most (a queue paused
+# for a day may hold millions; the summary then says 10,000 and the log "10,000+").
+PAUSED_COUNT_LIMIT = 10_000
 
 
 class Shutdown(SupervisorState):
@@ -89,6 +94,7 @@ class Shutdown(SupervisorState):
             with self.connect("pgworker:supervisor") as conn:
                 self.summary.left = self.store.due_count(conn, self.queues)
                 self.summary.next_due_seconds = self.store.next_due_seconds(conn, self.queues)
+                self._say_paused_left(conn)
                 if self.summary.left > 0:
                     self._say_why_left(conn)
                 elif self.summary.next_due_seconds is not None:  # a new user read "succeeded" as "all done"
@@ -112,6 +118,20 @@ class Shutdown(SupervisorState):
         if self.deadline_hit and self.summary.left:
             return EXIT_DRAIN_DEADLINE
         return EXIT_OK
+
+    def _say_paused_left(self, conn: Any) -> None:
+        """Count and log the due jobs of paused queues, which ``left`` leaves out (it
+        counts what a claim could take): a run that processed nothing of a paused queue
+        said "left": 0 and exited 0 without a word (a new user's trial)."""
+        paused = self.store.due_paused(conn, self.queues, limit=PAUSED_COUNT_LIMIT)
+        self.summary.left_paused = sum(paused.values())
+        if not paused:
+            return
+        flag = schema_flag(self.settings.schema)
+        each = ", ".join(f"{name!r} ({n:,}{'+' if n >= PAUSED_COUNT_LIMIT else ''} due)" for name, n in paused.items())
+        resume = "; ".join(f"`pgworker queue resume {shlex.quote(name)}{flag}`" for name in list(paused)[:3])
+        log.warning("drain: paused queue(s) %s: no run claims their jobs until resumed (%s); not counted in "
+                    "left (left_paused)", each, resume, extra={"action": "drain_paused_left"})
 
     def _say_why_left(self, conn: Any) -> None:
         """Log the due jobs a drain run leaves, and how many of them another transaction
