@@ -209,7 +209,7 @@ def _commands_section() -> list[str]:
              f"Every flag is spelled out in full (no abbreviations); {_DURATION_LEGEND}. "
              "Exit codes: 0 success (an always-on worker stopped gracefully by a first SIGTERM or Ctrl-C "
              "included), 1 error, 2 bad usage, 75 a drain run hit its deadline with due work left, 130 "
-             "Ctrl-C and 143 SIGTERM (128 + the signal's number): a drain run's first (a graceful stop; its "
+             "Ctrl-C, 143 SIGTERM and 129 SIGHUP (128 + the signal's number): a drain run's first (a graceful stop; its "
              "summary says `interrupted`), any run's second (at once, running jobs not released), Ctrl-C of "
              "any other command; 141 output cut short by its reader (`| head`). docs/deploy.md has the "
              "table.", "",

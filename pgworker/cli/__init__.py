@@ -3,7 +3,8 @@
 Settings come from flags, else ``PGWORKER_*`` environment variables, else the App's
 own. Output is a readable table on a terminal and JSON with ``--json``. Exit codes: 0
 success, 1 error, 2 bad usage, 75 a drain run hit its deadline with due work left, 130
-Ctrl-C and 143 SIGTERM (a drain run stopped by one, any run's second; docs/deploy.md).
+Ctrl-C, 143 SIGTERM and 129 SIGHUP (a drain run stopped by one, any run's second;
+docs/deploy.md).
 
 The package: :mod:`.parser` (the arguments), :mod:`.unrecognized` (arguments no parser
 took, with the fix), :mod:`.settings` (flags -> Settings and the App), :mod:`.output`

@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drain", action="store_true",
                    help="claim until nothing is due and nothing runs, then exit 0 (no LISTEN; between runs "
                         "nothing touches the database); a signal stops it gracefully and exits 128 + its "
-                        "number: 130 for Ctrl-C, 143 for SIGTERM")
+                        "number: 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP")
     p.add_argument("--max-duration", type=parse_duration,
                    help="drain mode: stop at this deadline; exit 75 if due work is left")
     p.add_argument("--listen-dsn", help="direct connection for LISTEN (not a transaction pooler)")

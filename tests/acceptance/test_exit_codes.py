@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from pgworker.worker.supervisor import STOP_SIGNALS
 from worker import Worker, q
 
 DEPLOY_DOC = Path(__file__).resolve().parents[2] / "docs" / "deploy.md"
@@ -25,7 +26,7 @@ TABLE = re.compile(r"<!-- exit-codes -->\n(?P<table>.*?)<!-- /exit-codes -->", r
 ROW = re.compile(r"^\|\s*(?P<code>\d+)\s*\|(?P<meaning>.*)\|\s*$", re.M)
 #: The signals whose second delivery makes the supervisor exit at once, with 128 + the
 #: signal's number (pgworker/worker/supervisor/main.py, Supervisor._on_signal).
-SECOND_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SECOND_SIGNALS = STOP_SIGNALS
 
 
 def documented() -> dict[int, str]:
@@ -98,6 +99,8 @@ def test_two_sigints_exit_130(env, pg_dsn, conn):
 @pytest.mark.parametrize("mode, sig, code", [
     ("--drain", signal.SIGINT, 130),  # Ctrl-C of a drain run in a shell script
     ("--drain", signal.SIGTERM, 143),  # a drain CronJob's pod stopped
+    ("--drain", signal.SIGHUP, 129),  # the terminal or ssh session of a drain run closed
+    (None, signal.SIGHUP, 0),
     (None, signal.SIGINT, 0),  # an always-on worker's graceful stop is its normal end
 ])
 def test_a_first_signal_stops_gracefully_and_a_drain_run_says_it_was_stopped(env, pg_dsn, conn, mode, sig,
@@ -111,7 +114,12 @@ def test_a_first_signal_stops_gracefully_and_a_drain_run_says_it_was_stopped(env
         from pg import wait_until
 
         wait_until(lambda: q(conn, schema, "SELECT 1 FROM {s}.ledger WHERE event = 'start'"), 30)
-        w.signal(sig)
+        # to the process group, as a terminal delivers SIGINT and SIGHUP: the claimers ignore
+        # both (the supervisor stops the pod), and the fork server does
+        if sig == signal.SIGTERM:
+            w.signal(sig)
+        else:
+            w.signal_group(sig)
         assert w.wait(30) == code, w.logs()[-3000:]
         out = w.stdout()
     # graceful: the running job had its grace and finished

@@ -114,6 +114,7 @@ class Claimer(Planner, Runner):
     def setup(self) -> None:
         if threading.current_thread() is threading.main_thread():  # a claimer run in a thread (tests) has none
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the supervisor decides
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)  # so does a terminal's hangup
             signal.signal(signal.SIGTERM, self._on_sigterm)
         self.metrics = pod_metrics(self.app, self.queues, self.settings.metrics_task_label)
         self.executor.effects.metrics = self.metrics

@@ -1,7 +1,8 @@
 """Imported by the claimers' fork server (:mod:`pgworker.worker.forkserver`): the modules
 a claimer process uses, loaded once for every claimer forked from the server; and, in
-the server only, SIGTERM ignored (see that module for why; a claimer restores the
-default as it starts, :func:`.process.claimer_main`)."""
+the server only, SIGTERM and SIGHUP ignored (see that module for why; a claimer restores
+SIGTERM's default as it starts, :func:`.process.claimer_main`, and keeps ignoring SIGHUP,
+as it ignores SIGINT: the supervisor stops the pod on either)."""
 
 from __future__ import annotations
 
@@ -17,3 +18,4 @@ from . import process  # noqa: F401 - the claimer's own modules, psycopg and Ope
 # import main; ..."`: anywhere else (a tool importing every module) this changes nothing.
 if any("multiprocessing.forkserver import main" in arg for arg in sys.orig_argv):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a terminal's hangup reaches the group: the supervisor decides

@@ -14,7 +14,7 @@ stop decision), :mod:`.pool` (the claimer processes), :mod:`.services` (the serv
 wiring), :mod:`.settlement` (claimers gone, hand-backs), :mod:`.shutdown` (the grace,
 the final settlement, the drain report and the exit code).
 
-Shutdown (SIGTERM or SIGINT): stop claiming, release the jobs waiting unstarted (fenced,
+Shutdown (SIGTERM, SIGINT or SIGHUP: ``STOP_SIGNALS``): stop claiming, release the jobs waiting unstarted (fenced,
 no attempt spent), give running jobs ``shutdown_grace`` seconds (timeouts still hold),
 then fail what still runs with ``SHUTDOWN`` (the attempt counts) and exit 0 (a drain run:
 128 + the signal's number, below). A second signal exits at once with 128 + the signal's
@@ -23,12 +23,12 @@ number; leases then expire and a reaper recovers the jobs.
 Drain mode (``--drain``): maintenance once (:mod:`pgworker.worker.drain`), then claim (woken by the
 fallback poll; no LISTEN) until nothing is due and nothing is in flight, and exit 0; with ``max_duration`` and due work left at the
 deadline, exit ``EXIT_DRAIN_DEADLINE``; stopped by a signal (the graceful stop above), exit
-128 + its number (130 for Ctrl-C, 143 for SIGTERM), so that a script or a CronJob tells a
+128 + its number (130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP), so that a script or a CronJob tells a
 stopped run from a completed one.
 """
 
 from .main import Supervisor
 from .settlement import WAITING_HAND_BACK_SECONDS
-from .shutdown import EXIT_DRAIN_DEADLINE, EXIT_ERROR, EXIT_OK
+from .shutdown import EXIT_DRAIN_DEADLINE, EXIT_ERROR, EXIT_OK, STOP_SIGNALS
 
-__all__ = ["EXIT_DRAIN_DEADLINE", "EXIT_ERROR", "EXIT_OK", "WAITING_HAND_BACK_SECONDS", "Supervisor"]
+__all__ = ["EXIT_DRAIN_DEADLINE", "EXIT_ERROR", "EXIT_OK", "STOP_SIGNALS", "WAITING_HAND_BACK_SECONDS", "Supervisor"]

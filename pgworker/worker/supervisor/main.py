@@ -29,7 +29,7 @@ from .pool import ClaimerHandle, ClaimerPool
 from .retry_hold import RetryHold
 from .services import lease_terms, start_services
 from .settlement import Settlement
-from .shutdown import EXIT_ERROR, EXIT_OK, Shutdown, signal_exit_code
+from .shutdown import EXIT_ERROR, EXIT_OK, STOP_SIGNALS, Shutdown, signal_exit_code
 from .tick import Tick
 
 log = logging.getLogger("pgworker.supervisor")
@@ -81,7 +81,7 @@ class Supervisor(Tick, Settlement, Shutdown):
         self.metrics = pod_metrics(self.app, self.queues, self.settings.metrics_task_label)
         self.health.listen_required = self.settings.listen and not self.drain
         provider = tracing.setup_process(self.settings.tracing, trace_sql=False)
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
         try:
             if not self.drain and self.settings.metrics_port:

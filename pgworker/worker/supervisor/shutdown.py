@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import shlex
+import signal
 import time
 from typing import Any
 
@@ -20,6 +21,11 @@ log = logging.getLogger("pgworker.supervisor")
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_DRAIN_DEADLINE = 75  # EX_TEMPFAIL: the deadline passed with due work left; run again
+# The signals that stop a pod gracefully (a second one: at once). SIGHUP, a closed terminal
+# or ssh session, is one: by default it ended the supervisor at once, with no drain summary,
+# its claimers orphaned (a break-it trial). Claimers and their fork server ignore SIGINT and
+# SIGHUP, which reach the whole process group: the supervisor decides.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def signal_exit_code(signum: int) -> int:
