@@ -24,7 +24,8 @@ from psycopg.types.json import set_json_loads
 from . import db
 from .config import Settings
 from .connections import (LOCK_TIMEOUT_SQL, POOL_CHECK_IDLE_SECONDS, POOL_MAX_SIZE, database_errors, discard_if_stale,
-                          pooled_lock_waits_note, require_async, unreachable)
+                          pgworker_schemas_hint, pooled_lock_waits_note, require_async, unreachable)
+from .errors import SchemaNotMigrated
 from .jobs import REPLAY_LIMIT, ReplayResult, check_replay_limit, safe_json_loads
 from .names import check_id, check_ids, check_queue_name, checked_cancel_reason
 from .dependencies import enqueue_graph_plan, has_dependencies
@@ -96,13 +97,21 @@ class AsyncProducer:
         start with :class:`DatabaseUnavailable`, and a schema never migrated (or another
         pgworker's) with :class:`SchemaNotMigrated` / :class:`SchemaTooNew`, instead of the
         first request. A role that may not read the schema's ``migrations`` table is not
-        checked. Idempotent."""
-        async with self.aconnection() as conn:
-            try:
-                cur = await conn.execute(self.core.store.queries["schema_version_get"])
-                row = await cur.fetchone()
-            except psycopg.errors.InsufficientPrivilege:
-                return  # a producer granted less than grants.sql gives: its first call says what fails
+        checked. A schema absent by that name gets the database's pgworker schemas named,
+        as ``App.check_schema`` and the command line do. Idempotent."""
+        try:
+            async with self.aconnection() as conn:
+                try:
+                    cur = await conn.execute(self.core.store.queries["schema_version_get"])
+                    row = await cur.fetchone()
+                except psycopg.errors.InsufficientPrivilege:
+                    return  # a producer granted less than grants.sql gives: its first call says what fails
+        except SchemaNotMigrated as exc:
+            # which schemas the database holds (a typo, another case: a new user's trial read
+            # only 'relation "nope.migrations" does not exist'); a blocking look, so in a
+            # thread, once, at start-up
+            hint = await asyncio.to_thread(pgworker_schemas_hint, self.core.settings)
+            raise SchemaNotMigrated(f"{exc}{hint}") from None
         problem = self.core.store.version_problem(row[0] if row else None)
         if problem is not None:
             raise problem

@@ -84,10 +84,18 @@ def test_aopen_checks_the_schema_as_a_lifespan_start_expects(app, pg_dsn, conn):
     unmigrated = pgworker.App(pg_dsn, schema=f"{app.settings.schema}_none")
     behind = pgworker.App(pg_dsn, schema=app.settings.schema)
 
+    from pgworker import connections
+
+    connections._SCHEMAS_SEEN.clear()  # the names another test looked up are kept a minute
+
     async def main() -> None:
         try:
-            with pytest.raises(pgworker.SchemaNotMigrated, match=r"pgworker migrate"):
+            with pytest.raises(pgworker.SchemaNotMigrated, match=r"pgworker migrate") as missing:
                 await unmigrated.aopen()
+            # the database's pgworker schemas named, as App.check_schema and the CLI do (a
+            # trial read only 'relation "..._none.migrations" does not exist')
+            assert "pgworker schemas in this database: " in str(missing.value), missing.value
+            assert f"did you mean {app.settings.schema!r}?" in str(missing.value), missing.value
             await behind.aopen()  # migrated: opens
             await behind.aopen()  # idempotent
         finally:
