@@ -200,3 +200,20 @@ def test_a_running_jobs_page_offers_no_second_cancel(app, pg_dsn, conn):
         app.cancel(job, actor="t")
         page = server.get(f"/jobs/{job}").text
     assert 'id="action-cancel"' not in page and "Cancel requested" in page
+
+
+def test_a_jobs_list_filtered_on_a_misspelt_task_names_the_closest_and_offers_no_bulk_action(app, pg_dsn, conn):
+    """`/jobs?task=flak` said "No job matches" with no hint, where `pgworker jobs list --task
+    flak` names 'flaky', and offered "Replay all · Discard all · Cancel all" for nothing (a
+    new user's trial)."""
+    app.enqueue_many([_spec("flaky", {}), _spec("other", {})], any_task=True)
+    with ConsoleServer(pg_dsn, app.settings.schema).wait_ready() as server:
+        typo = server.get("/jobs?task=flak").text
+        right = server.get("/jobs?task=flaky").text
+        nothing_close = server.get("/jobs?task=zzzzzz").text
+        bad = server.get("/jobs?state=nope")
+    assert 'id="task-hint"' in typo and ">flaky</a>" in typo and "task=flaky" in typo, typo[-3000:]
+    assert 'id="task-hint"' not in right and 'id="task-hint"' not in nothing_close
+    assert 'class="bulk-actions"' not in typo and 'class="bulk-actions"' not in nothing_close
+    assert 'class="bulk-actions"' in right  # a filter that matches keeps its bulk actions
+    assert bad.status_code == 400

@@ -28,6 +28,7 @@ EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 FAR = datetime(9999, 1, 1, tzinfo=timezone.utc)
 SORTS = ("newest", "due", "lease", "finished")
 QUEUE_NAMES_READ = 1000  # known queues a typo's hint compares with
+RECENT_NAMES_READ = 1000  # the newest jobs whose task names a typo's hint compares with
 
 
 def parse_sort(job_filter: JobFilter, sort: str | None) -> str:
@@ -61,7 +62,7 @@ def jobs_data(ctx: Any, params: Any) -> dict[str, Any]:
     limit = cfg.page_size
     out: dict[str, Any] = {"filter": job_filter, "sort": sort, "cursor": cursor, "window": None,
                            "next_cursor": None, "cap": cfg.count_cap, "form": dict(params),
-                           "queue_hint": None}
+                           "queue_hint": None, "task_hint": None}
     with ctx.app.connection() as c:
         out["estimate"] = ctx.store.console_jobs_estimate(c)
         if sort == "newest":
@@ -88,8 +89,27 @@ def jobs_data(ctx: Any, params: Any) -> dict[str, Any]:
             # the known names are the queues with jobs due, running or dead (and configured
             # ones): a queue of succeeded jobs alone is not among them, so no hint there
             out["queue_hint"] = _closest_queue(ctx.store, c, job_filter.queue)
+        if not rows and job_filter.task is not None:
+            out["task_hint"] = _closest_task(ctx.app, c, job_filter.task)
+    # a filter nothing in the table matches: its bulk actions would act on nothing (a new
+    # user's trial found them offered under "No job matches"); a window that was cut, or a
+    # later page, may still have matches elsewhere, so they stay offered there
+    out["nothing_matches"] = (not rows and not out["next_cursor"] and not cursor
+                              and not (out["window"] and out["window"]["full"]))
     out["jobs"] = rows
     return out
+
+
+def _closest_task(app: Any, c: Any, task: str) -> str | None:
+    """For a list filtered on a task that matched nothing: the closest task name of the
+    console's App and of the newest RECENT_NAMES_READ jobs (no index leads with the task:
+    a bounded read, as `pgworker jobs list --task` does), else None."""
+    _, recent = app.store.recent_names(c, limit=RECENT_NAMES_READ)
+    known = sorted({*recent, *app.tasks})
+    if task in known:
+        return None
+    close = difflib.get_close_matches(task, known, n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 def _closest_queue(store: Any, c: Any, queue: str) -> str | None:
@@ -157,7 +177,7 @@ async def jobs(request: Request) -> Response:
     except FilterError as exc:  # the form again, with what to fix
         data = {"error": str(exc), "form": dict(request.query_params), "sort": request.query_params.get("sort"),
                 "filter": JobFilter(), "jobs": [], "window": None, "next_cursor": None, "estimate": None,
-                "queue_hint": None}
+                "queue_hint": None, "task_hint": None, "nothing_matches": False}
         return console.render(ctx, "jobs.html", data, status=400)
     return console.render(ctx, "jobs.html", data)
 
