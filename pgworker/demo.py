@@ -271,15 +271,22 @@ def closing_hint(embedded: EmbeddedPostgres | None, schema: str, *, keep: bool, 
                  f"until you drop it ({drop_statement(schema)}; a demo refuses a schema that holds jobs)")
         return (f"its jobs stay in schema {schema!r} of your database {until}: "
                 f"`{command} jobs show {job} --schema {shlex.quote(schema)}` (same DSN) shows one"
-                + (f"{web}\nstop it with\n  kill {console[1]}" if console else ""))
+                + (f"{web}\nstop it with\n  kill {console[1]}" if console else _log_note(leftovers)))
     if not keep:
         return ("the embedded PostgreSQL was deleted at exit, and the jobs in that log with it; "
-                f"`{command} demo --keep` leaves it running so that they can be inspected")
+                f"`{command} demo --keep` leaves it running so that they can be inspected" + _log_note(leftovers))
     return ("the embedded PostgreSQL keeps running (--keep); inspect a job of that log with\n"
             f"  PGWORKER_DSN='{embedded.dsn}' {command} jobs show {job}{web}\n"
             f"stop {'them' if console else 'it'} and delete the database with\n"
             f"  {f'kill {console[1]}; ' if console else ''}{embedded.stop_command}"
             + "".join(f"; rm -rf {shlex.quote(p)}" for p in leftovers))
+
+
+def _log_note(leftovers: tuple[str, ...]) -> str:
+    """'; the log stays until you delete it: rm PATH' for the worker's log a demo leaves for
+    reading (a new user found it left in /tmp without a word), or ''."""
+    logs = [p for p in leftovers if p.endswith(".log") and os.path.exists(p)]
+    return f"; the log stays until you delete it: rm {' '.join(map(shlex.quote, logs))}" if logs else ""
 
 
 def start_console(dsn: str, schema: str, *, log_dir: str | None = None) -> tuple[str, int] | None:

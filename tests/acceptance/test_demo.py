@@ -37,6 +37,8 @@ def test_the_embedded_database_is_gone_and_the_closing_hint_says_so(tmp_path):
     dead_job_in_the_log(out)  # the log does name jobs to inspect...
     assert "jobs show" not in out  # ...but the demo points at no database that is gone
     assert "the embedded PostgreSQL was deleted at exit" in out and "demo --keep` leaves it running" in out
+    log = re.search(r"worker log \(.*\): (\S+)", out).group(1)
+    assert f"the log stays until you delete it: rm {log}" in out, out  # it was left in /tmp without a word
 
 
 def test_a_kept_embedded_database_answers_the_printed_commands(tmp_path):
