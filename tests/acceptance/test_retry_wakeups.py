@@ -51,6 +51,7 @@ def test_a_drain_run_waits_for_its_own_retry_due_within_the_poll_interval_only(r
     assert _state(conn, schema, later) == ("pending", 1)  # a minute away: the next run's
     assert _state(conn, schema, snoozing)[0] == "pending"  # snoozes never hold a drain run open
     assert summary["succeeded"] == 1 and summary["retried"] == 2 and summary["left"] == 0, summary
+    assert summary["snoozed"] == 1, summary  # once: the run did not stay up for the snooze
     assert summary["next_due_seconds"] is not None and summary["next_due_seconds"] <= 60, summary
 
 

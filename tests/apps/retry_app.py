@@ -24,8 +24,11 @@ def retry_later(payload, ctx):
 
 @app.task(name="snooze_forever", max_attempts=1)
 def snooze_forever(payload, ctx):
-    """Always snoozes 0.3 s (a snooze spends no attempt)."""
-    raise pgworker.Snooze(0.3)
+    """Always snoozes 3 s (a snooze spends no attempt): within the test's 5 s poll interval,
+    so a drain run that held for it would run it again; longer than the run's own retries
+    take, so that it is not due yet when the run ends (at 0.3 s it was, on a loaded machine,
+    and counted as left)."""
+    raise pgworker.Snooze(3.0)
 
 
 @app.task(name="hangs_first", max_attempts=2, timeout=0.5,

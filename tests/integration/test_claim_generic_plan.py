@@ -183,4 +183,21 @@ def test_the_generic_claim_plan_reads_a_small_queue_beside_a_big_one_and_history
         assert "Seq Scan" not in text and "Bitmap" not in text, text
         assert '"Index Name": "jobs_claim_idx"' in text and '"Index Name": "jobs_pkey"' in text
         assert plan["Plan"]["Actual Rows"] == 10
-        assert plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"] < 300, text
+        assert _blocks(plan["Plan"]) - _blocks(_function_scan(plan["Plan"], "claim_horizon")) < 300, text
+
+
+def _blocks(node: dict | None) -> int:
+    return 0 if node is None else node["Shared Hit Blocks"] + node["Shared Read Blocks"]
+
+
+def _function_scan(node: dict, name: str) -> dict | None:
+    """The plan's Function Scan of ``name``: claim_horizon's blocks are the catalog's (its
+    PL/pgSQL body compiled, relation caches refilled after another session's DDL: 154 in a
+    run beside a second test suite on the same server), not the jobs table's."""
+    if node.get("Function Name") == name:
+        return node
+    for child in node.get("Plans", ()):
+        found = _function_scan(child, name)
+        if found is not None:
+            return found
+    return None
