@@ -9,6 +9,7 @@ import shlex
 import sys
 from typing import Any
 
+from ..jobs import REPLAY_LIMIT
 from ..names import bounded_text, quantity, schema_flag
 from .output import emit
 from .settings import _make_app
@@ -67,7 +68,9 @@ def cmd_dead(args: argparse.Namespace) -> int:
             # nothing of the dead jobs it left (a trial)
             print(f"note: a replay takes at most --limit {args.limit:,} dead jobs of a queue (one transaction), "
                   f"and queue {args.queue!r} holds more: run `pgworker dead replay --queue {queue} --all"
-                  f"{schema_flag(app.settings.schema)}` again for the rest, or raise --limit", file=sys.stderr)
+                  f"{' --limit ' + str(args.limit) if args.limit != REPLAY_LIMIT else ''}"
+                  f"{' --clean' if args.clean else ''}{schema_flag(app.settings.schema)}` again for the rest, "
+                  "or raise --limit", file=sys.stderr)
         # by id, every job asked for must be replayed; --all replays what it can
         return 1 if (result.not_dead or result.held_by) and args.ids else 0
     rows = app.list_jobs(queue=args.queue, state="dead", limit=args.limit + 1)

@@ -12,6 +12,9 @@ from .dependencies import DependencyStatements
 from .keyed import KeyedScope, KeyedTransitions
 from .plan import Atomic, Plan, run
 
+#: The fewest dead jobs of a queue a replay reads a page (pages past held jobs).
+REPLAY_PAGE_MIN = 1_000
+
 
 class OperationStatements(KeyedTransitions, DependencyStatements):
     """Operator actions: cancel, replay, queue settings and their audit trail."""
@@ -98,7 +101,9 @@ class OperationStatements(KeyedTransitions, DependencyStatements):
         passed: list[Any] = []
         after = 0
         while True:
-            want = limit - len(targets) + 1  # one more than the limit: says whether more remain
+            # one more than the limit says whether more remain; at least REPLAY_PAGE_MIN, or a
+            # walk past held jobs near the limit took a round trip per 2 rows (a review)
+            want = max(limit - len(targets) + 1, REPLAY_PAGE_MIN)
             page = yield self._step("jobs_replay_queue_page", {"queue": queue, "after": after, "limit": want})
             for job_id, ordering_key, dedupe_key, held in page:
                 if job_id not in named:

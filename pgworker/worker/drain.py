@@ -128,7 +128,11 @@ def _pruned(counts: dict[str, int]) -> str | None:
 
 def report(summary: RunSummary, pushgateway_url: str | None, schema: str) -> None:
     """Print the JSON summary line; push it to the Pushgateway when one is configured."""
-    print(summary.as_json(), flush=True)
+    try:
+        print(summary.as_json(), flush=True)
+    except OSError as exc:  # a closed terminal (EIO after SIGHUP): the push and the exit code stand
+        log.warning("could not print the drain summary (%s); the exit code and the push still say how it "
+                    "ended", type(exc).__name__)
     if pushgateway_url:
         from ..metrics_push import push_drain_summary
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import queue as queue_mod
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -185,6 +186,22 @@ class Settler(Service):
         self.count = count
         self.retried = retried
         self.queue: "queue_mod.Queue[list[Settlement]]" = queue_mod.Queue()
+        # settlements handed over and not yet written (queued, or being written): a drain
+        # run is not drained while any is, since the retry it writes is not known before
+        # (the replaced claimer's first round found nothing: the job was still running)
+        self._unsettled = 0
+        self._count_lock = threading.Lock()
+
+    def put(self, items: list[Settlement]) -> None:
+        """Hand ``items`` over to be written (the supervisor's thread)."""
+        with self._count_lock:
+            self._unsettled += 1
+        self.queue.put(items)
+
+    def busy(self) -> bool:
+        """Whether a settlement handed over with :meth:`put` is not written yet."""
+        with self._count_lock:
+            return self._unsettled > 0
 
     def has_work(self) -> bool:
         return not self.queue.empty()
@@ -203,3 +220,5 @@ class Settler(Service):
             except BaseException:
                 self.queue.put(items)  # written again after the backoff, where the fence decides
                 raise
+            with self._count_lock:
+                self._unsettled = max(0, self._unsettled - 1)

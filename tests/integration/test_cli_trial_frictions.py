@@ -69,7 +69,7 @@ def test_a_queues_replay_that_reaches_its_limit_says_more_may_remain(app, pg_dsn
         said = capsys.readouterr()
         assert said.out == f"replayed 2 jobs: {', '.join(map(str, expected))}\n", said.out
         assert ("note: a replay takes at most --limit 2 dead jobs of a queue (one transaction), and queue "
-                "'default' holds more: run `pgworker dead replay --queue default --all --schema "
+                "'default' holds more: run `pgworker dead replay --queue default --all --limit 2 --schema "
                 f"{app.settings.schema}` again") in said.err, said.err
     assert main([*args, "--json"]) == 0
     last = capsys.readouterr()

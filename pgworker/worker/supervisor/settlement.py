@@ -46,7 +46,7 @@ class Settlement(SupervisorState):
             if stopping:
                 self._settle_now(items)
             else:
-                self.settler.queue.put(items)
+                self.settler.put(items)
         if self.pod_limits is not None:
             self.pod_limits.drop_claimer(h.index)  # its jobs are being settled: no longer the pod's
         self.summary.add(h.table.reset_for_replacement())
@@ -90,7 +90,7 @@ class Settlement(SupervisorState):
                  " (stopping)" if self.phase != "running" else f" for more than {WAITING_HAND_BACK_SECONDS:.0f} s",
                  extra={"action": "hand_back"})
         if self.settler is not None:
-            self.settler.queue.put(items)
+            self.settler.put(items)
         else:
             self._settle_now(items)
 

@@ -28,9 +28,16 @@ class Tick(SupervisorState):
         if self.max_duration is not None and now - self.run_started > self.max_duration:
             self.deadline_hit = True
             return "drain deadline"
-        if self.drain and self.pool.drained() and not self.retry_hold.holds(now, lambda: self.announce(-1, "retry")):
+        if self.drain and self.pool.drained() and not self._settling() \
+                and not self.retry_hold.holds(now, lambda: self.announce(-1, "retry")):
             return "drained"
         return None
+
+    def _settling(self) -> bool:
+        """Whether a gone claimer's settlement is not written yet: the retry it writes is
+        not known to the drain's hold before (a review found the run stopping "drained"
+        in between, the replaced claimer having found its job still running)."""
+        return self.settler is not None and self.settler.busy()
 
     def _supervise(self) -> int:
         clock = LeaseClock(self._terms(), lambda: self.pool.tables, self._queue_name, self.metrics)
