@@ -145,6 +145,29 @@ def check_keys(given: Mapping[str, Any], known: tuple[str, ...] = KEYS, *, what:
                       + ("; nothing was changed" if changes else ""))
 
 
+#: How many of the newest jobs a list that matched nothing reads for the names meant.
+RECENT_NAMES_JOBS = 1000
+
+
+def recent_known_names(app: Any, conn: Any) -> tuple[list[str], list[str]]:
+    """(queues, tasks) a filter's typo is compared with: the distinct names among the
+    newest RECENT_NAMES_JOBS jobs (no index leads with the task: a bounded read of the
+    primary key instead of every row), the tasks with the App's own registered ones."""
+    queues, tasks = app.store.recent_names(conn, limit=RECENT_NAMES_JOBS)
+    return queues, [*tasks, *app.tasks]
+
+
+def closest_name(given: str, known: Any) -> str | None:
+    """The name of ``known`` closest to ``given`` (a typo: ``emials`` for ``emails``;
+    difflib's ratio at least 0.6), or None: also when ``given`` is one of them (a real
+    name whose jobs the other filters excluded: nothing to guess)."""
+    names = sorted(set(known))
+    if given in names:
+        return None
+    close = difflib.get_close_matches(given, names, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def _checked(check: Any, value: str | None) -> str | None:
     if value is None:
         return None

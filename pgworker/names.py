@@ -227,6 +227,30 @@ def one_line_text(text: str, max_chars: int) -> str:
     return bounded_text(_BIDI_CONTROLS.sub("\ufffd", " ".join(text.split())), max_chars)
 
 
+# What a terminal or a page acts on rather than shows: C0 (line breaks, tab, ESC...), DEL,
+# C1 (a VT220 reads U+009B as CSI), the Unicode line and paragraph separators, lone
+# surrogates, and the bidi controls that would reorder what follows them on the
+# operator's screen (a task name whose U+202E shows "exe.txt" for "txt.exe").
+_UNSHOWN = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_UNSHOWN_KEEPING_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def visible(text: str, keep_lines: bool = False) -> str:
+    """``text`` with each control character written as a visible escape (``\\n``,
+    ``\\r``, ``\\t``, ``\\x1b``, ``\\u202e``), as the worker's log lines write an
+    error's: stored text (a task name written by raw SQL, a progress message, an error's)
+    cannot start a line of its own, move the cursor or reorder itself in what an operator
+    reads. ``keep_lines``: line feeds and tabs stay (a traceback, indented JSON, shown in
+    a ``<pre>``). Only what is shown changes, never what is stored."""
+    return (_UNSHOWN_KEEPING_LINES if keep_lines else _UNSHOWN).sub(_escape, text)
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = m.group()
+    return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
 #: The most of an operator's cancel reason that is kept (the audit event's detail).
 CANCEL_REASON_MAX_CHARS = 500
 

@@ -9,8 +9,8 @@ import sys
 from typing import Any
 
 from ..errors import AlreadyEnqueued, ConfigError
-from ..names import quantity, schema_flag
-from .output import emit, visible
+from ..names import quantity, schema_flag, visible
+from .output import emit
 from .settings import _make_app
 
 
@@ -149,29 +149,21 @@ def state_shown(row: dict[str, Any]) -> str:
     return "pending (behind its ordering key)" if row.get("blocked") else "pending"
 
 
-#: How many of the newest jobs a `jobs list` that matched nothing reads for the names meant.
-RECENT_NAMES_JOBS = 1000
-
-
 def _note_close_names(app: Any, args: argparse.Namespace) -> None:
     """After a `jobs list --task/--queue` that matched no job: name the close name on
     stderr (`--task ad`: did you mean 'add'?), when the name given is not one of them.
     The names: the live queues and those with settings (queues_live: a few index descents
-    per queue), the --app's tasks, and both among the newest RECENT_NAMES_JOBS jobs (no
-    index leads with the task: a bounded read instead of every row)."""
-    import difflib
+    per queue), the --app's tasks, and both among the newest jobs (recent_known_names)."""
+    from ..jobfilter import closest_name, recent_known_names
 
     with app.connection() as conn:
-        queues, tasks = app.store.recent_names(conn, limit=RECENT_NAMES_JOBS)
+        queues, tasks = recent_known_names(app, conn)
         if args.queue is not None:
             queues += app.store.live_queues(conn)
-    tasks += list(app.tasks)
     for flag, given, known in (("--task", args.task, tasks), ("--queue", args.queue, queues)):
-        if given is None or given in known:
-            continue  # a real name whose jobs the other filters excluded: nothing to guess
-        close = difflib.get_close_matches(given, sorted(set(known)), n=1, cutoff=0.6)
+        close = closest_name(given, known) if given is not None else None
         if close:
-            print(f"note: no job matched {flag} {given!r}; did you mean {flag} {close[0]!r}?", file=sys.stderr)
+            print(f"note: no job matched {flag} {given!r}; did you mean {flag} {close!r}?", file=sys.stderr)
 
 
 def _note_limit(args: argparse.Namespace, more: bool) -> None:

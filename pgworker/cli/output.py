@@ -5,32 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from datetime import datetime, timedelta
 from typing import Any, Sequence
 
 from ..jobs import UndecodablePayload
-
-
-# What a terminal acts on rather than shows: C0 (line breaks, tab, ESC...), DEL, C1 (a
-# VT220 reads U+009B as CSI), the Unicode line and paragraph separators, lone surrogates.
-# control characters, line and paragraph separators, lone surrogates, and the bidi
-# controls that would reorder what follows them on the operator's screen
-_UNSHOWN = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def visible(text: str) -> str:
-    """``text`` on one line, each control character written as a visible escape (``\\n``,
-    ``\\r``, ``\\t``, ``\\x1b``, ``\\u2028``), as the worker's log lines write an error's:
-    a stored free-text field (a progress message, an error's) cannot start a line of its
-    own in what an operator reads. Only what is printed changes, never what is stored."""
-    return _UNSHOWN.sub(_escape, text)
-
-
-def _escape(m: re.Match[str]) -> str:
-    c = m.group()
-    return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+from ..names import visible
 
 
 def _jsonable(v: Any) -> Any:

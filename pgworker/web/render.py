@@ -1,5 +1,6 @@
 """Rendering: the Jinja2 environment (autoescape on: every value a page shows is
-escaped, payloads, task names, error messages and tracebacks included), its filters, and
+escaped, payloads, task names, error messages and tracebacks included; before that, its
+control characters are written as visible escapes), its filters, and
 the bounded, redacted JSON a job page shows."""
 
 from __future__ import annotations
@@ -12,20 +13,40 @@ from typing import Any, Iterable
 from urllib.parse import urlencode
 
 import jinja2
+import markupsafe
 
-from ..names import CANCEL_REASON_MAX_CHARS
+from ..names import CANCEL_REASON_MAX_CHARS, visible
 
 REDACTED = "[redacted]"
 
 
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.PackageLoader("pgworker.web", "templates"), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(age=age, dt=dt, num=num, capped=capped, pretty=pretty)
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             finalize=shown)
+    env.filters.update(age=age, dt=dt, num=num, capped=capped, pretty=pretty, exact=exact)
     # |tojson of a value Python could not decode (UndecodablePayload) shows its text, not a 500
     env.policies["json.dumps_kwargs"] = {"sort_keys": True, "default": jsonable}
     env.globals.update(qs=qs, reason_max=CANCEL_REASON_MAX_CHARS)
     return env
+
+
+def shown(value: Any) -> Any:
+    """Every ``{{ value }}`` a page prints, before it is escaped: text with its control
+    characters as visible escapes (a task or queue name a raw SQL writer stored with
+    ESC, U+202E or a NUL-free C0 in it reads as ``\\x1b``/``\\u202e``, as the CLI
+    prints it), line feeds and tabs kept (a traceback, indented JSON). Markup (a filter's
+    own HTML, ``|tojson``, which escapes them already) and other values pass as they are."""
+    if isinstance(value, str) and not isinstance(value, markupsafe.Markup):
+        return visible(value, keep_lines=True)
+    return value
+
+
+def exact(value: Any) -> markupsafe.Markup:
+    """A form field's value as it is, HTML-escaped but not made visible by :func:`shown`:
+    a filter's value a form posts back (a bulk action's confirmation) must match what it
+    matched, not its escapes."""
+    return markupsafe.escape(value)
 
 
 def age(seconds: Any) -> str:

@@ -217,3 +217,8 @@ def test_a_jobs_list_filtered_on_a_misspelt_task_names_the_closest_and_offers_no
     assert 'class="bulk-actions"' not in typo and 'class="bulk-actions"' not in nothing_close
     assert 'class="bulk-actions"' in right  # a filter that matches keeps its bulk actions
     assert bad.status_code == 400
+    # a window exactly as large as the table read every job: nothing was cut off (its bulk
+    # actions were offered when the table held exactly PGWORKER_WEB_SCAN_ROWS jobs)
+    with ConsoleServer(pg_dsn, app.settings.schema, env={"PGWORKER_WEB_SCAN_ROWS": "2"}).wait_ready() as server:
+        exact = server.get("/jobs?task=zzzzzz").text
+    assert "No job matches" in exact and 'class="bulk-actions"' not in exact, exact[-3000:]

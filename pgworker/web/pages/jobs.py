@@ -12,7 +12,6 @@ list counts up to a cap ("10,000+").
 
 from __future__ import annotations
 
-import difflib
 from datetime import datetime, timezone
 from typing import Any
 
@@ -20,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ...jobfilter import KEYS, FilterError, JobFilter, check_keys
+from ...jobfilter import KEYS, FilterError, JobFilter, check_keys, closest_name, recent_known_names
 from ...names import parse_id
 
 NEWEST = 2**63 - 1
@@ -28,7 +27,6 @@ EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 FAR = datetime(9999, 1, 1, tzinfo=timezone.utc)
 SORTS = ("newest", "due", "lease", "finished")
 QUEUE_NAMES_READ = 1000  # known queues a typo's hint compares with
-RECENT_NAMES_READ = 1000  # the newest jobs whose task names a typo's hint compares with
 
 
 def parse_sort(job_filter: JobFilter, sort: str | None) -> str:
@@ -92,35 +90,25 @@ def jobs_data(ctx: Any, params: Any) -> dict[str, Any]:
         if not rows and job_filter.task is not None:
             out["task_hint"] = _closest_task(ctx.app, c, job_filter.task)
     # a filter nothing in the table matches: its bulk actions would act on nothing (a new
-    # user's trial found them offered under "No job matches"); a window that was cut, or a
-    # later page, may still have matches elsewhere, so they stay offered there
-    out["nothing_matches"] = (not rows and not out["next_cursor"] and not cursor
-                              and not (out["window"] and out["window"]["full"]))
+    # user's trial found them offered under "No job matches"); a window that was cut (it
+    # then offers the next one: next_cursor), or a later page, may still have matches
+    # elsewhere, so they stay offered there. A full window down to the first id was not cut.
+    out["nothing_matches"] = not rows and not out["next_cursor"] and not cursor
     out["jobs"] = rows
     return out
 
 
 def _closest_task(app: Any, c: Any, task: str) -> str | None:
     """For a list filtered on a task that matched nothing: the closest task name of the
-    console's App and of the newest RECENT_NAMES_READ jobs (no index leads with the task:
-    a bounded read, as `pgworker jobs list --task` does), else None."""
-    _, recent = app.store.recent_names(c, limit=RECENT_NAMES_READ)
-    known = sorted({*recent, *app.tasks})
-    if task in known:
-        return None
-    close = difflib.get_close_matches(task, known, n=1, cutoff=0.6)
-    return close[0] if close else None
+    console's App and of the newest jobs (as `pgworker jobs list --task` names it), else None."""
+    return closest_name(task, recent_known_names(app, c)[1])
 
 
 def _closest_queue(store: Any, c: Any, queue: str) -> str | None:
     """For a list that matched nothing: the known queue closest to a queue name that is not
     one (a typo, ``emials``), else None. The names come from the overview's loose index
     scans, not from the jobs' rows."""
-    known = store.console_queue_names(c, limit=QUEUE_NAMES_READ)
-    if queue in known:
-        return None
-    close = difflib.get_close_matches(queue, known, n=1, cutoff=0.6)
-    return close[0] if close else None
+    return closest_name(queue, store.console_queue_names(c, limit=QUEUE_NAMES_READ))
 
 
 def _indexed(store: Any, c: Any, sort: str, f: JobFilter, cursor: str, limit: int) -> list[dict[str, Any]]:
