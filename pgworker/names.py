@@ -231,8 +231,9 @@ def one_line_text(text: str, max_chars: int) -> str:
 # C1 (a VT220 reads U+009B as CSI), the Unicode line and paragraph separators, lone
 # surrogates, and the bidi controls that would reorder what follows them on the
 # operator's screen (a task name whose U+202E shows "exe.txt" for "txt.exe").
-_UNSHOWN = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-_UNSHOWN_KEEPING_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_UNSHOWN_BEYOND_C0 = r"\x7f-\x9f\u2028\u2029\ud800-\udfff\u200e\u200f\u202a-\u202e\u2066-\u2069"
+_UNSHOWN = re.compile(rf"[\x00-\x1f{_UNSHOWN_BEYOND_C0}]")
+_UNSHOWN_KEEPING_LINES = re.compile(rf"[\x00-\x08\x0b-\x1f{_UNSHOWN_BEYOND_C0}]")  # \t and \n stay
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
