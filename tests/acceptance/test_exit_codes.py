@@ -141,3 +141,26 @@ def test_usage_and_configuration_errors(pg_dsn, args, code):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == code, out.stderr
     assert code in documented() and "Traceback" not in out.stderr
+
+
+@pytest.mark.acceptance
+def test_a_handlers_subprocess_ignores_sigint_and_sighup_unless_it_restores_them(env, pg_dsn, conn):
+    """docs/reliability.md (Known limits): the claimers ignore SIGINT and SIGHUP, so that a
+    terminal's Ctrl-C and hangup leave the stop to the supervisor; an ignored signal stays
+    ignored across exec, so a handler's `subprocess` child ignores them too (a terminal's
+    Ctrl-C does not kill it mid-job) while SIGTERM reaches it with its default; the fix the
+    docs give, `os.posix_spawn(..., setsigdef=...)`, restores both. A no-op handler in place
+    of SIG_IGN would change the first half, and the docs with it."""
+    schema = env.settings.schema
+    job_id = env.enqueue("child_signals", None)
+    with Worker(pg_dsn, schema, "--concurrency", "1", "--drain") as w:
+        assert w.wait(60) == 0, w.logs()[-3000:]
+    assert q(conn, schema, "SELECT state::text FROM {s}.jobs WHERE id = %s", job_id) == [("succeeded",)]
+    masks = dict(q(conn, schema, "SELECT event, note FROM {s}.ledger WHERE job_id = %s", job_id))
+
+    def ignored(event: str) -> set[signal.Signals]:
+        bits = int(masks[event], 16)
+        return {s for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM) if bits >> (s - 1) & 1}
+
+    assert ignored("popen") == {signal.SIGINT, signal.SIGHUP}, masks
+    assert ignored("posix_spawn") == set(), masks

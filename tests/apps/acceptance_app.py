@@ -436,3 +436,26 @@ async def async_exit(payload, ctx):
     """Awaits once, then raises SystemExit (or KeyboardInterrupt) from the handler."""
     await asyncio.sleep(0.01)
     raise {"SystemExit": SystemExit, "KeyboardInterrupt": KeyboardInterrupt}[payload](0)
+
+
+@app.task(name="child_signals", max_attempts=1)
+def child_signals(payload, ctx):
+    """Starts `cat /proc/self/status` as `subprocess` does and as `os.posix_spawn` with
+    `setsigdef` does, and records each child's ignored-signal mask (SigIgn, hex)."""
+    import shutil
+    import subprocess
+
+    def sig_ign(status: str) -> str:
+        return next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:"))
+
+    ledger(ctx, "popen", note=sig_ign(subprocess.run(["cat", "/proc/self/status"], capture_output=True,
+                                                     text=True, check=True).stdout))
+    read, write = os.pipe()
+    pid = os.posix_spawn(shutil.which("cat"), ["cat", "/proc/self/status"], os.environ,
+                         file_actions=[(os.POSIX_SPAWN_DUP2, write, 1)],
+                         setsigdef=(signal.SIGINT, signal.SIGHUP))
+    os.close(write)
+    with os.fdopen(read) as out:
+        status = out.read()
+    os.waitpid(pid, 0)
+    ledger(ctx, "posix_spawn", note=sig_ign(status))

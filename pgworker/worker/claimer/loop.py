@@ -115,6 +115,8 @@ class Claimer(Planner, Runner):
         if threading.current_thread() is threading.main_thread():  # a claimer run in a thread (tests) has none
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the supervisor decides
             signal.signal(signal.SIGHUP, signal.SIG_IGN)  # so does a terminal's hangup
+            # SIG_IGN, not a no-op handler: a handler's subprocesses inherit it across exec, so a
+            # terminal's Ctrl-C does not kill them mid-job either (docs/reliability.md, Known limits)
             signal.signal(signal.SIGTERM, self._on_sigterm)
         self.metrics = pod_metrics(self.app, self.queues, self.settings.metrics_task_label)
         self.executor.effects.metrics = self.metrics
