@@ -151,7 +151,9 @@ def main(args: argparse.Namespace) -> int:
 
         env = dict(os.environ, PGWORKER_DSN=dsn, PGWORKER_SCHEMA=schema, PGWORKER_DEMO_DIR=out_dir,
                    PGWORKER_DEMO_URL=endpoint.url, PGWORKER_LOG_LEVEL=os.environ.get("PGWORKER_LOG_LEVEL", "WARNING"))
-        cmd = [sys.executable, "-m", "pgworker.cli", "run", "--app", "pgworker.demo_app:app",
+        # -P: not the current directory first on sys.path (a folder holding a clone named
+        # pgworker would be imported in place of the package: see worker/forkserver.py)
+        cmd = [sys.executable, "-P", "-m", "pgworker.cli", "run", "--app", "pgworker.demo_app:app",
                "--concurrency", str(args.concurrency), "--metrics-port", "0", "--poll-interval", "0.5",
                "--shutdown-grace", "10"]
         print(f"starting `pgworker run` with {quantity(args.concurrency, 'claimer')}...", flush=True)
@@ -308,7 +310,7 @@ def start_console(dsn: str, schema: str, *, log_dir: str | None = None) -> tuple
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
     fd, log_path = tempfile.mkstemp(prefix="pgworker-demo-web-", suffix=".log", dir=log_dir)
-    proc = subprocess.Popen([sys.executable, "-m", "pgworker.cli", "web", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "pgworker.cli", "web", "--port", str(port)],  # -P: as run's
                             env=dict(os.environ, PGWORKER_DSN=dsn, PGWORKER_SCHEMA=schema), stdin=subprocess.DEVNULL,
                             stdout=fd, stderr=fd, start_new_session=True)
     os.close(fd)

@@ -27,6 +27,7 @@ and the fences keep a late outcome from landing.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 from typing import Any
@@ -58,7 +59,29 @@ def claimer_context() -> Any:
     elif _server_env != dict(os.environ):
         server._stop()  # multiprocessing's own way to stop the server (its tests use it)
         _server_env = dict(os.environ)
+        _start_server()
     return ctx
+
+
+def _start_server() -> None:
+    """Start the fork server from the root directory, and come back.
+
+    The server is ``python -c ...``, whose sys.path starts with the current directory,
+    and it imports :data:`PRELOAD` before anything of ours runs (it ignores the
+    supervisor's sys.path, and an ImportError). Run from the folder that *contains* a
+    clone (itself named ``pgworker``) with an editable install, that folder was imported
+    as an empty namespace package ``pgworker`` (setuptools' editable finder comes after
+    the path), the preload failed silently, and every claimer then failed with
+    ``module 'pgworker' has no attribute 'App'`` (a new user's trial). Started from
+    ``/``, the server finds the installed package; each claimer still runs in the
+    supervisor's directory with its sys.path (multiprocessing sends both with the
+    process). Called where no other thread runs yet: the directory is the process's. A
+    server killed later is restarted by multiprocessing itself, from the supervisor's
+    directory (that one case keeps the old trap)."""
+    from multiprocessing import forkserver
+
+    with contextlib.chdir("/"):
+        forkserver.ensure_running()
 
 
 def start_early() -> None:
@@ -66,7 +89,5 @@ def start_early() -> None:
     imports overlap the supervisor's (call it after PROMETHEUS_MULTIPROC_DIR is set: the
     server's prometheus_client reads it at import, and the server keeps this
     environment for every claimer it forks)."""
-    from multiprocessing import forkserver
-
     claimer_context()
-    forkserver.ensure_running()
+    _start_server()

@@ -113,3 +113,29 @@ def test_the_command_line_loads_no_driver_before_run_starts_its_fork_server():
             "    raise SystemExit('pgworker.Missing resolved')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=HERE)
     assert done.returncode == 0, done.stderr
+
+
+def _console_script() -> list[str]:
+    """The `pgworker` console script of this environment, as a shell runs it (its sys.path
+    starts with the script's folder, not the current directory)."""
+    return [sys.executable, os.path.join(os.path.dirname(sys.executable), "pgworker")]
+
+
+def test_a_run_from_the_folder_holding_a_clone_named_pgworker_starts_its_claimers(app, pg_dsn, tmp_path):
+    """A new user's trial: `pgworker run` from the folder that contains the clone (named
+    pgworker) of an editable install: the fork server (`python -c`, the current directory
+    first on its path) imported that folder as an empty namespace package, its preload
+    failed without a word, and every claimer died with "module 'pgworker' has no attribute
+    'App'". The server now starts from `/`; the claimers still run in the run's folder.
+    (With the editable install CI and the README make, an empty `pgworker` folder is enough
+    to shadow the package: `python -c 'import pgworker'` there finds no App.)"""
+    (tmp_path / "pgworker").mkdir()
+    app.enqueue_many([("noop", i) for i in range(5)])
+    env = dict(os.environ, PGWORKER_DSN=pg_dsn, PGWORKER_SCHEMA=app.settings.schema, PROBE_DIR=str(tmp_path))
+    out = subprocess.run([*_console_script(), "run", "--app", PROBE_APP, "--drain", "--concurrency", "2",
+                          "--metrics-port", "0"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])["succeeded"] == 5
+    claimers = [p for p in _probes(tmp_path) if p["process"].startswith("pgworker-claimer")]
+    assert len(claimers) == 2 and all("pgworker.worker.claimer.loop" in p["modules"] for p in claimers)
+    assert {p["cwd"] for p in claimers} == {str(tmp_path)}  # the run's folder, not the server's /

@@ -136,3 +136,18 @@ def test_the_workload_has_as_many_jobs_as_asked_and_too_few_is_refused(capsys):
     assert FIXED_JOBS == GRAPH_TILES + 2 == 6
     assert cli.main(["demo", "--jobs", "5"]) == 2  # before any database is started
     assert "the demo makes at least 6 jobs" in capsys.readouterr().err
+
+
+def test_the_demo_runs_from_the_folder_holding_a_clone_named_pgworker(tmp_path, pg_dsn, schema):
+    """A new user's trial: `pgworker demo` from the folder that contains the clone of an
+    editable install failed ("the worker exited early with code 1"): its worker and console
+    were `python -m pgworker.cli`, whose path starts with the current directory, where the
+    clone's folder shadowed the package. They run with -P now."""
+    (tmp_path / "pgworker").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGWORKER_")}
+    proc = subprocess.run([sys.executable, os.path.join(os.path.dirname(sys.executable), "pgworker"), "demo",
+                           "--jobs", "20", "--concurrency", "1", "--schema", schema],
+                          cwd=tmp_path, env=dict(env, TMPDIR=str(tmp_path), PGWORKER_DSN=pg_dsn),
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "; 20 jobs in all" in proc.stdout

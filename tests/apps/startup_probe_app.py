@@ -9,7 +9,7 @@ import multiprocessing
 import os
 import sys
 
-_seen = {"argv": list(sys.orig_argv), "process": multiprocessing.current_process().name,
+_seen = {"argv": list(sys.orig_argv), "process": multiprocessing.current_process().name, "cwd": os.getcwd(),
          "modules": sorted(sys.modules)}
 if os.environ.get("PROBE_DIR"):
     with open(os.path.join(os.environ["PROBE_DIR"], f"{os.getpid()}.json"), "w") as f:
