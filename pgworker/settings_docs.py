@@ -161,6 +161,8 @@ def _value(action: argparse.Action) -> str:
 
 
 def _flag_default(action: argparse.Action, command: str) -> str:
+    if getattr(action, "doc_default", None):  # a default argparse cannot state (the demo's schema)
+        return str(action.doc_default)  # type: ignore[attr-defined]
     settings = {f.name: f for f in dataclasses.fields(Settings)}
     setting_flag = action.dest in cli.SETTING_FLAGS and (command == "run" or action.dest in ("dsn", "schema"))
     if setting_flag:
@@ -215,16 +217,18 @@ def _commands_section() -> list[str]:
              "table.", "",
              "### Options of every command", ""]
     lines += _options_table(common, "")
-    # a command that prints no result has no --json (`web` serves pages): named, so that
-    # "every command" stays true; a group of subcommands (`sql`) takes none of them itself,
-    # so only a command with the others is named
+    # a command that prints no result has no --json (`web` serves pages), one that loads no
+    # app of yours no --app (`demo`): named, so that "every command" stays true; a group of
+    # subcommands (`sql`) takes none of them itself, so only a command with the others is named
     dests = {path: {a.dest for a in p._actions} for path, p in commands.items()}
-    lacking = [path for path, d in dests.items() if d & set(COMMON) and "json" not in d]
-    if lacking:
-        lines += ["", "`--json` is not on " + ", ".join(f"`pgworker {path}`" for path in lacking)
-                  + ", which prints no result."]
+    for dest, why in (("app", "load{s} no app of yours"), ("json", "print{s} no result")):
+        lacking = [f"`pgworker {path}`" for path, d in dests.items() if d & set(COMMON) and dest not in d]
+        if lacking:
+            listed = lacking[0] if len(lacking) == 1 else ", ".join(lacking[:-1]) + " or " + lacking[-1]
+            lines += ["", f"`--{dest}` is not on {listed}, which {why.format(s='s' if len(lacking) == 1 else '')}."]
+    common_help = {a.dest: a.help for a in common}
     for path, p in commands.items():
-        own = [a for a in p._actions if a.dest not in COMMON and not isinstance(
+        own = [a for a in p._actions if common_help.get(a.dest, a) != a.help and not isinstance(
             a, (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction))]
         text = helps.get(path, "").rstrip(".")
         lines += ["", f"### `pgworker {path}`", "", text[:1].upper() + text[1:] + "."]

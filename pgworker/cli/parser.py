@@ -309,7 +309,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.commands = sub.choices  # type: ignore[attr-defined]  # name -> parser, for usage errors of one command
     p = sub.add_parser("demo", help="run a realistic workload end to end (embedded PostgreSQL without --dsn)")
-    _common(p)
+    # not _common's: the demo loads no --app and prints no JSON (a trial: both were accepted
+    # and ignored), and its schema is its own, dropped and refilled on every run
+    g = p.add_argument_group("connection")
+    g.add_argument("--dsn", help="PostgreSQL DSN (env PGWORKER_DSN); without one, an embedded PostgreSQL is "
+                                 "started and deleted at exit").doc_default = "`PGWORKER_DSN`, else embedded"
+    g.add_argument("--schema", help="the schema the demo fills (default pgworker_demo on your database, never "
+                                    "PGWORKER_SCHEMA's; pgworker in the embedded one); it refuses one that "
+                                    "holds jobs already").doc_default = "pgworker_demo (embedded: pgworker)"
     p.add_argument("--jobs", type=int, default=400, metavar="N",
                    help="jobs in all, at least 6: a graph of 5 and an invoice, the rest a mixed workload "
                         "(duplicate enqueues, refused by their dedupe key, are not jobs)")

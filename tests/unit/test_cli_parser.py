@@ -326,3 +326,17 @@ def test_web_json_names_the_api_not_a_near_spelling(capsys):
     with pytest.raises(SystemExit):  # a typo of another option keeps its closest spelling
         cli.main(["web", "--prot", "8080"])
     assert "did you mean --port?" in capsys.readouterr().err
+
+
+def test_the_demo_takes_only_flags_it_uses_and_its_help_names_its_schema():
+    """A new user's trial: `pgworker demo --help` said --schema defaults to pgworker (with a
+    DSN the demo fills pgworker_demo) and listed --app and --json, which it ignored."""
+    from pgworker.demo import DEMO_SCHEMA
+
+    demo = _subparsers(build_parser())["demo"]
+    flags = {f for a in demo._actions for f in a.option_strings}
+    assert "--app" not in flags and "--json" not in flags
+    schema_help = next(a.help for a in demo._actions if "--schema" in a.option_strings)
+    assert f"default {DEMO_SCHEMA} " in schema_help
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["demo", "--app", "x:app"])
