@@ -61,7 +61,13 @@ def _bool(v: str) -> bool:
 
 
 def _queues(v: str) -> tuple[str, ...]:
-    return tuple(q.strip() for q in v.split(",") if q.strip())
+    """'emails, reports' -> ('emails', 'reports'); '' (or blanks) -> (): not set. Raises
+    ValueError for separators without a name (',': a trial's run fell back to every queue)."""
+    names = tuple(q.strip() for q in v.split(",") if q.strip())
+    if not names and v.strip():
+        raise ValueError(f"{v!r} names no queue: give names separated by commas, e.g. emails,reports "
+                         "(or nothing, for the app's queues)")
+    return names
 
 
 def _queue_counts(v: str) -> tuple[tuple[str, int], ...]:

@@ -22,7 +22,10 @@ def _settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
         if getattr(args, dest, False):
             o[name] = value
     if o.get("queues") is not None:
-        o["queues"] = _queues(o["queues"])
+        try:
+            o["queues"] = _queues(o["queues"])
+        except ValueError as exc:
+            raise ConfigError(f"--queues {exc}") from None
     if o.get("queue_concurrency"):
         try:
             o["queue_concurrency"] = _queue_counts(o["queue_concurrency"])

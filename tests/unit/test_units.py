@@ -205,6 +205,21 @@ def test_settings_validate_and_read_the_environment():
     assert "hunter2" not in str(Settings(dsn="postgresql://u:hunter2@h/d").describe())
 
 
+def test_a_queue_list_of_separators_alone_is_refused_and_a_blank_one_is_not_set():
+    """A break-it trial: `--queues ,` ran every queue of the app, as if not given."""
+    import argparse
+
+    from pgworker.cli.settings import _settings_overrides
+
+    with pytest.raises(ConfigError, match=r"PGWORKER_QUEUES=', ,' is invalid: .*names no queue.*emails,reports"):
+        Settings.from_env(environ={"PGWORKER_QUEUES": ", ,"})
+    with pytest.raises(ConfigError, match=r"--queues ',' names no queue"):
+        _settings_overrides(argparse.Namespace(queues=","))
+    assert Settings.from_env(environ={"PGWORKER_QUEUES": " "}).queues == ()
+    assert "queues" not in _settings_overrides(argparse.Namespace(queues=""))
+    assert _settings_overrides(argparse.Namespace(queues="a,,b"))["queues"] == ("a", "b")
+
+
 @pytest.mark.parametrize("variable,value", [
     ("PGWORKER_LEASE_SECONDS", "nan"), ("PGWORKER_LEASE_SECONDS", "inf"), ("PGWORKER_RENEW_INTERVAL_SECONDS", "nan"),
     ("PGWORKER_SHUTDOWN_GRACE_SECONDS", "nan"), ("PGWORKER_STATEMENT_TIMEOUT_SECONDS", "1e308"),
