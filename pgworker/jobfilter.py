@@ -26,6 +26,7 @@ STATES = tuple(s.value for s in JobState)
 #: The largest payload filter accepted (characters of its JSON).
 PAYLOAD_FILTER_MAX_CHARS = 4096
 _AGO = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$")
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
@@ -75,6 +76,29 @@ class JobFilter:
             created_after=_when("created_after", text("created_after"), now),
             created_before=_when("created_before", text("created_before"), now),
             payload=_payload(params.get("payload")), graph=_graph(text("graph")))
+
+    @classmethod
+    def parse_object(cls, value: Any, *, now: datetime | None = None) -> "JobFilter":
+        """From a JSON object (a bulk operation's ``filter`` sent to the API): each key of
+        :data:`KEYS` at most once, with the type :data:`JSON_TYPES` gives it, none empty
+        (null or blank: it would select every job the other keys match); then as
+        :meth:`parse`. ``{}`` is every job. Raises :class:`FilterError` naming the key and
+        the fix: a list or a boolean was once read as its Python text ("['a', 'b']")."""
+        if not isinstance(value, Mapping):
+            raise FilterError('filter must be an object such as {"state": "dead", "task": "send_email"} '
+                              "({} for every job); nothing was started")
+        check_keys(value)  # a misspelt key, dropped, would widen the operation to every job the rest matches
+        empty = sorted(k for k, v in value.items() if v is None or (isinstance(v, str) and not v.strip()))
+        if empty:
+            raise FilterError(f"filter key {', '.join(map(repr, empty))} is empty (null or blank), which would "
+                              "select every job the other keys match: give it a value or leave it out; nothing "
+                              "was started")
+        for key, v in value.items():
+            types, shown = JSON_TYPES[key]
+            if isinstance(v, bool) or not isinstance(v, types):
+                raise FilterError(f"filter key {key!r} takes {shown}, got {_json_kind(v)} "
+                                  f"{json.dumps(v, default=str)[:100]}; nothing was started")
+        return cls.parse(value, now=now)
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> "JobFilter":
@@ -145,6 +169,20 @@ def check_keys(given: Mapping[str, Any], known: tuple[str, ...] = KEYS, *, what:
                       + ("; nothing was changed" if changes else ""))
 
 
+#: The JSON type each key of a filter object takes (:meth:`JobFilter.parse_object`), in words.
+JSON_TYPES: dict[str, tuple[Any, str]] = {
+    **{k: (str, "a string") for k in KEYS if k not in ("payload", "graph")},
+    "payload": ((dict, str), 'an object the payload contains ({"user_id": 42}) or "key=value"'),
+    "graph": ((int, str), "a graph id, an integer (56)"),
+}
+
+
+def _json_kind(value: Any) -> str:
+    return ("a boolean" if isinstance(value, bool) else "a list" if isinstance(value, list) else
+            "an object" if isinstance(value, dict) else "a number" if isinstance(value, (int, float)) else
+            "a string" if isinstance(value, str) else type(value).__name__)
+
+
 #: How many of the newest jobs a list that matched nothing reads for the names meant.
 RECENT_NAMES_JOBS = 1000
 
@@ -191,44 +229,83 @@ def _when(name: str, value: str | None, now: datetime) -> datetime | None:
     if value is None:
         return None
     m = _AGO.match(value)
-    if m:
-        return now - timedelta(seconds=float(m.group(1)) * _UNIT_SECONDS[m.group(2)])
     try:
+        if m:
+            return now - timedelta(seconds=float(m.group(1)) * _UNIT_SECONDS[m.group(2)])
         moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        # in UTC now: to_json writes it so, and an offset at the ends of the range leaves it
+        return moment.astimezone(timezone.utc) if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
     except ValueError:
         raise FilterError(f"{name.replace('_', ' ')} {value!r} is neither a time (2026-12-01T09:30, UTC unless "
                           "an offset is given) nor an age (15m, 2h, 7d: that long ago)") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+    except OverflowError:  # an age beyond year 1 (99999999999h), a time an offset moves out of years 1-9999
+        raise FilterError(f"{name.replace('_', ' ')} {value[:40]!r} is out of range: a time is in years 1 to 9999 "
+                          "(2026-12-01T09:30), an age reaches back no further than year 1 (15m, 2h, 7d, "
+                          "52w)") from None
 
 
 def _payload(value: Any) -> dict[str, Any] | None:
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     if isinstance(value, dict):
-        return value
+        return _storable(value)
     text = str(value).strip()
     if len(text) > PAYLOAD_FILTER_MAX_CHARS:
         raise FilterError(f"the payload filter is {len(text):,} characters long; the limit is "
                           f"{PAYLOAD_FILTER_MAX_CHARS:,}: filter on fewer fields")
     if text.startswith("{"):
         try:
-            parsed = json.loads(text)
+            parsed = json.loads(text, parse_constant=_no_constant)
         except (json.JSONDecodeError, RecursionError) as exc:
             raise FilterError(f"the payload filter is not valid JSON ({exc}); "
                               'write an object such as {"user_id": 42}, or user_id=42') from None
         if not isinstance(parsed, dict):
             raise FilterError('the payload filter must be a JSON object, such as {"user_id": 42}')
-        return parsed
+        return _storable(parsed)
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise FilterError(f"the payload filter {text!r} is neither a JSON object nor key=value; "
                           'write {"user_id": 42} or user_id=42 (order.id=7 looks inside "order")')
     try:
-        leaf: Any = json.loads(raw)
+        leaf: Any = json.loads(raw, parse_constant=_no_constant)
     except (json.JSONDecodeError, RecursionError):
-        leaf = raw.strip()
+        leaf = raw.strip()  # a=NaN: the text "NaN"
     for part in reversed(key.strip().split(".")):
         if not part:
             raise FilterError(f"the payload filter's key {key!r} has an empty part; write order.id=7")
         leaf = {part: leaf}
-    return leaf
+    return _storable(leaf)
+
+
+def _no_constant(name: str) -> Any:
+    """json.loads' reading of NaN, Infinity, -Infinity: JSON has none (nor has jsonb)."""
+    raise json.JSONDecodeError(f"{name} is not JSON (write a number, or the text \"{name}\")", name, 0)
+
+
+def _storable(payload: dict[str, Any]) -> dict[str, Any]:
+    """``payload`` if PostgreSQL's jsonb can hold it, else :class:`FilterError` naming
+    what to change: a non-finite number (NaN, Infinity, 1e400), a NUL character or a
+    lone surrogate in a key or a string (PostgreSQL refused them, and the console
+    reported its refusal as the server unavailable, 503)."""
+    try:
+        text = json.dumps(payload, allow_nan=False, separators=(",", ":"))
+    except ValueError:
+        raise FilterError("the payload filter holds NaN or an infinite number, which JSON and PostgreSQL do not "
+                          'have: filter on a finite number, or on the text ("NaN")') from None
+    except RecursionError:
+        raise FilterError("the payload filter is nested too deeply to read: filter on fewer levels") from None
+    if len(text) > PAYLOAD_FILTER_MAX_CHARS:
+        raise FilterError(f"the payload filter is {len(text):,} characters long; the limit is "
+                          f"{PAYLOAD_FILTER_MAX_CHARS:,}: filter on fewer fields")
+    stack: list[Any] = [payload]
+    while stack:
+        item = stack.pop()
+        texts = [*item, *item.values()] if isinstance(item, dict) else item if isinstance(item, list) else [item]
+        for t in texts:
+            if isinstance(t, (dict, list)):
+                stack.append(t)
+            elif isinstance(t, str) and _UNSTORABLE.search(t):
+                raise FilterError(f"the payload filter holds {json.dumps(t)[:60]}: a NUL character (\\u0000) or "
+                                  "a lone surrogate, which PostgreSQL's jsonb cannot hold (so no payload has it): "
+                                  "remove it")
+    return payload

@@ -158,16 +158,10 @@ async def create_operation(request: Request) -> Response:
     if kind not in bulk.KINDS:
         raise ConfigError(f"kind must be one of {', '.join(bulk.KINDS)}")
     ctx.require(kind)
-    raw = body.get("filter") or {}
-    if not isinstance(raw, dict):
-        raise ConfigError('filter must be an object such as {"state": "dead", "task": "send_email"}')
-    check_keys(raw)  # a misspelt key, dropped, would widen the operation to every job the rest matches
-    # so would a key given empty (a break-it trial: {"graph": "   "} replayed every dead job)
-    empty = sorted(k for k, v in raw.items() if v is None or (isinstance(v, str) and not v.strip()))
-    if empty:
-        raise ConfigError(f"filter key {', '.join(map(repr, empty))} is empty (null or blank), which would select "
-                          "every job the other keys match: give it a value or leave it out; nothing was started")
-    job_filter = JobFilter.parse({k: (v if k == "payload" or v is None else str(v)) for k, v in raw.items()})
+    if body.get("filter") is None:  # a break-it trial: {"kind": "cancel"} cancelled every job, unasked
+        raise ConfigError(bulk_page.no_filter(kind, '"filter": {}'))
+    # each key known, of its type, none empty: a misspelt, null or list-valued key would widen or mislead it
+    job_filter = JobFilter.parse_object(body["filter"])
     op = await ctx.db(bulk.create, ctx.app, kind, job_filter, actor=ctx.actor, reason=body.get("reason"))
     if ctx.console.applier is not None:
         ctx.console.applier.wake.set()

@@ -198,7 +198,7 @@ def test_a_bulk_cancels_reason_sent_to_the_api_is_kept_and_a_long_one_refused(co
     for bad, said in ((dict(body, reason="x" * 501), "the reason is 501 characters long, the limit is 500"),
                       (dict(body, reason=["x"]), "reason must be a string"),
                       (dict(body, reasn="x"), "did you mean 'reason'?"),
-                      ({"kind": "replay", "reason": "x"}, "a bulk replay keeps no reason")):
+                      ({"kind": "replay", "filter": {}, "reason": "x"}, "a bulk replay keeps no reason")):
         r = console.post("/api/bulk", headers=AUTH, json=bad)
         assert r.status_code == 400 and said in r.json()["error"], r.text
         assert "nothing was changed" in r.json()["error"], r.text

@@ -15,34 +15,68 @@ from starlette.routing import Route
 
 from ... import bulk
 from ...errors import ConfigError
-from ...jobfilter import JobFilter
+from ...jobfilter import KEYS, JobFilter, check_keys
 from ..live import fingerprint, poll_stream
 from .jobs import NEWEST
 
 #: The confirmation's count of a dead group stops here (the dead set is indexed).
 DEAD_COUNT_CAP = 1_000_000
+#: The fields of the confirmation's form beside the filter's (``every``: the filter is empty on purpose).
+FORM_KEYS = ("csrf_token", "kind", "expected", "reason", "every")
 ACTION_OF = {"replay": "replay", "cancel": "cancel", "discard": "discard"}
+
+
+def no_filter(kind: str, every: str) -> str:
+    """The refusal of a bulk operation asked with no filter at all (the API's ``filter``
+    missing or null, a form without its fields): it would act on every job, unconfirmed.
+    ``every`` says how to ask for every job on purpose."""
+    states = " and ".join(bulk.APPLIES_TO.get(kind, ("matching",)))
+    return (f"a bulk {kind} needs a filter: name what it acts on (a queue, task, error_code, graph, ...: "
+            f'{{"task": "send_email"}}), or give {every} to act on every {states} job; nothing was started')
+
+
+def acted_on(kind: str, job_filter: JobFilter) -> list[JobFilter]:
+    """The filters, one per state, whose jobs an operation of ``kind`` with ``job_filter``
+    (:func:`pgworker.bulk.checked_filter`'s) changes: the states of
+    :data:`pgworker.bulk.APPLIES_TO`, the rule the applier keeps, narrowed to the filter's
+    own. A count of ``job_filter`` alone took every state (a cancel of a queue counted its
+    succeeded and dead jobs)."""
+    states = (job_filter.state,) if job_filter.state is not None else bulk.APPLIES_TO[kind]
+    return [job_filter.replace(state=s) for s in states]
+
+
+def count_acted_on(ctx: Any, c: Any, kind: str, job_filter: JobFilter) -> dict[str, Any]:
+    """How many jobs the operation would change now (the confirmation's count and the
+    operation's ``expected``): exact from the dead set's index for a dead group, else
+    what the window of the newest ``scan_rows`` jobs holds of each state it takes."""
+    cfg = ctx.console.config
+    filters = acted_on(kind, job_filter)
+    if [f.state for f in filters] == ["dead"] and job_filter.replace(
+            state=None, queue=None, task=None, error_code=None).empty:
+        count = ctx.store.console_dead_count(c, queue=job_filter.queue, task=job_filter.task,
+                                             error_code=job_filter.error_code, cap=DEAD_COUNT_CAP)
+        return {"jobs": count, "exact": count < DEAD_COUNT_CAP, "cap": DEAD_COUNT_CAP, "window": None}
+    jobs, exact, window = 0, True, 0
+    for f in filters:
+        _, scanned, rows = ctx.store.console_jobs_window(c, job_filter=f.to_json(), before=NEWEST,
+                                                         scan=cfg.scan_rows, limit=cfg.count_cap)
+        jobs, window = jobs + len(rows), max(window, scanned)
+        exact = exact and scanned < cfg.scan_rows and len(rows) < cfg.count_cap
+    return {"jobs": jobs, "exact": exact, "cap": cfg.count_cap, "window": window,
+            "states": [f.state for f in filters]}
 
 
 def confirm_data(ctx: Any, params: Any) -> dict[str, Any]:
     kind = params.get("kind") or ""
-    job_filter = bulk.checked_filter(kind, JobFilter.parse(params))
-    cfg = ctx.console.config
+    check_keys(params, (*KEYS, "kind"), what="query", changes=False)  # a misspelt key widened the operation
+    given = JobFilter.parse(params)
+    job_filter = bulk.checked_filter(kind, given)
     with ctx.app.connection() as c:
-        dead_group = job_filter.state == "dead" and job_filter.replace(
-            state=None, queue=None, task=None, error_code=None).empty
-        if dead_group:
-            count = ctx.store.console_dead_count(c, queue=job_filter.queue, task=job_filter.task,
-                                                 error_code=job_filter.error_code, cap=DEAD_COUNT_CAP)
-            counted = {"jobs": count, "exact": count < DEAD_COUNT_CAP, "cap": DEAD_COUNT_CAP, "window": None}
-        else:
-            _, scanned, rows = ctx.store.console_jobs_window(c, job_filter=job_filter.to_json(), before=NEWEST,
-                                                             scan=cfg.scan_rows, limit=cfg.count_cap)
-            counted = {"jobs": len(rows), "exact": scanned < cfg.scan_rows and len(rows) < cfg.count_cap,
-                       "cap": cfg.count_cap, "window": scanned}
+        counted = count_acted_on(ctx, c, kind, job_filter)
         tail = ctx.store.console_job_tail(c)
+    # "every": asked with no filter at all, this page is its confirmation (the form says so)
     return {"kind": kind, "filter": job_filter, "counted": counted, "tail": tail,
-            "takes_reason": kind in bulk.REASON_KINDS}
+            "takes_reason": kind in bulk.REASON_KINDS, "every": given.empty}
 
 
 async def confirm(request: Request) -> Response:
@@ -64,7 +98,11 @@ async def create(request: Request) -> Response:
     if kind not in ACTION_OF:
         raise ConfigError(f"bulk operation {kind!r} is not one of {', '.join(bulk.KINDS)}")
     ctx.require(ACTION_OF[kind])
+    check_keys(form, (*KEYS, *FORM_KEYS))  # a misspelt field, dropped, would widen the operation
     job_filter = JobFilter.parse(form)
+    if job_filter.empty and form.get("every") != "1":  # no filter field: every job, unconfirmed
+        raise ConfigError(no_filter(kind, f"every=1 (the confirmation, {ctx.root}/bulk/new?kind={kind}, "
+                                          "sends it)"))
     expected = str(form.get("expected") or "")
     # the confirmation's optional reason field (cancel, discard): a long one is refused by
     # bulk.create (a 400 page, nothing recorded), never cut without a word
