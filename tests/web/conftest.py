@@ -12,6 +12,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 import browser as browser_mod  # noqa: E402
+from console_server import ADMIN_TOKENS, ConsoleServer  # noqa: E402
 
 DOC_SHOTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "web")
 
@@ -26,6 +27,15 @@ def browser():
     driver = browser_mod.start()
     yield driver
     driver.quit()
+
+
+@pytest.fixture
+def console(app, pg_dsn):
+    """A real `pgworker web` on the test's schema with one admin bearer token
+    (console_server.ADMIN_AUTH); a test file needing other credentials or limits defines
+    its own ``console``."""
+    with ConsoleServer(pg_dsn, app.settings.schema, env={"PGWORKER_WEB_TOKENS": ADMIN_TOKENS}) as server:
+        yield server
 
 
 @pytest.fixture

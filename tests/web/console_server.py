@@ -15,6 +15,9 @@ import requests
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WEB_APP = os.path.join(os.path.dirname(HERE), "apps", "web_app.py") + ":app"
+#: The admin token of the shared ``console`` fixture (conftest.py), and its header.
+ADMIN_TOKENS = "ops:admin:admin-token-0123456789"
+ADMIN_AUTH = {"Authorization": "Bearer admin-token-0123456789"}
 
 
 def free_port() -> int:

@@ -11,20 +11,14 @@ and in each changed job's audit entry."""
 from __future__ import annotations
 
 import pytest
-from console_server import ConsoleServer
+from console_server import ADMIN_AUTH, ConsoleServer
 from pg import wait_until
 from worker import q
 
 pytestmark = pytest.mark.integration
 
-AUTH = {"Authorization": "Bearer admin-token-0123456789"}
+AUTH = ADMIN_AUTH
 
-
-@pytest.fixture
-def console(app, pg_dsn):
-    with ConsoleServer(pg_dsn, app.settings.schema,
-                       env={"PGWORKER_WEB_TOKENS": "ops:admin:admin-token-0123456789"}) as server:
-        yield server
 
 
 def _dead(app, conn):

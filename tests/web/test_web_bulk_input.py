@@ -8,20 +8,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from console_server import ConsoleServer
+from console_server import ADMIN_AUTH
 from worker import q
 
 pytestmark = pytest.mark.integration
 
-AUTH = {"Authorization": "Bearer admin-token-0123456789"}
+AUTH = ADMIN_AUTH
 JSON = {**AUTH, "Content-Type": "application/json"}
 
-
-@pytest.fixture
-def console(app, pg_dsn):
-    with ConsoleServer(pg_dsn, app.settings.schema,
-                       env={"PGWORKER_WEB_TOKENS": "ops:admin:admin-token-0123456789"}) as server:
-        yield server
 
 
 def _ops(app, conn):
