@@ -27,7 +27,6 @@ and the fences keep a late outcome from landing.
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
 from typing import Any
@@ -63,8 +62,14 @@ def claimer_context() -> Any:
     return ctx
 
 
+#: Set beside PYTHONSAFEPATH for the server's start only: the preload (.claimer.preload)
+#: then removes both from the server's environment, so that claimers and what their
+#: handlers start get the supervisor's environment, not -P.
+SAFE_PATH_MARK = "PGWORKER_FORKSERVER_SAFE_PATH"
+
+
 def _start_server() -> None:
-    """Start the fork server from the root directory, and come back.
+    """Start the fork server as ``python -P``: without the current directory on its path.
 
     The server is ``python -c ...``, whose sys.path starts with the current directory,
     and it imports :data:`PRELOAD` before anything of ours runs (it ignores the
@@ -72,16 +77,24 @@ def _start_server() -> None:
     clone (itself named ``pgworker``) with an editable install, that folder was imported
     as an empty namespace package ``pgworker`` (setuptools' editable finder comes after
     the path), the preload failed silently, and every claimer then failed with
-    ``module 'pgworker' has no attribute 'App'`` (a new user's trial). Started from
-    ``/``, the server finds the installed package; each claimer still runs in the
-    supervisor's directory with its sys.path (multiprocessing sends both with the
-    process). Called where no other thread runs yet: the directory is the process's. A
-    server killed later is restarted by multiprocessing itself, from the supervisor's
-    directory (that one case keeps the old trap)."""
+    ``module 'pgworker' has no attribute 'App'`` (a new user's trial). Starting it from
+    another directory only moved the trap (``/``, where an image's ``COPY . /pgworker``
+    puts a clone: a review). multiprocessing passes the supervisor's interpreter flags,
+    not an environment of its own, so PYTHONSAFEPATH is set for the spawn alone; each
+    claimer still runs in the supervisor's directory with its sys.path (multiprocessing
+    sends both with the process). A server killed later is restarted by multiprocessing
+    itself, without it (that one case keeps the old trap)."""
     from multiprocessing import forkserver
 
-    with contextlib.chdir("/"):
+    if os.environ.get("PYTHONSAFEPATH"):
+        forkserver.ensure_running()  # -P already, the user's: theirs to keep
+        return
+    os.environ.update({"PYTHONSAFEPATH": "1", SAFE_PATH_MARK: "1"})
+    try:
         forkserver.ensure_running()
+    finally:
+        os.environ.pop("PYTHONSAFEPATH", None)
+        os.environ.pop(SAFE_PATH_MARK, None)
 
 
 def start_early() -> None:

@@ -126,7 +126,9 @@ def test_a_run_from_the_folder_holding_a_clone_named_pgworker_starts_its_claimer
     pgworker) of an editable install: the fork server (`python -c`, the current directory
     first on its path) imported that folder as an empty namespace package, its preload
     failed without a word, and every claimer died with "module 'pgworker' has no attribute
-    'App'". The server now starts from `/`; the claimers still run in the run's folder.
+    'App'". The server now starts as `python -P` (starting it from `/` only moved the trap
+    to an image's `/pgworker`: a review); the claimers still run in the run's folder, and
+    their environment (what a handler's subprocess gets) has no PYTHONSAFEPATH.
     (With the editable install CI and the README make, an empty `pgworker` folder is enough
     to shadow the package: `python -c 'import pgworker'` there finds no App.)"""
     (tmp_path / "pgworker").mkdir()
@@ -138,4 +140,6 @@ def test_a_run_from_the_folder_holding_a_clone_named_pgworker_starts_its_claimer
     assert json.loads(out.stdout.strip().splitlines()[-1])["succeeded"] == 5
     claimers = [p for p in _probes(tmp_path) if p["process"].startswith("pgworker-claimer")]
     assert len(claimers) == 2 and all("pgworker.worker.claimer.loop" in p["modules"] for p in claimers)
-    assert {p["cwd"] for p in claimers} == {str(tmp_path)}  # the run's folder, not the server's /
+    assert {p["cwd"] for p in claimers} == {str(tmp_path)}  # the run's folder
+    # forked from a server started with -P, whatever its directory; the flag is the server's alone
+    assert all(p["safe_path"] and p["PYTHONSAFEPATH"] is None for p in claimers), claimers

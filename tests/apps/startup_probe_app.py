@@ -10,6 +10,7 @@ import os
 import sys
 
 _seen = {"argv": list(sys.orig_argv), "process": multiprocessing.current_process().name, "cwd": os.getcwd(),
+         "safe_path": sys.flags.safe_path, "PYTHONSAFEPATH": os.environ.get("PYTHONSAFEPATH"),
          "modules": sorted(sys.modules)}
 if os.environ.get("PROBE_DIR"):
     with open(os.path.join(os.environ["PROBE_DIR"], f"{os.getpid()}.json"), "w") as f:
