@@ -262,6 +262,17 @@ class Settings:
 
     def __post_init__(self) -> None:
         check_schema_name(self.schema)
+        if isinstance(self.queues, str):  # queues="emails" was six queues, e, m, a, i, l and s (a review)
+            try:
+                object.__setattr__(self, "queues", _queues(self.queues))
+            except ValueError as exc:
+                raise ConfigError(f"queues {exc}") from None
+        elif not isinstance(self.queues, tuple):
+            if not isinstance(self.queues, (list, set, frozenset)) or not all(isinstance(q, str) for q in self.queues):
+                raise ConfigError(f"queues takes names as a tuple or list of strings (or one comma-separated "
+                                  f"string), got {self.queues!r}")
+            queues = sorted(self.queues) if isinstance(self.queues, (set, frozenset)) else self.queues
+            object.__setattr__(self, "queues", tuple(queues))
         for q in self.queues:
             check_queue_name(q)
         self._check_seconds()

@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from .app import App
-from .config import Settings
+from .config import MAX_CONCURRENCY, Settings
 from .demo_services import EmbeddedPostgres, WebhookEndpoint, embedded_postgres
 from .errors import ConfigError
 from .names import quantity, redact_dsn
@@ -95,6 +95,10 @@ def main(args: argparse.Namespace) -> int:
     if args.jobs < FIXED_JOBS:  # a usage error, before any database is started
         print(f"error: --jobs {args.jobs}: the demo makes at least {FIXED_JOBS} jobs (a graph of {GRAPH_TILES + 1} "
               f"and an invoice are part of every run): give --jobs {FIXED_JOBS} or more", file=sys.stderr)
+        return 2
+    if not 1 <= args.concurrency <= MAX_CONCURRENCY:  # so is this one (it failed once the worker started)
+        print(f"error: --concurrency {args.concurrency}: give 1 to {MAX_CONCURRENCY} claimer processes",
+              file=sys.stderr)
         return 2
     dsn = args.dsn or os.environ.get("PGWORKER_DSN")
     embedded: EmbeddedPostgres | None = None

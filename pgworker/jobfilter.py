@@ -248,7 +248,7 @@ def _payload(value: Any) -> dict[str, Any] | None:
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     if isinstance(value, dict):
-        return _storable(value)
+        return _limited(_storable(value))  # an object sent as JSON: its own text is what was sent
     text = str(value).strip()
     if len(text) > PAYLOAD_FILTER_MAX_CHARS:
         raise FilterError(f"the payload filter is {len(text):,} characters long; the limit is "
@@ -261,6 +261,8 @@ def _payload(value: Any) -> dict[str, Any] | None:
                               'write an object such as {"user_id": 42}, or user_id=42') from None
         if not isinstance(parsed, dict):
             raise FilterError('the payload filter must be a JSON object, such as {"user_id": 42}')
+        if not parsed:
+            raise FilterError(_EMPTY_PAYLOAD)
         return _storable(parsed)
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
@@ -277,6 +279,23 @@ def _payload(value: Any) -> dict[str, Any] | None:
     return _storable(leaf)
 
 
+_EMPTY_PAYLOAD = ('the payload filter {} matches every job whose payload is an object: name what it contains, '
+                  'such as {"user_id": 42}, or leave it out')
+
+
+def _limited(payload: dict[str, Any]) -> dict[str, Any]:
+    """``payload`` (an object sent as JSON) within :data:`PAYLOAD_FILTER_MAX_CHARS`, counted
+    as its JSON text without escapes (the characters sent; typed text is measured as typed,
+    not as the object its dotted keys make), and not empty."""
+    if not payload:
+        raise FilterError(_EMPTY_PAYLOAD)
+    chars = len(json.dumps(payload, ensure_ascii=False, separators=(",", ":")))
+    if chars > PAYLOAD_FILTER_MAX_CHARS:
+        raise FilterError(f"the payload filter is {chars:,} characters long; the limit is "
+                          f"{PAYLOAD_FILTER_MAX_CHARS:,}: filter on fewer fields")
+    return payload
+
+
 def _no_constant(name: str) -> Any:
     """json.loads' reading of NaN, Infinity, -Infinity: JSON has none (nor has jsonb)."""
     raise json.JSONDecodeError(f"{name} is not JSON (write a number, or the text \"{name}\")", name, 0)
@@ -288,15 +307,12 @@ def _storable(payload: dict[str, Any]) -> dict[str, Any]:
     lone surrogate in a key or a string (PostgreSQL refused them, and the console
     reported its refusal as the server unavailable, 503)."""
     try:
-        text = json.dumps(payload, allow_nan=False, separators=(",", ":"))
+        json.dumps(payload, allow_nan=False)
     except ValueError:
-        raise FilterError("the payload filter holds NaN or an infinite number, which JSON and PostgreSQL do not "
-                          'have: filter on a finite number, or on the text ("NaN")') from None
+        raise FilterError("the payload filter holds NaN, an infinite number or one beyond a double (1e400), which "
+                          'this filter cannot compare: filter on a finite number, or on the text ("NaN")') from None
     except RecursionError:
         raise FilterError("the payload filter is nested too deeply to read: filter on fewer levels") from None
-    if len(text) > PAYLOAD_FILTER_MAX_CHARS:
-        raise FilterError(f"the payload filter is {len(text):,} characters long; the limit is "
-                          f"{PAYLOAD_FILTER_MAX_CHARS:,}: filter on fewer fields")
     stack: list[Any] = [payload]
     while stack:
         item = stack.pop()

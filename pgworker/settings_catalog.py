@@ -22,6 +22,8 @@ OTHER_VARIABLES: tuple[tuple[str, str, str, str], ...] = (
     ("PGWORKER_DEMO_URL", "", "set by `pgworker demo`", "The demo's webhook endpoint (internal to the demo)."),
     ("PGWORKER_DJANGO_WORKER", "", "set by `manage.py pgworker`", "Its claimers set Django up before loading "
      "the app, and close Django's stale connections around each job (internal to the Django integration)."),
+    ("PGWORKER_FORKSERVER_SAFE_PATH", "", "set by `pgworker run`", "Marks the PYTHONSAFEPATH the claimers' fork "
+     "server is started with, which the server then removes from its environment (internal to the worker)."),
 )
 
 #: Variables of the test suite and the benchmarks: (variable, default, meaning).

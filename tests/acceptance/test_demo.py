@@ -135,7 +135,9 @@ def test_the_workload_has_as_many_jobs_as_asked_and_too_few_is_refused(capsys):
         assert len(specs) - duplicates == n == len({(s.task, repr(s.payload)) for s in specs})
     assert FIXED_JOBS == GRAPH_TILES + 2 == 6
     assert cli.main(["demo", "--jobs", "5"]) == 2  # before any database is started
-    assert "the demo makes at least 6 jobs" in capsys.readouterr().err
+    assert cli.main(["demo", "--concurrency", "0"]) == 2  # so is a pool of no claimers (a review)
+    err = capsys.readouterr().err
+    assert "the demo makes at least 6 jobs" in err and "--concurrency 0: give 1 to 1024 claimer processes" in err
 
 
 def test_the_demo_runs_from_the_folder_holding_a_clone_named_pgworker(tmp_path, pg_dsn, schema):

@@ -218,6 +218,14 @@ def test_a_queue_list_of_separators_alone_is_refused_and_a_blank_one_is_not_set(
     assert Settings.from_env(environ={"PGWORKER_QUEUES": " "}).queues == ()
     assert "queues" not in _settings_overrides(argparse.Namespace(queues=""))
     assert _settings_overrides(argparse.Namespace(queues="a,,b"))["queues"] == ("a", "b")
+    # in Python: a string is read as the variable is (queues="emails" was six one-letter queues)
+    assert Settings.from_env(environ={}, queues="emails").queues == ("emails",)
+    assert Settings.from_env(environ={}, queues="emails, reports").queues == ("emails", "reports")
+    assert Settings.from_env(environ={}, queues=["b", "a"]).queues == ("b", "a")
+    with pytest.raises(ConfigError, match="queues ',' names no queue"):
+        Settings.from_env(environ={}, queues=",")
+    with pytest.raises(ConfigError, match="tuple or list of strings"):
+        Settings.from_env(environ={}, queues=["a", 1])
 
 
 @pytest.mark.parametrize("variable,value", [

@@ -94,7 +94,7 @@ def test_a_creation_time_out_of_range_is_a_400_naming_the_range(console, age):
     assert r.status_code == 400 and "out of range" in r.json()["error"], r.text
 
 
-INFINITE = "NaN or an infinite number"
+INFINITE = "NaN, an infinite number or one beyond a double"
 
 
 @pytest.mark.parametrize("payload, said, in_bulk", [
@@ -113,6 +113,25 @@ def test_a_payload_filter_postgresql_cannot_hold_is_a_400_not_a_503(console, app
         r = console.post("/api/bulk", headers=JSON, data=body)
         assert r.status_code == 400 and in_bulk in r.json()["error"], r.text
     assert _ops(app, conn) == 0
+
+
+def test_a_payload_filter_is_measured_as_sent_and_an_empty_one_is_refused(console, app, conn):
+    """A review: the limit counted the escaped JSON of what was typed (1,005 characters of
+    "name=界..." read as 6,011; 900 dotted keys as their nested object), and `{}` matched
+    every job with an object payload, past the bulk form's no-filter guard."""
+    for typed in ("name=" + "界" * 1000, "a." * 900 + "a=1"):
+        r = console.get("/api/jobs", params={"payload": typed}, headers=AUTH)
+        assert r.status_code == 200, r.text[:500]
+    r = console.get("/api/jobs", params={"payload": "name=" + "x" * 4100}, headers=AUTH)
+    assert r.status_code == 400 and "the limit is 4,096" in r.text
+    r = console.post("/api/bulk", headers=AUTH, json={"kind": "cancel", "filter": {"payload": {"k": "界" * 1500}}})
+    assert r.status_code == 201, r.text  # 1,508 characters sent, 9,008 escaped
+    for sent in ({"payload": {}}, {"payload": "{}"}, {"payload": " { } "}):
+        r = console.post("/api/bulk", headers=AUTH, json={"kind": "cancel", "filter": sent})
+        assert r.status_code == 400 and "matches every job whose payload is an object" in r.json()["error"], r.text
+    r = console.get("/jobs", params={"payload": "{}"}, headers=AUTH)
+    assert r.status_code == 400 and "matches every job whose payload is an object" in r.text
+    assert _ops(app, conn) == 1
 
 
 @pytest.mark.parametrize("key, value, takes", [
