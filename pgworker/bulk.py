@@ -75,7 +75,7 @@ def checked_filter(kind: str, job_filter: JobFilter) -> JobFilter:
     states = APPLIES_TO[kind]
     if job_filter.state is not None and job_filter.state not in states:
         raise ConfigError(f"a bulk {kind} changes {' and '.join(states)} jobs; the filter names state "
-                          f"{job_filter.state!r}: remove it or choose {states[0]}")
+                          f"{job_filter.state!r}: remove it or choose {' or '.join(states)}")
     return job_filter.replace(state="dead") if states == ("dead",) else job_filter
 
 

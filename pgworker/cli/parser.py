@@ -308,7 +308,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", metavar="LEVEL", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
 
     parser.commands = sub.choices  # type: ignore[attr-defined]  # name -> parser, for usage errors of one command
-    p = sub.add_parser("demo", help="run a realistic workload end to end (embedded PostgreSQL without --dsn)")
+    p = sub.add_parser("demo", help="run a realistic workload end to end (embedded PostgreSQL without --dsn)",
+                       description="Enqueue a realistic workload (images rendered to files, webhooks to a local "
+                                   "endpoint, reports; some fail on purpose, some are enqueued twice, a small graph), "
+                                   "run a worker over it with a progress display and print a summary.")
     # not _common's: the demo loads no --app and prints no JSON (a trial: both were accepted
     # and ignored), and its schema is its own, dropped and refilled on every run
     g = p.add_argument_group("connection")

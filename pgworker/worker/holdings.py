@@ -32,6 +32,9 @@ def claimer_holdings(handles: Sequence[Any], *, queue_name: Callable[[s.SlotView
             views, busy = [], True
         out.append({
             "index": h.index, "pid": process.pid if process is not None else None,
+            # not started yet: the registry's first row is written before the pool starts (a
+            # trial's /workers said "exited" for 20 s of live claimers)
+            "starting": process is None,
             "alive": bool(process is not None and process.is_alive()), "idle": bool(header.idle),
             "stopping": bool(header.stopping), "jobs_done": int(header.jobs_done), "busy": busy,
             "holding": len(views),

@@ -400,3 +400,19 @@ def test_a_forked_child_takes_the_lock_on_its_own_descriptor():
     child.start()
     assert out.get(timeout=10) is True
     child.join(10)
+
+
+def test_a_claimer_not_started_yet_reads_as_starting_not_exited():
+    """A new user's trial: /workers said "exited" (pid -) for the live claimers of a pod
+    for its first 20 s: the registry's first row is written before the pool starts its
+    claimers. A handle without a process is `starting`; one whose process ended, exited."""
+    from pgworker.worker.holdings import claimer_holdings
+    from pgworker.worker.supervisor.pool import ClaimerPool
+
+    pool = ClaimerPool(mp=CTX, count=2, capacity=4, start_process=lambda h: None)
+    ended = CTX.Process(target=int)
+    ended.start()
+    ended.join()
+    pool.handles[1].process = ended
+    rows = claimer_holdings(pool.handles, queue_name=lambda v: "q", task_names=())
+    assert [(r["starting"], r["alive"], r["pid"]) for r in rows] == [(True, False, None), (False, False, ended.pid)]

@@ -148,3 +148,14 @@ def test_a_bulk_filter_value_of_the_wrong_type_is_refused_not_stored_as_python_t
     assert _ops(app, conn) == 0
     r = console.post("/api/bulk", headers=AUTH, json={"kind": "cancel", "filter": {"queue": "a", "graph": 5}})
     assert r.status_code == 201 and r.json()["filter"] == {"queue": "a", "graph": 5}, r.text
+
+
+def test_the_confirmation_goes_back_where_it_came_from_and_a_wrong_state_names_the_right_ones(console, app, conn):
+    """A new user's trial: "not now" of a cancel begun on the Jobs page went to the dead
+    jobs; a cancel filtered on state dead was told to "choose pending" (running is too)."""
+    r = console.get("/bulk/new", params={"kind": "cancel", "queue": "default"}, headers=AUTH)
+    assert r.status_code == 200 and '/jobs?queue=default">not now</a>' in r.text, r.text[-1500:]
+    r = console.get("/bulk/new", params={"kind": "replay", "queue": "default"}, headers=AUTH)
+    assert r.status_code == 200 and '/dead">not now</a>' in r.text
+    r = console.post("/api/bulk", headers=AUTH, json={"kind": "cancel", "filter": {"state": "dead"}})
+    assert r.status_code == 400 and "choose pending or running" in r.json()["error"], r.text
