@@ -248,7 +248,7 @@ def _payload(value: Any) -> dict[str, Any] | None:
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     if isinstance(value, dict):
-        return _limited(_storable(value))  # an object sent as JSON: its own text is what was sent
+        return _payload_checked(value, measure=True)  # an object sent as JSON; typed text is measured below
     text = str(value).strip()
     if len(text) > PAYLOAD_FILTER_MAX_CHARS:
         raise FilterError(f"the payload filter is {len(text):,} characters long; the limit is "
@@ -261,9 +261,7 @@ def _payload(value: Any) -> dict[str, Any] | None:
                               'write an object such as {"user_id": 42}, or user_id=42') from None
         if not isinstance(parsed, dict):
             raise FilterError('the payload filter must be a JSON object, such as {"user_id": 42}')
-        if not parsed:
-            raise FilterError(_EMPTY_PAYLOAD)
-        return _storable(parsed)
+        return _payload_checked(parsed)
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise FilterError(f"the payload filter {text!r} is neither a JSON object nor key=value; "
@@ -276,24 +274,7 @@ def _payload(value: Any) -> dict[str, Any] | None:
         if not part:
             raise FilterError(f"the payload filter's key {key!r} has an empty part; write order.id=7")
         leaf = {part: leaf}
-    return _storable(leaf)
-
-
-_EMPTY_PAYLOAD = ('the payload filter {} matches every job whose payload is an object: name what it contains, '
-                  'such as {"user_id": 42}, or leave it out')
-
-
-def _limited(payload: dict[str, Any]) -> dict[str, Any]:
-    """``payload`` (an object sent as JSON) within :data:`PAYLOAD_FILTER_MAX_CHARS`, counted
-    as its JSON text without escapes (the characters sent; typed text is measured as typed,
-    not as the object its dotted keys make), and not empty."""
-    if not payload:
-        raise FilterError(_EMPTY_PAYLOAD)
-    chars = len(json.dumps(payload, ensure_ascii=False, separators=(",", ":")))
-    if chars > PAYLOAD_FILTER_MAX_CHARS:
-        raise FilterError(f"the payload filter is {chars:,} characters long; the limit is "
-                          f"{PAYLOAD_FILTER_MAX_CHARS:,}: filter on fewer fields")
-    return payload
+    return _payload_checked(leaf)
 
 
 def _no_constant(name: str) -> Any:
@@ -301,18 +282,27 @@ def _no_constant(name: str) -> Any:
     raise json.JSONDecodeError(f"{name} is not JSON (write a number, or the text \"{name}\")", name, 0)
 
 
-def _storable(payload: dict[str, Any]) -> dict[str, Any]:
-    """``payload`` if PostgreSQL's jsonb can hold it, else :class:`FilterError` naming
-    what to change: a non-finite number (NaN, Infinity, 1e400), a NUL character or a
-    lone surrogate in a key or a string (PostgreSQL refused them, and the console
-    reported its refusal as the server unavailable, 503)."""
+def _payload_checked(payload: dict[str, Any], *, measure: bool = False) -> dict[str, Any]:
+    """``payload`` if it narrows the list and PostgreSQL's jsonb can hold it, else
+    :class:`FilterError` naming what to change: ``{}`` (it matches every job whose payload
+    is an object), a non-finite number (NaN, Infinity, 1e400), a NUL character or a lone
+    surrogate in a key or a string (PostgreSQL refused them, and the console reported its
+    refusal as the server unavailable, 503). ``measure``: an object sent as JSON, held to
+    :data:`PAYLOAD_FILTER_MAX_CHARS` as its text without escapes (what was sent: typed text
+    is measured as typed, not as the escaped JSON of the object its dotted keys make)."""
+    if not payload:
+        raise FilterError('the payload filter {} matches every job whose payload is an object: name what it '
+                          'contains, such as {"user_id": 42}, or leave it out')
     try:
-        json.dumps(payload, allow_nan=False)
+        text = json.dumps(payload, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except ValueError:
         raise FilterError("the payload filter holds NaN, an infinite number or one beyond a double (1e400), which "
                           'this filter cannot compare: filter on a finite number, or on the text ("NaN")') from None
     except RecursionError:
         raise FilterError("the payload filter is nested too deeply to read: filter on fewer levels") from None
+    if measure and len(text) > PAYLOAD_FILTER_MAX_CHARS:
+        raise FilterError(f"the payload filter is {len(text):,} characters long; the limit is "
+                          f"{PAYLOAD_FILTER_MAX_CHARS:,}: filter on fewer fields")
     stack: list[Any] = [payload]
     while stack:
         item = stack.pop()
